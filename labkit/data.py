@@ -1,0 +1,392 @@
+"""MNIST and Fashion-MNIST: find, verify, read (IDX format), fetch, and shuffle into mini-batches.
+
+Search order for the four original ``.gz`` files of a data set:
+explicit ``root`` argument, then ``$LABKIT_DATA``, then the repository's ``data/`` folder.
+A root may hold ``mnist/`` and ``fashion-mnist/`` sub-folders or the four files directly.
+When none is found, a small real handwritten-digit set (the 8x8 digits bundled with
+scikit-learn, resampled to 28x28) is used instead, with a warning saying how to get MNIST.
+
+Files are parsed as raw IDX bytes; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DATASETS = ("mnist", "fashion-mnist")
+FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+# sha256 of the original distribution files.
+SHA256 = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+        "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+        "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+        "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+        "train-labels-idx1-ubyte.gz": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+        "t10k-images-idx3-ubyte.gz": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+        "t10k-labels-idx1-ubyte.gz": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+    },
+}
+MIRRORS = {
+    "mnist": [
+        "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    ],
+    "fashion-mnist": [
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    ],
+}
+REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+CLASS_NAMES = {
+    "mnist": [str(i) for i in range(10)],
+    "fashion-mnist": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                      "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
+}
+
+GET_MNIST_HINT = (
+    "To train on MNIST, put the four original files in data/mnist/ (or data/fashion-mnist/), "
+    "set LABKIT_DATA to a folder holding mnist/ and fashion-mnist/, "
+    "or run `labkit data fetch` where there is a network."
+)
+
+
+class DataError(ValueError):
+    """A data file is missing, truncated, corrupt or of the wrong kind; the message names the fix."""
+
+
+class EmbeddedDataWarning(UserWarning):
+    """No MNIST was found and the small embedded digit set is used instead."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a data set comes from: ``kind`` is ``"files"`` or ``"embedded"``."""
+
+    dataset: str
+    kind: str
+    path: Path | None
+    found_by: str  # "argument", "LABKIT_DATA", "data/" or "embedded"
+
+    def describe(self) -> str:
+        """One line for people: which data and where from."""
+        if self.kind == "embedded":
+            return f"{self.dataset}: embedded 8x8 digits from scikit-learn, resampled to 28x28 (no MNIST files found)"
+        return f"{self.dataset}: {self.path} (found by {self.found_by})"
+
+
+def _check_dataset(dataset: str) -> None:
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+
+
+def _files_in(folder: Path, dataset: str) -> Path | None:
+    """The folder holding the dataset's files under ``folder`` (itself or its sub-folder), if any file is there."""
+    for cand in (folder / dataset, folder):
+        if any((cand / name).exists() for name in FILES.values()):
+            return cand
+    return None
+
+
+def locate(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Source:
+    """Find a data set by the search order; raise :class:`DataError` when an explicit place lacks it."""
+    _check_dataset(dataset)
+    candidates: list[tuple[Path, str, bool]] = []
+    if root is not None:
+        candidates.append((Path(root).expanduser(), "argument", True))
+    env = os.environ.get("LABKIT_DATA")
+    if env:
+        candidates.append((Path(env).expanduser(), "LABKIT_DATA", True))
+    candidates.append((REPO_DATA, "data/", False))
+    for folder, how, explicit in candidates:
+        found = _files_in(folder, dataset) if folder.is_dir() else None
+        if found is not None:
+            missing = [n for n in FILES.values() if not (found / n).exists()]
+            if missing:
+                raise DataError(
+                    f"{found} holds only part of {dataset}: missing {', '.join(missing)}. "
+                    f"Copy all four original files there, or run `labkit data fetch --dataset {dataset}`."
+                )
+            return Source(dataset, "files", found, how)
+        if explicit:
+            what = "the folder given" if how == "argument" else f"LABKIT_DATA={env}"
+            raise DataError(
+                f"{what} ({folder}) holds no {dataset} files: expected {folder / dataset}/ or {folder}/ "
+                f"with {', '.join(FILES.values())}. " + GET_MNIST_HINT
+            )
+    return Source(dataset, "embedded", None, "embedded")
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_verified: dict[tuple[str, int, int], bool] = {}
+
+
+def verify_file(path: Path, dataset: str) -> None:
+    """Check one original file's sha256; raise :class:`DataError` naming the file and the fix."""
+    expected = SHA256[dataset].get(path.name)
+    if expected is None:
+        raise DataError(f"{path.name} is not one of the {dataset} files ({', '.join(FILES.values())})")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key in _verified:
+        return
+    got = sha256(path)
+    if got != expected:
+        raise DataError(
+            f"{path} is corrupt, truncated or not the original {dataset} file "
+            f"(sha256 {got[:16]}..., expected {expected[:16]}...). "
+            f"Delete it and copy the original again, or run `labkit data fetch --dataset {dataset}`."
+        )
+    _verified[key] = True
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read a gzip-compressed IDX file (unsigned bytes) into a uint8 array of its stated shape."""
+    path = Path(path)
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path} is not a readable gzip file ({e}); delete it and copy or fetch it again") from e
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise DataError(f"{path} is not an IDX file (bad magic number)")
+    if raw[2] != 0x08:
+        raise DataError(f"{path}: IDX type code {raw[2]:#x} is not unsigned byte (0x08)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path} is truncated inside its header")
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - header != count:
+        raise DataError(
+            f"{path} is truncated or padded: header says {shape} = {count} bytes, "
+            f"file holds {len(raw) - header}; delete it and copy or fetch it again"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def _load_files(folder: Path, dataset: str, verify: bool):
+    arrays = {}
+    for key, name in FILES.items():
+        path = folder / name
+        if verify:
+            verify_file(path, dataset)
+        arrays[key] = read_idx(path)
+    for split in ("train", "test"):
+        xi, yi = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if xi.ndim != 3 or yi.ndim != 1 or xi.shape[0] != yi.shape[0]:
+            raise DataError(
+                f"{folder}: {split} images {xi.shape} and labels {yi.shape} do not match; "
+                "the files are mixed up or from different data sets"
+            )
+    return arrays
+
+
+def _embedded_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1,797 real 8x8 handwritten digits, resampled to MNIST's 28x28 layout."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise DataError(
+            "No MNIST files were found and scikit-learn (which ships the embedded digits) is not installed. "
+            "Install it (`pip install scikit-learn`) or: " + GET_MNIST_HINT
+        ) from e
+    d = load_digits()
+    img = d.images.astype(np.float32) / 16.0  # (n, 8, 8) in [0, 1]
+    # Bilinear resample 8x8 -> 20x20, then pad to 28x28: MNIST centres digits in a 20x20 box.
+    pos = np.linspace(0, 7, 20)
+    lo = np.clip(np.floor(pos).astype(int), 0, 6)
+    frac = (pos - lo).astype(np.float32)
+    rows = img[:, lo, :] * (1 - frac)[None, :, None] + img[:, lo + 1, :] * frac[None, :, None]
+    big = rows[:, :, lo] * (1 - frac)[None, None, :] + rows[:, :, lo + 1] * frac[None, None, :]
+    out = np.zeros((img.shape[0], 28, 28), dtype=np.float32)
+    out[:, 4:24, 4:24] = big
+    return out, d.target.astype(np.int64)
+
+
+def load_mnist(
+    root: str | os.PathLike | None = None,
+    dataset: str = "mnist",
+    validation: int = 0,
+    verify: bool = True,
+    flatten: bool = True,
+):
+    """Load a data set as ``((x_train, y_train), (x_test, y_test))``; x float32 in [0, 1], y int64.
+
+    ``validation=n`` holds the last ``n`` training images out and returns three pairs
+    ``(train, validation, test)``, as network.py did with 50k/10k/10k.
+    ``flatten=False`` keeps images as (n, 28, 28).
+    """
+    src = locate(dataset, root)
+    if src.kind == "files":
+        a = _load_files(src.path, dataset, verify)
+        x_tr = a["train_images"].astype(np.float32) / 255.0
+        x_te = a["test_images"].astype(np.float32) / 255.0
+        y_tr = a["train_labels"].astype(np.int64)
+        y_te = a["test_labels"].astype(np.int64)
+    else:
+        warnings.warn(
+            f"No {dataset} files found; using the small embedded digit set "
+            f"(1,797 scikit-learn 8x8 digits resampled to 28x28; accuracies are not comparable with MNIST). "
+            + GET_MNIST_HINT,
+            EmbeddedDataWarning,
+            stacklevel=2,
+        )
+        x, y = _embedded_digits()
+        order = np.random.default_rng(1234).permutation(len(y))  # fixed split, same on every machine
+        x, y = x[order], y[order]
+        n_test = 300
+        x_tr, y_tr, x_te, y_te = x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:]
+    if flatten:
+        x_tr = x_tr.reshape(len(x_tr), -1)
+        x_te = x_te.reshape(len(x_te), -1)
+    if not validation:
+        return (x_tr, y_tr), (x_te, y_te)
+    if not 0 < validation < len(y_tr):
+        raise ValueError(f"validation={validation} must be between 1 and {len(y_tr) - 1} (training set has {len(y_tr)})")
+    cut = len(y_tr) - validation
+    return (x_tr[:cut], y_tr[:cut]), (x_tr[cut:], y_tr[cut:]), (x_te, y_te)
+
+
+def one_hot(y, n_classes: int = 10, dtype=np.float32):
+    """Integer labels (n,) -> one-hot rows (n, n_classes), on the array module of ``y``."""
+    from .device import array_module
+
+    xp = array_module(y)
+    y = xp.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"one_hot expects labels of shape (n,), got {y.shape}")
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise ValueError(f"labels must lie in [0, {n_classes}); got min {int(y.min())}, max {int(y.max())}")
+    out = xp.zeros((y.shape[0], n_classes), dtype=dtype)
+    out[xp.arange(y.shape[0]), y] = 1
+    return out
+
+
+def batches(
+    x, y, batch_size: int, seed: int | np.random.Generator | None = 0, drop_last: bool = False
+) -> Iterator[tuple]:
+    """Yield shuffled mini-batches ``(x_b, y_b)``; ``seed=None`` keeps the order."""
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"x has {n} samples but y has {len(y)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if seed is None:
+        order = None
+    else:
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        order = rng.permutation(n)
+    stop = n - n % batch_size if drop_last else n
+    for i in range(0, stop, batch_size):
+        if order is None:
+            yield x[i:i + batch_size], y[i:i + batch_size]
+        else:
+            idx = order[i:i + batch_size]
+            yield x[idx], y[idx]
+
+
+# -- status, verify, fetch (the `labkit data` command) ----------------------------------------
+
+
+def status(root: str | os.PathLike | None = None) -> list[str]:
+    """One line per data set saying where it would be loaded from."""
+    lines = []
+    for ds in DATASETS:
+        try:
+            lines.append(locate(ds, root).describe())
+        except DataError as e:
+            lines.append(f"{ds}: error: {e}")
+    return lines
+
+
+def verify(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Path:
+    """Verify all four files of a data set (checksums and IDX structure); return their folder."""
+    src = locate(dataset, root)
+    if src.kind != "files":
+        raise DataError(f"no {dataset} files to verify. " + GET_MNIST_HINT)
+    for name in FILES.values():
+        _verified.pop(next((k for k in _verified if k[0] == str((src.path / name).resolve())), None), None)
+    _load_files(src.path, dataset, verify=True)
+    return src.path
+
+
+def fetch(
+    dataset: str = "mnist",
+    dest: str | os.PathLike | None = None,
+    mirrors: list[str] | None = None,
+    progress: bool = True,
+    timeout: float = 30.0,
+) -> Path:
+    """Download the four files into ``dest/<dataset>/`` (default: the repository's ``data/``).
+
+    Each file is written to a temporary name, checked against its sha256, then renamed,
+    so an interrupted download never leaves a file that looks complete.
+    """
+    from .progress import progress_bar
+
+    _check_dataset(dataset)
+    folder = Path(dest).expanduser() if dest is not None else REPO_DATA
+    folder = folder / dataset
+    folder.mkdir(parents=True, exist_ok=True)
+    mirrors = mirrors or ([os.environ["LABKIT_MIRROR"]] if os.environ.get("LABKIT_MIRROR") else MIRRORS[dataset])
+    for name in FILES.values():
+        target = folder / name
+        if target.exists():
+            try:
+                verify_file(target, dataset)
+                continue
+            except DataError:
+                target.unlink()  # a corrupt leftover; fetch it again
+        errors = []
+        for base in mirrors:
+            url = base.rstrip("/") + "/" + name
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as r, os.fdopen(fd, "wb") as out:
+                    total = int(r.headers.get("Content-Length") or 0) or None
+                    with progress_bar(total=total, desc=name, unit="B", unit_scale=True, enable=progress) as bar:
+                        for chunk in iter(lambda: r.read(1 << 16), b""):
+                            out.write(chunk)
+                            bar.update(len(chunk))
+                got = sha256(tmp)
+                if got != SHA256[dataset][name]:
+                    raise DataError(f"checksum mismatch for {url} (sha256 {got[:16]}...)")
+                os.replace(tmp, target)
+                break
+            except Exception as e:  # try the next mirror, report all failures at the end
+                errors.append(f"{url}: {e}")
+                Path(tmp).unlink(missing_ok=True)
+        else:
+            raise DataError(
+                f"could not download {name} from any mirror:\n  " + "\n  ".join(errors)
+                + f"\nWithout a network, copy the four original files into {folder} by hand."
+            )
+    return folder
+

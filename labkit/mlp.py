@@ -1,0 +1,470 @@
+"""A fully connected network trained by backpropagation, two ways.
+
+* :func:`backprop_per_sample` is the course's serial baseline in the style of network.py:
+  one sample at a time as column vectors, gradients summed over the mini-batch.
+* :func:`backprop` does the same maths for the whole mini-batch at once as matrix products.
+
+Both return the gradient of the *mean* loss over the batch, in the same structure as ``params``:
+a list of ``(W, b)`` pairs with ``W`` of shape (n_out, n_in) and ``b`` of shape (n_out,).
+Everything here runs on NumPy or CuPy arrays: the array module is taken from the inputs.
+
+Costs: ``"quadratic"`` (0.5 ||a - y||^2 on the activation of the last layer, as network.py) or
+``"cross_entropy"`` (softmax output, -sum y log p). Activations: ``"sigmoid"`` or ``"relu"``.
+``l2`` adds 0.5 * l2 * sum(W**2) to the loss (biases are not decayed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .device import array_module, to_numpy
+from .progress import progress_bar
+
+ACTIVATIONS = ("sigmoid", "relu")
+COSTS = ("quadratic", "cross_entropy")
+
+Params = list  # list[tuple[W, b]], W (n_out, n_in), b (n_out,)
+
+
+class DivergenceError(FloatingPointError):
+    """Training produced a NaN or infinite loss."""
+
+
+# -- building blocks --------------------------------------------------------------------------
+
+
+def sigmoid(z):
+    """1 / (1 + exp(-z)), written with tanh so large |z| never overflows."""
+    xp = array_module(z)
+    return 0.5 * (xp.tanh(0.5 * z) + 1.0)
+
+
+def relu(z):
+    """max(z, 0)."""
+    xp = array_module(z)
+    return xp.maximum(z, 0)
+
+
+def _act(name: str):
+    return sigmoid if name == "sigmoid" else relu
+
+
+def _act_prime_from_output(name: str, a):
+    """The activation's derivative, from its output a: sigmoid' = a (1 - a), relu' = [a > 0]."""
+    if name == "sigmoid":
+        return a * (1.0 - a)
+    return (a > 0).astype(a.dtype)
+
+
+def softmax(z):
+    """Row-wise softmax of (batch, classes) logits, shifted by the row maximum for stability."""
+    xp = array_module(z)
+    e = xp.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def init_params(sizes: Sequence[int], seed: int = 0, dtype=np.float32, init: str = "scaled", xp=np) -> Params:
+    """Random weights for layer sizes like [784, 30, 10].
+
+    W ~ N(0, 1/n_in) ("scaled", network2.py), N(0, 2/n_in) ("he", for ReLU) or N(0, 1) ("unit", network.py);
+    b ~ N(0, 1), or zero for "he".
+    """
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2 or any(s < 1 for s in sizes):
+        raise ValueError(f"sizes must list at least two positive layer widths, got {list(sizes)}")
+    if init not in ("scaled", "he", "unit"):
+        raise ValueError(f"init must be 'scaled', 'he' or 'unit', got {init!r}")
+    rng = np.random.default_rng(seed)
+    params = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        scale = {"scaled": 1 / math.sqrt(n_in), "he": math.sqrt(2 / n_in), "unit": 1.0}[init]
+        W = rng.standard_normal((n_out, n_in)) * scale
+        b = np.zeros(n_out) if init == "he" else rng.standard_normal(n_out)
+        params.append((xp.asarray(W, dtype=dtype), xp.asarray(b, dtype=dtype)))
+    return params
+
+
+def sizes_of(params: Params) -> list[int]:
+    """Layer widths of a parameter list, e.g. [784, 30, 10]."""
+    return [params[0][0].shape[1]] + [W.shape[0] for W, _ in params]
+
+
+def zeros_like(params: Params) -> Params:
+    """A gradient-shaped structure of zeros."""
+    xp = array_module(params[0][0])
+    return [(xp.zeros_like(W), xp.zeros_like(b)) for W, b in params]
+
+
+def n_params(params: Params) -> int:
+    """Number of scalars in the network."""
+    return sum(W.size + b.size for W, b in params)
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+def check_params(params: Params) -> None:
+    """Raise ValueError naming the layer whose shapes do not fit together."""
+    if not isinstance(params, (list, tuple)) or not params:
+        raise ValueError("params must be a non-empty list of (W, b) pairs; make one with init_params([784, 30, 10])")
+    for i, layer in enumerate(params):
+        if not isinstance(layer, (list, tuple)) or len(layer) != 2:
+            raise ValueError(f"layer {i}: expected a (W, b) pair, got {type(layer).__name__}")
+        W, b = layer
+        if getattr(W, "ndim", None) != 2:
+            raise ValueError(f"layer {i}: W must be 2-D (n_out, n_in), got shape {getattr(W, 'shape', None)}")
+        if getattr(b, "ndim", None) != 1 or b.shape[0] != W.shape[0]:
+            raise ValueError(f"layer {i}: b must have shape ({W.shape[0]},) to match W {W.shape}, got {getattr(b, 'shape', None)}")
+        if i and W.shape[1] != params[i - 1][0].shape[0]:
+            raise ValueError(
+                f"layer {i} expects {W.shape[1]} inputs but layer {i - 1} produces {params[i - 1][0].shape[0]} outputs"
+            )
+
+
+def _check_options(activation: str, cost: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+
+
+def targets(y, n_out: int, dtype):
+    """Labels (batch,) or one-hot rows (batch, n_out) -> one-hot rows of ``dtype``."""
+    xp = array_module(y)
+    if y.ndim == 2:
+        if y.shape[1] != n_out:
+            raise ValueError(f"one-hot y has {y.shape[1]} columns but the network has {n_out} outputs")
+        return y.astype(dtype, copy=False)
+    if y.ndim != 1:
+        raise ValueError(f"y must be labels (batch,) or one-hot (batch, {n_out}), got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"labels y must be integers, got dtype {y.dtype}")
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= n_out):
+        raise ValueError(f"labels must lie in [0, {n_out}) for a network with {n_out} outputs; got {int(y.min())}..{int(y.max())}")
+    Y = xp.zeros((y.shape[0], n_out), dtype=dtype)
+    Y[xp.arange(y.shape[0]), y] = 1
+    return Y
+
+
+def check_batch(params: Params, x, y):
+    """Validate a batch against the network; return one-hot targets."""
+    check_params(params)
+    n_in, n_out = params[0][0].shape[1], params[-1][0].shape[0]
+    if getattr(x, "ndim", None) != 2:
+        raise ValueError(f"x must be 2-D (batch, {n_in}); got shape {getattr(x, 'shape', None)} (for one sample use x[None, :])")
+    if x.shape[1] != n_in:
+        raise ValueError(f"x has {x.shape[1]} features per sample but the first layer expects {n_in}")
+    if x.shape[0] == 0:
+        raise ValueError("x holds no samples")
+    if len(y) != x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} samples but y has {len(y)}")
+    return targets(y, n_out, params[0][0].dtype)
+
+
+# -- forward ----------------------------------------------------------------------------------
+
+
+def forward(params: Params, x, activation: str = "sigmoid", cost: str = "quadratic") -> list:
+    """Activations of every layer for a batch x (batch, n_in): [x, a1, ..., output]."""
+    xp = array_module(x)
+    acts = [x]
+    a = x
+    last = len(params) - 1
+    for i, (W, b) in enumerate(params):
+        z = a @ W.T  # (batch, n_out)
+        z += b
+        if i == last and cost == "cross_entropy":
+            a = softmax(z)
+        elif activation == "sigmoid":  # in place: 0.5 (tanh(z / 2) + 1), no temporaries
+            z *= 0.5
+            xp.tanh(z, out=z)
+            z += 1.0
+            z *= 0.5
+            a = z
+        else:
+            a = xp.maximum(z, 0, out=z)
+        acts.append(a)
+    return acts
+
+
+def predict(params: Params, x, activation: str = "sigmoid", cost: str = "quadratic", chunk: int = 4096):
+    """Class predictions (batch,) for inputs x (batch, n_in), in chunks to bound memory."""
+    xp = array_module(x, params[0][0])
+    x = xp.asarray(x, dtype=params[0][0].dtype)
+    out = [forward(params, x[i:i + chunk], activation, cost)[-1].argmax(axis=1) for i in range(0, len(x), chunk)]
+    return xp.concatenate(out) if out else xp.zeros(0, dtype=np.int64)
+
+
+def accuracy(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic") -> float:
+    """Fraction of samples classified correctly; y are integer labels."""
+    xp = array_module(x, params[0][0])
+    return float((predict(params, x, activation, cost) == xp.asarray(y)).mean())
+
+
+def _loss(out, Y, cost: str, params: Params, l2: float):
+    xp = array_module(out)
+    n = out.shape[0]
+    if cost == "quadratic":
+        d = (out - Y).ravel()
+        loss = 0.5 * float(xp.dot(d, d)) / n
+    else:
+        loss = -float((Y * xp.log(xp.maximum(out, 1e-30))).sum()) / n
+    if l2:
+        loss += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
+    return loss
+
+
+def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> float:
+    """Mean loss over the batch (plus the L2 term)."""
+    _check_options(activation, cost)
+    Y = check_batch(params, x, y)
+    return _loss(forward(params, x, activation, cost)[-1], Y, cost, params, l2)
+
+
+# -- vectorised backprop ------------------------------------------------------------------------
+
+
+def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float):
+    """Unchecked vectorised backprop: (mean loss, grads). Y is one-hot (batch, n_out)."""
+    xp = array_module(x)
+    acts = forward(params, x, activation, cost)
+    out = acts[-1]
+    n = x.shape[0]
+    delta = out - Y  # (batch, n_out); for softmax + cross-entropy this is dL/dz exactly
+    if cost == "quadratic":
+        value = 0.5 * float(xp.vdot(delta, delta)) / n
+        delta *= _act_prime_from_output(activation, out)
+    else:
+        value = _loss(out, Y, cost, params, 0.0)
+    if l2:
+        value += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
+    delta *= 1.0 / n  # gradients of the mean loss
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        W = params[i][0]
+        gW = delta.T @ acts[i]  # (n_out, n_in): the outer products delta a^T summed over the batch
+        if l2:
+            gW += l2 * W
+        grads[i] = (gW, delta.sum(axis=0))
+        if i:  # the input layer needs no delta
+            delta = delta @ W  # (batch, n_in): W^T delta for every sample
+            delta *= _act_prime_from_output(activation, acts[i])
+    return value, grads
+
+
+def loss_and_grads(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
+    """Vectorised backprop over a whole mini-batch: (mean loss, gradients like params)."""
+    _check_options(activation, cost)
+    Y = check_batch(params, x, y)
+    return _loss_and_grads(params, x, Y, activation, cost, l2)
+
+
+def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
+    """Gradients of the mean loss over the mini-batch x (batch, n_in), y labels or one-hot."""
+    return loss_and_grads(params, x, y, activation, cost, l2)[1]
+
+
+# -- the per-sample reference (network.py style) -------------------------------------------------
+
+
+def _backprop_one(params: Params, x, y, activation: str, cost: str):
+    """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)])."""
+    xp = array_module(x)
+    act = _act(activation)
+    activations = [x]
+    a = x
+    for i, (W, b) in enumerate(params):
+        z = W @ a + b[:, None]
+        if i == len(params) - 1 and cost == "cross_entropy":
+            e = xp.exp(z - z.max())
+            a = e / e.sum()
+        else:
+            a = act(z)
+        activations.append(a)
+    out = activations[-1]
+    if cost == "quadratic":
+        value = 0.5 * float(((out - y) ** 2).sum())
+        delta = (out - y) * _act_prime_from_output(activation, out)
+    else:
+        value = -float((y * xp.log(xp.maximum(out, 1e-30))).sum())
+        delta = out - y
+    nabla = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        nabla[i] = (delta @ activations[i].T, delta[:, 0])  # outer product delta a^T
+        if i:
+            delta = (params[i][0].T @ delta) * _act_prime_from_output(activation, activations[i])  # W^T delta
+    return value, nabla
+
+
+def loss_and_grads_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
+    """The serial baseline: backprop one sample at a time and sum, as network.py's update_mini_batch."""
+    _check_options(activation, cost)
+    Y = check_batch(params, x, y)
+    total = 0.0
+    nabla = zeros_like(params)
+    for k in range(x.shape[0]):
+        value, g = _backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
+        total += value
+        nabla = [(nW + dW, nb + db) for (nW, nb), (dW, db) in zip(nabla, g)]
+    n = x.shape[0]
+    grads = [(nW / n + (l2 * W if l2 else 0), nb / n) for (nW, nb), (W, _) in zip(nabla, params)]
+    value = total / n
+    if l2:
+        value += 0.5 * l2 * sum(float((W * W).sum()) for W, _ in params)
+    return value, grads
+
+
+def backprop_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
+    """Gradients of the mean loss, computed one sample at a time (the reference for :func:`backprop`)."""
+    return loss_and_grads_per_sample(params, x, y, activation, cost, l2)[1]
+
+
+# -- optimiser and training loop -----------------------------------------------------------------
+
+
+class SGD:
+    """Stochastic gradient descent with optional momentum: v = mu v - lr g; W += v (in place)."""
+
+    def __init__(self, lr: float, momentum: float = 0.0):
+        if not lr > 0:
+            raise ValueError(f"learning rate must be positive, got {lr}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.lr, self.momentum = float(lr), float(momentum)
+        self.velocity: Params | None = None
+
+    def step(self, params: Params, grads: Params) -> None:
+        """Update ``params`` in place from ``grads``."""
+        if self.momentum == 0:
+            for (W, b), (gW, gb) in zip(params, grads):
+                W -= self.lr * gW
+                b -= self.lr * gb
+            return
+        if self.velocity is None:
+            self.velocity = zeros_like(params)
+        for (W, b), (gW, gb), (vW, vb) in zip(params, grads, self.velocity):
+            vW *= self.momentum
+            vW -= self.lr * gW
+            vb *= self.momentum
+            vb -= self.lr * gb
+            W += vW
+            b += vb
+
+
+@dataclass
+class History:
+    """What a training run measured, one entry per epoch."""
+
+    epoch: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    test_accuracy: list[float] = field(default_factory=list)
+    epoch_time: list[float] = field(default_factory=list)  # seconds of training, evaluation excluded
+
+    @property
+    def final_accuracy(self) -> float:
+        """Test accuracy after the last epoch (NaN without test data)."""
+        return self.test_accuracy[-1] if self.test_accuracy else float("nan")
+
+    def summary(self) -> str:
+        """One line: epochs, final loss and accuracy, mean epoch time."""
+        t = sum(self.epoch_time) / max(len(self.epoch_time), 1)
+        acc = f", test accuracy {self.final_accuracy:.2%}" if self.test_accuracy else ""
+        return f"{len(self.epoch)} epochs, loss {self.train_loss[-1]:.4f}{acc}, {t:.2f} s/epoch"
+
+
+GradFn = Callable[..., tuple]
+
+
+def train(
+    params: Params,
+    train_data: tuple,
+    epochs: int = 1,
+    batch_size: int = 10,
+    lr: float = 3.0,
+    momentum: float = 0.0,
+    l2: float = 0.0,
+    activation: str = "sigmoid",
+    cost: str = "quadratic",
+    method: str | GradFn = "vectorised",
+    test_data: tuple | None = None,
+    seed: int = 0,
+    progress: bool | None = None,
+    check_every: int = 20,
+) -> History:
+    """Mini-batch SGD on ``train_data = (x, y)``; updates ``params`` in place and returns a :class:`History`.
+
+    ``method`` is ``"vectorised"``, ``"per_sample"``, or any function with the signature of
+    :func:`loss_and_grads` (for example a thread or process pool from ``labkit.cpu_parallel``).
+    A NaN or infinite loss, or one whose mean over a window of batches grows to 100 times the first batch's loss,
+    stops the run with :class:`DivergenceError` and a hint.
+    """
+    _check_options(activation, cost)
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+    grad_fn = {"vectorised": loss_and_grads, "per_sample": loss_and_grads_per_sample}.get(method, method)
+    if not callable(grad_fn):
+        raise ValueError(f"method must be 'vectorised', 'per_sample' or a function, got {method!r}")
+    x, y = train_data
+    xp = array_module(params[0][0])
+    dtype = params[0][0].dtype
+    x = xp.asarray(x, dtype=dtype)
+    Y = check_batch(params, x, xp.asarray(y))  # validate once; batches below are slices of checked data
+    fast = grad_fn is loss_and_grads  # skip re-validating every batch on the hot path
+    opt = SGD(lr, momentum)
+    rng = np.random.default_rng(seed)
+    n = x.shape[0]
+    n_batches = -(-n // batch_size)
+    hist = History()
+    first_loss = None  # the loss before any update: the yardstick for "exploded"
+    bar = progress_bar(total=epochs * n_batches, enable=progress, unit="batch", desc="training")
+    with np.errstate(over="ignore", invalid="ignore"), bar:
+        for epoch in range(1, epochs + 1):
+            t0 = time.perf_counter()
+            order = xp.asarray(rng.permutation(n))
+            total = window = 0.0
+            for j in range(n_batches):
+                idx = order[j * batch_size:(j + 1) * batch_size]
+                xb, Yb = x[idx], Y[idx]  # gathering each batch stays in cache; a shuffled copy of x would not
+                if fast:
+                    value, grads = _loss_and_grads(params, xb, Yb, activation, cost, l2)
+                else:
+                    value, grads = grad_fn(params, xb, Yb, activation=activation, cost=cost, l2=l2)
+                total += value * xb.shape[0]
+                window += value
+                if first_loss is None:
+                    first_loss = value
+                if (j + 1) % check_every == 0 or j == n_batches - 1:
+                    window /= (j % check_every) + 1
+                    if not math.isfinite(window) or window > 100 * max(first_loss, 1e-3):
+                        what = f"became {window}" if not math.isfinite(window) else (
+                            f"exploded from {first_loss:.3g} to {window:.3g}")
+                        raise DivergenceError(
+                            f"training diverged: the loss {what} in epoch {epoch}, batch {j + 1} (lr={lr:g}, "
+                            f"momentum={momentum:g}, {activation}, {cost}). The learning rate is probably too "
+                            f"large: try lr={lr / 10:g}, or scaled initial weights (init_params(..., init='scaled'))."
+                        )
+                    window = 0.0
+                opt.step(params, grads)
+                bar.update(1)
+            hist.epoch_time.append(time.perf_counter() - t0)
+            hist.epoch.append(epoch)
+            hist.train_loss.append(total / n)
+            if test_data is not None:
+                hist.test_accuracy.append(accuracy(params, test_data[0], test_data[1], activation, cost))
+            bar.set_postfix_str(
+                f"epoch {epoch}: loss {total / n:.4f}"
+                + (f", test acc {hist.test_accuracy[-1]:.2%}" if test_data is not None else "")
+            )
+    return hist
+
+
+def misclassified(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic") -> tuple[np.ndarray, np.ndarray]:
+    """Indices of wrongly classified samples and what the network predicted for them (NumPy)."""
+    pred = to_numpy(predict(params, x, activation, cost))
+    wrong = np.flatnonzero(pred != to_numpy(y))
+    return wrong, pred[wrong]

@@ -1,0 +1,199 @@
+import gzip
+import http.server
+import shutil
+import threading
+import warnings
+from functools import partial
+
+import numpy as np
+import pytest
+
+from labkit import data
+from labkit.data import DataError, EmbeddedDataWarning
+
+
+def write_idx(path, arr):
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.astype(np.uint8).tobytes())
+
+
+def test_read_idx_roundtrip(tmp_path):
+    arr = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "x.gz", arr)
+    np.testing.assert_array_equal(data.read_idx(tmp_path / "x.gz"), arr)
+
+
+def test_read_idx_truncated_names_file(tmp_path):
+    arr = np.zeros((5, 28, 28), dtype=np.uint8)
+    p = tmp_path / "train-images-idx3-ubyte.gz"
+    header = bytes([0, 0, 0x08, 3]) + b"".join(int(n).to_bytes(4, "big") for n in arr.shape)
+    with gzip.open(p, "wb") as f:
+        f.write(header + arr.tobytes()[:-100])
+    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz.*truncated"):
+        data.read_idx(p)
+
+
+def test_read_idx_not_gzip_and_bad_magic(tmp_path):
+    p = tmp_path / "a.gz"
+    p.write_bytes(b"this is not gzip")
+    with pytest.raises(DataError, match="a.gz is not a readable gzip"):
+        data.read_idx(p)
+    with gzip.open(p, "wb") as f:
+        f.write(b"\x12\x34\x08\x01\x00\x00\x00\x01\x07")
+    with pytest.raises(DataError, match="magic"):
+        data.read_idx(p)
+
+
+def fake_dataset(folder, n=6):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
+    return folder
+
+
+def test_checksum_mismatch_names_file_and_fix(tmp_path):
+    fake_dataset(tmp_path / "mnist")
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte.gz is corrupt.*labkit data fetch"):
+        data.load_mnist(root=tmp_path)
+    (xtr, ytr), (xte, yte) = data.load_mnist(root=tmp_path, verify=False)  # structure alone is fine
+    assert xtr.shape == (6, 784) and xtr.dtype == np.float32 and ytr.dtype == np.int64
+
+
+def test_mismatched_images_and_labels(tmp_path):
+    folder = fake_dataset(tmp_path / "mnist")
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(5))
+    with pytest.raises(DataError, match="do not match"):
+        data.load_mnist(root=tmp_path, verify=False)
+
+
+def test_search_order_and_explicit_errors(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    fake_dataset(a / "mnist")
+    fake_dataset(b / "mnist")
+    monkeypatch.setenv("LABKIT_DATA", str(b))
+    assert data.locate("mnist", a).path == a / "mnist"  # the argument wins
+    assert data.locate("mnist").found_by == "LABKIT_DATA"
+    assert data.locate("mnist", a / "mnist").path == a / "mnist"  # a folder holding the files directly
+    with pytest.raises(DataError, match="holds no fashion-mnist"):
+        data.locate("fashion-mnist")  # an explicit place that lacks the set is an error, not a fallback
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="LABKIT_DATA"):
+        data.locate("mnist")
+    with pytest.raises(ValueError, match="unknown dataset"):
+        data.locate("cifar")
+
+
+def test_partial_folder_lists_missing_files(tmp_path):
+    folder = fake_dataset(tmp_path / "mnist")
+    (folder / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match="missing t10k-labels-idx1-ubyte.gz"):
+        data.locate("mnist", tmp_path)
+
+
+def test_embedded_fallback_warns_and_is_usable(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path)
+    assert data.locate().kind == "embedded"
+    with pytest.warns(EmbeddedDataWarning, match="labkit data fetch"):
+        (xtr, ytr), (xte, yte) = data.load_mnist()
+    assert xtr.shape == (1497, 784) and xte.shape == (300, 784)
+    assert xtr.dtype == np.float32 and ytr.dtype == np.int64
+    assert 0.0 <= xtr.min() and xtr.max() <= 1.0
+    assert set(np.unique(ytr)) == set(range(10))
+    img = xtr[0].reshape(28, 28)
+    assert img[:4].sum() == 0 and img[:, :4].sum() == 0  # digits centred in a 20x20 box, like MNIST
+    with pytest.warns(EmbeddedDataWarning):
+        tr, va, te = data.load_mnist(validation=200)
+    assert len(tr[0]) == 1297 and len(va[0]) == 200
+
+
+def test_real_mnist(data_dir):
+    (xtr, ytr), (xte, yte) = data.load_mnist(root=data_dir)
+    assert xtr.shape == (60000, 784) and xte.shape == (10000, 784)
+    assert xtr.dtype == np.float32 and 0 <= xtr.min() and xtr.max() == 1.0
+    assert np.bincount(ytr).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert np.bincount(yte).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    tr, va, te = data.load_mnist(root=data_dir, validation=10000)
+    assert (len(tr[0]), len(va[0]), len(te[0])) == (50000, 10000, 10000)
+    np.testing.assert_array_equal(va[1], ytr[50000:])
+    (x28, _), _ = data.load_mnist(root=data_dir, flatten=False)
+    assert x28.shape == (60000, 28, 28)
+
+
+def test_real_fashion_mnist(data_dir):
+    (xtr, ytr), (xte, yte) = data.load_mnist(root=data_dir, dataset="fashion-mnist")
+    assert np.bincount(ytr).tolist() == [6000] * 10 and np.bincount(yte).tolist() == [1000] * 10
+    assert data.verify("fashion-mnist", data_dir) == data_dir / "fashion-mnist"
+
+
+def test_one_hot():
+    y = np.array([0, 3, 9])
+    Y = data.one_hot(y)
+    assert Y.shape == (3, 10) and Y.sum() == 3 and Y[1, 3] == 1
+    with pytest.raises(ValueError, match="labels must lie"):
+        data.one_hot(np.array([10]))
+
+
+def test_batches_seeded_and_complete():
+    x, y = np.arange(23)[:, None], np.arange(23)
+    got = [yb for _, yb in data.batches(x, y, 5, seed=3)]
+    again = [yb for _, yb in data.batches(x, y, 5, seed=3)]
+    assert [len(b) for b in got] == [5, 5, 5, 5, 3]
+    assert all((a == b).all() for a, b in zip(got, again))
+    assert sorted(np.concatenate(got).tolist()) == list(range(23))
+    assert not (np.concatenate(got) == np.arange(23)).all()
+    assert [len(b) for _, b in data.batches(x, y, 5, seed=None, drop_last=True)] == [5] * 4
+    for xb, yb in data.batches(x, y, 4, seed=1):
+        assert (xb[:, 0] == yb).all()
+    with pytest.raises(ValueError, match="x has 23 samples but y has 2"):
+        next(data.batches(x, y[:2], 5))
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Serve a folder over HTTP on 127.0.0.1 and yield (folder, url)."""
+    root = tmp_path / "mirror"
+    root.mkdir()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(root)))
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+def test_fetch_from_mirror(serve, data_dir, tmp_path):
+    root, url = serve
+    for name in data.FILES.values():
+        shutil.copy(data_dir / "mnist" / name, root / name)
+    dest = tmp_path / "dest"
+    folder = data.fetch("mnist", dest=dest, mirrors=["http://127.0.0.1:9/", url], progress=False)  # first one fails
+    assert sorted(p.name for p in folder.iterdir()) == sorted(data.FILES.values())
+    assert data.verify("mnist", dest) == folder
+
+
+def test_fetch_bad_download_leaves_nothing(serve, tmp_path):
+    root, url = serve
+    for name in data.FILES.values():
+        (root / name).write_bytes(b"not the file")
+    dest = tmp_path / "dest"
+    with pytest.raises(DataError, match="(?s)could not download train-images-idx3-ubyte.gz.*checksum"):
+        data.fetch("mnist", dest=dest, mirrors=[url], progress=False)
+    assert list((dest / "mnist").iterdir()) == []  # no partial or corrupt file is left behind
+
+
+def test_status_lines(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lines = data.status()
+    assert len(lines) == 2 and all("embedded" in line for line in lines)
