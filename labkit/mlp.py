@@ -119,7 +119,8 @@ def check_params(params: Params) -> None:
         if getattr(W, "ndim", None) != 2:
             raise ValueError(f"layer {i}: W must be 2-D (n_out, n_in), got shape {getattr(W, 'shape', None)}")
         if getattr(b, "ndim", None) != 1 or b.shape[0] != W.shape[0]:
-            raise ValueError(f"layer {i}: b must have shape ({W.shape[0]},) to match W {W.shape}, got {getattr(b, 'shape', None)}")
+            got = getattr(b, "shape", None)
+            raise ValueError(f"layer {i}: b must have shape ({W.shape[0]},) to match W {W.shape}, got {got}")
         if i and W.shape[1] != params[i - 1][0].shape[0]:
             raise ValueError(
                 f"layer {i} expects {W.shape[1]} inputs but layer {i - 1} produces {params[i - 1][0].shape[0]} outputs"
@@ -145,7 +146,9 @@ def targets(y, n_out: int, dtype):
     if y.dtype.kind not in "iu":
         raise ValueError(f"labels y must be integers, got dtype {y.dtype}")
     if y.size and (int(y.min()) < 0 or int(y.max()) >= n_out):
-        raise ValueError(f"labels must lie in [0, {n_out}) for a network with {n_out} outputs; got {int(y.min())}..{int(y.max())}")
+        raise ValueError(
+            f"labels must lie in [0, {n_out}) for a network with {n_out} outputs; got {int(y.min())}..{int(y.max())}"
+        )
     Y = xp.zeros((y.shape[0], n_out), dtype=dtype)
     Y[xp.arange(y.shape[0]), y] = 1
     return Y
