@@ -1,0 +1,412 @@
+"""Backprop on several CPU cores, as the course did it with pthreads, and why Python makes that subtle.
+
+Every class here is a drop-in for :func:`labkit.mlp.loss_and_grads`: call it with
+``(params, x, y, activation=..., cost=..., l2=...)`` and get ``(mean loss, grads)``, so it can be
+passed to ``mlp.train(..., method=pool)``. A mini-batch of n samples is split over p workers as
+floor(n / p) samples each, the first n % p workers taking one more (:func:`shard_bounds`).
+
+* :class:`ThreadedBackprop` runs per-sample (or vectorised) backprop in a thread pool and combines
+  the gradients through a lock-protected queue (``combine="queue"``, the course's way), a shared
+  accumulator behind a lock (``"lock"``), or per-thread accumulators summed at the end (``"local"``).
+  Threads share the interpreter: pure-Python work is serialised by the GIL; NumPy releases it
+  inside large array operations.
+* :class:`ProcessBackprop` runs data-parallel shards in separate processes (no GIL to share) that
+  read the batch and the weights from shared memory and write their gradient sums back to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+from . import mlp
+
+
+def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(n) into ``parts`` contiguous (start, stop) pieces: floor(n/parts) each, the first n % parts one longer."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for k in range(parts):
+        stop = start + base + (1 if k < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _per_sample_sum(params, x, Y, activation, cost):
+    """Sum of per-sample losses and gradients over rows of x (the unit of work a thread does)."""
+    total = 0.0
+    acc = mlp.zeros_like(params)
+    for k in range(x.shape[0]):
+        value, g = mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
+        total += value
+        for (aW, ab), (gW, gb) in zip(acc, g):
+            aW += gW
+            ab += gb
+    return total, acc
+
+
+def _finish(params, total, acc, n, l2):
+    """Turn summed losses and gradients into the mean loss and mean gradients, adding L2."""
+    grads = []
+    for (W, _), (gW, gb) in zip(params, acc):
+        gW /= n
+        gb /= n
+        if l2:
+            gW += l2 * W
+        grads.append((gW, gb))
+    value = total / n
+    if l2:
+        value += 0.5 * l2 * sum(float(np.vdot(W, W)) for W, _ in params)
+    return value, grads
+
+
+class ThreadedBackprop:
+    """Backprop of one mini-batch spread over ``n_threads`` threads.
+
+    ``work="per_sample"`` has each thread loop over its samples one by one (the course's pthreads
+    program); ``work="vectorised"`` has each thread run matrix backprop on its shard.
+    ``combine`` is ``"queue"``, ``"lock"`` or ``"local"`` (see the module docstring).
+    """
+
+    COMBINES = ("queue", "lock", "local")
+    WORK = ("per_sample", "vectorised")
+
+    def __init__(self, n_threads: int, combine: str = "local", work: str = "per_sample"):
+        if n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        if combine not in self.COMBINES:
+            raise ValueError(f"combine must be one of {self.COMBINES}, got {combine!r}")
+        if work not in self.WORK:
+            raise ValueError(f"work must be one of {self.WORK}, got {work!r}")
+        self.n_threads, self.combine, self.work = n_threads, combine, work
+        self._pool = ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="backprop")
+
+    def __repr__(self) -> str:
+        return f"ThreadedBackprop(n_threads={self.n_threads}, combine={self.combine!r}, work={self.work!r})"
+
+    def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
+        Y = mlp.check_batch(params, x, y)
+        n = x.shape[0]
+        shards = [(a, b) for a, b in shard_bounds(n, self.n_threads) if b > a]
+
+        def partial(lo, hi):
+            if self.work == "vectorised":
+                value, g = mlp._loss_and_grads(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0)
+                k = hi - lo
+                return value * k, [(gW * k, gb * k) for gW, gb in g]  # back to sums over the shard
+            return _per_sample_sum(params, x[lo:hi], Y[lo:hi], activation, cost)
+
+        if self.combine == "local":  # each thread fills its own accumulator; one reduction at the end
+            results = list(self._pool.map(lambda s: partial(*s), shards))
+            total = sum(r[0] for r in results)
+            acc = results[0][1]
+            for _, g in results[1:]:
+                for (aW, ab), (gW, gb) in zip(acc, g):
+                    aW += gW
+                    ab += gb
+            return _finish(params, total, acc, n, l2)
+
+        if self.combine == "queue":  # every sample's gradient goes through one lock-protected queue
+            q: queue.Queue = queue.Queue()
+
+            def produce(lo, hi):
+                try:
+                    if self.work == "vectorised":
+                        q.put(partial(lo, hi))
+                    else:
+                        for k in range(lo, hi):
+                            q.put(mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost))
+                except BaseException as e:  # the consumer must not wait forever for a dead producer
+                    q.put(e)
+                    raise
+
+            futures = [self._pool.submit(produce, lo, hi) for lo, hi in shards]
+            expected = len(shards) if self.work == "vectorised" else n
+            total, acc = 0.0, mlp.zeros_like(params)
+            for _ in range(expected):
+                item = q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                value, g = item
+                total += value
+                for (aW, ab), (gW, gb) in zip(acc, g):
+                    aW += gW
+                    ab += gb
+            for f in futures:
+                f.result()
+            return _finish(params, total, acc, n, l2)
+
+        # "lock": one shared accumulator, every update inside a critical section
+        lock = threading.Lock()
+        acc = mlp.zeros_like(params)
+        total = [0.0]
+
+        def add_under_lock(lo, hi):
+            if self.work == "vectorised":
+                items = [partial(lo, hi)]
+            else:
+                items = (mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost) for k in range(lo, hi))
+            for value, g in items:
+                with lock:
+                    total[0] += value
+                    for (aW, ab), (gW, gb) in zip(acc, g):
+                        aW += gW
+                        ab += gb
+
+        for f in [self._pool.submit(add_under_lock, lo, hi) for lo, hi in shards]:
+            f.result()
+        return _finish(params, total[0], acc, n, l2)
+
+    def close(self) -> None:
+        """Stop the threads."""
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed, died or did not answer in time."""
+
+
+def _views(buf, shapes, dtype, offset=0):
+    """Arrays of the given shapes laid out one after another in a buffer (offset in elements)."""
+    out, pos = [], offset
+    for shape in shapes:
+        out.append(np.ndarray(shape, dtype=dtype, buffer=buf, offset=pos * np.dtype(dtype).itemsize))
+        pos += int(np.prod(shape))
+    return out
+
+
+def _layer_shapes(sizes):
+    return [s for a, b in zip(sizes[:-1], sizes[1:]) for s in ((b, a), (b,))]
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Attach to a segment the parent owns, without this process's resource tracker adopting it."""
+    try:
+        return shared_memory.SharedMemory(name=name, track=False)  # Python >= 3.13
+    except TypeError:
+        from multiprocessing import resource_tracker
+
+        shm = shared_memory.SharedMemory(name=name)
+        resource_tracker.unregister(shm._name, "shared_memory")  # else it unlinks the parent's memory at exit
+        return shm
+
+
+def _worker_main(argv=None) -> None:
+    """Entry point of a worker process: answer "step" messages until "stop" (JSON lines on a socket)."""
+    cfg = json.loads((argv or sys.argv)[1])
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(cfg["blas_threads"])
+    sock = socket.socket(fileno=cfg["fd"])
+    rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
+
+    def send(*msg):
+        wfile.write(json.dumps(msg).encode() + b"\n")
+        wfile.flush()
+
+    sizes, dtype, rank, max_batch = cfg["sizes"], np.dtype(cfg["dtype"]), cfg["rank"], cfg["max_batch"]
+    shm = [_attach(n) for n in cfg["shm"]]
+    try:
+        shapes = _layer_shapes(sizes)
+        flat = _views(shm[0].buf, shapes, dtype)
+        params = list(zip(flat[0::2], flat[1::2]))
+        xbuf = np.ndarray((max_batch, sizes[0]), dtype=dtype, buffer=shm[1].buf)
+        Ybuf = np.ndarray((max_batch, sizes[-1]), dtype=dtype, buffer=shm[2].buf)
+        slot = _views(shm[3].buf, shapes, dtype, offset=rank * sum(int(np.prod(s)) for s in shapes))
+        send("ready", os.getpid())
+        for line in rfile:
+            msg = json.loads(line)
+            if msg[0] == "stop":
+                break
+            try:
+                _, lo, hi, activation, cost, work = msg
+                if work == "vectorised" and hi > lo:
+                    value, g = mlp._loss_and_grads(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost, 0.0)
+                    k = hi - lo
+                    total, g = value * k, [(gW * k, gb * k) for gW, gb in g]  # sums over the shard
+                else:
+                    total, g = _per_sample_sum(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost)
+                for dst, src in zip(slot, (a for pair in g for a in pair)):
+                    dst[...] = src
+                send("ok", total)
+            except Exception:
+                send("error", traceback.format_exc())
+    finally:
+        del flat, params, xbuf, Ybuf, slot
+        for s in shm:
+            s.close()
+
+
+def _cleanup(procs, socks, shms):
+    for s in socks:
+        try:
+            s.sendall(b'["stop"]\n')
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for s in socks:
+        s.close()
+    for s in shms:
+        s.close()
+        try:
+            s.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class ProcessBackprop:
+    """Data-parallel backprop of each mini-batch over ``n_procs`` worker processes.
+
+    The batch and the current weights are copied into shared memory; every worker backprops its
+    shard (``work="vectorised"`` or ``"per_sample"``) with ``blas_threads`` BLAS threads and writes
+    the summed gradients into its own slot; the caller adds the slots up. Workers are separate
+    Python processes (no GIL to share) started once, about a second each, and stopped by
+    :meth:`close`, by ``with``, or when the object is collected. Control messages are JSON lines.
+    """
+
+    def __init__(self, sizes, n_procs: int, max_batch: int = 1024, dtype=np.float32,
+                 work: str = "vectorised", blas_threads: int = 1, timeout: float = 120.0):
+        if n_procs < 1:
+            raise ValueError(f"n_procs must be >= 1, got {n_procs}")
+        if work not in ThreadedBackprop.WORK:
+            raise ValueError(f"work must be one of {ThreadedBackprop.WORK}, got {work!r}")
+        self.sizes = [int(s) for s in sizes]
+        self.n_procs, self.max_batch, self.work, self.timeout = n_procs, max_batch, work, timeout
+        self.dtype = np.dtype(dtype)
+        self._shapes = _layer_shapes(self.sizes)
+        n_par = sum(int(np.prod(s)) for s in self._shapes)
+        item = self.dtype.itemsize
+        nbytes = [n_par * item, max_batch * self.sizes[0] * item, max_batch * self.sizes[-1] * item,
+                  n_procs * n_par * item]
+        self._shm = [shared_memory.SharedMemory(create=True, size=max(b, 1)) for b in nbytes]
+        self._procs: list[subprocess.Popen] = []
+        self._socks: list[socket.socket] = []
+        self._files: list = []
+        self._finalizer = weakref.finalize(self, _cleanup, self._procs, self._socks, self._shm)
+        flat = _views(self._shm[0].buf, self._shapes, self.dtype)
+        self._params = list(zip(flat[0::2], flat[1::2]))
+        self._x = np.ndarray((max_batch, self.sizes[0]), dtype=self.dtype, buffer=self._shm[1].buf)
+        self._Y = np.ndarray((max_batch, self.sizes[-1]), dtype=self.dtype, buffer=self._shm[2].buf)
+        self._slots = np.ndarray((n_procs, n_par), dtype=self.dtype, buffer=self._shm[3].buf)
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parent.parent)  # so workers import this very labkit
+        env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        for r in range(n_procs):
+            mine, theirs = socket.socketpair()
+            cfg = {"rank": r, "fd": theirs.fileno(), "shm": [s.name for s in self._shm], "sizes": self.sizes,
+                   "dtype": self.dtype.str, "max_batch": max_batch, "blas_threads": blas_threads}
+            code = "import sys; from labkit.cpu_parallel import _worker_main; _worker_main(sys.argv)"
+            p = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg)], pass_fds=[theirs.fileno()], env=env)
+            theirs.close()
+            self._procs.append(p)
+            self._socks.append(mine)
+            self._files.append(mine.makefile("rb"))
+        for r in range(n_procs):
+            self._recv(r, "start")
+
+    def __repr__(self) -> str:
+        return f"ProcessBackprop(sizes={self.sizes}, n_procs={self.n_procs}, work={self.work!r})"
+
+    def _recv(self, r: int, what: str):
+        sock, proc = self._socks[r], self._procs[r]
+        ready, _, _ = select.select([sock], [], [], self.timeout)
+        if not ready:
+            state = "is still running" if proc.poll() is None else f"exited with code {proc.returncode}"
+            self.close()
+            raise WorkerError(f"worker {r} did not answer within {self.timeout:g} s during {what}; it {state}")
+        line = self._files[r].readline()
+        if not line:
+            code = proc.wait()
+            self.close()
+            raise WorkerError(f"worker {r} died during {what} (exit code {code}); its error is printed above")
+        msg = json.loads(line)
+        if msg[0] == "error":
+            self.close()
+            raise WorkerError(f"worker {r} failed during {what}:\n{msg[1]}")
+        return msg[1]
+
+    def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
+        if not self._procs or any(p.poll() is not None for p in self._procs):
+            dead = [r for r, p in enumerate(self._procs) if p.poll() is not None]
+            self.close()
+            if dead:
+                raise WorkerError(f"worker(s) {dead} died, so the pool was closed; create a new ProcessBackprop")
+            raise WorkerError("the worker processes are not running (closed, or one died); create a new ProcessBackprop")
+        Y = mlp.check_batch(params, x, y)
+        if mlp.sizes_of(params) != self.sizes:
+            raise ValueError(f"params have sizes {mlp.sizes_of(params)} but this pool was built for {self.sizes}")
+        n = x.shape[0]
+        if n > self.max_batch:
+            raise ValueError(f"batch of {n} exceeds max_batch={self.max_batch}; build the pool with a larger max_batch")
+        for (dW, db), (W, b) in zip(self._params, params):
+            dW[...] = W
+            db[...] = b
+        self._x[:n] = x
+        self._Y[:n] = Y
+        for r, (lo, hi) in enumerate(shard_bounds(n, self.n_procs)):
+            self._socks[r].sendall(json.dumps(["step", lo, hi, activation, cost, self.work]).encode() + b"\n")
+        total = sum(self._recv(r, "a step") for r in range(self.n_procs))
+        summed = self._slots.sum(axis=0)
+        acc_flat = _views(summed, self._shapes, self.dtype)
+        return _finish(params, total, list(zip(acc_flat[0::2], acc_flat[1::2])), n, l2)
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (safe to call twice)."""
+        for f in self._files:
+            f.close()
+        self._files.clear()
+        self._params = self._x = self._Y = self._slots = None  # drop views before the memory goes
+        self._finalizer()
+        self._procs.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def time_per_batch(grad_fn, params, x, y, repeat: int = 5, **kw) -> float:
+    """Median seconds of one gradient computation on the batch (x, y), after one warm-up call."""
+    grad_fn(params, x, y, **kw)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        grad_fn(params, x, y, **kw)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
