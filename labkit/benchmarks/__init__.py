@@ -1,0 +1,16 @@
+"""Benchmarks behind `labkit bench NAME`: each module has ``run(quick, progress) -> dict`` and ``report(result) -> str``."""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS = {
+    "backprop": "per-sample vs vectorised backprop epochs, and the same FLOPs as bare matmuls",
+}
+
+
+def get(name: str):
+    """The benchmark module called ``name``."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
+    return importlib.import_module(f"{__name__}.{name}")

@@ -1,0 +1,134 @@
+"""Checks for the notebooks' exercises: run a student's function against the reference and say what is wrong.
+
+Each check prints one line when everything passes and otherwise raises :class:`ExerciseError`
+with what was tested, what was expected against what came back, and a hint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import cpu_parallel, mlp
+
+
+class ExerciseError(AssertionError):
+    """A student's function gave a wrong answer; the message says what and suggests why."""
+
+
+def _fail(exercise: str, what: str, hint: str = "") -> None:
+    raise ExerciseError(f"{exercise}: {what}" + (f"\nHint: {hint}" if hint else ""))
+
+
+def _passed(exercise: str, n: int) -> None:
+    print(f"✔ {exercise}: all {n} checks passed")
+
+
+def _call(exercise: str, fn, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        _fail(exercise, "not written yet (the function raises NotImplementedError)",
+              "replace the `raise NotImplementedError` line with your code, run the cell, then run this check again")
+    except ExerciseError:
+        raise
+    except Exception as e:
+        _fail(exercise, f"your function raised {type(e).__name__}: {e}",
+              "run it on a small batch by hand and print the shapes of every array")
+
+
+def _problems(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for sizes, batch in (([5, 4, 3], 1), ([5, 4, 3], 8), ([7, 6, 5, 3], 13)):
+        params = mlp.init_params(sizes, seed=int(rng.integers(1000)), dtype=np.float64)
+        x = rng.random((batch, sizes[0]))
+        Y = mlp.targets(rng.integers(0, sizes[-1], batch), sizes[-1], np.float64)
+        yield params, x, Y
+
+
+def _compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
+    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+        _fail(exercise, f"{where}: expected a list of {len(want)} (dW, db) pairs, got {type(got).__name__}"
+              + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+              "return one (dW, db) pair per layer, in the same order as params")
+    last = len(want) - 1
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not isinstance(g, (list, tuple)) or len(g) != 2:
+            _fail(exercise, f"{where}, layer {i}: expected a (dW, db) pair, got {type(g).__name__}")
+        for name, a, b in (("dW", g[0], w[0]), ("db", g[1], w[1])):
+            a = np.asarray(a)
+            if a.shape != b.shape:
+                hint = "you have it transposed: dW = delta^T a has shape (n_out, n_in)" if a.shape == b.shape[::-1] else \
+                    "db sums delta over the batch: shape (n_out,)" if name == "db" else ""
+                _fail(exercise, f"{where}, layer {i}: {name} has shape {a.shape}, expected {b.shape}", hint)
+            if np.allclose(a, b, rtol=1e-6, atol=1e-9):
+                continue
+            if batch > 1 and np.allclose(a, b * batch, rtol=1e-6, atol=1e-9):
+                _fail(exercise, f"{where}, layer {i}: {name} is {batch} (the batch size) times too large",
+                      "the gradient of the mean loss divides the sum over samples by the batch size")
+            hint = ("the output layer's delta is (a - y) * sigma'(z), with sigma'(z) = a (1 - a)" if i == last else
+                    "the output layer is right; the error goes back as delta = (delta_next @ W_next) * a (1 - a)")
+            err = np.abs(a - b).max()
+            _fail(exercise, f"{where}, layer {i}: {name} differs from the reference by up to {err:.3g}\n"
+                  f"  yours[:2]:    {np.array2string(a.ravel()[:4], precision=5)}\n"
+                  f"  expected[:2]: {np.array2string(b.ravel()[:4], precision=5)}", hint)
+
+
+def backprop(fn) -> None:
+    """Exercise (lab 01): ``fn(params, x, Y) -> grads``, vectorised backprop, sigmoid and quadratic cost."""
+    ex = "vectorised backprop"
+    n = 0
+    for k, (params, x, Y) in enumerate(_problems()):
+        before = [(W.copy(), b.copy()) for W, b in params]
+        got = _call(ex, fn, params, x, Y)
+        if any(not np.array_equal(W, W0) or not np.array_equal(b, b0) for (W, b), (W0, b0) in zip(params, before)):
+            _fail(ex, f"problem {k + 1}: your function changed params", "compute gradients into new arrays; leave W and b alone")
+        want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
+        _compare_grads(ex, got, want, x.shape[0], f"problem {k + 1} (sizes {mlp.sizes_of(params)}, batch {x.shape[0]})")
+        n += 1
+    _passed(ex, n)
+
+
+def accumulate(fn) -> None:
+    """Exercise (lab 02): ``fn(params, x, Y, acc) -> loss_sum`` adds per-sample gradients of rows x into ``acc``.
+
+    The check runs it in several threads, each with its own accumulator, and reduces them at the end.
+    """
+    ex = "per-thread accumulator"
+    n = 0
+    for k, (params, x, Y) in enumerate(_problems(seed=1)):
+        want_loss, want = mlp.loss_and_grads_per_sample(params, x, Y)
+        batch = x.shape[0]
+        want_sum = [(gW * batch, gb * batch) for gW, gb in want]
+        # a single accumulator first: the plainest failure messages
+        acc = mlp.zeros_like(params)
+        loss_sum = _call(ex, fn, params, x, Y, acc)
+        where = f"problem {k + 1} (batch {batch}, one thread)"
+        if all(not a.any() for pair in acc for a in pair):
+            _fail(ex, f"{where}: acc is still all zeros after your function returned",
+                  "add into the arrays of acc in place, e.g. `acc_W += dW`; `acc_W = acc_W + dW` makes a new array")
+        if batch > 1:
+            _, last = mlp.loss_and_grads_per_sample(params, x[-1:], Y[-1:])
+            if all(np.allclose(a, b) for (a, _), (b, _) in zip(acc, last)):
+                _fail(ex, f"{where}: acc holds only the last sample's gradient", "add (+=) each sample's gradient; do not assign (=)")
+        try:
+            _compare_grads(ex, acc, want_sum, 1, where)
+        except ExerciseError as e:
+            if all(np.allclose(a, b / batch) for (a, _), (b, _) in zip(acc, want_sum)):
+                _fail(ex, f"{where}: acc holds the mean, not the sum", "accumulate sums; the caller divides once at the end")
+            raise e
+        if not np.isclose(float(loss_sum), want_loss * batch, rtol=1e-6):
+            _fail(ex, f"{where}: returned loss {float(loss_sum):.6g}, expected the summed loss {want_loss * batch:.6g}")
+        # then several threads, one accumulator each, reduced at the end
+        from concurrent.futures import ThreadPoolExecutor
+
+        shards = cpu_parallel.shard_bounds(batch, 3)
+        accs = [mlp.zeros_like(params) for _ in shards]
+        with ThreadPoolExecutor(3) as pool:
+            losses = list(pool.map(lambda i: fn(params, x[shards[i][0]:shards[i][1]], Y[shards[i][0]:shards[i][1]], accs[i]),
+                                   range(len(shards))))
+        total = [(sum(a[i][0] for a in accs), sum(a[i][1] for a in accs)) for i in range(len(params))]
+        _compare_grads(ex, total, want_sum, 1, f"problem {k + 1} (batch {batch}, 3 threads reduced)")
+        if not np.isclose(sum(float(v) for v in losses), want_loss * batch, rtol=1e-6):
+            _fail(ex, f"problem {k + 1}: the threads' losses do not add up to the batch's summed loss")
+        n += 2
+    _passed(ex, n)

@@ -1,0 +1,124 @@
+"""`labkit doctor`: what this machine offers the labs, each item checked for real.
+
+Run: ``labkit doctor``
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+OK, MISSING, FAIL = "ok", "absent", "FAIL"
+
+
+@dataclass
+class Finding:
+    """One line of the doctor's report: ``status`` is "ok", "absent" (optional and not there) or "FAIL"."""
+
+    item: str
+    status: str
+    detail: str
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_python() -> list[Finding]:
+    from .bench import machine_info
+
+    info = machine_info()
+    venv = "virtual environment" if sys.prefix != sys.base_prefix else "system interpreter (not a venv)"
+    out = [Finding("Python", OK, f"{info['python']} at {sys.executable} ({venv})"),
+           Finding("NumPy / BLAS", OK, f"NumPy {info['numpy']}, {info.get('blas', 'unknown BLAS')}, "
+                                       f"{info.get('blas_threads', '?')} BLAS threads, {info['cpus']} CPUs")]
+    return out
+
+
+def check_gpu() -> list[Finding]:
+    from .device import gpu_status
+
+    ok, why = gpu_status()
+    out = [Finding("CUDA device", OK if ok else MISSING, f"{why} (a test kernel ran)" if ok else why)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        try:
+            v = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-1]
+            out.append(Finding("nvcc", OK, f"{nvcc}: {v}"))
+        except (OSError, subprocess.TimeoutExpired, IndexError) as e:
+            out.append(Finding("nvcc", FAIL, f"{nvcc} does not run: {e}"))
+    else:
+        out.append(Finding("nvcc", MISSING, "not on PATH (only needed to compile-check kernels without a GPU)"))
+    nvrtc = _version("nvidia-cuda-nvrtc-cu12")
+    out.append(Finding("NVRTC", OK if nvrtc else MISSING,
+                       f"nvidia-cuda-nvrtc-cu12 {nvrtc}" if nvrtc else "not installed (pip install -e '.[gpu]')"))
+    return out
+
+
+def check_mpi(timeout: float = 60) -> list[Finding]:
+    from .cluster import mpiexec_path, run_mpi
+
+    v = _version("mpi4py")
+    if not v:
+        return [Finding("mpi4py", FAIL, "not installed: pip install mpi4py mpich")]
+    out = [Finding("mpi4py", OK, v)]
+    try:
+        exe = mpiexec_path()
+    except FileNotFoundError as e:
+        return out + [Finding("mpiexec", FAIL, str(e))]
+    code = ("from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; r = np.zeros(1); "
+            "c.Allreduce(np.ones(1) * (c.rank + 1), r); "
+            "print(c.rank, c.size, int(r[0]), MPI.Get_library_version().splitlines()[0].strip(), flush=True)")
+    try:
+        res = run_mpi(["-c", code], n=2, timeout=timeout)
+        lines = sorted(ln for ln in res.stdout.splitlines() if ln.strip())
+        good = res.returncode == 0 and len(lines) == 2 and all(ln.split()[2] == "3" for ln in lines)
+        lib = " ".join(lines[0].split()[3:]) if lines else "?"
+        detail = f"{exe}; 2 ranks ran an Allreduce: {lib}" if good else \
+            f"{exe}: a 2-rank test job failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-300:]}"
+        out.append(Finding("MPI", OK if good else FAIL, detail))
+    except subprocess.TimeoutExpired:
+        out.append(Finding("MPI", FAIL, f"{exe}: a 2-rank test job did not finish in {timeout:g} s"))
+    return out
+
+
+def check_tools() -> list[Finding]:
+    out = []
+    for item, dist in (("ipyparallel", "ipyparallel"), ("JupyterLab", "jupyterlab"), ("nbclient", "nbclient")):
+        v = _version(dist)
+        out.append(Finding(item, OK if v else FAIL, v or f"not installed: pip install {dist}"))
+    if importlib.util.find_spec("ipykernel") is None:
+        out.append(Finding("ipykernel", FAIL, "not installed: notebooks cannot run (pip install ipykernel)"))
+    return out
+
+
+def check_data() -> list[Finding]:
+    from .data import DATASETS, DataError, locate
+
+    out = []
+    for ds in DATASETS:
+        try:
+            src = locate(ds)
+            out.append(Finding(f"data: {ds}", OK if src.kind == "files" else MISSING, src.describe()))
+        except DataError as e:
+            out.append(Finding(f"data: {ds}", FAIL, str(e)))
+    return out
+
+
+def run_all() -> list[Finding]:
+    """Every check, in the order of the labs."""
+    return check_python() + check_data() + check_gpu() + check_mpi() + check_tools()
+
+
+def render(findings: list[Finding]) -> str:
+    """Aligned lines with a mark per finding."""
+    mark = {OK: "✔", MISSING: "–", FAIL: "✘"}
+    width = max(len(f.item) for f in findings)
+    return "\n".join(f"{mark[f.status]} {f.item:<{width}}  {f.detail}" for f in findings)

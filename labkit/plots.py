@@ -1,0 +1,141 @@
+"""Figures for the labs: digits, training curves, timings, speedup with its ideal and Amdahl curves.
+
+Every function returns the matplotlib Figure, labels its axes with units, and uses the same
+colour for the same method across labs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .bench import amdahl
+from .device import to_numpy
+
+COLOURS = {
+    "per-sample": "#7f7f7f", "per_sample": "#7f7f7f", "serial": "#7f7f7f",
+    "vectorised": "#1f77b4", "threads": "#ff7f0e", "processes": "#2ca02c",
+    "ideal": "#000000", "amdahl": "#d62728", "gpu": "#9467bd", "mpi": "#8c564b",
+}
+_CYCLE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+def colour(name: str, i: int = 0) -> str:
+    """The colour of a method by name (falling back to the default cycle)."""
+    for key, c in COLOURS.items():
+        if name.lower().startswith(key):
+            return c
+    return _CYCLE[i % len(_CYCLE)]
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def show_digits(x, labels=None, predicted=None, n: int = 16, cols: int = 8, class_names=None, title: str | None = None):
+    """A grid of 28x28 images with their labels; wrong predictions in red as "label→predicted"."""
+    plt = _plt()
+    x = to_numpy(x)[:n]
+    n = len(x)
+    rows = max(1, -(-n // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.1, rows * 1.3), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i >= n:
+            continue
+        ax.imshow(x[i].reshape(28, 28), cmap="gray_r", vmin=0, vmax=1)
+        name = (lambda k: class_names[int(k)] if class_names else str(int(k)))
+        if labels is not None:
+            text, col = name(labels[i]), "black"
+            if predicted is not None and int(predicted[i]) != int(labels[i]):
+                text, col = f"{name(labels[i])}→{name(predicted[i])}", "#d62728"
+            ax.set_title(text, fontsize=9, color=col)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_history(histories: Mapping[str, object], title: str | None = None):
+    """Training loss and test accuracy per epoch for one or more runs (``{name: History}``)."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (name, h) in enumerate(histories.items()):
+        c = colour(name, i)
+        ax1.plot(h.epoch, h.train_loss, "o-", color=c, label=name, ms=3)
+        if h.test_accuracy:
+            ax2.plot(h.epoch, np.asarray(h.test_accuracy) * 100, "o-", color=c, label=name, ms=3)
+    ax1.set(xlabel="epoch", ylabel="training loss (mean per sample)", title="loss")
+    ax2.set(xlabel="epoch", ylabel="test accuracy (%)", title="accuracy")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s", baseline: str | None = None):
+    """Horizontal bars of times, each labelled with its value and its speedup over ``baseline``."""
+    plt = _plt()
+    names = list(times)
+    vals = np.array([times[k] for k in names], dtype=float)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
+    ax.barh(names, vals, color=[colour(k, i) for i, k in enumerate(names)])
+    ax.invert_yaxis()
+    base = times.get(baseline) if baseline else None
+    for i, v in enumerate(vals):
+        label = f" {v:.3g} {unit}" + (f"  ({base / v:.1f}x)" if base else "")
+        ax.text(v, i, label, va="center", fontsize=9)
+    ax.set(xlabel=f"{title} ({unit})", xlim=(0, vals.max() * 1.35))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xlabel: str = "workers",
+                 ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None):
+    """Speedup against worker count, with the ideal line, a fitted Amdahl curve and the core count marked."""
+    plt = _plt()
+    p = np.asarray(p, dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, s) in enumerate(speedups.items()):
+        ax.plot(p, s, "o-", color=colour(name, i), label=name)
+    grid = np.linspace(p.min(), p.max(), 100)
+    if ideal:
+        ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
+    if amdahl_f is not None and 0 <= amdahl_f <= 1:
+        ax.plot(grid, amdahl(grid, amdahl_f), ":", color=COLOURS["amdahl"], lw=2, label=f"Amdahl, serial fraction {amdahl_f:.2f}")
+    if cores:
+        ax.axvline(cores, color="grey", lw=1, alpha=0.6)
+        ax.text(cores, ax.get_ylim()[1] * 0.95, f" {cores} cores", color="grey", va="top", fontsize=9)
+    ax.axhline(1, color="grey", lw=0.8, alpha=0.5)
+    ax.set(xlabel=xlabel, ylabel="speedup (serial time / parallel time)", title=title or "speedup")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: str, ylabel: str,
+               logx: bool = False, logy: bool = False, title: str | None = None, hline: float | None = None):
+    """Several measured series against one x axis (for sweeps: width, threads, batch size)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (name, y) in enumerate(ys.items()):
+        ax.plot(x, y, "o-", color=colour(name, i), label=name)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=1, ls="--")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

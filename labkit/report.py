@@ -1,0 +1,226 @@
+"""Run the lab notebooks headlessly and collect their figures and key numbers into one HTML page.
+
+Run: ``labkit report [--profile quick|full] [--out DIR]``
+
+Each notebook is executed with nbclient in a fresh kernel, with ``PROFILE`` injected after its
+cell tagged ``parameters`` (as papermill does) and a timeout per cell. A notebook that fails is
+shown with its error and the others still run. Notebooks publish key numbers with :func:`record`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .progress import progress_bar
+
+METRIC_MIME = "application/vnd.labkit.metric+json"
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def record(name: str, value, unit: str = "", note: str = "") -> None:
+    """Show a key number in the notebook and mark it for the report (e.g. ``record("test accuracy", 0.953, "%")``)."""
+    from IPython.display import display
+
+    text = _format_metric(name, value, unit)
+    display({METRIC_MIME: {"name": name, "value": value, "unit": unit, "note": note}, "text/plain": text}, raw=True)
+
+
+def _format_metric(name: str, value, unit: str) -> str:
+    if unit == "%" and isinstance(value, float):
+        return f"{name}: {value:.2%}"
+    if isinstance(value, float):
+        return f"{name}: {value:.4g} {unit}".rstrip()
+    return f"{name}: {value} {unit}".rstrip()
+
+
+@dataclass
+class NotebookResult:
+    """What running one notebook gave."""
+
+    name: str
+    title: str
+    ok: bool = False
+    seconds: float = 0.0
+    error: str | None = None
+    figures: list[str] = field(default_factory=list)  # base64 PNGs
+    metrics: list[dict] = field(default_factory=list)
+    executed: Path | None = None
+
+
+def find_notebooks(folder: Path | str = NOTEBOOKS, only: str | None = None) -> list[Path]:
+    """The numbered lab notebooks (``NN_name.ipynb``) in order, optionally only those whose name contains ``only``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no notebooks folder at {folder}; pass --notebooks DIR")
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        found = [p for p in found if only in p.name]
+    if not found:
+        raise FileNotFoundError(f"no lab notebooks (NN_name.ipynb) in {folder}" + (f" matching {only!r}" if only else ""))
+    return found
+
+
+def inject_parameters(nb, params: dict) -> None:
+    """Insert a cell assigning ``params`` right after the cell tagged "parameters" (or first)."""
+    import nbformat
+
+    src = "# Parameters injected by labkit report\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    cell = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
+    idx = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), -1)
+    nb.cells.insert(idx + 1, cell)
+
+
+def _title(nb, fallback: str) -> str:
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            for line in c.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return fallback
+
+
+def collect(nb, result: NotebookResult) -> None:
+    """Gather figures and recorded metrics from an executed notebook."""
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        for out in c.get("outputs", []):
+            data = out.get("data", {})
+            if METRIC_MIME in data:
+                m = data[METRIC_MIME]
+                result.metrics.append(json.loads(m) if isinstance(m, str) else dict(m))
+            elif "image/png" in data:
+                result.figures.append(data["image/png"].replace("\n", ""))
+
+
+def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progress: bool | None = None) -> NotebookResult:
+    """Execute one notebook into ``out_dir`` and return what it produced (never raises for notebook errors)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    nb = nbformat.read(path, as_version=4)
+    result = NotebookResult(name=path.name, title=_title(nb, path.stem))
+    inject_parameters(nb, params)
+    n_code = sum(c.cell_type == "code" for c in nb.cells)
+    bar = progress_bar(total=n_code, enable=progress, desc=f"  {path.name}", unit="cell", leave=False)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_executed=lambda **kw: bar.update(1) if kw["cell"].cell_type == "code" else None)
+    env_before = dict(os.environ)
+    # the kernel inherits this environment: inline figures, no progress widgets in the saved notebooks
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    os.environ["LABKIT_PROGRESS"] = "0"
+    t0 = time.perf_counter()
+    try:
+        client.execute()
+        result.ok = True
+    except CellTimeoutError as e:
+        result.error = f"a cell ran longer than the {timeout} s limit and was stopped:\n{_ANSI.sub('', str(e))}"
+    except CellExecutionError as e:
+        result.error = _ANSI.sub("", str(e))
+    except DeadKernelError as e:
+        result.error = f"the kernel died (out of memory, or a crash in compiled code): {e}"
+    except Exception as e:  # a missing kernel, a broken notebook file: report it, run the others
+        result.error = f"{type(e).__name__}: {e}"
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+        bar.close()
+    result.seconds = time.perf_counter() - t0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result.executed = out_dir / path.name
+    nbformat.write(nb, result.executed)
+    collect(nb, result)
+    return result
+
+
+def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | str = NOTEBOOKS, only: str | None = None,
+        timeout: int = 600, progress: bool | None = None) -> tuple[list[NotebookResult], Path]:
+    """Execute every lab notebook and write ``out/index.html``; return the results and the page's path."""
+    if profile not in ("quick", "full"):
+        raise ValueError(f"profile must be 'quick' or 'full', got {profile!r}")
+    out = Path(out)
+    paths = find_notebooks(notebooks, only)
+    results = []
+    t0 = time.perf_counter()
+    for path in progress_bar(paths, enable=progress, desc="notebooks", unit="nb"):
+        results.append(execute(path, out, {"PROFILE": profile}, timeout, progress))
+    page = write_html(results, out, profile, time.perf_counter() - t0)
+    return results, page
+
+
+def summary(results: list[NotebookResult], page: Path) -> str:
+    """A one-screen summary: each notebook's status, time and first few key numbers."""
+    lines = []
+    for r in results:
+        status = "ok  " if r.ok else "FAIL"
+        nums = "; ".join(_format_metric(m["name"], m["value"], m.get("unit", "")) for m in r.metrics[:3])
+        lines.append(f"{status} {r.name:<32} {r.seconds:6.1f} s  {len(r.figures):2d} fig  {nums}")
+        if not r.ok:
+            last = [ln for ln in (r.error or "").strip().splitlines() if ln.strip()][-1:] or ["(no message)"]
+            lines.append(f"     {last[0][:150]}")
+    n_ok = sum(r.ok for r in results)
+    lines.append(f"{n_ok}/{len(results)} notebooks passed. Report: {page}")
+    return "\n".join(lines)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} .meta{color:#666;font-size:.9em} table{border-collapse:collapse;margin:1em 0}
+td,th{border-bottom:1px solid #ddd;padding:.35em .8em;text-align:left;vertical-align:top}
+.ok{color:#2a7d2a;font-weight:600} .fail{color:#c62828;font-weight:600}
+section{border-top:2px solid #eee;margin-top:2em;padding-top:1em}
+pre{background:#fff4f4;border-left:4px solid #c62828;padding:.8em;overflow-x:auto;font-size:.85em;white-space:pre-wrap}
+img{max-width:100%;margin:.5em 0;border:1px solid #eee} .metrics td:nth-child(2){font-variant-numeric:tabular-nums}
+"""
+
+
+def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: float) -> Path:
+    """One self-contained page: summary table, then per notebook its numbers, error and figures."""
+    from . import __version__
+    from .bench import machine_info
+    from .data import status as data_status
+
+    esc = html.escape
+    info = machine_info()
+    rows = []
+    for r in results:
+        nums = "<br>".join(esc(_format_metric(m["name"], m["value"], m.get("unit", ""))) for m in r.metrics[:4])
+        cls, word = ("ok", "passed") if r.ok else ("fail", "failed")
+        rows.append(f"<tr><td><a href='#{esc(r.name)}'>{esc(r.title)}</a><br><small>{esc(r.name)}</small></td>"
+                    f"<td class='{cls}'>{word}</td><td>{r.seconds:.1f} s</td><td>{len(r.figures)}</td><td>{nums}</td></tr>")
+    sections = []
+    for r in results:
+        parts = [f"<section id='{esc(r.name)}'><h2>{esc(r.title)}</h2>",
+                 f"<p class='meta'><a href='{esc(r.name)}'>executed notebook</a> · {r.seconds:.1f} s</p>"]
+        if r.error:
+            parts.append(f"<pre>{esc(r.error[-6000:])}</pre>")
+        if r.metrics:
+            parts.append("<table class='metrics'>" + "".join(
+                f"<tr><td>{esc(m['name'])}</td><td>{esc(_format_metric('', m['value'], m.get('unit', ''))[2:])}</td>"
+                f"<td>{esc(m.get('note', ''))}</td></tr>" for m in r.metrics) + "</table>")
+        parts += [f"<img alt='figure {i + 1} of {esc(r.name)}' src='data:image/png;base64,{fig}'>" for i, fig in enumerate(r.figures)]
+        parts.append("</section>")
+        sections.append("\n".join(parts))
+    n_ok = sum(r.ok for r in results)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>labkit report</title><style>{_CSS}</style></head><body>
+<h1>labkit report</h1>
+<p class="meta">{time.strftime('%Y-%m-%d %H:%M')} · profile <b>{esc(profile)}</b> · {n_ok}/{len(results)} notebooks passed in {seconds:.0f} s ·
+labkit {__version__} · Python {info['python']}, NumPy {info['numpy']}, {esc(str(info.get('blas', '?')))} · {info['cpus']} CPUs<br>
+data: {esc('; '.join(data_status()))}</p>
+<table><tr><th>lab</th><th>status</th><th>time</th><th>figures</th><th>key numbers</th></tr>{''.join(rows)}</table>
+{''.join(sections)}
+</body></html>"""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
