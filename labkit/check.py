@@ -69,8 +69,8 @@ def _compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
                     "the output layer is right; the error goes back as delta = (delta_next @ W_next) * a (1 - a)")
             err = np.abs(a - b).max()
             _fail(exercise, f"{where}, layer {i}: {name} differs from the reference by up to {err:.3g}\n"
-                  f"  yours[:2]:    {np.array2string(a.ravel()[:4], precision=5)}\n"
-                  f"  expected[:2]: {np.array2string(b.ravel()[:4], precision=5)}", hint)
+                  f"  yours, first values:    {np.array2string(a.ravel()[:4], precision=5)}\n"
+                  f"  expected, first values: {np.array2string(b.ravel()[:4], precision=5)}", hint)
 
 
 def backprop(fn) -> None:
@@ -109,7 +109,8 @@ def accumulate(fn) -> None:
         if batch > 1:
             _, last = mlp.loss_and_grads_per_sample(params, x[-1:], Y[-1:])
             if all(np.allclose(a, b) for (a, _), (b, _) in zip(acc, last)):
-                _fail(ex, f"{where}: acc holds only the last sample's gradient", "add (+=) each sample's gradient; do not assign (=)")
+                _fail(ex, f"{where}: acc holds only the last sample's gradient",
+                      "add (+=) each sample's gradient; do not assign (=)")
         try:
             _compare_grads(ex, acc, want_sum, 1, where)
         except ExerciseError as e:
@@ -124,8 +125,8 @@ def accumulate(fn) -> None:
         shards = cpu_parallel.shard_bounds(batch, 3)
         accs = [mlp.zeros_like(params) for _ in shards]
         with ThreadPoolExecutor(3) as pool:
-            losses = list(pool.map(lambda i: fn(params, x[shards[i][0]:shards[i][1]], Y[shards[i][0]:shards[i][1]], accs[i]),
-                                   range(len(shards))))
+            futures = [pool.submit(fn, params, x[lo:hi], Y[lo:hi], a) for (lo, hi), a in zip(shards, accs)]
+            losses = [f.result() for f in futures]
         total = [(sum(a[i][0] for a in accs), sum(a[i][1] for a in accs)) for i in range(len(params))]
         _compare_grads(ex, total, want_sum, 1, f"problem {k + 1} (batch {batch}, 3 threads reduced)")
         if not np.isclose(sum(float(v) for v in losses), want_loss * batch, rtol=1e-6):

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("report", help="run every lab notebook headlessly and write an HTML report")
-    r.add_argument("--profile", choices=["quick", "full"], default="quick", help="quick: small settings (default); full: the real runs")
+    r.add_argument("--profile", choices=["quick", "full"], default="quick",
+                   help="quick: small settings (default); full: the real runs")
     r.add_argument("--out", default="report", help="output folder (default: report/)")
     r.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     r.add_argument("--only", default=None, help="run only notebooks whose file name contains this")

@@ -47,7 +47,9 @@ def show_digits(x, labels=None, predicted=None, n: int = 16, cols: int = 8, clas
         if i >= n:
             continue
         ax.imshow(x[i].reshape(28, 28), cmap="gray_r", vmin=0, vmax=1)
-        name = (lambda k: class_names[int(k)] if class_names else str(int(k)))
+        def name(k):
+            return class_names[int(k)] if class_names else str(int(k))
+
         if labels is not None:
             text, col = name(labels[i]), "black"
             if predicted is not None and int(predicted[i]) != int(labels[i]):

@@ -207,13 +207,15 @@ def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: 
             parts.append("<table class='metrics'>" + "".join(
                 f"<tr><td>{esc(m['name'])}</td><td>{esc(_format_metric('', m['value'], m.get('unit', ''))[2:])}</td>"
                 f"<td>{esc(m.get('note', ''))}</td></tr>" for m in r.metrics) + "</table>")
-        parts += [f"<img alt='figure {i + 1} of {esc(r.name)}' src='data:image/png;base64,{fig}'>" for i, fig in enumerate(r.figures)]
+        parts += [f"<img alt='figure {i + 1} of {esc(r.name)}' src='data:image/png;base64,{fig}'>"
+                  for i, fig in enumerate(r.figures)]
         parts.append("</section>")
         sections.append("\n".join(parts))
     n_ok = sum(r.ok for r in results)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>labkit report</title><style>{_CSS}</style></head><body>
 <h1>labkit report</h1>
-<p class="meta">{time.strftime('%Y-%m-%d %H:%M')} · profile <b>{esc(profile)}</b> · {n_ok}/{len(results)} notebooks passed in {seconds:.0f} s ·
+<p class="meta">{time.strftime('%Y-%m-%d %H:%M')} · profile <b>{esc(profile)}</b> ·
+{n_ok}/{len(results)} notebooks passed in {seconds:.0f} s ·
 labkit {__version__} · Python {info['python']}, NumPy {info['numpy']}, {esc(str(info.get('blas', '?')))} · {info['cpus']} CPUs<br>
 data: {esc('; '.join(data_status()))}</p>
 <table><tr><th>lab</th><th>status</th><th>time</th><th>figures</th><th>key numbers</th></tr>{''.join(rows)}</table>

@@ -105,8 +105,9 @@ def _meets(value: float, op: str, bound: float) -> bool:
 
 def report(result: dict) -> str:
     """A table for people."""
+    m = result["machine"]
     lines = [f"backprop benchmark ({'quick' if result['quick'] else 'full'}, {result['samples_per_epoch']} samples/epoch, "
-             f"{result['dtype']}, {result['machine'].get('blas', '?')} with {result['machine'].get('blas_threads', '?')} threads)",
+             f"{result['dtype']}, {m.get('blas', '?')} with {m.get('blas_threads', '?')} threads)",
              f"data: {result['data']}", "",
              f"{'network':<14}{'batch':>6}{'per-sample':>12}{'vectorised':>12}{'speedup':>9}{'matmuls':>10}"
              f"{'vec/mm':>8}{'acc p-s':>9}{'acc vec':>9}"]
