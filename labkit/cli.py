@@ -16,7 +16,8 @@ from pathlib import Path
 def _cmd_report(a) -> int:
     from . import report
 
-    results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks, only=a.only, timeout=a.timeout)
+    results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or report.NOTEBOOKS,
+                                only=a.only, timeout=a.timeout)
     print(report.summary(results, page))
     return 0 if all(r.ok for r in results) else 1
 

@@ -64,17 +64,22 @@ def show_digits(x, labels=None, predicted=None, n: int = 16, cols: int = 8, clas
 def plot_history(histories: Mapping[str, object], title: str | None = None):
     """Training loss and test accuracy per epoch for one or more runs (``{name: History}``)."""
     plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    markers = "os^Dv<>p"
     for i, (name, h) in enumerate(histories.items()):
-        c = colour(name, i)
-        ax1.plot(h.epoch, h.train_loss, "o-", color=c, label=name, ms=3)
+        style = dict(color=colour(name, i), marker=markers[i % len(markers)], label=name,
+                     ms=8 if len(h.epoch) == 1 else 4, alpha=0.85)
+        ax1.plot(h.epoch, h.train_loss, "-", **style)
         if h.test_accuracy:
-            ax2.plot(h.epoch, np.asarray(h.test_accuracy) * 100, "o-", color=c, label=name, ms=3)
-    ax1.set(xlabel="epoch", ylabel="training loss (mean per sample)", title="loss")
+            ax2.plot(h.epoch, np.asarray(h.test_accuracy) * 100, "-", **style)
+    ax1.set(xlabel="epoch", ylabel="training loss (mean per sample)", title="loss (each run's own cost function)")
     ax2.set(xlabel="epoch", ylabel="test accuracy (%)", title="accuracy")
     for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend()
+    ax2.legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
