@@ -29,6 +29,13 @@ def colour(name: str, i: int = 0) -> str:
     return _CYCLE[i % len(_CYCLE)]
 
 
+def colours(names) -> list[str]:
+    """One colour per series: by method name where that keeps them distinct, else the default cycle."""
+    names = list(names)
+    by_name = [colour(n, i) for i, n in enumerate(names)]
+    return by_name if len(set(by_name)) == len(by_name) else [_CYCLE[i % len(_CYCLE)] for i in range(len(names))]
+
+
 def _plt():
     import matplotlib.pyplot as plt
 
@@ -68,8 +75,8 @@ def plot_history(histories: Mapping[str, object], title: str | None = None):
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     markers = "os^Dv<>p"
-    for i, (name, h) in enumerate(histories.items()):
-        style = dict(color=colour(name, i), marker=markers[i % len(markers)], label=name,
+    for i, ((name, h), c) in enumerate(zip(histories.items(), colours(histories))):
+        style = dict(color=c, marker=markers[i % len(markers)], label=name,
                      ms=8 if len(h.epoch) == 1 else 4, alpha=0.85)
         ax1.plot(h.epoch, h.train_loss, "-", **style)
         if h.test_accuracy:
@@ -92,7 +99,7 @@ def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s",
     names = list(times)
     vals = np.array([times[k] for k in names], dtype=float)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
-    ax.barh(names, vals, color=[colour(k, i) for i, k in enumerate(names)])
+    ax.barh(names, vals, color=colours(names))
     ax.invert_yaxis()
     base = times.get(baseline) if baseline else None
     for i, v in enumerate(vals):
@@ -110,8 +117,8 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
     plt = _plt()
     p = np.asarray(p, dtype=float)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (name, s) in enumerate(speedups.items()):
-        ax.plot(p, s, "o-", color=colour(name, i), label=name)
+    for (name, s), c in zip(speedups.items(), colours(speedups)):
+        ax.plot(p, s, "o-", color=c, label=name)
     grid = np.linspace(p.min(), p.max(), 100)
     if ideal:
         ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
@@ -133,8 +140,8 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
     """Several measured series against one x axis (for sweeps: width, threads, batch size)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for i, (name, y) in enumerate(ys.items()):
-        ax.plot(x, y, "o-", color=colour(name, i), label=name)
+    for (name, y), c in zip(ys.items(), colours(ys)):
+        ax.plot(x, y, "o-", color=c, label=name)
     if hline is not None:
         ax.axhline(hline, color="grey", lw=1, ls="--")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
