@@ -49,34 +49,6 @@ def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _per_sample_sum(params, x, Y, activation, cost):
-    """Sum of per-sample losses and gradients over rows of x (the unit of work a thread does)."""
-    total = 0.0
-    acc = mlp.zeros_like(params)
-    for k in range(x.shape[0]):
-        value, g = mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
-        total += value
-        for (aW, ab), (gW, gb) in zip(acc, g):
-            aW += gW
-            ab += gb
-    return total, acc
-
-
-def _finish(params, total, acc, n, l2):
-    """Turn summed losses and gradients into the mean loss and mean gradients, adding L2."""
-    grads = []
-    for (W, _), (gW, gb) in zip(params, acc):
-        gW /= n
-        gb /= n
-        if l2:
-            gW += l2 * W
-        grads.append((gW, gb))
-    value = total / n
-    if l2:
-        value += 0.5 * l2 * sum(float(np.vdot(W, W)) for W, _ in params)
-    return value, grads
-
-
 class ThreadedBackprop:
     """Backprop of one mini-batch spread over ``n_threads`` threads.
 
@@ -111,7 +83,7 @@ class ThreadedBackprop:
                 value, g = mlp._loss_and_grads(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0)
                 k = hi - lo
                 return value * k, [(gW * k, gb * k) for gW, gb in g]  # back to sums over the shard
-            return _per_sample_sum(params, x[lo:hi], Y[lo:hi], activation, cost)
+            return mlp._per_sample_sum(params, x[lo:hi], Y[lo:hi], activation, cost)
 
         if self.combine == "local":  # each thread fills its own accumulator; one reduction at the end
             results = list(self._pool.map(lambda s: partial(*s), shards))
@@ -121,7 +93,7 @@ class ThreadedBackprop:
                 for (aW, ab), (gW, gb) in zip(acc, g):
                     aW += gW
                     ab += gb
-            return _finish(params, total, acc, n, l2)
+            return mlp.mean_from_sums(params, total, acc, n, l2)
 
         if self.combine == "queue":  # every sample's gradient goes through one lock-protected queue
             q: queue.Queue = queue.Queue()
@@ -151,7 +123,7 @@ class ThreadedBackprop:
                     ab += gb
             for f in futures:
                 f.result()
-            return _finish(params, total, acc, n, l2)
+            return mlp.mean_from_sums(params, total, acc, n, l2)
 
         # "lock": one shared accumulator, every update inside a critical section
         lock = threading.Lock()
@@ -172,7 +144,7 @@ class ThreadedBackprop:
 
         for f in [self._pool.submit(add_under_lock, lo, hi) for lo, hi in shards]:
             f.result()
-        return _finish(params, total[0], acc, n, l2)
+        return mlp.mean_from_sums(params, total[0], acc, n, l2)
 
     def close(self) -> None:
         """Stop the threads."""
@@ -251,7 +223,7 @@ def _worker_main(argv=None) -> None:
                     k = hi - lo
                     total, g = value * k, [(gW * k, gb * k) for gW, gb in g]  # sums over the shard
                 else:
-                    total, g = _per_sample_sum(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost)
+                    total, g = mlp._per_sample_sum(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost)
                 for dst, src in zip(slot, (a for pair in g for a in pair)):
                     dst[...] = src
                 send("ok", total)
@@ -380,7 +352,7 @@ class ProcessBackprop:
         total = sum(self._recv(r, "a step") for r in range(self.n_procs))
         summed = self._slots.sum(axis=0)
         acc_flat = _views(summed, self._shapes, self.dtype)
-        return _finish(params, total, list(zip(acc_flat[0::2], acc_flat[1::2])), n, l2)
+        return mlp.mean_from_sums(params, total, list(zip(acc_flat[0::2], acc_flat[1::2])), n, l2)
 
     def close(self) -> None:
         """Stop the workers and free the shared memory (safe to call twice)."""

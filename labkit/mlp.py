@@ -304,22 +304,39 @@ def _backprop_one(params: Params, x, y, activation: str, cost: str):
     return value, nabla
 
 
+def _per_sample_sum(params: Params, x, Y, activation: str, cost: str):
+    """Sum of per-sample losses and gradients over the rows of x, accumulated in place."""
+    total = 0.0
+    acc = zeros_like(params)
+    for k in range(x.shape[0]):
+        value, g = _backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
+        total += value
+        for (aW, ab), (gW, gb) in zip(acc, g):
+            aW += gW
+            ab += gb
+    return total, acc
+
+
 def loss_and_grads_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
     """The serial baseline: backprop one sample at a time and sum, as network.py's update_mini_batch."""
     _check_options(activation, cost)
     Y = check_batch(params, x, y)
-    total = 0.0
-    nabla = zeros_like(params)
-    for k in range(x.shape[0]):
-        value, g = _backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
-        total += value
-        nabla = [(nW + dW, nb + db) for (nW, nb), (dW, db) in zip(nabla, g)]
-    n = x.shape[0]
-    grads = [(nW / n + (l2 * W if l2 else 0), nb / n) for (nW, nb), (W, _) in zip(nabla, params)]
+    total, acc = _per_sample_sum(params, x, Y, activation, cost)
+    return mean_from_sums(params, total, acc, x.shape[0], l2)
+
+
+def mean_from_sums(params: Params, total: float, acc: Params, n: int, l2: float = 0.0):
+    """Summed losses and gradients over n samples -> (mean loss, mean gradients), plus the L2 term (in place)."""
+    xp = array_module(params[0][0])
+    for (gW, gb), (W, _) in zip(acc, params):
+        gW /= n
+        gb /= n
+        if l2:
+            gW += l2 * W
     value = total / n
     if l2:
-        value += 0.5 * l2 * sum(float((W * W).sum()) for W, _ in params)
-    return value, grads
+        value += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
+    return value, list(acc)
 
 
 def backprop_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
