@@ -51,7 +51,8 @@ def _compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
               + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
               "return one (dW, db) pair per layer, in the same order as params")
     last = len(want) - 1
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i in range(last, -1, -1):  # from the output back, as the error flows: the first bad layer is the one to fix
+        g, w = got[i], want[i]
         if not isinstance(g, (list, tuple)) or len(g) != 2:
             _fail(exercise, f"{where}, layer {i}: expected a (dW, db) pair, got {type(g).__name__}")
         for name, a, b in (("dW", g[0], w[0]), ("db", g[1], w[1])):
@@ -122,7 +123,7 @@ def accumulate(fn) -> None:
         # then several threads, one accumulator each, reduced at the end
         from concurrent.futures import ThreadPoolExecutor
 
-        shards = cpu_parallel.shard_bounds(batch, 3)
+        shards = [(lo, hi) for lo, hi in cpu_parallel.shard_bounds(batch, 3) if hi > lo]
         accs = [mlp.zeros_like(params) for _ in shards]
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(fn, params, x[lo:hi], Y[lo:hi], a) for (lo, hi), a in zip(shards, accs)]

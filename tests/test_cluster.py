@@ -1,0 +1,69 @@
+"""MPI launching under a real mpiexec (the wheel's), with several rank counts."""
+
+import subprocess
+import time
+
+import pytest
+
+from labkit import cluster
+
+pytestmark = pytest.mark.mpi
+
+ALLREDUCE = """
+from mpi4py import MPI
+import numpy as np
+c = MPI.COMM_WORLD
+x = np.arange(5, dtype=np.float64) * (c.rank + 1)
+y = np.empty_like(x)
+c.Allreduce(x, y)
+want = np.arange(5) * c.size * (c.size + 1) / 2
+assert np.array_equal(y, want), (y, want)
+ranks = c.gather(c.rank)  # one printer: output of several ranks may interleave mid-line
+if c.rank == 0:
+    print(f"ranks {sorted(ranks)} of {c.size} ok", flush=True)
+"""
+
+
+def test_mpiexec_is_the_environments():
+    import sys
+    from pathlib import Path
+
+    assert cluster.mpiexec_path().parent in (Path(sys.prefix) / "bin", Path(sys.executable).parent)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_allreduce_job(n, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    res = cluster.run_mpi([str(script)], n=n, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert f"ranks {list(range(n))} of {n} ok" in res.stdout
+
+
+def test_one_rank_raising_aborts_the_job(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("from mpi4py import MPI\nimport time\n"
+                      "if MPI.COMM_WORLD.rank == 1:\n    raise RuntimeError('rank 1 gives up')\n"
+                      "MPI.COMM_WORLD.Barrier()\n")
+    t0 = time.monotonic()
+    res = cluster.run_mpi([str(script)], n=3, timeout=60)
+    assert res.returncode != 0
+    assert "rank 1 gives up" in res.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_timeout_kills_every_rank(tmp_path):
+    script = tmp_path / "sleep.py"
+    marker = f"labkit-sleep-{tmp_path.name}"
+    script.write_text(f"import time\n# {marker}\ntime.sleep(300)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        cluster.run_mpi([str(script)], n=2, timeout=5)
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left behind: {left}"
+
+
+def test_heavy_yield_when_oversubscribed():
+    import os
+
+    assert cluster.mpi_env((os.cpu_count() or 1) + 1)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"

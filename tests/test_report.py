@@ -1,0 +1,66 @@
+import nbformat
+import pytest
+
+from labkit import cli, report
+
+
+def make_nb(path, *sources, params="PROFILE = 'quick'"):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [nbformat.v4.new_markdown_cell(f"# Title of {path.stem}")]
+    p = nbformat.v4.new_code_cell(params)
+    p.metadata["tags"] = ["parameters"]
+    cells.append(p)
+    cells += [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells = cells
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def nbdir(tmp_path):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    make_nb(d / "01_good.ipynb",
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.title(PROFILE)\nplt.show()",
+            "from labkit.report import record\nrecord('answer', 42.0, 's', 'a note')\nrecord('acc', 0.9512, '%')")
+    make_nb(d / "02_bad.ipynb", "raise ValueError('deliberate failure in cell 2')", "print('never runs')")
+    make_nb(d / "03_slow.ipynb", "import time\ntime.sleep(60)")
+    (d / "scratch.ipynb").write_text("{}")  # not a numbered lab: ignored
+    return d
+
+
+@pytest.mark.slow
+def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
+    out = tmp_path / "out"
+    results, page = report.run(profile="full", out=out, notebooks=nbdir, timeout=5, progress=False)
+    good, bad, slow = results
+    assert [r.name for r in results] == ["01_good.ipynb", "02_bad.ipynb", "03_slow.ipynb"]
+    assert good.ok and len(good.figures) == 1 and good.title == "Title of 01_good"
+    assert [m["name"] for m in good.metrics] == ["answer", "acc"] and good.metrics[0]["value"] == 42.0
+    assert not bad.ok and "deliberate failure in cell 2" in bad.error
+    assert not slow.ok and "longer than the 5 s limit" in slow.error
+    executed = nbformat.read(out / "01_good.ipynb", as_version=4)
+    injected = [c for c in executed.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "PROFILE = 'full'" in injected[0].source
+    html = page.read_text()
+    assert "data:image/png;base64," in html and "deliberate failure in cell 2" in html
+    assert "answer: 42 s" in html and "acc: 95.12%" in html and "1/3 notebooks passed" in html
+    text = report.summary(results, page)
+    assert "FAIL 02_bad.ipynb" in text and "ValueError: deliberate failure in cell 2" in text
+
+
+@pytest.mark.slow
+def test_cli_report_exit_code(nbdir, tmp_path, capsys):
+    assert cli.main(["report", "--notebooks", str(nbdir), "--only", "01", "--out", str(tmp_path / "o")]) == 0
+    assert cli.main(["report", "--notebooks", str(nbdir), "--only", "02", "--out", str(tmp_path / "o")]) == 1
+    assert "0/1 notebooks passed" in capsys.readouterr().out
+
+
+def test_find_notebooks_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no notebooks folder"):
+        report.find_notebooks(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no lab notebooks"):
+        report.find_notebooks(tmp_path)
+    with pytest.raises(ValueError, match="profile must be"):
+        report.run(profile="medium", notebooks=tmp_path)
