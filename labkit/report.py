@@ -112,6 +112,8 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
     n_code = sum(c.cell_type == "code" for c in nb.cells)
     bar = progress_bar(total=n_code, enable=progress, desc=f"  {path.name}", unit="cell", leave=False)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
+                            # the kernel listens on 127.0.0.1 only; its warning about plain TCP is noise here
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_executed=lambda **kw: bar.update(1) if kw["cell"].cell_type == "code" else None)
     env_before = dict(os.environ)
@@ -168,7 +170,7 @@ def summary(results: list[NotebookResult], page: Path) -> str:
             last = [ln for ln in (r.error or "").strip().splitlines() if ln.strip()][-1:] or ["(no message)"]
             lines.append(f"     {last[0][:150]}")
     n_ok = sum(r.ok for r in results)
-    lines.append(f"{n_ok}/{len(results)} notebooks passed. Report: {page}")
+    lines.append(f"{n_ok}/{len(results)} notebooks passed. Report: {page.resolve()}")
     return "\n".join(lines)
 
 
