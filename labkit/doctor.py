@@ -73,15 +73,15 @@ def check_mpi(timeout: float = 60) -> list[Finding]:
         exe = mpiexec_path()
     except FileNotFoundError as e:
         return out + [Finding("mpiexec", FAIL, str(e))]
+    # rank 0 gathers and prints once: lines printed by several ranks can interleave mid-line
     code = ("from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; r = np.zeros(1); "
-            "c.Allreduce(np.ones(1) * (c.rank + 1), r); "
-            "print(c.rank, c.size, int(r[0]), MPI.Get_library_version().splitlines()[0].strip(), flush=True)")
+            "c.Allreduce(np.ones(1) * (c.rank + 1), r); got = c.gather(int(r[0])); "
+            "c.rank == 0 and print(c.size, *got, '|', MPI.Get_library_version().splitlines()[0].strip(), flush=True)")
     try:
         res = run_mpi(["-c", code], n=2, timeout=timeout)
-        lines = sorted(ln for ln in res.stdout.splitlines() if ln.strip())
-        good = res.returncode == 0 and len(lines) == 2 and all(ln.split()[2] == "3" for ln in lines)
-        lib = " ".join(lines[0].split()[3:]) if lines else "?"
-        detail = f"{exe}; 2 ranks ran an Allreduce: {lib}" if good else \
+        head, _, lib = res.stdout.strip().partition("|")
+        good = res.returncode == 0 and head.split() == ["2", "3", "3"]
+        detail = f"{exe}; 2 ranks ran an Allreduce: {' '.join(lib.split())}" if good else \
             f"{exe}: a 2-rank test job failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-300:]}"
         out.append(Finding("MPI", OK if good else FAIL, detail))
     except subprocess.TimeoutExpired:

@@ -394,7 +394,8 @@ class History:
         """One line: epochs, final loss and accuracy, mean epoch time."""
         t = sum(self.epoch_time) / max(len(self.epoch_time), 1)
         acc = f", test accuracy {self.final_accuracy:.2%}" if self.test_accuracy else ""
-        return f"{len(self.epoch)} epochs, loss {self.train_loss[-1]:.4f}{acc}, {t:.2f} s/epoch"
+        n = len(self.epoch)
+        return f"{n} epoch{'' if n == 1 else 's'}, loss {self.train_loss[-1]:.4f}{acc}, {t:.2f} s/epoch"
 
 
 GradFn = Callable[..., tuple]

@@ -35,6 +35,8 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
 def _format_metric(name: str, value, unit: str) -> str:
     if unit == "%" and isinstance(value, float):
         return f"{name}: {value:.2%}"
+    if unit == "x" and isinstance(value, float):
+        return f"{name}: {value:.2f}x"
     if isinstance(value, float):
         return f"{name}: {value:.4g} {unit}".rstrip()
     return f"{name}: {value} {unit}".rstrip()
