@@ -49,6 +49,15 @@ def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def shard_sums(params, x, Y, activation: str, cost: str, work: str):
+    """Summed loss and summed gradients over the rows of one shard, by per-sample or vectorised work."""
+    if work == "vectorised" and x.shape[0]:
+        value, g = mlp._loss_and_grads(params, x, Y, activation, cost, 0.0)
+        k = x.shape[0]
+        return value * k, [(gW * k, gb * k) for gW, gb in g]  # means back to sums
+    return mlp._per_sample_sum(params, x, Y, activation, cost)
+
+
 class ThreadedBackprop:
     """Backprop of one mini-batch spread over ``n_threads`` threads.
 
@@ -79,20 +88,22 @@ class ThreadedBackprop:
         shards = [(a, b) for a, b in shard_bounds(n, self.n_threads) if b > a]
 
         def partial(lo, hi):
+            return shard_sums(params, x[lo:hi], Y[lo:hi], activation, cost, self.work)
+
+        def items(lo, hi):
+            """What a thread hands over: every sample's (loss, gradient), or its shard's sums when vectorised."""
             if self.work == "vectorised":
-                value, g = mlp._loss_and_grads(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0)
-                k = hi - lo
-                return value * k, [(gW * k, gb * k) for gW, gb in g]  # back to sums over the shard
-            return mlp._per_sample_sum(params, x[lo:hi], Y[lo:hi], activation, cost)
+                yield partial(lo, hi)
+            else:
+                for k in range(lo, hi):
+                    yield mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
 
         if self.combine == "local":  # each thread fills its own accumulator; one reduction at the end
             results = list(self._pool.map(lambda s: partial(*s), shards))
             total = sum(r[0] for r in results)
             acc = results[0][1]
             for _, g in results[1:]:
-                for (aW, ab), (gW, gb) in zip(acc, g):
-                    aW += gW
-                    ab += gb
+                mlp.add_into(acc, g)
             return mlp.mean_from_sums(params, total, acc, n, l2)
 
         if self.combine == "queue":  # every sample's gradient goes through one lock-protected queue
@@ -100,11 +111,8 @@ class ThreadedBackprop:
 
             def produce(lo, hi):
                 try:
-                    if self.work == "vectorised":
-                        q.put(partial(lo, hi))
-                    else:
-                        for k in range(lo, hi):
-                            q.put(mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost))
+                    for item in items(lo, hi):
+                        q.put(item)
                 except BaseException as e:  # the consumer must not wait forever for a dead producer
                     q.put(e)
                     raise
@@ -118,9 +126,7 @@ class ThreadedBackprop:
                     raise item
                 value, g = item
                 total += value
-                for (aW, ab), (gW, gb) in zip(acc, g):
-                    aW += gW
-                    ab += gb
+                mlp.add_into(acc, g)
             for f in futures:
                 f.result()
             return mlp.mean_from_sums(params, total, acc, n, l2)
@@ -131,16 +137,10 @@ class ThreadedBackprop:
         total = [0.0]
 
         def add_under_lock(lo, hi):
-            if self.work == "vectorised":
-                items = [partial(lo, hi)]
-            else:
-                items = (mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost) for k in range(lo, hi))
-            for value, g in items:
+            for value, g in items(lo, hi):
                 with lock:
                     total[0] += value
-                    for (aW, ab), (gW, gb) in zip(acc, g):
-                        aW += gW
-                        ab += gb
+                    mlp.add_into(acc, g)
 
         for f in [self._pool.submit(add_under_lock, lo, hi) for lo, hi in shards]:
             f.result()
@@ -218,12 +218,7 @@ def _worker_main(argv=None) -> None:
                 break
             try:
                 _, lo, hi, activation, cost, work = msg
-                if work == "vectorised" and hi > lo:
-                    value, g = mlp._loss_and_grads(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost, 0.0)
-                    k = hi - lo
-                    total, g = value * k, [(gW * k, gb * k) for gW, gb in g]  # sums over the shard
-                else:
-                    total, g = mlp._per_sample_sum(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost)
+                total, g = shard_sums(params, xbuf[lo:hi], Ybuf[lo:hi], activation, cost, work)
                 for dst, src in zip(slot, (a for pair in g for a in pair)):
                     dst[...] = src
                 send("ok", total)

@@ -100,6 +100,14 @@ def zeros_like(params: Params) -> Params:
     return [(xp.zeros_like(W), xp.zeros_like(b)) for W, b in params]
 
 
+def add_into(acc: Params, grads: Params) -> Params:
+    """acc += grads, layer by layer, in place; returns acc."""
+    for (aW, ab), (gW, gb) in zip(acc, grads):
+        aW += gW
+        ab += gb
+    return acc
+
+
 def n_params(params: Params) -> int:
     """Number of scalars in the network."""
     return sum(W.size + b.size for W, b in params)
@@ -209,6 +217,14 @@ def accuracy(params: Params, x, y, activation: str = "sigmoid", cost: str = "qua
     return float((predict(params, x, activation, cost) == xp.asarray(y)).mean())
 
 
+def l2_penalty(params: Params, l2: float) -> float:
+    """0.5 * l2 * sum of squared weights (biases excluded)."""
+    if not l2:
+        return 0.0
+    xp = array_module(params[0][0])
+    return 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
+
+
 def _loss(out, Y, cost: str, params: Params, l2: float):
     xp = array_module(out)
     n = out.shape[0]
@@ -217,9 +233,7 @@ def _loss(out, Y, cost: str, params: Params, l2: float):
         loss = 0.5 * float(xp.dot(d, d)) / n
     else:
         loss = -float((Y * xp.log(xp.maximum(out, 1e-30))).sum()) / n
-    if l2:
-        loss += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
-    return loss
+    return loss + l2_penalty(params, l2)
 
 
 def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> float:
@@ -244,8 +258,7 @@ def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float)
         delta *= _act_prime_from_output(activation, out)
     else:
         value = _loss(out, Y, cost, params, 0.0)
-    if l2:
-        value += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
+    value += l2_penalty(params, l2)
     delta *= 1.0 / n  # gradients of the mean loss
     grads = [None] * len(params)
     for i in range(len(params) - 1, -1, -1):
@@ -311,9 +324,7 @@ def _per_sample_sum(params: Params, x, Y, activation: str, cost: str):
     for k in range(x.shape[0]):
         value, g = _backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
         total += value
-        for (aW, ab), (gW, gb) in zip(acc, g):
-            aW += gW
-            ab += gb
+        add_into(acc, g)
     return total, acc
 
 
@@ -327,16 +338,12 @@ def loss_and_grads_per_sample(params: Params, x, y, activation: str = "sigmoid",
 
 def mean_from_sums(params: Params, total: float, acc: Params, n: int, l2: float = 0.0):
     """Summed losses and gradients over n samples -> (mean loss, mean gradients), plus the L2 term (in place)."""
-    xp = array_module(params[0][0])
     for (gW, gb), (W, _) in zip(acc, params):
         gW /= n
         gb /= n
         if l2:
             gW += l2 * W
-    value = total / n
-    if l2:
-        value += 0.5 * l2 * sum(float(xp.vdot(W, W)) for W, _ in params)
-    return value, list(acc)
+    return total / n + l2_penalty(params, l2), list(acc)
 
 
 def backprop_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:

@@ -118,13 +118,11 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_executed=lambda **kw: bar.update(1) if kw["cell"].cell_type == "code" else None)
-    env_before = dict(os.environ)
-    # the kernel inherits this environment: inline figures, no progress widgets in the saved notebooks
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    os.environ["LABKIT_PROGRESS"] = "0"
+    # the kernel's environment: inline figures, no progress widgets in the saved notebooks
+    env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline", "LABKIT_PROGRESS": "0"}
     t0 = time.perf_counter()
     try:
-        client.execute()
+        client.execute(env=env)
         result.ok = True
     except CellTimeoutError as e:
         result.error = f"a cell ran longer than the {timeout} s limit and was stopped:\n{_ANSI.sub('', str(e))}"
@@ -135,8 +133,6 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
     except Exception as e:  # a missing kernel, a broken notebook file: report it, run the others
         result.error = f"{type(e).__name__}: {e}"
     finally:
-        os.environ.clear()
-        os.environ.update(env_before)
         bar.close()
     result.seconds = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
