@@ -83,9 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     r.set_defaults(fn=_cmd_report)
 
-    lab = sub.add_parser("lab", help="start JupyterLab on notebooks/")
-    lab.add_argument("--notebooks", default=None)
-    lab.add_argument("extra", nargs=argparse.REMAINDER, help="further JupyterLab options")
+    lab = sub.add_parser("lab", help="start JupyterLab on notebooks/ (other options go to JupyterLab, e.g. --no-browser)")
+    lab.add_argument("--notebooks", default=None, help="folder to open (default: the repository's notebooks/)")
     lab.set_defaults(fn=_cmd_lab)
 
     d = sub.add_parser("data", help="where the data comes from; fetch or verify MNIST")
@@ -110,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``labkit`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.extra = unknown  # JupyterLab's own options
     if args.command == "data" and args.action == "fetch" and args.root is None and os.environ.get("LABKIT_DATA"):
         args.root = os.environ["LABKIT_DATA"]
     try:

@@ -43,3 +43,40 @@ def test_bench_backprop_quick_json(tmp_path, capsys):
 def test_bare_matmul_epoch_times_something():
     t = backprop.bare_matmul_epoch([784, 30, 10], batch=10, n=100, repeat=1)
     assert t.median > 0
+
+
+def test_unknown_arguments_rejected_except_for_lab(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["data", "status", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_lab_serves_the_notebooks():
+    import os
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "labkit.cli", "lab", "--no-browser", f"--ServerApp.port={port}",
+           "--ServerApp.token=", "--ServerApp.open_browser=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen, deadline = [], time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "is running at" in line:
+                break
+        text = "".join(seen)
+        assert "Serving notebooks from local directory" in text and "notebooks" in text, text
+        assert "is running at" in text, text
+    finally:
+        proc.terminate()
+        proc.wait(30)
