@@ -54,3 +54,123 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# -- ipyparallel: a cluster of MPI engines ---------------------------------------------------------
+
+
+class ClusterError(RuntimeError):
+    """The engines did not start, or do not form one MPI world."""
+
+
+def _world_info():
+    """Runs on an engine: its place in MPI_COMM_WORLD."""
+    import os
+
+    from mpi4py import MPI
+
+    c = MPI.COMM_WORLD
+    return c.Get_rank(), c.Get_size(), os.getpid()
+
+
+class MPICluster:
+    """An ipyparallel cluster of ``n`` MPI engines started with this environment's ``mpiexec``.
+
+    Use it as a context manager (the engines are stopped on exit, and at interpreter exit in any case)::
+
+        with MPICluster(4) as cluster:
+            cluster.view.apply_sync(...)      # or %%px cells in a notebook
+
+    Everything listens on 127.0.0.1. Engines get one BLAS thread each, ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``
+    when they outnumber the cores, and ``LABKIT_MPI_TIMEOUT`` so a collective whose partner died raises
+    ``TimeoutError`` instead of hanging the notebook.
+    """
+
+    def __init__(self, n: int = 4, start_timeout: float = 120, op_timeout: float = 120, blas_threads: int = 1,
+                 activate: bool = True):
+        if n < 1:
+            raise ValueError(f"n must be >= 1 engines, got {n}")
+        self.n, self.start_timeout, self.op_timeout = n, start_timeout, op_timeout
+        self.blas_threads, self.activate = blas_threads, activate
+        self.cluster = None
+        self.client = None
+        self._view = None
+
+    def _config(self):
+        from traitlets.config import Config
+
+        env = {"LABKIT_MPI_TIMEOUT": str(self.op_timeout), "OMP_NUM_THREADS": str(self.blas_threads),
+               "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0"}
+        env.update({k: v for k, v in mpi_env(self.n).items() if k.startswith("MPIR_")})
+        cfg = Config()
+        cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
+        cfg.MPIEngineSetLauncher.environment = env
+        return cfg
+
+    def start(self) -> MPICluster:
+        """Start the controller and the engines, connect, and check that they form one MPI world."""
+        import ipyparallel as ipp
+
+        self.cluster = ipp.Cluster(engines="mpi", n=self.n, controller_ip="127.0.0.1", config=self._config(),
+                                   engine_timeout=self.start_timeout, shutdown_atexit=True, log_level=40)
+        try:
+            self.client = self.cluster.start_and_connect_sync(activate=False)
+            self.client.wait_for_engines(self.n, timeout=self.start_timeout)
+        except Exception as e:
+            self.stop()
+            raise ClusterError(f"{self.n} MPI engines did not start within {self.start_timeout:g} s: {e}. "
+                               "Run `labkit doctor` to check MPI.") from e
+        info = self.check_world()
+        by_rank = {rank: pid for rank, _, pid in info}
+        pids = dict(zip(self.client.ids, self.client[:].apply_sync(lambda: __import__("os").getpid())))
+        self._view = self.client[[next(e for e, p in pids.items() if p == by_rank[r]) for r in range(self.n)]]
+        self._view.block = True
+        if self.activate and _in_ipython():
+            self.view.activate()  # the %px / %%px magics
+        return self
+
+    @property
+    def view(self):
+        """A DirectView on all engines, blocking, ordered by MPI rank."""
+        if self._view is None:
+            raise ClusterError("the cluster is not running: call start() or use `with MPICluster(n) as cluster:`")
+        return self._view
+
+    def check_world(self) -> list[tuple[int, int, int]]:
+        """(rank, size, pid) of every engine; ClusterError unless ranks are 0..n-1 of one world of size n."""
+        info = self.client[:].apply_sync(_world_info)
+        ranks = sorted(r for r, _, _ in info)
+        sizes = {s for _, s, _ in info}
+        if ranks != list(range(self.n)) or sizes != {self.n}:
+            raise ClusterError(f"the engines do not form one MPI world of {self.n}: (rank, size, pid) = {info}. "
+                               "Were they started by different mpiexec calls?")
+        return sorted(info)
+
+    def stop(self) -> None:
+        """Stop engines and controller (safe to call twice)."""
+        self._view = None
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+            self.client = None
+        if self.cluster is not None:
+            try:
+                self.cluster.stop_cluster_sync()
+            finally:
+                self.cluster = None
+
+    def __enter__(self) -> MPICluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None

@@ -67,3 +67,34 @@ def test_heavy_yield_when_oversubscribed():
     import os
 
     assert cluster.mpi_env((os.cpu_count() or 1) + 1)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+
+
+@pytest.mark.slow
+def test_mpi_engines_form_one_world_and_stop():
+    import numpy as np
+
+    code = (
+        "import os, numpy as np\n"
+        "from mpi4py import MPI\n"
+        "from labkit.collectives import ring_allreduce\n"
+        "c = MPI.COMM_WORLD\n"
+        "result = (c.Get_rank(), ring_allreduce(c, np.arange(4.0) * (c.Get_rank() + 1)), os.environ['LABKIT_MPI_TIMEOUT'])\n"
+    )
+
+    with cluster.MPICluster(3, op_timeout=30) as cl:
+        info = cl.check_world()
+        assert [r for r, _, _ in info] == [0, 1, 2] and {s for _, s, _ in info} == {3}
+        cl.view.execute(code)
+        results = cl.view.pull("result")
+        assert [r for r, _, _ in results] == [0, 1, 2]  # the view is ordered by MPI rank
+        for _, value, timeout in results:
+            np.testing.assert_array_equal(value, np.arange(4.0) * 6)
+            assert timeout == "30"
+        pids = [pid for _, _, pid in info]
+    time.sleep(0.5)
+    alive = [pid for pid in pids if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0]
+    assert not alive, f"engines still running after stop: {alive}"
+    with pytest.raises(cluster.ClusterError, match="not running"):
+        _ = cl.view
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        cluster.MPICluster(0)
