@@ -80,3 +80,13 @@ def test_lab_serves_the_notebooks():
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.slow
+def test_bench_allreduce_quick_json(capsys):
+    assert cli.main(["bench", "allreduce", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ring_vs_mpi_1e6_p2"] > 0 and result["ring_vs_mpi_1e7_p2"] > 0
+    assert {r["p"] for r in result["rows"]} == {2} and len(result["rows"]) == 4
+    for row in result["rows"]:
+        assert row["vs_mpi"]["mpi"] == 1.0 and set(row["algbw_GBs"]) == {"naive", "recursive_doubling", "ring", "mpi"}

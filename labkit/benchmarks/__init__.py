@@ -6,6 +6,7 @@ import importlib
 
 BENCHMARKS = {
     "backprop": "per-sample vs vectorised backprop epochs, and the same FLOPs as bare matmuls",
+    "allreduce": "naive, recursive-doubling and ring allreduce against MPI_Allreduce on 2 and 4 ranks",
 }
 
 

@@ -1,0 +1,95 @@
+"""labkit's allreduce algorithms against the MPI library's ``MPI_Allreduce``, on 2 and 4 ranks.
+
+Run: ``labkit bench allreduce [--quick] [--json]``
+
+Each rank count is one ``mpiexec`` job of this module in worker mode; every algorithm is timed at
+every size in that same job (the slowest rank's time, median of several calls), so the ratios compare
+like with like. Keys ``ring_vs_mpi_1e6_p2`` and ``ring_vs_mpi_1e7_p2`` are ring time / MPI time.
+Algorithm bandwidth is N * 8 bytes / time; bus bandwidth multiplies it by 2 (p - 1) / p, the share
+of the data each rank must send at least.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from ..bench import format_seconds, machine_info
+from ..progress import progress_bar
+
+TARGETS = {"ring_vs_mpi_1e6_p2": ("<=", 1.3), "ring_vs_mpi_1e7_p2": ("<=", 1.0)}
+ALGORITHMS = ("naive", "recursive_doubling", "ring", "mpi")
+
+
+def worker(cfg: dict) -> None:
+    """Runs on every rank: time each algorithm at each size; rank 0 prints one JSON line."""
+    from mpi4py import MPI
+
+    from .. import collectives as C
+    from ..costmodel import time_collective
+
+    comm = MPI.COMM_WORLD
+    rows = []
+    for n in cfg["sizes"]:
+        x = np.random.default_rng(comm.Get_rank()).random(int(n))
+        want = C.mpi_allreduce(comm, x)
+        row = {"n": int(n)}
+        for name in ALGORITHMS:
+            fn = C.ALLREDUCES[name]
+            np.testing.assert_allclose(fn(comm, x, check=False), want, rtol=1e-12)  # validated before timed
+            repeat = cfg["repeat"] if n < 5e6 else max(3, cfg["repeat"] // 2)
+            row[name] = time_collective(comm, fn, x, repeat=repeat, check=False)
+        rows.append(row)
+    if comm.Get_rank() == 0:
+        print(json.dumps({"p": comm.Get_size(), "rows": rows}), flush=True)
+
+
+def run(quick: bool = False, progress: bool | None = None) -> dict:
+    """Launch one mpiexec job per rank count and collect the results."""
+    from ..cluster import run_mpi
+
+    ranks = (2,) if quick else (2, 4)
+    sizes = [1e3, 1e5, 1e6, 1e7] if quick else [1e3, 1e4, 1e5, 1e6, 1e7]
+    cfg = {"sizes": sizes, "repeat": 5 if quick else 9}
+    jobs = {}
+    for p in progress_bar(ranks, enable=progress, desc="allreduce bench", unit="job"):
+        res = run_mpi(["-m", "labkit.benchmarks.allreduce", json.dumps(cfg)], n=p, timeout=900)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if res.returncode != 0 or not lines:
+            raise RuntimeError(f"the {p}-rank benchmark job failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+        jobs[p] = json.loads(lines[-1])["rows"]
+    result = {"benchmark": "allreduce", "quick": quick, "dtype": "float64", "sizes": sizes, "ranks": list(ranks),
+              "machine": machine_info(), "when": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": []}
+    for p, rows in jobs.items():
+        for row in rows:
+            n = row["n"]
+            entry = {"p": p, "n": n, "seconds": {a: row[a] for a in ALGORITHMS},
+                     "vs_mpi": {a: row[a] / row["mpi"] for a in ALGORITHMS},
+                     "algbw_GBs": {a: n * 8 / row[a] / 1e9 for a in ALGORITHMS},
+                     "busbw_GBs": {a: n * 8 * 2 * (p - 1) / p / row[a] / 1e9 for a in ALGORITHMS}}
+            result["rows"].append(entry)
+            result[f"ring_vs_mpi_1e{round(np.log10(n))}_p{p}"] = entry["vs_mpi"]["ring"]
+    result["targets_met"] = {k: (result[k] <= v) for k, (_, v) in TARGETS.items()}
+    return result
+
+
+def report(result: dict) -> str:
+    """A table for people."""
+    m = result["machine"]
+    lines = [f"allreduce benchmark ({'quick' if result['quick'] else 'full'}, float64, {m['cpus']} CPUs); "
+             "time per call and ratio to MPI_Allreduce", "",
+             f"{'p':>2} {'N':>9}" + "".join(f"{a:>24}" for a in ALGORITHMS)]
+    for e in result["rows"]:
+        cells = "".join(f"{format_seconds(e['seconds'][a]):>14} ({e['vs_mpi'][a]:5.2f}x)" for a in ALGORITHMS)
+        lines.append(f"{e['p']:>2} {e['n']:>9.0e}{cells}")
+    lines.append("")
+    for k, (op, bound) in TARGETS.items():
+        lines.append(f"{k} = {result[k]:.2f}  (target {op} {bound:g}: {'met' if result['targets_met'][k] else 'NOT met'})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]))

@@ -1,0 +1,132 @@
+"""The latency-bandwidth (alpha-beta) cost model: t(m) = alpha + m * beta for a message of m bytes.
+
+Measure alpha and beta with a ping-pong between two ranks, fit them, and predict how long each
+allreduce algorithm should take on p ranks for N bytes:
+
+=====================  ====================================  ==========================
+algorithm              predicted time                        bound by
+=====================  ====================================  ==========================
+naive                  (p - 1) (alpha + N beta)              bandwidth, badly
+reduce + broadcast     2 log2(p) (alpha + N beta)            both
+recursive doubling     log2(p) (alpha + N beta)              latency for small N
+ring                   2 (p - 1) (alpha + N/p beta)          bandwidth (optimal for large N)
+=====================  ====================================  ==========================
+
+The functions that measure take a communicator and must run on every rank (under ``mpiexec`` or on
+MPI engines); the rest is plain arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A fitted cost model: latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte)."""
+
+    alpha: float
+    beta: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second, 1 / beta."""
+        return 1.0 / self.beta if self.beta > 0 else math.inf
+
+    def time(self, nbytes) -> np.ndarray:
+        """Predicted one-way time of a message of ``nbytes``."""
+        return self.alpha + np.asarray(nbytes, dtype=float) * self.beta
+
+    def half_performance_size(self) -> float:
+        """n_1/2 = alpha / beta: the message size at which latency and bandwidth cost the same."""
+        return self.alpha / self.beta if self.beta > 0 else math.inf
+
+    def __str__(self) -> str:
+        return f"alpha = {self.alpha * 1e6:.2f} µs, bandwidth = {self.bandwidth / 1e9:.2f} GB/s"
+
+
+def fit(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """Least-squares alpha and beta, weighting each point by 1/t so small and large messages count alike."""
+    m, t = np.asarray(nbytes, dtype=float), np.asarray(seconds, dtype=float)
+    if m.shape != t.shape or m.size < 2:
+        raise ValueError("need at least two (size, time) points of equal count")
+    if (t <= 0).any():
+        raise ValueError("times must be positive")
+    A = np.stack([np.ones_like(m), m], axis=1) / t[:, None]
+    alpha, beta = np.linalg.lstsq(A, np.ones_like(t), rcond=None)[0]
+    return AlphaBeta(max(float(alpha), 0.0), max(float(beta), 1e-18))
+
+
+def _log2p(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+PREDICTIONS: dict[str, Callable[[AlphaBeta, int, float], float]] = {
+    "naive": lambda ab, p, n: (p - 1) * (ab.alpha + n * ab.beta),
+    "reduce_broadcast": lambda ab, p, n: 2 * _log2p(p) * (ab.alpha + n * ab.beta),
+    "recursive_doubling": lambda ab, p, n: _log2p(p) * (ab.alpha + n * ab.beta),
+    "ring": lambda ab, p, n: 2 * (p - 1) * (ab.alpha + n / p * ab.beta),
+}
+
+
+def predict(algorithm: str, model: AlphaBeta, p: int, nbytes) -> np.ndarray:
+    """Predicted allreduce time of ``algorithm`` on p ranks for arrays of ``nbytes`` bytes."""
+    if algorithm not in PREDICTIONS:
+        raise ValueError(f"no prediction for {algorithm!r}; known: {', '.join(PREDICTIONS)}")
+    return np.array([PREDICTIONS[algorithm](model, p, float(n)) for n in np.atleast_1d(nbytes)])
+
+
+def crossover(model: AlphaBeta, p: int, slow_small: str = "ring", fast_small: str = "recursive_doubling") -> float:
+    """Message size (bytes) above which ``slow_small`` beats ``fast_small`` under the model (inf if never)."""
+    a = PREDICTIONS[slow_small](model, p, 0.0) - PREDICTIONS[fast_small](model, p, 0.0)  # latency terms
+    b = (PREDICTIONS[fast_small](model, p, 1.0) - PREDICTIONS[fast_small](model, p, 0.0)) - \
+        (PREDICTIONS[slow_small](model, p, 1.0) - PREDICTIONS[slow_small](model, p, 0.0))  # bandwidth terms
+    return a / b if b > 0 else math.inf
+
+
+# -- measuring (every rank calls these) --------------------------------------------------------------
+
+
+def pingpong(comm, sizes: Sequence[int], repeat: int = 20, warmup: int = 3, a: int = 0, b: int = 1) -> np.ndarray | None:
+    """One-way times (s) for messages of each size in bytes between ranks a and b; the array on rank a, None elsewhere."""
+    from mpi4py import MPI
+
+    r = comm.Get_rank()
+    if comm.Get_size() < 2:
+        raise ValueError("a ping-pong needs at least two ranks")
+    out = []
+    for size in sizes:
+        buf = np.zeros(int(size), dtype=np.uint8)
+        best = []
+        for i in range(warmup + repeat):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            if r == a:
+                comm.Send(buf, dest=b, tag=11)
+                comm.Recv(buf, source=b, tag=12)
+            elif r == b:
+                comm.Recv(buf, source=a, tag=11)
+                comm.Send(buf, dest=a, tag=12)
+            if i >= warmup:
+                best.append((MPI.Wtime() - t0) / 2)
+        out.append(float(np.median(best)))
+    return np.array(out) if r == a else None
+
+
+def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: int = 1, **kw) -> float:
+    """Median over repetitions of the slowest rank's time for ``fn(comm, x, **kw)``; the same value on every rank."""
+    from mpi4py import MPI
+
+    times = []
+    for i in range(warmup + repeat):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        fn(comm, x, **kw)
+        elapsed = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
+        if i >= warmup:
+            times.append(elapsed)
+    return float(np.median(times))
