@@ -134,3 +134,101 @@ def accumulate(fn) -> None:
             _fail(ex, f"problem {k + 1}: the threads' losses do not add up to the batch's summed loss")
         n += 2
     _passed(ex, n)
+
+
+def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 06): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
+
+    Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and
+    not divisible by the rank count, several dtypes and ops; compares with ``MPI_Allreduce``, checks that
+    ``x`` is untouched, and records the traffic: 2 (k - 1) messages per rank, all to the right-hand
+    neighbour, about 2 (k - 1)/k of the array in total. Every rank raises the same ExerciseError on failure.
+    """
+    from mpi4py import MPI
+
+    from .collectives import TrafficComm, op_name
+
+    comm = comm or MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    ex = "ring allreduce"
+    cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
+    n_checks, error = 0, None
+    for k in range(1, p + 1):
+        sub = comm.Split(0 if rank < k else MPI.UNDEFINED, rank)
+        if sub != MPI.COMM_NULL:
+            for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
+                for dtype, op in cases:
+                    if error is None:
+                        error = _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name)
+                    n_checks += 1
+                    errors = sub.allgather(error)  # stay in step: nobody starts a case the others skipped
+                    error = next((e for e in errors if e), None)
+                    if error:
+                        break
+                if error:
+                    break
+            sub.Free()
+        errors = comm.allgather(error)
+        error = next((e for e in errors if e), None)
+        if error:
+            if rank == 0:
+                raise ExerciseError(error)
+            raise ExerciseError(f"{ex}: failed (rank 0 shows what went wrong)")
+    if rank == 0:
+        _passed(f"{ex} on 1 to {p} ranks", n_checks)
+
+
+def _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name) -> str | None:
+    """One check on one sub-communicator; returns what went wrong (or None), never raises."""
+    from mpi4py import MPI
+
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
+    rng = np.random.default_rng(100 * k + r)
+    x = (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
+    before = x.copy()
+    want = np.empty_like(x)
+    sub.Allreduce(x, want, op=op)
+    tc = TrafficComm(sub, timeout=timeout)
+    try:
+        got = fn(tc, x, op)
+    except NotImplementedError:
+        return (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
+                "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+    except TimeoutError as e:
+        return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
+    except MPI.Exception as e:
+        return (f"{ex} ({where}): MPI reported an error: {e.Get_error_string()}\nHint: most often a message is "
+                "larger than the buffer receiving it: in each step the chunk a rank sends must be the chunk its "
+                "neighbour receives (same index, same size); chunks differ in size when n is not divisible by p")
+    except Exception as e:
+        return f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
+    if not isinstance(got, np.ndarray):
+        return f"{ex} ({where}): returned {type(got).__name__}, expected a NumPy array"
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{ex} ({where}): returned shape {got.shape} {got.dtype}, expected {want.shape} {want.dtype}"
+    if not np.array_equal(x, before):
+        return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and return it"
+    if not np.allclose(got, want, rtol=1e-5):
+        bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-5))
+        return (f"{ex} ({where}): wrong values at {len(bad)} of {n} positions, first at index {bad[0]}: "
+                f"got {got[bad[0]]}, expected {want[bad[0]]}\nHint: check which chunk you send and receive "
+                "at each step: in step s rank r sends chunk (r - s) mod p and receives chunk (r - s - 1) mod p")
+    if k > 1 and n >= k:
+        sent = [row for row in tc.log if row[0] == r]
+        if not sent:
+            return (f"{ex} ({where}): no messages were recorded\nHint: use the buffer methods of comm "
+                    "(comm.Sendrecv / comm.Send / comm.Isend on NumPy arrays), not the lowercase ones")
+        right = (r + 1) % k
+        if any(dest != right for _, dest, _, _ in sent):
+            return (f"{ex} ({where}): rank {r} sent to ranks {sorted({d for _, d, _, _ in sent})}; "
+                    f"a ring sends only to its right-hand neighbour {right}")
+        if len(sent) != 2 * (k - 1):
+            return (f"{ex} ({where}): rank {r} sent {len(sent)} messages; a ring allreduce sends 2 (p - 1) = "
+                    f"{2 * (k - 1)}: p - 1 in the reduce-scatter, p - 1 in the allgather")
+        nbytes = sum(b for _, _, b, _ in sent)
+        lo, hi = 2 * (k - 1) * (n // k) * x.itemsize, 2 * (k - 1) * -(-n // k) * x.itemsize
+        if not lo <= nbytes <= hi:
+            return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
+                    f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
+    return None

@@ -68,3 +68,9 @@ def test_single_process_without_mpiexec():
         np.testing.assert_array_equal(fn(MPI.COMM_SELF, x), x)
     np.testing.assert_array_equal(C.broadcast(MPI.COMM_SELF, x), x)
     np.testing.assert_array_equal(C.alltoall(MPI.COMM_SELF, x), x)
+
+
+def test_ring_exercise_check_under_mpiexec():
+    res = cluster.run_mpi([str(HERE / "mpi" / "check_ring_exercise.py")], n=3, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    assert "✔ ring allreduce on 1 to 3 ranks" in res.stdout

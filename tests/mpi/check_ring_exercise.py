@@ -1,0 +1,75 @@
+"""The ring-allreduce exercise check passes a correct ring and names typical mistakes, on every rank.
+
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/check_ring_exercise.py   (prints "OK" on rank 0)
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from labkit import check, collectives
+
+comm = MPI.COMM_WORLD
+
+
+def expect(fn, match):
+    try:
+        check.ring_allreduce(fn, timeout=3)
+    except check.ExerciseError as e:
+        if comm.rank == 0:
+            assert match in str(e), (match, str(e))
+        return
+    raise AssertionError(f"the check passed a wrong function (expected {match!r})")
+
+
+def ring_variant(c, x, op=MPI.SUM, reduce=True, send_offset=0):
+    """A ring allreduce with a switchable mistake: not reducing, or sending the wrong chunk."""
+    p, r = c.Get_size(), c.Get_rank()
+    out = x.copy()
+    chunks = collectives.shard_bounds(out.size, p)
+    ufuncs = [(MPI.SUM, np.add), (MPI.MAX, np.maximum), (MPI.MIN, np.minimum), (MPI.PROD, np.multiply)]
+    f = next(u for o, u in ufuncs if o == op)
+    for step in range(p - 1):
+        s_lo, s_hi = chunks[(r - step + send_offset) % p]
+        r_lo, r_hi = chunks[(r - step - 1) % p]
+        tmp = np.empty(r_hi - r_lo, x.dtype)
+        c.Sendrecv(np.ascontiguousarray(out[s_lo:s_hi]), (r + 1) % p, recvbuf=tmp, source=(r - 1) % p)
+        if reduce:
+            f(out[r_lo:r_hi], tmp, out=out[r_lo:r_hi])
+        else:
+            out[r_lo:r_hi] = tmp
+    for step in range(p - 1):
+        s_lo, s_hi = chunks[(r - step + 1) % p]
+        r_lo, r_hi = chunks[(r - step) % p]
+        c.Sendrecv(out[s_lo:s_hi].copy(), (r + 1) % p, recvbuf=out[r_lo:r_hi], source=(r - 1) % p)
+    return out
+
+
+def modifies_x(c, x, op=MPI.SUM):
+    out = collectives.ring_allreduce(c, x, op)
+    x[...] = 0
+    return out
+
+
+def not_written(c, x, op=MPI.SUM):
+    raise NotImplementedError
+
+
+def deadlocks(c, x, op=MPI.SUM):
+    # everyone sends first with a blocking Send and nobody receives: waits forever without the timeout
+    p, r = c.Get_size(), c.Get_rank()
+    if p > 1 and x.size:
+        c.Send(np.zeros(1 << 20), dest=(r + 1) % p)
+    return collectives.ring_allreduce(c, x, op)
+
+
+check.ring_allreduce(collectives.ring_allreduce)
+expect(collectives.naive_allreduce, "rank 0 sent")  # 2 ranks: too few messages; 3: to the wrong ranks
+check.ring_allreduce(ring_variant)  # the variant itself is right
+expect(lambda c, x, op=MPI.SUM: ring_variant(c, x, op, reduce=False), "wrong values")
+expect(lambda c, x, op=MPI.SUM: ring_variant(c, x, op, send_offset=-1), "larger than the buffer")
+expect(modifies_x, "x was modified")
+expect(not_written, "not written yet")
+expect(deadlocks, "waited 3 s")
+comm.Barrier()
+if comm.rank == 0:
+    print("OK", flush=True)
