@@ -153,3 +153,58 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_traffic(log, p: int, title: str = "messages", split_round: int | None = None):
+    """Who sent how much to whom (left) and when (right), from a TrafficComm log of (src, dst, bytes, round).
+
+    ``split_round`` colours rounds before it as one phase (e.g. the ring's reduce-scatter) and the rest
+    as another (its allgather).
+    """
+    plt = _plt()
+    log = np.asarray(log).reshape(-1, 4)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.6]})
+    mat = np.zeros((p, p))
+    for src, dst, nbytes, _ in log:
+        mat[src, dst] += nbytes
+    im = ax1.imshow(mat / 1e3, cmap="Blues")
+    for i in range(p):
+        for j in range(p):
+            if mat[i, j]:
+                ax1.text(j, i, f"{mat[i, j] / 1e3:.3g}", ha="center", va="center", fontsize=8,
+                         color="white" if mat[i, j] > mat.max() / 2 else "black")
+    ax1.set(xlabel="destination rank", ylabel="source rank", title="kB sent", xticks=range(p), yticks=range(p))
+    fig.colorbar(im, ax=ax1, fraction=0.046)
+    rounds = int(log[:, 3].max()) + 1 if len(log) else 1
+    for src, dst, nbytes, rnd in log:
+        phase = 0 if split_round is None or rnd < split_round else 1
+        c = ["#1f77b4", "#ff7f0e"][phase]
+        ax2.annotate("", xy=(rnd + 0.8, dst), xytext=(rnd, src),
+                     arrowprops=dict(arrowstyle="->", color=c, lw=0.8 + 2.2 * nbytes / max(log[:, 2].max(), 1)))
+    ax2.set(xlim=(-0.3, rounds + 0.1), ylim=(p - 0.5, -0.5), xlabel="round", ylabel="rank", yticks=range(p),
+            title=title)
+    if split_round is not None:
+        ax2.axvline(split_round - 0.1, color="grey", ls="--", lw=1)
+        ax2.text(split_round / 2, -0.45, "reduce-scatter", ha="center", va="bottom", color="#1f77b4", fontsize=9)
+        ax2.text((split_round + rounds) / 2, -0.45, "allgather", ha="center", va="bottom", color="#ff7f0e", fontsize=9)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost_model(nbytes, measured: Mapping[str, Sequence[float]], predicted: Mapping[str, Sequence[float]] | None = None,
+                    title: str = "time against message size"):
+    """Measured times (points) and the alpha-beta model's predictions (lines), log-log, one colour per algorithm."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(dict.fromkeys(list(measured) + list(predicted or {})))
+    cols = dict(zip(names, colours(names)))
+    for name, t in measured.items():
+        ax.plot(nbytes, np.asarray(t) * 1e6, "o", color=cols[name], label=f"{name} (measured)")
+    for name, t in (predicted or {}).items():
+        ax.plot(nbytes, np.asarray(t) * 1e6, "-", color=cols[name], alpha=0.7, label=f"{name} (model)")
+    ax.set(xscale="log", yscale="log", xlabel="array size (bytes)", ylabel="time (µs)", title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig

@@ -67,6 +67,8 @@ def test_heavy_yield_when_oversubscribed():
     import os
 
     assert cluster.mpi_env((os.cpu_count() or 1) + 1)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in cluster.mpi_env(1)
+    assert cluster.mpi_env(1, heavy_yield=True)["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1"
 
 
 @pytest.mark.slow
