@@ -181,12 +181,12 @@ def plot_traffic(log, p: int, title: str = "messages", split_round: int | None =
         c = ["#1f77b4", "#ff7f0e"][phase]
         ax2.annotate("", xy=(rnd + 0.8, dst), xytext=(rnd, src),
                      arrowprops=dict(arrowstyle="->", color=c, lw=0.8 + 2.2 * nbytes / max(log[:, 2].max(), 1)))
-    ax2.set(xlim=(-0.3, rounds + 0.1), ylim=(p - 0.5, -0.5), xlabel="round", ylabel="rank", yticks=range(p),
+    ax2.set(xlim=(-0.3, rounds + 0.1), ylim=(p - 0.5, -0.9), xlabel="round", ylabel="rank", yticks=range(p),
             title=title)
     if split_round is not None:
         ax2.axvline(split_round - 0.1, color="grey", ls="--", lw=1)
-        ax2.text(split_round / 2, -0.45, "reduce-scatter", ha="center", va="bottom", color="#1f77b4", fontsize=9)
-        ax2.text((split_round + rounds) / 2, -0.45, "allgather", ha="center", va="bottom", color="#ff7f0e", fontsize=9)
+        ax2.text(split_round / 2 - 0.1, -0.6, "reduce-scatter", ha="center", va="center", color="#1f77b4", fontsize=9)
+        ax2.text((split_round + rounds) / 2 - 0.1, -0.6, "allgather", ha="center", va="center", color="#ff7f0e", fontsize=9)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     return fig
