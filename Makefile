@@ -11,7 +11,7 @@ help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
 	@echo "make test     set up .venv and run the whole test suite"
 	@echo "make lab      JupyterLab on notebooks/"
-	@echo "make bench    the backprop benchmark (JSON)"
+	@echo "make bench    the backprop and allreduce benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
 
@@ -39,7 +39,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check labkit tests
 
 bench: $(STAMP)
-	$(BIN)/labkit bench backprop --json
+	$(BIN)/labkit bench backprop
+	$(BIN)/labkit bench allreduce
 
 doctor: $(STAMP)
 	$(BIN)/labkit doctor
