@@ -1,8 +1,8 @@
 """labkit: course labs for parallel and distributed neural-network training.
 
-Modules, in teaching order: ``data``, ``mlp``, ``cpu_parallel``, ``device``, ``bench``, ``plots``,
-``check``, ``report``. They are imported on first use, so ``import labkit`` needs no GPU, no MPI
-and no running cluster.
+Modules, in teaching order: ``data``, ``mlp``, ``cpu_parallel``, ``device``, ``cluster``,
+``collectives``, ``costmodel``, ``bench``, ``plots``, ``check``, ``report``. They are imported on first
+use, so ``import labkit`` needs no GPU, no MPI and no running cluster.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "check", "cpu_parallel", "data", "device", "mlp", "plots", "progress", "report")
+_SUBMODULES = ("bench", "check", "cluster", "collectives", "costmodel", "cpu_parallel", "data", "device", "doctor",
+               "mlp", "plots", "progress", "report")
 
 
 def __getattr__(name: str):

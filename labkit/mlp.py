@@ -108,11 +108,6 @@ def add_into(acc: Params, grads: Params) -> Params:
     return acc
 
 
-def n_params(params: Params) -> int:
-    """Number of scalars in the network."""
-    return sum(W.size + b.size for W, b in params)
-
-
 # -- checks -----------------------------------------------------------------------------------
 
 

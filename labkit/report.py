@@ -38,7 +38,8 @@ def _format_metric(name: str, value, unit: str) -> str:
     if unit == "x" and isinstance(value, float):
         return f"{name}: {value:.2f}x"
     if isinstance(value, float):
-        return f"{name}: {value:.4g} {unit}".rstrip()
+        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        return f"{name}: {text} {unit}".rstrip()
     return f"{name}: {value} {unit}".rstrip()
 
 
