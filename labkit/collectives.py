@@ -174,10 +174,6 @@ def broadcast(comm, x, root: int = 0, algorithm: str = "tree", check: bool = Tru
     return out
 
 
-def _bounds(n: int, p: int) -> list[tuple[int, int]]:
-    return shard_bounds(n, p)
-
-
 def scatter(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray:
     """Split root's array along axis 0 into p pieces (floor + remainder rows) and give rank k piece k.
 
@@ -190,7 +186,7 @@ def scatter(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray:
         x = _check_array(x)
         if x.ndim == 0:
             raise ValueError("scatter needs an array with at least one dimension")
-        bounds = _bounds(x.shape[0], p)
+        bounds = shard_bounds(x.shape[0], p)
         for dest, (lo, hi) in enumerate(bounds):
             if dest != root:
                 piece = x[lo:hi]
@@ -356,7 +352,7 @@ def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | Non
     if p == 1 or x.size == 0:
         return out
     flat = out.reshape(-1)
-    chunks = _bounds(flat.size, p)
+    chunks = shard_bounds(flat.size, p)
     right, left = (r + 1) % p, (r - 1) % p
     tmp = np.empty(max(hi - lo for lo, hi in chunks), dtype=x.dtype)
     for step in range(p - 1):  # reduce-scatter
@@ -398,7 +394,7 @@ def alltoall(comm, x, check: bool = True, timeout: float | None = None) -> np.nd
         raise ValueError("alltoall needs an array with at least one dimension")
     timeout = _default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
-    bounds = _bounds(x.shape[0], p)
+    bounds = shard_bounds(x.shape[0], p)
     mine = bounds[r]
     blocks = [None] * p
     blocks[r] = x[mine[0]:mine[1]].copy()
