@@ -1,0 +1,104 @@
+"""Synchronous data-parallel SGD over MPI: every rank backprops its shard, an allreduce sums the gradients.
+
+Every rank runs the ordinary training loop, ``mlp.train(params, data, method=DataParallel(comm))``, with
+the same data and seed, so every rank sees the same global mini-batch. :class:`DataParallel` backprops
+only this rank's shard of it (floor(n/p) samples, the first n % p ranks one more), sums gradients and
+losses over the ranks with the chosen allreduce, and returns the mean gradient of the *global* batch:
+every rank applies the same update and the weights stay identical, equal to a serial run's.
+
+``fused=True`` packs all gradients (and the loss) into one buffer and does one allreduce, as Horovod's
+tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. Time spent computing
+and communicating is accumulated in :attr:`DataParallel.compute_seconds` and :attr:`comm_seconds`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from . import mlp
+from .cpu_parallel import shard_bounds, shard_sums
+
+
+def flatten(grads: mlp.Params, extra: tuple[float, ...] = ()) -> np.ndarray:
+    """All arrays of a params-like list (then ``extra`` scalars) as one contiguous 1-D buffer."""
+    parts = [a.reshape(-1) for pair in grads for a in pair]
+    dtype = grads[0][0].dtype
+    if extra:
+        parts.append(np.asarray(extra, dtype=dtype))
+    return np.concatenate(parts)
+
+
+def unflatten(vec: np.ndarray, like: mlp.Params) -> mlp.Params:
+    """Views into ``vec`` shaped like ``like`` (the inverse of :func:`flatten` without its extras)."""
+    out, pos = [], 0
+    for W, b in like:
+        gW = vec[pos:pos + W.size].reshape(W.shape)
+        pos += W.size
+        gb = vec[pos:pos + b.size]
+        pos += b.size
+        out.append((gW, gb))
+    return out
+
+
+def _allreduce_fn(allreduce) -> Callable:
+    from . import collectives
+
+    if callable(allreduce):
+        return allreduce
+    if allreduce == "nccl":
+        raise ValueError("allreduce='nccl' needs CuPy arrays on GPUs; the NumPy path uses 'ring' or 'mpi'")
+    if allreduce not in collectives.ALLREDUCES:
+        raise ValueError(f"allreduce must be one of {', '.join(collectives.ALLREDUCES)} or a function, got {allreduce!r}")
+    return collectives.ALLREDUCES[allreduce]
+
+
+class DataParallel:
+    """A drop-in for :func:`labkit.mlp.loss_and_grads` that splits each batch over the ranks of ``comm``.
+
+    ``allreduce`` is ``"ring"`` (labkit's), ``"mpi"`` (the library's), another name from
+    ``labkit.collectives.ALLREDUCES``, or any function ``f(comm, x, op) -> summed array``
+    (a compressed allreduce, say). Every rank must call it with the same batch.
+    """
+
+    def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None):
+        self.comm = comm
+        self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(allreduce, "__name__", "custom")
+        self._allreduce = _allreduce_fn(allreduce)
+        self._builtin = isinstance(allreduce, str)
+        self.fused, self.timeout = fused, timeout
+        self.compute_seconds = self.comm_seconds = 0.0
+        self.steps = 0
+
+    def __repr__(self) -> str:
+        return (f"DataParallel(ranks={self.comm.Get_size()}, allreduce={self.allreduce_name!r}, "
+                f"fused={self.fused})")
+
+    def _sum(self, a: np.ndarray) -> np.ndarray:
+        from mpi4py import MPI
+
+        if self._builtin:  # labkit's and the library's allreduces share one signature
+            return self._allreduce(self.comm, a, MPI.SUM, check=False, timeout=self.timeout)
+        return self._allreduce(self.comm, a, MPI.SUM)
+
+    def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
+        Y = mlp.check_batch(params, x, y)
+        n = x.shape[0]
+        lo, hi = shard_bounds(n, self.comm.Get_size())[self.comm.Get_rank()]
+        t0 = time.perf_counter()
+        total, acc = shard_sums(params, x[lo:hi], Y[lo:hi], activation, cost, "vectorised")  # sums over my shard
+        t1 = time.perf_counter()
+        if self.fused:
+            summed = self._sum(flatten(acc, extra=(total,)))
+            total = float(summed[-1])
+            acc = unflatten(summed[:-1], params)
+        else:
+            acc = [(self._sum(np.ascontiguousarray(gW)), self._sum(gb)) for gW, gb in acc]
+            total = float(self._sum(np.array([total], dtype=params[0][0].dtype))[0])
+        t2 = time.perf_counter()
+        self.compute_seconds += t1 - t0
+        self.comm_seconds += t2 - t1
+        self.steps += 1
+        return mlp.mean_from_sums(params, total, acc, n, l2)

@@ -1,0 +1,40 @@
+"""Data-parallel training equals the serial run over the same global batches, on every rank.
+
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/check_data_parallel.py   (prints "OK <p>" on rank 0)
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from labkit import mlp
+from labkit.data_parallel import DataParallel, flatten, unflatten
+
+comm = MPI.COMM_WORLD
+rng = np.random.default_rng(0)
+x = rng.random((61, 20))
+y = rng.integers(0, 5, 61)
+
+for batch in (20, 7, 3):  # 3 < 4 ranks: some ranks get no samples
+    for allreduce in ("ring", "mpi", "recursive_doubling"):
+        for fused in (True, False):
+            serial = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
+            h1 = mlp.train(serial, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=0.9, l2=1e-3,
+                           activation="relu", cost="cross_entropy", progress=False)
+            dist = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
+            dp = DataParallel(comm, allreduce=allreduce, fused=fused, timeout=60)
+            h2 = mlp.train(dist, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=0.9, l2=1e-3,
+                           activation="relu", cost="cross_entropy", method=dp, progress=False)
+            what = f"batch {batch}, {allreduce}, fused={fused}"
+            for (a, b), (c, d) in zip(dist, serial):
+                np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-10, err_msg=what)
+                np.testing.assert_allclose(b, d, rtol=1e-5, atol=1e-10, err_msg=what)
+            np.testing.assert_allclose(h2.train_loss, h1.train_loss, rtol=1e-6, err_msg=what)
+            assert dp.steps == 2 * -(-61 // batch) and dp.comm_seconds > 0 or comm.Get_size() == 1
+            everyone = comm.allgather(flatten(dist).tobytes())
+            assert all(e == everyone[0] for e in everyone), f"{what}: ranks disagree"
+
+g = mlp.init_params([4, 3, 2], dtype=np.float32)
+assert all(np.array_equal(a, b) for (a, c), (b, d) in zip(unflatten(flatten(g), g), g))
+comm.Barrier()
+if comm.Get_rank() == 0:
+    print(f"OK {comm.Get_size()}", flush=True)
