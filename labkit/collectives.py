@@ -339,16 +339,23 @@ def recursive_doubling_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeou
     return acc
 
 
-def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | None = None) -> np.ndarray:
+def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | None = None,
+                   out: np.ndarray | None = None) -> np.ndarray:
     """Reduce-scatter then allgather around a ring: 2 (p-1) steps, each sending one chunk (about N/p) to the right.
 
     Chunks are floor(N/p) elements, the first N % p one longer (some are empty when N < p).
-    After the reduce-scatter, rank r holds the finished chunk (r + 1) mod p.
+    After the reduce-scatter, rank r holds the finished chunk (r + 1) mod p. The result goes to a new
+    array, or into ``out`` (which may be ``x`` itself, to work in place).
     """
     x, ufunc = _prepare(comm, x, op, check, "ring_allreduce")
     timeout = _default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
-    out = x.copy()
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        if out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {x.dtype} array of shape {x.shape}")
+        out[...] = x
     if p == 1 or x.size == 0:
         return out
     flat = out.reshape(-1)
@@ -368,11 +375,16 @@ def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | Non
     return out
 
 
-def mpi_allreduce(comm, x, op=MPI.SUM, check: bool = False, timeout: float | None = None) -> np.ndarray:
-    """The MPI library's own ``Allreduce``, with the same signature (the reference)."""
+def mpi_allreduce(comm, x, op=MPI.SUM, check: bool = False, timeout: float | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """The MPI library's own ``Allreduce``, with the same signature (the reference); ``out=x`` works in place."""
     x = _check_array(x)
     _check_op(op, x.dtype)
-    out = np.empty_like(x)
+    if out is x:
+        comm.Allreduce(MPI.IN_PLACE, x, op=op)
+        return x
+    if out is None:
+        out = np.empty_like(x)
     comm.Allreduce(x, out, op=op)
     return out
 

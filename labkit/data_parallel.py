@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import mlp
-from .cpu_parallel import shard_bounds, shard_sums
+from .cpu_parallel import shard_bounds
 
 
 def flatten(grads: mlp.Params, extra: tuple[float, ...] = ()) -> np.ndarray:
@@ -71,34 +71,60 @@ class DataParallel:
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
         self.steps = 0
+        self._key = self._flat = self._views = None
 
     def __repr__(self) -> str:
         return (f"DataParallel(ranks={self.comm.Get_size()}, allreduce={self.allreduce_name!r}, "
                 f"fused={self.fused})")
 
-    def _sum(self, a: np.ndarray) -> np.ndarray:
+    def _sum_inplace(self, a: np.ndarray) -> None:
+        """Replace ``a`` by its sum over the ranks."""
         from mpi4py import MPI
 
-        if self._builtin:  # labkit's and the library's allreduces share one signature
-            return self._allreduce(self.comm, a, MPI.SUM, check=False, timeout=self.timeout)
-        return self._allreduce(self.comm, a, MPI.SUM)
+        if not self._builtin:
+            a[...] = self._allreduce(self.comm, a, MPI.SUM)
+            return
+        kw = {"out": a} if self.allreduce_name in ("ring", "mpi") else {}  # these two can work in place
+        res = self._allreduce(self.comm, a, MPI.SUM, check=False, timeout=self.timeout, **kw)
+        if res is not a:
+            a[...] = res
+
+    def _buffer(self, params):
+        """One flat buffer (all gradients, then the loss) and params-shaped views into it, reused every step."""
+        key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype)
+        if key != self._key:
+            size = sum(W.size + b.size for W, b in params)
+            self._flat = np.empty(size + 1, dtype=params[0][0].dtype)
+            self._views = unflatten(self._flat[:-1], params)
+            self._key = key
+        return self._flat, self._views
 
     def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
+        """(mean loss, mean gradients) of the global batch; the gradients are views into a buffer reused next step."""
         Y = mlp.check_batch(params, x, y)
         n = x.shape[0]
         lo, hi = shard_bounds(n, self.comm.Get_size())[self.comm.Get_rank()]
+        flat, grads = self._buffer(params)
         t0 = time.perf_counter()
-        total, acc = shard_sums(params, x[lo:hi], Y[lo:hi], activation, cost, "vectorised")  # sums over my shard
+        if hi > lo:  # my shard's share of the global mean, written straight into the buffer
+            flat[-1], _ = mlp._loss_and_grads(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0, scale=1.0 / n, out=grads)
+        else:
+            flat[:] = 0
         t1 = time.perf_counter()
         if self.fused:
-            summed = self._sum(flatten(acc, extra=(total,)))
-            total = float(summed[-1])
-            acc = unflatten(summed[:-1], params)
+            self._sum_inplace(flat)
         else:
-            acc = [(self._sum(np.ascontiguousarray(gW)), self._sum(gb)) for gW, gb in acc]
-            total = float(self._sum(np.array([total], dtype=params[0][0].dtype))[0])
+            for gW, gb in grads:
+                self._sum_inplace(gW)
+                self._sum_inplace(gb)
+            self._sum_inplace(flat[-1:])
         t2 = time.perf_counter()
         self.compute_seconds += t1 - t0
         self.comm_seconds += t2 - t1
         self.steps += 1
-        return mlp.mean_from_sums(params, total, acc, n, l2)
+        value = float(flat[-1])
+        if l2:
+            for (gW, _), (W, _) in zip(grads, params):
+                gW += l2 * W
+            value += mlp.l2_penalty(params, l2)
+        return value, grads

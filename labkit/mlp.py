@@ -241,27 +241,38 @@ def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadrat
 # -- vectorised backprop ------------------------------------------------------------------------
 
 
-def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float):
-    """Unchecked vectorised backprop: (mean loss, grads). Y is one-hot (batch, n_out)."""
+def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float, scale: float | None = None,
+                    out: Params | None = None):
+    """Unchecked vectorised backprop: (mean loss, grads). Y is one-hot (batch, n_out).
+
+    ``scale`` replaces the 1/batch of the mean (data parallelism passes 1/global batch, so a shard's
+    result is its share of the global mean); ``out`` is a params-like list of arrays to write into.
+    """
     xp = array_module(x)
     acts = forward(params, x, activation, cost)
-    out = acts[-1]
+    a_out = acts[-1]
     n = x.shape[0]
-    delta = out - Y  # (batch, n_out); for softmax + cross-entropy this is dL/dz exactly
+    scale = 1.0 / n if scale is None else scale
+    delta = a_out - Y  # (batch, n_out); for softmax + cross-entropy this is dL/dz exactly
     if cost == "quadratic":
-        value = 0.5 * float(xp.vdot(delta, delta)) / n
-        delta *= _act_prime_from_output(activation, out)
+        value = 0.5 * float(xp.vdot(delta, delta)) * scale
+        delta *= _act_prime_from_output(activation, a_out)
     else:
-        value = _loss(out, Y, cost, params, 0.0)
+        value = _loss(a_out, Y, cost, params, 0.0) * n * scale
     value += l2_penalty(params, l2)
-    delta *= 1.0 / n  # gradients of the mean loss
+    delta *= scale  # gradients of the mean loss
     grads = [None] * len(params)
     for i in range(len(params) - 1, -1, -1):
         W = params[i][0]
-        gW = delta.T @ acts[i]  # (n_out, n_in): the outer products delta a^T summed over the batch
+        if out is None:
+            gW, gb = delta.T @ acts[i], delta.sum(axis=0)  # (n_out, n_in): the outer products delta a^T, summed
+        else:
+            gW, gb = out[i]
+            xp.matmul(delta.T, acts[i], out=gW)
+            delta.sum(axis=0, out=gb)
         if l2:
             gW += l2 * W
-        grads[i] = (gW, delta.sum(axis=0))
+        grads[i] = (gW, gb)
         if i:  # the input layer needs no delta
             delta = delta @ W  # (batch, n_in): W^T delta for every sample
             delta *= _act_prime_from_output(activation, acts[i])

@@ -34,3 +34,34 @@ def test_bad_allreduce_names():
         DataParallel(MPI.COMM_SELF, allreduce="tree")
     with pytest.raises(ValueError, match="needs CuPy"):
         DataParallel(MPI.COMM_SELF, allreduce="nccl")
+
+
+def test_scaled_backprop_into_buffers_matches_reference():
+    """The two hooks data parallelism uses: a different scale, and writing into given arrays."""
+    from labkit import mlp as m
+
+    rng = np.random.default_rng(0)
+    params = m.init_params([6, 5, 3], dtype=np.float64)
+    x, Y = rng.random((8, 6)), m.targets(rng.integers(0, 3, 8), 3, np.float64)
+    _, want = m._loss_and_grads(params, x, Y, "relu", "cross_entropy", 0.0)
+    out = m.zeros_like(params)
+    value, got = m._loss_and_grads(params, x[:3], Y[:3], "relu", "cross_entropy", 0.0, scale=1 / 8, out=out)
+    _, rest = m._loss_and_grads(params, x[3:], Y[3:], "relu", "cross_entropy", 0.0, scale=1 / 8)
+    for (a, b), (c, d), (e, f), (g, h) in zip(got, rest, want, out):
+        assert a is g and b is h  # written into the given arrays
+        np.testing.assert_allclose(a + c, e, rtol=1e-12)
+        np.testing.assert_allclose(b + d, f, rtol=1e-12)
+
+
+def test_ring_and_mpi_allreduce_in_place():
+    from mpi4py import MPI
+
+    from labkit import collectives
+
+    x = np.arange(5.0)
+    for fn in (collectives.ring_allreduce, collectives.mpi_allreduce):
+        assert fn(MPI.COMM_SELF, x, out=x) is x
+        out = np.empty_like(x)
+        assert fn(MPI.COMM_SELF, x, out=out) is out and np.array_equal(out, x)
+    with pytest.raises(ValueError, match="out must be"):
+        collectives.ring_allreduce(MPI.COMM_SELF, x, out=np.empty(3))
