@@ -68,6 +68,8 @@ class DataParallel:
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(allreduce, "__name__", "custom")
         self._allreduce = _allreduce_fn(allreduce)
         self._builtin = isinstance(allreduce, str)
+        if not self._builtin and not fused:
+            raise ValueError("a custom allreduce needs fused=True (one buffer, so compression state stays per buffer)")
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
         self.steps = 0
@@ -111,8 +113,11 @@ class DataParallel:
         else:
             flat[:] = 0
         t1 = time.perf_counter()
-        if self.fused:
+        if self.fused and self._builtin:
             self._sum_inplace(flat)
+        elif self.fused:  # a custom (e.g. compressed) allreduce gets the gradients only; the loss is summed exactly
+            self._sum_inplace(flat[:-1])
+            flat[-1] = self.comm.allreduce(float(flat[-1]))
         else:
             for gW, gb in grads:
                 self._sum_inplace(gW)
