@@ -90,3 +90,12 @@ def test_bench_allreduce_quick_json(capsys):
     assert {r["p"] for r in result["rows"]} == {2} and len(result["rows"]) == 4
     for row in result["rows"]:
         assert row["vs_mpi"]["mpi"] == 1.0 and set(row["algbw_GBs"]) == {"naive", "recursive_doubling", "ring", "mpi"}
+
+
+@pytest.mark.slow
+def test_bench_training_quick_json(capsys):
+    assert cli.main(["bench", "training", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["dp_speedup_p2"] > 0 and abs(result["dp"]["serial_accuracy"] - result["dp"]["p2_accuracy"]) < 0.01
+    assert -1 < result["topk1_accuracy_gap"] < 1 and 0 < result["topk"]["bytes_ratio"] < 0.05
+    assert result["async_accuracy_w4_m2"] is None
