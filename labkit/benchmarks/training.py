@@ -42,7 +42,7 @@ def worker(cfg: dict) -> None:
         warnings.simplefilter("ignore", EmbeddedDataWarning)
         (x, y), (xt, yt) = load_mnist()
     x, y = x[: cfg["samples"]], y[: cfg["samples"]]
-    out = {"p": comm.Get_size()}
+    out = {"p": comm.Get_size(), "samples": len(x)}  # fewer than asked for on the embedded digits
     if cfg["part"] == "dp":
         params = mlp.init_params([784, 256, 10], seed=0, init="he")
         method = DataParallel(comm, allreduce="ring") if comm.Get_size() > 1 else "vectorised"
@@ -85,11 +85,13 @@ def run(quick: bool = False, progress: bool | None = None) -> dict:
     serial, dp2, tk = got["serial"], got["dp2"], got["topk"]
     result = {
         "benchmark": "training", "quick": quick, "data": locate().describe(),
-        "dp": {"network": [784, 256, 10], "batch": 128, **dp_cfg, "serial_seconds": serial["seconds"],
+        "dp": {"network": [784, 256, 10], "batch": 128, **dp_cfg, "samples": serial["samples"],
+               "serial_seconds": serial["seconds"],
                "p2_seconds": dp2["seconds"], "serial_accuracy": serial["accuracy"], "p2_accuracy": dp2["accuracy"],
                "p2_compute_seconds": dp2["compute_seconds"], "p2_comm_seconds": dp2["comm_seconds"]},
         "dp_speedup_p2": serial["seconds"] / dp2["seconds"],
-        "topk": {"network": [784, 100, 10], "batch": 64, "ranks": 2, **tk_cfg, "dense_accuracy": tk["dense_accuracy"],
+        "topk": {"network": [784, 100, 10], "batch": 64, "ranks": 2, **tk_cfg, "samples": tk["samples"],
+                 "dense_accuracy": tk["dense_accuracy"],
                  "topk1_accuracy": tk["topk1_accuracy"], "bytes_ratio": tk["bytes_ratio"]},
         "topk1_accuracy_gap": tk["dense_accuracy"] - tk["topk1_accuracy"],
         "async_accuracy_w4_m2": None,  # measured once the parameter server exists
