@@ -1,0 +1,79 @@
+"""Parameter servers: exact where no staleness can occur, bounded where promised, complete when uneven.
+
+Run: mpiexec -n 4 python -m mpi4py tests/mpi/check_param_server.py   (prints "OK <p>" on rank 0)
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from labkit import mlp, param_server
+from labkit.cpu_parallel import shard_bounds
+
+comm = MPI.COMM_WORLD
+size, rank = comm.Get_size(), comm.Get_rank()
+rng = np.random.default_rng(0)
+x = rng.random((103, 12)).astype(np.float32)
+y = rng.integers(0, 4, 103)
+sizes = [12, 10, 4]
+
+
+def serial_sgd(epochs, batch, lr, seed):
+    """What one worker does alone: the same order of batches, plain SGD."""
+    params = mlp.init_params(sizes, seed=seed, dtype=np.float32, init="he")
+    Y = mlp.targets(y, 4, np.float32)
+    order_rng = np.random.default_rng(seed + 1000)
+    for _ in range(epochs):
+        order = order_rng.permutation(len(x))
+        for j in range(0, len(x), batch):
+            idx = order[j:j + batch]
+            _, g = mlp._loss_and_grads(params, x[idx], Y[idx], "relu", "cross_entropy", 0.0)
+            mlp.SGD(lr).step(params, g)
+    return params
+
+
+# 1. one worker: no staleness is possible, so every mode equals serial SGD
+sub = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+if sub != MPI.COMM_NULL:
+    want = serial_sgd(2, 10, 0.1, seed=3)
+    for mode in param_server.MODES:
+        res = param_server.train(sub, sizes, (x, y), masters=1, mode=mode, epochs=2, batch_size=10, lr=0.1, seed=3,
+                                 timeout=30)
+        if sub.Get_rank() == 0:
+            for (a, b), (c, d) in zip(res.params, want):
+                np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6, err_msg=mode)
+                np.testing.assert_allclose(b, d, rtol=1e-5, atol=1e-6, err_msg=mode)
+            assert (res.staleness == 0).all(), (mode, res.staleness)
+    sub.Free()
+
+# 2. every mode with all ranks: uneven shards, everything accounted for, staleness as promised
+if size >= 3:
+    for masters in range(1, size - 1):
+        workers = size - masters
+        expected_steps = [2 * -(-(hi - lo) // 7) for lo, hi in shard_bounds(len(x), workers)]
+        for mode, bound in (("async", None), ("sync", None), ("ssp", 0), ("ssp", 2)):
+            res = param_server.train(comm, sizes, (x, y), masters=masters, mode=mode, epochs=2, batch_size=7, lr=0.05,
+                                     staleness_bound=bound or 0, timeout=30)
+            if rank == 0:
+                what = f"{mode} bound={bound} masters={masters}"
+                assert res.worker_steps.tolist() == expected_steps, (what, res.worker_steps, expected_steps)
+                assert len(res.master_updates) == masters, what
+                if mode == "sync":
+                    assert (res.staleness == 0).all() and (res.master_updates == max(expected_steps)).all(), what
+                else:
+                    assert (res.master_updates == sum(expected_steps)).all(), (what, res.master_updates)
+                    assert len(res.staleness) == masters * sum(expected_steps) and (res.staleness >= 0).all(), what
+                if mode == "ssp":  # a worker is at most `bound` steps ahead, so at most (bound + 1) (W - 1) updates stale
+                    assert res.staleness.max() <= (bound + 1) * (workers - 1), (what, res.staleness.max())
+                assert all(np.isfinite(W).all() for W, _ in res.params), what
+
+# 3. bad arguments are refused on every rank, before any message
+for kwargs, match in (({"masters": 0}, "at least one master"), ({"masters": size}, "at least one master"),
+                      ({"mode": "gossip"}, "mode must be")):
+    try:
+        param_server.train(comm, sizes, (x, y), **kwargs)
+        raise AssertionError(f"no error for {kwargs}")
+    except ValueError as e:
+        assert match in str(e), (match, str(e))
+comm.Barrier()
+if rank == 0:
+    print(f"OK {size}", flush=True)
