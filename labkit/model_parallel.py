@@ -1,0 +1,248 @@
+"""Model parallelism: split the network instead of the data.
+
+* :class:`NeuronParallel` splits the neurons of the hidden layer of ``[n_in, hidden, n_out]`` over the
+  ranks (floor + remainder): each rank holds its rows of W1 and b1 and computes its part of the hidden
+  activations; one allgather gives every rank the whole hidden layer, and the (small, replicated) output
+  layer runs everywhere. The backward pass needs no messages: the output error is known on every rank.
+* :class:`Pipeline` gives each rank a contiguous block of layers and runs the mini-batch as ``m``
+  micro-batches on a GPipe schedule: all forwards flow down the ranks, then all backwards flow up, the
+  gradients of the micro-batches are summed, and the update is the serial one. It records when every
+  forward and backward ran, and the *bubble*: the fraction of the time a rank sits idle, which GPipe
+  predicts as (p - 1) / (m + p - 1) for equal stages.
+
+Both compute the same gradients as :func:`labkit.mlp.backprop` (the tests check it), for float32 or
+float64, any activation and cost of ``labkit.mlp``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import mlp
+from .cpu_parallel import shard_bounds
+
+
+def _act(a, activation):
+    return mlp._act_prime_from_output(activation, a)
+
+
+class NeuronParallel:
+    """A ``[n_in, hidden, n_out]`` network whose hidden neurons are split over the ranks of ``comm``.
+
+    Every rank builds the same full network from ``seed`` and keeps its slice, so results do not depend
+    on the number of ranks. :meth:`loss_and_grads` returns this rank's gradients (its W1/b1 rows, the
+    whole W2/b2), :meth:`step` applies SGD, :meth:`gather` assembles the full network on every rank.
+    """
+
+    def __init__(self, comm, sizes, seed: int = 0, dtype=np.float32, init: str = "scaled"):
+        if len(sizes) != 3:
+            raise ValueError(f"NeuronParallel splits the one hidden layer of [n_in, hidden, n_out]; got sizes {sizes}")
+        self.comm, self.sizes = comm, list(sizes)
+        full = mlp.init_params(sizes, seed=seed, dtype=dtype, init=init)
+        self.bounds = shard_bounds(sizes[1], comm.Get_size())
+        lo, hi = self.bounds[comm.Get_rank()]
+        (W1, b1), (W2, b2) = full
+        self.params = [(W1[lo:hi].copy(), b1[lo:hi].copy()), (W2.copy(), b2.copy())]
+        self.lo, self.hi = lo, hi
+        self.comm_seconds = self.compute_seconds = 0.0
+
+    def _hidden(self, x, activation):
+        """This rank's hidden activations, then everyone's (batch, hidden) through one allgather."""
+        (W1, b1), _ = self.params
+        t0 = time.perf_counter()
+        z = x @ W1.T + b1
+        mine = mlp.sigmoid(z) if activation == "sigmoid" else np.maximum(z, 0)
+        t1 = time.perf_counter()
+        counts = np.array([(hi - lo) * x.shape[0] for lo, hi in self.bounds])
+        everyone = np.empty(int(counts.sum()), dtype=mine.dtype)
+        self.comm.Allgatherv(np.ascontiguousarray(mine), [everyone, counts])
+        # each rank's block is (batch, its neurons): put the blocks side by side
+        blocks, pos = [], 0
+        for c, (lo, hi) in zip(counts, self.bounds):
+            blocks.append(everyone[pos:pos + c].reshape(x.shape[0], hi - lo))
+            pos += c
+        self.compute_seconds += t1 - t0
+        self.comm_seconds += time.perf_counter() - t1
+        return mine, np.concatenate(blocks, axis=1)
+
+    def loss_and_grads(self, x, y, activation: str = "sigmoid", cost: str = "quadratic"):
+        """(mean loss, [(dW1 rows, db1 rows), (dW2, db2)]) for the batch; every rank passes the same batch."""
+        Y = mlp.targets(np.asarray(y), self.sizes[-1], self.params[0][0].dtype)
+        mine, h = self._hidden(x, activation)
+        t0 = time.perf_counter()
+        _, (W2, b2) = self.params
+        z2 = h @ W2.T + b2
+        if cost == "cross_entropy":
+            out = mlp.softmax(z2)
+        else:
+            out = mlp.sigmoid(z2) if activation == "sigmoid" else np.maximum(z2, 0)
+        n = x.shape[0]
+        delta = out - Y
+        if cost == "quadratic":
+            value = 0.5 * float(np.vdot(delta, delta)) / n
+            delta *= _act(out, activation)
+        else:
+            value = -float((Y * np.log(np.maximum(out, 1e-30))).sum()) / n
+        delta /= n
+        g2 = (delta.T @ h, delta.sum(axis=0))
+        d1 = (delta @ W2[:, self.lo:self.hi]) * _act(mine, activation)  # only my neurons' error: no message
+        g1 = (d1.T @ x, d1.sum(axis=0))
+        self.compute_seconds += time.perf_counter() - t0
+        return value, [g1, g2]
+
+    def step(self, grads, lr: float) -> None:
+        """Plain SGD on this rank's parameters."""
+        mlp.SGD(lr).step(self.params, grads)
+
+    def gather(self) -> mlp.Params:
+        """The whole network, assembled on every rank."""
+        (W1, b1), (W2, b2) = self.params
+        rows = self.comm.allgather(W1)
+        biases = self.comm.allgather(b1)
+        return [(np.concatenate(rows), np.concatenate(biases)), (W2.copy(), b2.copy())]
+
+
+# -- pipeline -------------------------------------------------------------------------------------------
+
+
+def partition_layers(sizes, parts: int) -> list[tuple[int, int]]:
+    """Contiguous blocks of layers (start, stop) for ``parts`` stages, balancing multiply-adds."""
+    n_layers = len(sizes) - 1
+    if not 1 <= parts <= n_layers:
+        raise ValueError(f"cannot split {n_layers} layers into {parts} stages (need 1 <= stages <= layers)")
+    cost = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    best = None
+    # try every way of cutting (few layers): minimise the most expensive stage
+    from itertools import combinations
+
+    for cuts in combinations(range(1, n_layers), parts - 1):
+        edges = (0, *cuts, n_layers)
+        worst = max(sum(cost[a:b]) for a, b in zip(edges[:-1], edges[1:]))
+        if best is None or worst < best[0]:
+            best = (worst, edges)
+    edges = best[1]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+@dataclass
+class Timeline:
+    """When each stage ran each micro-batch: rows of (rank, kind 0=forward 1=backward, micro-batch, start, end)."""
+
+    events: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
+
+    def bubble(self) -> float:
+        """Mean over ranks of the idle fraction between the first start and the last end of the step."""
+        ev = self.events
+        t0, t1 = ev[:, 3].min(), ev[:, 4].max()
+        busy = [(ev[ev[:, 0] == r, 4] - ev[ev[:, 0] == r, 3]).sum() for r in np.unique(ev[:, 0])]
+        return float(1 - np.mean(busy) / (t1 - t0))
+
+
+def gpipe_bubble(p: int, m: int) -> float:
+    """GPipe's idle fraction for p equal stages and m micro-batches: (p - 1) / (m + p - 1)."""
+    return (p - 1) / (m + p - 1)
+
+
+class Pipeline:
+    """Layers split over the ranks of ``comm``; :meth:`loss_and_grads` runs one mini-batch as micro-batches.
+
+    Every rank builds the same full network from ``seed`` and keeps its stage's layers. Rank 0 needs the
+    inputs and the last rank the targets; passing the same batch everywhere is simplest.
+    """
+
+    def __init__(self, comm, sizes, seed: int = 0, dtype=np.float32, init: str = "scaled", timeout: float | None = 120):
+        self.comm, self.sizes, self.timeout = comm, list(sizes), timeout
+        p, r = comm.Get_size(), comm.Get_rank()
+        self.stages = partition_layers(sizes, p)
+        full = mlp.init_params(sizes, seed=seed, dtype=dtype, init=init)
+        lo, hi = self.stages[r]
+        self.first_layer, self.params = lo, [(W.copy(), b.copy()) for W, b in full[lo:hi]]
+        self.dtype = np.dtype(dtype)
+        self.timeline = Timeline()
+
+    def _wait(self, reqs, what):
+        from .collectives import _wait
+
+        _wait(reqs, self.timeout, what, self.comm)
+
+    def loss_and_grads(self, x, y, micro_batches: int = 4, activation: str = "sigmoid", cost: str = "quadratic"):
+        """GPipe: (mean loss on the last rank, 0.0 elsewhere; this stage's gradients of the mean loss)."""
+        from mpi4py import MPI
+
+        comm, p, r = self.comm, self.comm.Get_size(), self.comm.Get_rank()
+        n = x.shape[0]
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        chunks = [(a, b) for a, b in shard_bounds(n, micro_batches) if b > a]
+        last_stage = r == p - 1
+        n_layers = len(self.sizes) - 1
+        Y = mlp.targets(np.asarray(y), self.sizes[-1], self.dtype) if last_stage else None
+        grads = mlp.zeros_like(self.params)
+        acts: dict[int, list] = {}
+        events, total, sends = [], 0.0, []
+        comm.Barrier()
+        start = MPI.Wtime()
+
+        def run_layers(a, i):  # forward through my layers, remembering activations for the backward pass
+            layer_acts = [a]
+            for j, (W, b) in enumerate(self.params):
+                z = layer_acts[-1] @ W.T + b
+                if self.first_layer + j == n_layers - 1 and cost == "cross_entropy":
+                    layer_acts.append(mlp.softmax(z))
+                else:
+                    layer_acts.append(mlp.sigmoid(z) if activation == "sigmoid" else np.maximum(z, 0))
+            acts[i] = layer_acts
+
+        for i, (a, b) in enumerate(chunks):  # all forwards
+            width = self.sizes[self.stages[r][0]]
+            if r == 0:
+                inp = np.asarray(x[a:b], dtype=self.dtype)
+            else:
+                inp = np.empty((b - a, width), dtype=self.dtype)
+                self._wait([comm.Irecv(inp, source=r - 1, tag=10 + i)], f"stage {r} waiting for activations")
+            t0 = MPI.Wtime()
+            run_layers(inp, i)
+            events.append((r, 0, i, t0 - start, MPI.Wtime() - start))
+            if not last_stage:
+                sends.append(comm.Isend(acts[i][-1], dest=r + 1, tag=10 + i))
+        for i in reversed(range(len(chunks))):  # all backwards, last micro-batch first
+            a, b = chunks[i]
+            layer_acts = acts.pop(i)
+            out = layer_acts[-1]
+            if last_stage:
+                t0 = MPI.Wtime()
+                delta = out - Y[a:b]
+                if cost == "quadratic":
+                    total += 0.5 * float(np.vdot(delta, delta))
+                    delta *= _act(out, activation)
+                else:
+                    total -= float((Y[a:b] * np.log(np.maximum(out, 1e-30))).sum())
+                delta /= n  # of the mean loss over the whole mini-batch; the stages above receive it scaled
+            else:
+                delta = np.empty_like(out)
+                self._wait([comm.Irecv(delta, source=r + 1, tag=1000 + i)], f"stage {r} waiting for errors")
+                t0 = MPI.Wtime()
+            for j in range(len(self.params) - 1, -1, -1):
+                gW, gb = grads[j]
+                gW += delta.T @ layer_acts[j]
+                gb += delta.sum(axis=0)
+                if j or r:  # the error of this layer's input (the first stage's input needs none)
+                    delta = (delta @ self.params[j][0]) * _act(layer_acts[j], activation)
+            events.append((r, 1, i, t0 - start, MPI.Wtime() - start))
+            if r:
+                sends.append(comm.Isend(delta, dest=r - 1, tag=1000 + i))
+        self._wait(sends, f"stage {r} finishing its sends")
+        gathered = comm.allgather(np.array(events, dtype=float))
+        self.timeline = Timeline(np.concatenate(gathered))
+        return (total / n if last_stage else 0.0), grads
+
+    def step(self, grads, lr: float) -> None:
+        """Plain SGD on this stage's layers."""
+        mlp.SGD(lr).step(self.params, grads)
+
+    def gather(self) -> mlp.Params:
+        """The whole network, assembled on every rank."""
+        return [layer for stage in self.comm.allgather(self.params) for layer in stage]

@@ -1,0 +1,26 @@
+"""Model and pipeline parallelism under a real mpiexec, 1 to 4 ranks."""
+
+from pathlib import Path
+
+import pytest
+
+from labkit import cluster
+from labkit.model_parallel import partition_layers
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_model_parallel_equals_serial(n):
+    res = cluster.run_mpi([str(HERE / "mpi" / "check_model_parallel.py")], n=n, timeout=300)
+    assert res.returncode == 0 and f"OK {n}" in res.stdout, res.stderr[-4000:]
+
+
+def test_partition_layers_balances_work():
+    assert partition_layers([784, 100, 10], 1) == [(0, 2)]
+    assert partition_layers([784, 100, 10], 2) == [(0, 1), (1, 2)]
+    # four equal layers and a tiny one: the tiny one rides along with a big one
+    assert partition_layers([100, 100, 100, 100, 100, 2], 4) in ([(0, 1), (1, 2), (2, 3), (3, 5)],)
+    with pytest.raises(ValueError, match="cannot split 2 layers into 3 stages"):
+        partition_layers([784, 100, 10], 3)
