@@ -149,27 +149,44 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
     from .collectives import TrafficComm, op_name
 
     comm = comm or MPI.COMM_WORLD
-    p, rank = comm.Get_size(), comm.Get_rank()
     ex = "ring allreduce"
     cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
+
+    def run(sub, k):
+        for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
+            for dtype, op in cases:
+                yield lambda n=n, dtype=dtype, op=op: _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name)
+
+    _collective_check(comm, ex, run)
+
+
+def _first_cause(errors) -> str | None:
+    """The error to report: a rank that timed out usually waited for one that failed, so report the failure."""
+    real = [e for e in errors if e]
+    causes = [e for e in real if "TimeoutError" not in e]
+    return (causes or real or [None])[0]
+
+
+def _collective_check(comm, ex: str, cases) -> None:
+    """Run ``cases(sub, k)`` (a generator of case functions returning an error string or None) on
+    sub-communicators of the first k = 1..p ranks. Ranks agree after every case, so nobody starts a case
+    the others skipped; on failure every rank raises (rank 0 with the message)."""
+    from mpi4py import MPI
+
+    p, rank = comm.Get_size(), comm.Get_rank()
     n_checks, error = 0, None
     for k in range(1, p + 1):
         sub = comm.Split(0 if rank < k else MPI.UNDEFINED, rank)
         if sub != MPI.COMM_NULL:
-            for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
-                for dtype, op in cases:
-                    if error is None:
-                        error = _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name)
-                    n_checks += 1
-                    errors = sub.allgather(error)  # stay in step: nobody starts a case the others skipped
-                    error = next((e for e in errors if e), None)
-                    if error:
-                        break
+            for case in cases(sub, k):
+                if error is None:
+                    error = case()
+                n_checks += 1
+                error = _first_cause(sub.allgather(error))
                 if error:
                     break
             sub.Free()
-        errors = comm.allgather(error)
-        error = next((e for e in errors if e), None)
+        error = _first_cause(comm.allgather(error))
         if error:
             if rank == 0:
                 raise ExerciseError(error)
@@ -189,7 +206,8 @@ def _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name) -> s
     before = x.copy()
     want = np.empty_like(x)
     sub.Allreduce(x, want, op=op)
-    tc = TrafficComm(sub, timeout=timeout)
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    tc = TrafficComm(work, timeout=timeout)
     try:
         got = fn(tc, x, op)
     except NotImplementedError:
@@ -231,4 +249,78 @@ def _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name) -> s
         if not lo <= nbytes <= hi:
             return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
                     f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
+    work.Free()
     return None
+
+
+def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 07): ``fn(comm, params, x, Y) -> grads`` on every rank (``%%px``).
+
+    Every rank passes the same global batch; the result must be the gradient of the mean quadratic cost
+    over the *whole* batch (sigmoid network), on every rank, computed from this rank's shard only.
+    Checked on 1..p ranks with batches that divide the rank count, do not, and are smaller than it.
+    """
+    from mpi4py import MPI
+
+    from .collectives import TrafficComm
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "data-parallel step"
+
+    def case(sub, k, batch):
+        r = sub.Get_rank()
+        where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
+        rng = np.random.default_rng(batch)
+        params = mlp.init_params([6, 5, 3], seed=batch, dtype=np.float64)
+        x = rng.random((batch, 6))
+        Y = mlp.targets(rng.integers(0, 3, batch), 3, np.float64)
+        want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
+        calls = []
+
+        def spy(*args, **kw):  # count how many rows the student's code backprops itself
+            calls.append(args[1].shape[0] if len(args) > 1 else 0)
+            return real(*args, **kw)
+
+        real = mlp.loss_and_grads  # mlp.backprop calls it too
+        mlp.loss_and_grads = spy
+        error, got = None, None
+        work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+        try:
+            got = fn(TrafficComm(work, timeout=timeout), params, x, Y)
+        except NotImplementedError:
+            error = (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
+                     "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+        except Exception as e:
+            hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
+                    "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
+            error = f"{ex} ({where}): your function raised {type(e).__name__}: {e}{hint}"
+        finally:
+            mlp.loss_and_grads = real
+        shaped = error is None and isinstance(got, (list, tuple)) and len(got) == len(want) and all(
+            isinstance(g, (list, tuple)) and len(g) == 2 and np.shape(g[0]) == w[0].shape and np.shape(g[1]) == w[1].shape
+            for g, w in zip(got, want))
+        # every rank of sub takes part in the allgather (a rank that failed says False), so nobody waits alone
+        if k > 1 and all(sub.allgather(shaped)):
+            summed = [sub.allreduce(np.asarray(a, dtype=np.float64)) for g in got for a in g]
+            if all(np.allclose(a, b) for a, b in zip(summed, (a for w in want for a in w))) and not all(
+                    np.allclose(a, b) for g, w in zip(got, want) for a, b in zip(g, w)):
+                error = (f"{ex} ({where}): each rank returned only its own shard's share; added up over the ranks "
+                         "they are right\nHint: sum the shards with comm.Allreduce, so every rank holds the total")
+        if error:
+            return error  # work is not freed: a rank may have abandoned an operation on it
+        work.Free()
+        try:
+            _compare_grads(ex, got, want, batch, where)
+        except ExerciseError as e:
+            return str(e)
+        mine = cpu_parallel.shard_bounds(batch, k)[r]
+        if calls and max(calls) > mine[1] - mine[0]:
+            return (f"{ex} ({where}): rank {r} backpropped {max(calls)} samples at once, but its shard has "
+                    f"{mine[1] - mine[0]}\nHint: each rank computes only its floor + remainder share of the batch")
+        return None
+
+    def run(sub, k):
+        for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
+            yield lambda batch=batch: case(sub, k, batch)
+
+    _collective_check(comm, ex, run)

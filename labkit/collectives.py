@@ -492,6 +492,33 @@ class TrafficComm:
         reqs = [self._comm.Irecv(recvbuf, source, recvtag), self._comm.Isend(sendbuf, dest, sendtag)]
         self._finish(reqs, f"Sendrecv with ranks {dest} and {source}")
 
+    # the library's collectives: with a timeout, their non-blocking forms, so a partner that failed
+    # gives a TimeoutError instead of a hang (they are not logged: they are not point-to-point messages)
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
+        if self.timeout is None:
+            return self._comm.Allreduce(sendbuf, recvbuf, op)
+        _wait([self._comm.Iallreduce(sendbuf, recvbuf, op)], self.timeout, "Allreduce", self)
+
+    def Allgather(self, sendbuf, recvbuf):  # noqa: N802
+        if self.timeout is None:
+            return self._comm.Allgather(sendbuf, recvbuf)
+        _wait([self._comm.Iallgather(sendbuf, recvbuf)], self.timeout, "Allgather", self)
+
+    def Bcast(self, buf, root=0):  # noqa: N802
+        if self.timeout is None:
+            return self._comm.Bcast(buf, root)
+        _wait([self._comm.Ibcast(buf, root)], self.timeout, "Bcast", self)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):  # noqa: N802
+        if self.timeout is None:
+            return self._comm.Reduce(sendbuf, recvbuf, op, root)
+        _wait([self._comm.Ireduce(sendbuf, recvbuf, op, root)], self.timeout, "Reduce", self)
+
+    def Barrier(self):  # noqa: N802
+        if self.timeout is None:
+            return self._comm.Barrier()
+        _wait([self._comm.Ibarrier()], self.timeout, "Barrier", self)
+
     def clear(self) -> None:
         """Forget what was logged."""
         self.log.clear()

@@ -65,3 +65,10 @@ def test_ring_and_mpi_allreduce_in_place():
         assert fn(MPI.COMM_SELF, x, out=out) is out and np.array_equal(out, x)
     with pytest.raises(ValueError, match="out must be"):
         collectives.ring_allreduce(MPI.COMM_SELF, x, out=np.empty(3))
+
+
+@pytest.mark.mpi
+def test_data_parallel_exercise_check_under_mpiexec():
+    res = cluster.run_mpi([str(HERE / "mpi" / "check_dp_exercise.py")], n=3, timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    assert "✔ data-parallel step on 1 to 3 ranks" in res.stdout
