@@ -11,7 +11,8 @@ finish unevenly when the shards differ). A worker step:
 
 Masters poll with ``Iprobe``: a gradient is applied at once (``mode="async"``), or averaged with one
 from every other active worker (``"sync"``), or applied at once but answered only when its worker is at
-most ``staleness_bound`` steps ahead of the slowest active worker (``"ssp"``, stale-synchronous).
+most ``staleness_bound`` = s steps ahead of the slowest active worker (``"ssp"``, stale-synchronous): then
+no update is staler than (2 s + 1)(W - 1) for W workers, where ``"async"`` has no bound at all.
 Each master records the staleness of every update it applies (its version now minus the version the
 gradient was computed on) and how many updates it applied. At the end the slices are gathered on rank 0.
 """
