@@ -146,8 +146,6 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
     """
     from mpi4py import MPI
 
-    from .collectives import TrafficComm, op_name
-
     comm = comm or MPI.COMM_WORLD
     ex = "ring allreduce"
     cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
@@ -155,7 +153,7 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
     def run(sub, k):
         for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
             for dtype, op in cases:
-                yield lambda n=n, dtype=dtype, op=op: _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name)
+                yield lambda n=n, dtype=dtype, op=op: _ring_case(fn, sub, k, n, dtype, op, timeout, ex)
 
     _collective_check(comm, ex, run)
 
@@ -195,9 +193,11 @@ def _collective_check(comm, ex: str, cases) -> None:
         _passed(f"{ex} on 1 to {p} ranks", n_checks)
 
 
-def _ring_case(fn, sub, k, n, dtype, op, timeout, ex, TrafficComm, op_name) -> str | None:
+def _ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     """One check on one sub-communicator; returns what went wrong (or None), never raises."""
     from mpi4py import MPI
+
+    from .collectives import TrafficComm, op_name
 
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"

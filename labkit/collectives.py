@@ -95,8 +95,11 @@ def _prepare(comm, x, op, check: bool, what: str):
 # -- waiting with a timeout ----------------------------------------------------------------------
 
 
-def _wait(reqs: list, timeout: float | None, what: str, comm) -> None:
-    """Wait for requests (one communication round); with a timeout, poll and raise TimeoutError instead of hanging."""
+def wait_all(reqs: list, timeout: float | None, what: str, comm) -> None:
+    """Wait for requests (one communication round); with a timeout, poll and raise TimeoutError instead of hanging.
+
+    ``what`` names the operation in the error; ``comm`` gives the rank (and counts rounds on a TrafficComm).
+    """
     if isinstance(comm, TrafficComm):
         comm.next_round()
     if timeout is None:
@@ -119,15 +122,15 @@ def _wait(reqs: list, timeout: float | None, what: str, comm) -> None:
 
 def _sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, timeout, what: str) -> None:
     reqs = [comm.Irecv(recv, source=source, tag=TAG), comm.Isend(send, dest=dest, tag=TAG)]
-    _wait(reqs, timeout, what, comm)
+    wait_all(reqs, timeout, what, comm)
 
 
 def _send(comm, buf, dest, timeout, what):
-    _wait([comm.Isend(buf, dest=dest, tag=TAG)], timeout, what, comm)
+    wait_all([comm.Isend(buf, dest=dest, tag=TAG)], timeout, what, comm)
 
 
 def _recv(comm, buf, source, timeout, what):
-    _wait([comm.Irecv(buf, source=source, tag=TAG)], timeout, what, comm)
+    wait_all([comm.Irecv(buf, source=source, tag=TAG)], timeout, what, comm)
 
 
 # -- broadcast, scatter, gather, reduce ----------------------------------------------------------
@@ -284,7 +287,7 @@ def naive_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | No
     bufs = [x if k == r else np.empty_like(x) for k in range(p)]
     reqs = [comm.Irecv(bufs[k], source=k, tag=TAG) for k in range(p) if k != r]
     reqs += [comm.Isend(x, dest=k, tag=TAG) for k in range(p) if k != r]
-    _wait(reqs, timeout, "naive_allreduce", comm)
+    wait_all(reqs, timeout, "naive_allreduce", comm)
     out = bufs[0].copy()
     for k in range(1, p):  # the same order on every rank: the same rounding everywhere
         ufunc(out, bufs[k], out=out)
@@ -468,7 +471,7 @@ class TrafficComm:
             self.rounds += 1
             MPI.Request.Waitall(reqs)
         else:
-            _wait(reqs, self.timeout, what, self)
+            wait_all(reqs, self.timeout, what, self)
 
     def Send(self, buf, dest, tag=0):  # noqa: N802
         self._record(buf, dest)
@@ -497,27 +500,27 @@ class TrafficComm:
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
         if self.timeout is None:
             return self._comm.Allreduce(sendbuf, recvbuf, op)
-        _wait([self._comm.Iallreduce(sendbuf, recvbuf, op)], self.timeout, "Allreduce", self)
+        wait_all([self._comm.Iallreduce(sendbuf, recvbuf, op)], self.timeout, "Allreduce", self)
 
     def Allgather(self, sendbuf, recvbuf):  # noqa: N802
         if self.timeout is None:
             return self._comm.Allgather(sendbuf, recvbuf)
-        _wait([self._comm.Iallgather(sendbuf, recvbuf)], self.timeout, "Allgather", self)
+        wait_all([self._comm.Iallgather(sendbuf, recvbuf)], self.timeout, "Allgather", self)
 
     def Bcast(self, buf, root=0):  # noqa: N802
         if self.timeout is None:
             return self._comm.Bcast(buf, root)
-        _wait([self._comm.Ibcast(buf, root)], self.timeout, "Bcast", self)
+        wait_all([self._comm.Ibcast(buf, root)], self.timeout, "Bcast", self)
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):  # noqa: N802
         if self.timeout is None:
             return self._comm.Reduce(sendbuf, recvbuf, op, root)
-        _wait([self._comm.Ireduce(sendbuf, recvbuf, op, root)], self.timeout, "Reduce", self)
+        wait_all([self._comm.Ireduce(sendbuf, recvbuf, op, root)], self.timeout, "Reduce", self)
 
     def Barrier(self):  # noqa: N802
         if self.timeout is None:
             return self._comm.Barrier()
-        _wait([self._comm.Ibarrier()], self.timeout, "Barrier", self)
+        wait_all([self._comm.Ibarrier()], self.timeout, "Barrier", self)
 
     def clear(self) -> None:
         """Forget what was logged."""

@@ -50,8 +50,9 @@ def relu(z):
     return xp.maximum(z, 0)
 
 
-def _act(name: str):
-    return sigmoid if name == "sigmoid" else relu
+def activate(z, activation: str):
+    """The hidden-layer activation by name: sigmoid(z) or relu(z)."""
+    return sigmoid(z) if activation == "sigmoid" else relu(z)
 
 
 def _act_prime_from_output(name: str, a):
@@ -297,7 +298,6 @@ def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "qua
 def _backprop_one(params: Params, x, y, activation: str, cost: str):
     """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)])."""
     xp = array_module(x)
-    act = _act(activation)
     activations = [x]
     a = x
     for i, (W, b) in enumerate(params):
@@ -306,7 +306,7 @@ def _backprop_one(params: Params, x, y, activation: str, cost: str):
             e = xp.exp(z - z.max())
             a = e / e.sum()
         else:
-            a = act(z)
+            a = activate(z, activation)
         activations.append(a)
     out = activations[-1]
     if cost == "quadratic":

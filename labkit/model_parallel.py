@@ -25,7 +25,8 @@ from . import mlp
 from .cpu_parallel import shard_bounds
 
 
-def _act(a, activation):
+def _prime(a, activation):
+    """The activation's derivative, from its output."""
     return mlp._act_prime_from_output(activation, a)
 
 
@@ -54,7 +55,7 @@ class NeuronParallel:
         (W1, b1), _ = self.params
         t0 = time.perf_counter()
         z = x @ W1.T + b1
-        mine = mlp.sigmoid(z) if activation == "sigmoid" else np.maximum(z, 0)
+        mine = mlp.activate(z, activation)
         t1 = time.perf_counter()
         counts = np.array([(hi - lo) * x.shape[0] for lo, hi in self.bounds])
         everyone = np.empty(int(counts.sum()), dtype=mine.dtype)
@@ -78,17 +79,17 @@ class NeuronParallel:
         if cost == "cross_entropy":
             out = mlp.softmax(z2)
         else:
-            out = mlp.sigmoid(z2) if activation == "sigmoid" else np.maximum(z2, 0)
+            out = mlp.activate(z2, activation)
         n = x.shape[0]
         delta = out - Y
         if cost == "quadratic":
             value = 0.5 * float(np.vdot(delta, delta)) / n
-            delta *= _act(out, activation)
+            delta *= _prime(out, activation)
         else:
             value = -float((Y * np.log(np.maximum(out, 1e-30))).sum()) / n
         delta /= n
         g2 = (delta.T @ h, delta.sum(axis=0))
-        d1 = (delta @ W2[:, self.lo:self.hi]) * _act(mine, activation)  # only my neurons' error: no message
+        d1 = (delta @ W2[:, self.lo:self.hi]) * _prime(mine, activation)  # only my neurons' error: no message
         g1 = (d1.T @ x, d1.sum(axis=0))
         self.compute_seconds += time.perf_counter() - t0
         return value, [g1, g2]
@@ -163,14 +164,11 @@ class Pipeline:
         self.dtype = np.dtype(dtype)
         self.timeline = Timeline()
 
-    def _wait(self, reqs, what):
-        from .collectives import _wait
-
-        _wait(reqs, self.timeout, what, self.comm)
-
     def loss_and_grads(self, x, y, micro_batches: int = 4, activation: str = "sigmoid", cost: str = "quadratic"):
         """GPipe: (mean loss on the last rank, 0.0 elsewhere; this stage's gradients of the mean loss)."""
         from mpi4py import MPI
+
+        from .collectives import wait_all
 
         comm, p, r = self.comm, self.comm.Get_size(), self.comm.Get_rank()
         n = x.shape[0]
@@ -193,7 +191,7 @@ class Pipeline:
                 if self.first_layer + j == n_layers - 1 and cost == "cross_entropy":
                     layer_acts.append(mlp.softmax(z))
                 else:
-                    layer_acts.append(mlp.sigmoid(z) if activation == "sigmoid" else np.maximum(z, 0))
+                    layer_acts.append(mlp.activate(z, activation))
             acts[i] = layer_acts
 
         for i, (a, b) in enumerate(chunks):  # all forwards
@@ -202,7 +200,7 @@ class Pipeline:
                 inp = np.asarray(x[a:b], dtype=self.dtype)
             else:
                 inp = np.empty((b - a, width), dtype=self.dtype)
-                self._wait([comm.Irecv(inp, source=r - 1, tag=10 + i)], f"stage {r} waiting for activations")
+                wait_all([comm.Irecv(inp, source=r - 1, tag=10 + i)], self.timeout, f"stage {r} waiting for activations", comm)
             t0 = MPI.Wtime()
             run_layers(inp, i)
             events.append((r, 0, i, t0 - start, MPI.Wtime() - start))
@@ -217,24 +215,24 @@ class Pipeline:
                 delta = out - Y[a:b]
                 if cost == "quadratic":
                     total += 0.5 * float(np.vdot(delta, delta))
-                    delta *= _act(out, activation)
+                    delta *= _prime(out, activation)
                 else:
                     total -= float((Y[a:b] * np.log(np.maximum(out, 1e-30))).sum())
                 delta /= n  # of the mean loss over the whole mini-batch; the stages above receive it scaled
             else:
                 delta = np.empty_like(out)
-                self._wait([comm.Irecv(delta, source=r + 1, tag=1000 + i)], f"stage {r} waiting for errors")
+                wait_all([comm.Irecv(delta, source=r + 1, tag=1000 + i)], self.timeout, f"stage {r} waiting for errors", comm)
                 t0 = MPI.Wtime()
             for j in range(len(self.params) - 1, -1, -1):
                 gW, gb = grads[j]
                 gW += delta.T @ layer_acts[j]
                 gb += delta.sum(axis=0)
                 if j or r:  # the error of this layer's input (the first stage's input needs none)
-                    delta = (delta @ self.params[j][0]) * _act(layer_acts[j], activation)
+                    delta = (delta @ self.params[j][0]) * _prime(layer_acts[j], activation)
             events.append((r, 1, i, t0 - start, MPI.Wtime() - start))
             if r:
                 sends.append(comm.Isend(delta, dest=r - 1, tag=1000 + i))
-        self._wait(sends, f"stage {r} finishing its sends")
+        wait_all(sends, self.timeout, f"stage {r} finishing its sends", comm)
         gathered = comm.allgather(np.array(events, dtype=float))
         self.timeline = Timeline(np.concatenate(gathered))
         return (total / n if last_stage else 0.0), grads

@@ -45,15 +45,11 @@ class PSResult:
     seconds: float = 0.0
 
 
-def _wait_all(comm, reqs, timeout, what):
-    from .collectives import _wait
-
-    _wait(reqs, timeout, what, comm)
-
-
 def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
     """Serve gradients for flat[lo:hi] until every worker has said it is done."""
     from mpi4py import MPI
+
+    from .collectives import wait_all
 
     size = comm.Get_size()
     workers = list(range(n_masters, size))
@@ -130,12 +126,14 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
             for w in ready:
                 held.remove(w)
                 send_weights(w)
-    _wait_all(comm, [r for r in sending.values() if r != MPI.REQUEST_NULL], timeout, "sending the last weights")
+    wait_all([r for r in sending.values() if r != MPI.REQUEST_NULL], timeout, "sending the last weights", comm)
     return np.array(staleness, dtype=np.int64), updates
 
 
 def _worker(comm, params, flat, bounds, x, Y, epochs, batch_size, activation, cost, seed, timeout):
     """Train on this worker's shard; exchange gradients and weights with every master each step."""
+    from .collectives import wait_all
+
     n_masters = len(bounds)
     G = np.empty_like(flat)
     grads = unflatten(G, params)
@@ -158,7 +156,7 @@ def _worker(comm, params, flat, bounds, x, Y, epochs, batch_size, activation, co
                 send[m][-1] = versions[m]
                 reqs.append(comm.Isend(send[m], dest=m, tag=GRAD))
                 reqs.append(comm.Irecv(recv[m], source=m, tag=WEIGHTS))
-            _wait_all(comm, reqs, timeout, f"worker {comm.Get_rank()} waiting for the masters' weights")
+            wait_all(reqs, timeout, f"worker {comm.Get_rank()} waiting for the masters' weights", comm)
             for m, (lo, hi) in enumerate(bounds):
                 flat[lo:hi] = recv[m][:-1]
                 versions[m] = recv[m][-1]

@@ -35,3 +35,35 @@ def digits():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EmbeddedDataWarning)
         return load_mnist(root=real_data_dir())
+
+
+def run_mpi_check(script: str, n: int, expect: str | None = None, timeout: float = 300) -> str:
+    """Run tests/mpi/<script> under the real mpiexec on n ranks; assert it ended well and printed ``expect``
+    (default "OK <n>", which the programs print from rank 0 after all their checks); return its stdout."""
+    from labkit import cluster
+
+    res = cluster.run_mpi([str(ROOT / "tests" / "mpi" / script)], n=n, timeout=timeout)
+    expect = f"OK {n}" if expect is None else expect
+    assert res.returncode == 0 and expect in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    return res.stdout
+
+
+def run_failing_mpi(tmp_path, source: str, n: int, within: float) -> str:
+    """Run ``source`` as an MPI program on n ranks that must fail: assert it ended with an error within
+    ``within`` seconds and left no process behind; return its stderr (where the failing rank's traceback is)."""
+    import subprocess
+    import time
+
+    from labkit import cluster
+
+    script = tmp_path / "failing_job.py"
+    script.write_text(source)
+    t0 = time.monotonic()
+    res = cluster.run_mpi([str(script)], n=n, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert res.returncode != 0, "the job should have failed"
+    assert elapsed < within, f"the job took {elapsed:.1f} s to end (limit {within} s)"
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left behind: {left}"
+    return res.stderr

@@ -1,12 +1,9 @@
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_mpi_check
 
-from labkit import cluster
 from labkit import compression as C
-
-HERE = Path(__file__).parent
 
 
 def grad(n=1000, seed=0, dtype=np.float32):
@@ -75,5 +72,4 @@ def test_error_feedback_sends_everything_eventually():
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_compressed_allreduce_under_mpiexec(n):
-    res = cluster.run_mpi([str(HERE / "mpi" / "check_compression.py")], n=n, timeout=300)
-    assert res.returncode == 0 and f"OK {n}" in res.stdout, res.stderr[-4000:]
+    run_mpi_check("check_compression.py", n)

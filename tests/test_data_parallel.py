@@ -1,21 +1,18 @@
 """Synchronous data parallelism under a real mpiexec, 1 to 4 ranks."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_mpi_check
 
-from labkit import cluster, mlp
+from labkit import mlp
 from labkit.data_parallel import DataParallel, flatten, unflatten
-
-HERE = Path(__file__).parent
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_data_parallel_equals_serial(n):
-    res = cluster.run_mpi([str(HERE / "mpi" / "check_data_parallel.py")], n=n, timeout=300)
-    assert res.returncode == 0 and f"OK {n}" in res.stdout, res.stderr[-4000:]
+    run_mpi_check("check_data_parallel.py", n)
 
 
 def test_flatten_roundtrip_and_extra():
@@ -69,6 +66,5 @@ def test_ring_and_mpi_allreduce_in_place():
 
 @pytest.mark.mpi
 def test_data_parallel_exercise_check_under_mpiexec():
-    res = cluster.run_mpi([str(HERE / "mpi" / "check_dp_exercise.py")], n=3, timeout=300)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
-    assert "✔ data-parallel step on 1 to 3 ranks" in res.stdout
+    out = run_mpi_check("check_dp_exercise.py", 3, expect="OK")
+    assert "✔ data-parallel step on 1 to 3 ranks" in out

@@ -1,20 +1,15 @@
 """Model and pipeline parallelism under a real mpiexec, 1 to 4 ranks."""
 
-from pathlib import Path
-
 import pytest
+from conftest import run_mpi_check
 
-from labkit import cluster
 from labkit.model_parallel import partition_layers
-
-HERE = Path(__file__).parent
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_model_parallel_equals_serial(n):
-    res = cluster.run_mpi([str(HERE / "mpi" / "check_model_parallel.py")], n=n, timeout=300)
-    assert res.returncode == 0 and f"OK {n}" in res.stdout, res.stderr[-4000:]
+    run_mpi_check("check_model_parallel.py", n)
 
 
 def test_partition_layers_balances_work():
