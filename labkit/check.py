@@ -324,3 +324,87 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
             yield lambda batch=batch: case(sub, k, batch)
 
     _collective_check(comm, ex, run)
+
+
+def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
+    """Exercise (lab 08): ``fn(comm, grad, flat, bounds, batches, timeout)``, the asynchronous worker loop.
+
+    Run as the workers of :func:`labkit.param_server.train` (labkit's masters) on 2..p ranks with 1..p-1
+    masters. With one worker nothing can be stale, so the weights must equal serial SGD over the same
+    batches and every update must have staleness 0; with several, every gradient must reach every master.
+    """
+    from mpi4py import MPI
+
+    from . import param_server
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "asynchronous worker"
+    sizes, lr, batch, epochs = [6, 5, 3], 0.1, 5, 2
+    rng = np.random.default_rng(8)
+    x, y = rng.random((23, 6)), rng.integers(0, 3, 23)
+    hints = {
+        "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
+                           "np.append(g[lo:hi], versions[m]), length hi - lo + 1; the reply has the same layout",
+        "never sent DONE": "after the last batch tell every master you are done: "
+                           "comm.Send(np.empty(0, flat.dtype), dest=m, tag=param_server.DONE)",
+        "is it receiving": "post comm.Irecv(reply, source=m, tag=param_server.WEIGHTS) for every master at every step, "
+                           "and wait for all requests before the next batch",
+        "was computed on version": "send back the version that came with the weights: the reply's last entry",
+        "unexpected message": "masters are ranks 0 .. len(bounds) - 1; gradients go there with tag param_server.GRAD",
+        "waited": "every Isend and Irecv must be matched: one gradient to and one reply from each master per batch",
+    }
+
+    def reference(seed):
+        params = mlp.init_params(sizes, seed=seed, dtype=np.float64, init="he")
+        Y = mlp.targets(y, 3, np.float64)
+        order_rng = np.random.default_rng(seed + 1000)  # the one worker's batch order
+        for _ in range(epochs):
+            order = order_rng.permutation(len(x))
+            for j in range(0, len(x), batch):
+                _, g = mlp._loss_and_grads(params, x[order[j:j + batch]], Y[order[j:j + batch]], "relu",
+                                           "cross_entropy", 0.0)
+                mlp.SGD(lr).step(params, g)
+        return params
+
+    def case(sub, k, masters):
+        workers = k - masters
+        where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
+        try:
+            res = param_server.train(sub, sizes, (x, y), masters=masters, mode="async", epochs=epochs,
+                                     batch_size=batch, lr=lr, seed=k, timeout=timeout, dtype=np.float64, worker=fn)
+        except param_server.ParameterServerError as e:
+            msg = str(e)
+            if "NotImplementedError" in msg:
+                return (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
+                        "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+            hint = next((h for key, h in hints.items() if key in msg), "")
+            return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
+        if sub.Get_rank() != 0:
+            return None
+        steps_each = [2 * -(-(hi - lo) // batch) for lo, hi in cpu_parallel.shard_bounds(len(x), workers)]
+        if res.worker_steps.tolist() != steps_each:
+            return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
+                    f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")
+        if not (res.master_updates == sum(steps_each)).all():
+            return (f"{ex} ({where}): the masters applied {res.master_updates.tolist()} updates, expected "
+                    f"{sum(steps_each)} each\nHint: send every master its slice after every batch")
+        if workers == 1:
+            want = reference(k)
+            if (res.staleness != 0).any():
+                return (f"{ex} ({where}): with one worker every gradient is computed on the newest weights, but "
+                        f"the masters saw staleness up to {res.staleness.max()}\nHint: {hints['was computed on version']}")
+            for i, ((a, b), (c, d)) in enumerate(zip(res.params, want)):
+                if not (np.allclose(a, c, rtol=1e-9, atol=1e-12) and np.allclose(b, d, rtol=1e-9, atol=1e-12)):
+                    return (f"{ex} ({where}): after {steps_each[0]} steps the weights of layer {i} differ from serial "
+                            f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: copy each reply "
+                            "into flat in place (flat[lo:hi] = reply[:-1]) before the next grad(x, Y): the gradient "
+                            "must be computed on the weights the masters sent")
+        return None
+
+    def run(sub, k):
+        for masters in range(1, k):
+            yield lambda masters=masters: case(sub, k, masters)
+
+    if comm.Get_size() < 2:
+        raise ExerciseError(f"{ex}: needs at least 2 ranks (a master and a worker); start more engines")
+    _collective_check(comm, ex, run)

@@ -45,13 +45,21 @@ class PSResult:
     seconds: float = 0.0
 
 
+class ParameterServerError(RuntimeError):
+    """A rank of a parameter-server run failed; every rank raises it, with the first cause found."""
+
+
 def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
-    """Serve gradients for flat[lo:hi] until every worker has said it is done."""
+    """Serve gradients for flat[lo:hi] until every worker has said it is done.
+
+    A message of the wrong length or with an unknown tag is drained, answered with the current weights (so its
+    worker does not wait forever) and reported when the run ends.
+    """
     from mpi4py import MPI
 
     from .collectives import wait_all
 
-    size = comm.Get_size()
+    size, me = comm.Get_size(), comm.Get_rank()
     workers = list(range(n_masters, size))
     mine = flat[lo:hi]
     version = 0
@@ -60,20 +68,24 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
     held: list[int] = []  # ssp: workers whose reply waits for the slowest to catch up
     sync_grads: dict[int, np.ndarray] = {}
     staleness: list[int] = []
+    problems: list[str] = []
     updates = 0
-    buf = np.empty(hi - lo + 1, dtype=flat.dtype)  # gradient slice, then the version it was computed on
+    n = hi - lo + 1
+    buf = np.empty(n, dtype=flat.dtype)  # gradient slice, then the version it was computed on
     # one reply buffer and request per worker: a worker sends its next gradient only after it has
     # received the previous reply, so that send is complete by the time the buffer is needed again
-    replies = {w: np.empty(hi - lo + 1, dtype=flat.dtype) for w in workers}
+    replies = {w: np.empty(n, dtype=flat.dtype) for w in workers}
     sending = {w: MPI.REQUEST_NULL for w in workers}
     status = MPI.Status()
     last_heard, idle = time.monotonic(), 1e-5
 
     def send_weights(w):
-        sending[w].Wait()
+        wait_all([sending[w]], timeout, f"master {me} sending weights to worker {w} (is it receiving them?)", comm)
         replies[w][:-1] = mine
         replies[w][-1] = version
-        sending[w] = comm.Isend(replies[w], dest=w, tag=WEIGHTS)
+        # synchronous mode: complete only once the worker has received it, so a worker that never receives
+        # its weights is found (above, at its next gradient) instead of silently training on old weights
+        sending[w] = comm.Issend(replies[w], dest=w, tag=WEIGHTS)
 
     def slowest():
         active = [clock[w] for w in workers if w not in done]
@@ -83,20 +95,34 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
         if not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             if time.monotonic() - last_heard > timeout:
                 silent = [w for w in workers if w not in done]
-                raise TimeoutError(f"master {comm.Get_rank()}: no message from workers {silent} for {timeout:g} s "
-                                   "(a worker died or stalled)")
+                raise TimeoutError(f"master {me}: no message from workers {silent} for {timeout:g} s (they sent "
+                                   f"{[clock[w] for w in silent]} gradients; a worker died, stalled, or never sent "
+                                   "DONE)")
             time.sleep(idle)  # back off while idle, so masters leave the cores to the workers
             idle = min(idle * 2, 1e-3)
             continue
         last_heard, idle = time.monotonic(), 1e-5
         src, tag = status.Get_source(), status.Get_tag()
+        count = status.Get_count(MPI.BYTE) // flat.itemsize
         if tag == DONE:
-            comm.Recv(np.empty(0, dtype=flat.dtype), source=src, tag=DONE)
+            comm.Recv(np.empty(max(count, 0), dtype=flat.dtype), source=src, tag=DONE)
             done.add(src)
-        elif tag == GRAD:
+            if src in sending and count:  # DONE with a value: the worker failed (it reports why itself)
+                sending[src] = MPI.REQUEST_NULL
+            elif src in sending:
+                try:  # a worker that is done has received its last weights (allow the acknowledgement to arrive)
+                    wait_all([sending[src]], min(timeout, 2.0), "", comm)
+                except TimeoutError:
+                    problems.append(f"master {me}: worker {src} said DONE without receiving its last weights "
+                                    "(is it receiving them?)")
+                    sending[src] = MPI.REQUEST_NULL
+        elif tag == GRAD and count == n and src in clock:
             comm.Recv(buf, source=src, tag=GRAD)
             clock[src] += 1
             used = int(buf[-1])
+            if not 0 <= used <= version:
+                problems.append(f"master {me}: worker {src} said its gradient was computed on version {used} of "
+                                f"this master's weights, but the newest is {version}")
             if mode == "sync":
                 sync_grads[src] = buf[:-1].copy()
             else:
@@ -108,8 +134,14 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
                     held.append(src)
                 else:
                     send_weights(src)
-        else:
-            raise RuntimeError(f"master {comm.Get_rank()}: unexpected message tag {tag} from rank {src}")
+        else:  # drain it, say what was wrong, and answer so that the sender does not wait forever
+            comm.Recv(np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8), source=src, tag=tag)
+            problems.append(f"master {me}: rank {src} sent {count} values with tag {tag}; expected tag GRAD={GRAD} "
+                            f"with {n} values (this master's {n - 1} gradient entries, then the version)"
+                            if tag == GRAD or src in clock else f"master {me}: unexpected message with tag {tag} from "
+                            f"rank {src}")
+            if src in clock:
+                send_weights(src)
         if mode == "sync":  # one gradient from every worker still running: average, apply, answer them all
             active = [w for w in workers if w not in done]
             if active and all(w in sync_grads for w in active):
@@ -127,52 +159,108 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
                 held.remove(w)
                 send_weights(w)
     wait_all([r for r in sending.values() if r != MPI.REQUEST_NULL], timeout, "sending the last weights", comm)
+    if problems:
+        raise ParameterServerError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
     return np.array(staleness, dtype=np.int64), updates
 
 
-def _worker(comm, params, flat, bounds, x, Y, epochs, batch_size, activation, cost, seed, timeout):
-    """Train on this worker's shard; exchange gradients and weights with every master each step."""
+def worker_loop(comm, grad, flat, bounds, batches, timeout=None) -> None:
+    """The asynchronous worker: for every batch, send each master its slice of the gradient, take fresh weights.
+
+    ``grad(x, Y)`` backprops with the current weights (``flat``, which the network's arrays are views of) and
+    returns the flat gradient; ``bounds[m] = (lo, hi)`` is master m's slice; ``batches`` yields (x, Y).
+    The message to master m is ``gradient[lo:hi]`` followed by one number, the version of that slice these
+    weights came from (0 at the start); the reply has the same layout: the new slice, then its version.
+    At the end every master is told DONE. (The reference for the lab 08 exercise.)
+    """
     from .collectives import wait_all
 
-    n_masters = len(bounds)
-    G = np.empty_like(flat)
-    grads = unflatten(G, params)
+    versions = np.zeros(len(bounds), dtype=flat.dtype)
     send = [np.empty(hi - lo + 1, dtype=flat.dtype) for lo, hi in bounds]
     recv = [np.empty(hi - lo + 1, dtype=flat.dtype) for lo, hi in bounds]
-    versions = np.zeros(n_masters)
-    rng = np.random.default_rng(seed)
-    steps, loss_sum, seen = 0, 0.0, 0
-    n = x.shape[0]
-    for _ in range(epochs):
-        order = rng.permutation(n)
-        for j in range(0, n, batch_size):
-            idx = order[j:j + batch_size]
-            value, _ = mlp._loss_and_grads(params, x[idx], Y[idx], activation, cost, 0.0, out=grads)
-            loss_sum += value * len(idx)
-            seen += len(idx)
-            reqs = []
-            for m, (lo, hi) in enumerate(bounds):
-                send[m][:-1] = G[lo:hi]
-                send[m][-1] = versions[m]
-                reqs.append(comm.Isend(send[m], dest=m, tag=GRAD))
-                reqs.append(comm.Irecv(recv[m], source=m, tag=WEIGHTS))
-            wait_all(reqs, timeout, f"worker {comm.Get_rank()} waiting for the masters' weights", comm)
-            for m, (lo, hi) in enumerate(bounds):
-                flat[lo:hi] = recv[m][:-1]
-                versions[m] = recv[m][-1]
-            steps += 1
-    for m in range(n_masters):
+    for x, Y in batches:
+        g = grad(x, Y)
+        reqs = []
+        for m, (lo, hi) in enumerate(bounds):
+            send[m][:-1] = g[lo:hi]
+            send[m][-1] = versions[m]
+            reqs.append(comm.Isend(send[m], dest=m, tag=GRAD))
+            reqs.append(comm.Irecv(recv[m], source=m, tag=WEIGHTS))
+        wait_all(reqs, timeout, f"worker {comm.Get_rank()} waiting for the masters' weights", comm)
+        for m, (lo, hi) in enumerate(bounds):
+            flat[lo:hi] = recv[m][:-1]
+            versions[m] = recv[m][-1]
+    for m in range(len(bounds)):
         comm.Send(np.empty(0, dtype=flat.dtype), dest=m, tag=DONE)
-    return steps, loss_sum / max(seen, 1)
+
+
+def _worker(comm, loop, params, flat, bounds, x, Y, epochs, batch_size, activation, cost, seed, timeout):
+    """Run ``loop`` over this worker's shard; returns (steps, mean training loss)."""
+    G = np.empty_like(flat)
+    grads = unflatten(G, params)
+    stats = {"steps": 0, "loss": 0.0, "seen": 0}
+
+    def grad(xb, Yb):
+        value, _ = mlp._loss_and_grads(params, xb, Yb, activation, cost, 0.0, out=grads)
+        stats["steps"] += 1
+        stats["loss"] += value * len(xb)
+        stats["seen"] += len(xb)
+        return G
+
+    def batches():
+        rng = np.random.default_rng(seed)
+        n = x.shape[0]
+        for _ in range(epochs):
+            order = rng.permutation(n)
+            for j in range(0, n, batch_size):
+                idx = order[j:j + batch_size]
+                yield x[idx], Y[idx]
+
+    try:
+        loop(comm, grad, flat, bounds, batches(), timeout)
+    except BaseException:
+        for m in range(len(bounds)):  # "failed": the masters finish now instead of timing out; never wait for these
+            comm.Isend(np.ones(1, dtype=flat.dtype), dest=m, tag=DONE)
+        raise
+    return stats["steps"], stats["loss"] / max(stats["seen"], 1)
+
+
+def _agree(comm, error: BaseException | None, timeout: float) -> None:
+    """Every rank says whether it failed; if any did, every rank raises the first cause (timeouts last)."""
+
+    from .collectives import wait_all
+
+    flags = np.zeros(comm.Get_size(), dtype=np.int32)
+    # a master needs up to one timeout to notice a failure; a rank that failed has a cause to report, so it
+    # gives up waiting before the healthy ones do
+    wait = (2 if error is not None else 3) * timeout + 5
+    try:
+        wait_all([comm.Iallgather(np.array([error is not None], dtype=np.int32), flags)], wait,
+                 "waiting for the other ranks to finish (one of them is stuck or gone)", comm)
+    except TimeoutError:
+        if error is not None:
+            raise error from None  # a rank is gone or stuck: say what went wrong here
+        raise
+    if not flags.any():
+        return
+    said = comm.allgather(None if error is None else f"rank {comm.Get_rank()}: {type(error).__name__}: {error}")
+    real = [s for s in said if s]
+    first = ([s for s in real if "TimeoutError" not in s] or real)[0]
+    if error is not None and f"rank {comm.Get_rank()}:" in first:
+        raise ParameterServerError(first) from error
+    raise ParameterServerError(first)
 
 
 def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs: int = 1, batch_size: int = 32,
           lr: float = 0.05, staleness_bound: int = 2, activation: str = "relu", cost: str = "cross_entropy",
-          seed: int = 0, timeout: float = 120.0, dtype=np.float32) -> PSResult:
+          seed: int = 0, timeout: float = 120.0, dtype=np.float32, worker=None) -> PSResult:
     """Train ``sizes`` on ``train_data = (x, y)`` with a parameter server; every rank calls this.
 
     ``masters`` ranks serve, the others work (at least one of each). One epoch is one pass of every
     worker over its own shard of the data, so all workers together see the data once per epoch.
+    ``worker`` replaces :func:`worker_loop` (same signature): the lab 08 exercise plugs in here.
+    If any rank fails (a worker stalls, a message is malformed), every rank raises :class:`ParameterServerError`
+    naming the first cause; a rank that is gone or stuck makes the others raise within about 3 ``timeout``.
     """
     from mpi4py import MPI
 
@@ -185,23 +273,29 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
         raise ValueError(f"staleness_bound must be >= 0, got {staleness_bound}")
     n_workers = size - masters
     params = mlp.init_params(sizes, seed=seed, dtype=dtype, init="he" if activation == "relu" else "scaled")
+    x, y = train_data
+    mlp.check_batch(params, x[:1], y[:1])  # on every rank, before any message
     flat = flatten(params)
     params = unflatten(flat, params)  # the network's arrays are now views into one flat vector
     bounds = shard_bounds(flat.size, masters)
+    comm = comm.Dup()  # this run's messages never mix with the caller's, even if a failed run leaves some behind
     t0 = time.perf_counter()
     staleness, updates, steps, wloss = np.zeros(0, np.int64), 0, 0, 0.0
-    if rank < masters:
-        lo, hi = bounds[rank]
-        staleness, updates = _master(comm, flat, lo, hi, masters, mode, staleness_bound, lr, timeout)
-    else:
-        w = rank - masters
-        x, y = train_data
-        mlp.check_batch(params, x[:1], y[:1])
-        lo, hi = shard_bounds(len(x), n_workers)[w]
-        xs = np.asarray(x[lo:hi], dtype=dtype)
-        Ys = mlp.targets(np.asarray(y[lo:hi]), sizes[-1], dtype)
-        steps, wloss = _worker(comm, params, flat, bounds, xs, Ys, epochs, batch_size, activation, cost,
-                               seed + 1000 + w, timeout)
+    error = None
+    try:
+        if rank < masters:
+            lo, hi = bounds[rank]
+            staleness, updates = _master(comm, flat, lo, hi, masters, mode, staleness_bound, lr, timeout)
+        else:
+            w = rank - masters
+            lo, hi = shard_bounds(len(x), n_workers)[w]
+            xs = np.asarray(x[lo:hi], dtype=dtype)
+            Ys = mlp.targets(np.asarray(y[lo:hi]), sizes[-1], dtype)
+            steps, wloss = _worker(comm, worker or worker_loop, params, flat, bounds, xs, Ys, epochs, batch_size,
+                                   activation, cost, seed + 1000 + w, timeout)
+    except Exception as e:  # noqa: BLE001 - every failure is reported on every rank below
+        error = e
+    _agree(comm, error, timeout)
     seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     # collect on rank 0: the masters' slices, every master's staleness record and load, the workers' steps
     from .collectives import gather
@@ -212,6 +306,7 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
     loads = gather(comm, np.array([updates] if rank < masters else [], dtype=np.int64), root=0)
     wsteps = gather(comm, np.array([steps] if rank >= masters else [], dtype=np.int64), root=0)
     wl = gather(comm, np.array([wloss] if rank >= masters else [], dtype=np.float64), root=0)
+    comm.Free()
     if rank != 0:
         return PSResult(None, seconds=seconds)
     return PSResult(unflatten(whole, params), stale, loads, wsteps, wl, seconds)

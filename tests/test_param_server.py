@@ -26,3 +26,8 @@ def test_stalled_worker_times_out(tmp_path):
         "param_server.train(c, [6, 5, 3], (x, np.arange(40) % 3), masters=1, epochs=1, batch_size=5, timeout=3)\n"),
         n=3, within=20)
     assert "TimeoutError" in err and "no message from workers [2]" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_async_worker_exercise_check(n):
+    run_mpi_check("check_ps_exercise.py", n)

@@ -68,7 +68,31 @@ if size >= 3:
                     assert res.staleness.max() <= (2 * bound + 1) * (workers - 1), (what, res.staleness.max())
                 assert all(np.isfinite(W).all() for W, _ in res.params), what
 
-# 3. bad arguments are refused on every rank, before any message
+# 3. a worker that fails mid-run: every rank raises the worker's error, promptly (no timeout is waited out)
+if size >= 2:
+    def failing(comm, grad, flat, bounds, batches, timeout):
+        for step, batch in enumerate(batches):
+            if step == 3 and comm.Get_rank() == size - 1:
+                raise ValueError("boom in the last worker")
+            g = grad(*batch)
+            reqs = []
+            for m, (lo, hi) in enumerate(bounds):
+                reqs.append(comm.Isend(np.append(g[lo:hi], 0).astype(flat.dtype), dest=m, tag=param_server.GRAD))
+                reply = np.empty(hi - lo + 1, dtype=flat.dtype)
+                reqs.append(comm.Irecv(reply, source=m, tag=param_server.WEIGHTS))
+            MPI.Request.Waitall(reqs)
+        for m in range(len(bounds)):
+            comm.Send(np.empty(0, dtype=flat.dtype), dest=m, tag=param_server.DONE)
+
+    t0 = MPI.Wtime()
+    try:
+        param_server.train(comm, sizes, (x, y), masters=1, epochs=2, batch_size=5, worker=failing, timeout=20)
+        raise AssertionError("no error from a failing worker")
+    except param_server.ParameterServerError as e:
+        assert "boom in the last worker" in str(e) and f"rank {size - 1}" in str(e), str(e)
+    assert MPI.Wtime() - t0 < 10, MPI.Wtime() - t0
+
+# 4. bad arguments are refused on every rank, before any message
 for kwargs, match in (({"masters": 0}, "at least one master"), ({"masters": size}, "at least one master"),
                       ({"mode": "gossip"}, "mode must be")):
     try:
