@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -184,3 +185,25 @@ def _in_ipython() -> bool:
     except ImportError:
         return False
     return get_ipython() is not None
+
+
+@contextlib.contextmanager
+def first_ranks(comm, k: int):
+    """A communicator of the first ``k`` ranks of ``comm`` (``None`` on the others), freed afterwards.
+
+    Every rank of ``comm`` must enter it (the split is collective)::
+
+        with first_ranks(comm, 2) as sub:
+            if sub:
+                ...  # runs on ranks 0 and 1
+    """
+    from mpi4py import MPI
+
+    if not 1 <= k <= comm.Get_size():
+        raise ValueError(f"k must be between 1 and the {comm.Get_size()} ranks, got {k}")
+    sub = comm.Split(0 if comm.Get_rank() < k else MPI.UNDEFINED, comm.Get_rank())
+    try:
+        yield sub if sub != MPI.COMM_NULL else None
+    finally:
+        if sub != MPI.COMM_NULL:
+            sub.Free()

@@ -122,18 +122,39 @@ def sparse_allreduce(comm, indices: np.ndarray, values: np.ndarray, size: int) -
     return out
 
 
+class _SparsifyWithResidual:
+    """Adapts ``f(g, residual, ratio) -> (indices, values, residual)`` to a compressor, keeping the residual."""
+
+    def __init__(self, f: Callable, ratio: float):
+        self.f, self.ratio, self.residual = f, ratio, None
+
+    def __call__(self, g: np.ndarray) -> Compressed:
+        g = _flat(g)
+        if self.residual is None or self.residual.shape != g.shape:
+            self.residual = np.zeros_like(g)
+        idx, values, residual = self.f(g, self.residual, self.ratio)
+        idx, values = np.asarray(idx), np.asarray(values)
+        if idx.shape != values.shape or idx.ndim != 1 or np.shape(residual) != g.shape:
+            raise ValueError(f"the sparsifier must return 1-D indices and values of one length and a residual of shape "
+                             f"{g.shape}; got {idx.shape}, {values.shape} and {np.shape(residual)}")
+        self.residual = np.asarray(residual, dtype=g.dtype)
+        return Compressed("sparse", g.size, g.dtype, {"indices": idx.astype(np.int32), "values": values.astype(g.dtype)})
+
+
 class CompressedAllreduce:
     """``f(comm, x, op=SUM) -> sum over ranks of decompress(compress(x))``, for DataParallel(allreduce=f).
 
     ``method``: "float16", "int8", "topk" (with ``ratio``) or "threshold" (with ``tau``).
     ``error_feedback`` keeps each rank's dropped part and adds it to its next gradient.
+    ``sparsify``, a function ``(g, residual, ratio) -> (indices, values, new residual)`` (the lab 09 exercise),
+    replaces top-k and error feedback; its residual is kept between steps.
     :attr:`bytes_sent` and :attr:`bytes_dense` count what this rank sent and would have sent uncompressed.
     """
 
     METHODS = ("float16", "int8", "topk", "threshold")
 
     def __init__(self, method: str = "topk", ratio: float = 0.01, tau: float = 1e-3, error_feedback: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, sparsify: Callable | None = None):
         if method not in self.METHODS:
             raise ValueError(f"method must be one of {self.METHODS}, got {method!r}")
         rng = np.random.default_rng(seed)
@@ -141,6 +162,8 @@ class CompressedAllreduce:
                     "topk": lambda g: top_k(g, ratio), "threshold": lambda g: threshold(g, tau)}[method]
         self.method, self.ratio, self.tau = method, ratio, tau
         self._compress = ErrorFeedback(compress) if error_feedback else compress
+        if sparsify is not None:
+            self.method, self._compress = "topk", _SparsifyWithResidual(sparsify, ratio)
         self.bytes_sent = self.bytes_dense = 0
         self.__name__ = f"compressed_{method}"
 

@@ -208,3 +208,65 @@ def plot_cost_model(nbytes, measured: Mapping[str, Sequence[float]], predicted: 
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None, fmt: str = "{:.3g}",
+              line: float | None = None, line_label: str | None = None):
+    """Horizontal bars of any measured value (accuracy, bytes...), each labelled; ``line`` marks a reference."""
+    plt = _plt()
+    names = list(values)
+    vals = np.array([values[k] for k in names], dtype=float)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
+    ax.barh(names, vals, color=colours(names))
+    ax.invert_yaxis()
+    for i, v in enumerate(vals):
+        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=9)
+    if line is not None:
+        ax.axvline(line, color="grey", ls="--", lw=1)
+        if line_label:
+            ax.text(line, len(names) - 0.5, f" {line_label}", color="grey", fontsize=8, va="bottom")
+    ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.3), title=title or "")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "staleness of the applied updates"):
+    """One histogram per run of how many updates old each applied gradient was (0 = computed on the newest)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    series = {k: np.asarray(v, dtype=int) for k, v in staleness.items()}
+    top = max((int(s.max()) for s in series.values() if s.size), default=0)
+    width = 0.8 / max(len(series), 1)
+    for i, ((name, s), c) in enumerate(zip(series.items(), colours(series))):
+        counts = np.bincount(s, minlength=top + 1) / max(s.size, 1)
+        ax.bar(np.arange(top + 1) + (i - (len(series) - 1) / 2) * width, counts, width, color=c,
+               label=f"{name} (mean {s.mean():.1f}, max {s.max()})" if s.size else name)
+    ax.set(xlabel="staleness (updates applied since the weights were read)", ylabel="fraction of updates", title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timeline(events, title: str = "pipeline schedule", stage_names: Sequence[str] | None = None):
+    """A Gantt chart of (rank, kind 0=forward 1=backward, micro-batch, start s, end s) rows, one lane per rank;
+    white space is the bubble."""
+    plt = _plt()
+    ev = np.asarray(events, dtype=float).reshape(-1, 5)
+    ranks = sorted({int(r) for r in ev[:, 0]})
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(ranks) + 1.6))
+    kinds = {0: ("forward", "#1f77b4"), 1: ("backward", "#ff7f0e")}
+    for r, kind, mb, t0, t1 in ev:
+        ax.barh(int(r), (t1 - t0) * 1e3, left=t0 * 1e3, color=kinds[int(kind)][1], edgecolor="white", height=0.7)
+        if (t1 - t0) > 0.04 * (ev[:, 4].max() - ev[:, 3].min()):
+            ax.text((t0 + t1) / 2 * 1e3, int(r), str(int(mb)), ha="center", va="center", color="white", fontsize=8)
+    for name, c in kinds.values():
+        ax.barh([], [], color=c, label=name)
+    ax.set_yticks(ranks, stage_names or [f"stage {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set(xlabel="time (ms)", title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -104,3 +104,36 @@ def test_accumulate_check_wrong_loss():
 def test_exercise_error_is_assertion():
     assert issubclass(ExerciseError, AssertionError)
     np.testing.assert_equal(True, True)
+
+
+def _topk(g, residual, ratio, by=np.abs, use_residual=True, reset=True, k_of=None):
+    c = g + residual if use_residual else g.copy()
+    k = k_of(g.size, ratio) if k_of else min(g.size, max(1, int(np.ceil(ratio * g.size))))
+    idx = np.argpartition(by(c), g.size - k)[g.size - k:] if k else np.zeros(0, dtype=int)
+    left = (g + residual).copy()
+    if reset:
+        left[idx] = 0
+    return idx, c[idx], left
+
+
+def test_topk_feedback_check_passes_reference(capsys):
+    check.topk_feedback(_topk)
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"by": lambda c: c}, "by magnitude"),
+    ({"use_residual": False}, r"g \+ residual"),
+    ({"reset": False}, "with the sent entries set to 0"),
+    ({"k_of": lambda n, r: int(r * n)}, "at least one entry"),
+])
+def test_topk_feedback_check_names_the_mistake(kw, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.topk_feedback(lambda g, res, ratio: _topk(g, res, ratio, **kw))
+
+
+def test_topk_feedback_check_not_written():
+    def stub(g, residual, ratio):
+        raise NotImplementedError
+    with pytest.raises(ExerciseError, match="not written yet"):
+        check.topk_feedback(stub)
