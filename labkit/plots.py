@@ -144,6 +144,10 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
         ax.plot(x, y, "o-", color=c, label=name)
     if hline is not None:
         ax.axhline(hline, color="grey", lw=1, ls="--")
+    if not logx and all(float(v).is_integer() for v in x):  # counts (ranks, workers): no 1.25 ticks
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
     if logx:
         ax.set_xscale("log")
@@ -224,7 +228,7 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
     if line is not None:
         ax.axvline(line, color="grey", ls="--", lw=1)
         if line_label:
-            ax.text(line, len(names) - 0.5, f" {line_label}", color="grey", fontsize=8, va="bottom")
+            ax.text(line, -0.55, f" {line_label}", color="grey", fontsize=8, va="bottom")
     ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.3), title=title or "")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -261,12 +265,30 @@ def plot_timeline(events, title: str = "pipeline schedule", stage_names: Sequenc
         ax.barh(int(r), (t1 - t0) * 1e3, left=t0 * 1e3, color=kinds[int(kind)][1], edgecolor="white", height=0.7)
         if (t1 - t0) > 0.04 * (ev[:, 4].max() - ev[:, 3].min()):
             ax.text((t0 + t1) / 2 * 1e3, int(r), str(int(mb)), ha="center", va="center", color="white", fontsize=8)
-    for name, c in kinds.values():
-        ax.barh([], [], color=c, label=name)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=name) for name, c in kinds.values()], fontsize=8, loc="lower right")
     ax.set_yticks(ranks, stage_names or [f"stage {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set(xlabel="time (ms)", title=title)
-    ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tradeoff(points: Mapping[str, tuple[float, float]], xlabel: str, ylabel: str, logx: bool = False,
+                  title: str | None = None, hline: float | None = None):
+    """One labelled point per method: what it costs (x) against what it gives (y), e.g. bytes against accuracy."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (name, (x, y)), c in zip(points.items(), colours(points)):
+        ax.plot([x], [y], "o", color=c, ms=8, label=name)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=1, ls="--")
+    if logx:
+        ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
+    ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
