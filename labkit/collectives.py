@@ -392,6 +392,67 @@ def mpi_allreduce(comm, x, op=MPI.SUM, check: bool = False, timeout: float | Non
     return out
 
 
+class SharedMemoryAllreduce:
+    """Allreduce (sum) for ranks on one machine through an MPI-3 shared-memory window: no messages, no copies.
+
+    The window holds one slot per rank plus a result row. Each rank writes its contribution straight into its
+    slot (:attr:`mine`), then :meth:`reduce` sums column block ``rank`` of all slots into the result row, and
+    after a barrier every rank reads the whole sum from :attr:`result` (a view: it stays valid until the next
+    :meth:`reduce`). Two barriers per call; the adds are shared among the ranks like a ring's reduce-scatter,
+    and the allgather is free because everyone reads the same memory. Collective: construct, reduce and
+    :meth:`free` on every rank of ``comm``.
+    """
+
+    def __init__(self, comm, n: int, dtype=np.float32, timeout: float | None = None):
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        same_node = node.Get_size() == comm.Get_size()
+        if not all(comm.allgather(same_node)):
+            node.Free()
+            raise ValueError("the shared-memory allreduce needs every rank on one machine; "
+                             "use allreduce='ring' or 'mpi' across machines")
+        self.comm, self.timeout = node, timeout
+        self.p, self.rank = node.Get_size(), node.Get_rank()
+        self.dtype, self.n = np.dtype(dtype), int(n)
+        nbytes = (self.p + 1) * self.n * self.dtype.itemsize
+        self.win = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, self.dtype.itemsize, comm=node)
+        buf, _ = self.win.Shared_query(0)
+        table = np.ndarray(buffer=buf, dtype=self.dtype, shape=(self.p + 1, self.n))
+        self.slots, self.result = table[:self.p], table[self.p]
+        self.mine = self.slots[self.rank]
+        self.block = shard_bounds(self.n, self.p)[self.rank]
+        self.win.Lock_all()  # one passive-target epoch for the window's life; Sync() orders the loads and stores
+
+    def _barrier(self, what: str) -> None:
+        self.win.Sync()
+        if self.timeout is None:
+            self.comm.Barrier()
+        else:
+            wait_all([self.comm.Ibarrier()], self.timeout, what, self.comm)
+        self.win.Sync()
+
+    def reduce(self) -> np.ndarray:
+        """Sum every rank's :attr:`mine` into :attr:`result` (returned)."""
+        self._barrier("shared-memory allreduce, waiting for every rank's contribution")
+        lo, hi = self.block
+        out = self.result[lo:hi]
+        if self.p == 1:
+            out[:] = self.slots[0, lo:hi]
+        else:
+            np.add(self.slots[0, lo:hi], self.slots[1, lo:hi], out=out)
+            for r in range(2, self.p):
+                out += self.slots[r, lo:hi]
+        self._barrier("shared-memory allreduce, waiting for every rank's part of the sum")
+        return self.result
+
+    def free(self) -> None:
+        """Release the window (collective)."""
+        if self.win is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+            self.comm.Free()
+            self.win = None
+
+
 ALLREDUCES = {
     "naive": naive_allreduce,
     "reduce_broadcast": reduce_broadcast_allreduce,

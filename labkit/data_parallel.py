@@ -43,15 +43,18 @@ def unflatten(vec: np.ndarray, like: mlp.Params) -> mlp.Params:
     return out
 
 
-def _allreduce_fn(allreduce) -> Callable:
+def _allreduce_fn(allreduce) -> Callable | None:
     from . import collectives
 
     if callable(allreduce):
         return allreduce
+    if allreduce == "shm":
+        return None  # DataParallel keeps a SharedMemoryAllreduce for its buffer
     if allreduce == "nccl":
         raise ValueError("allreduce='nccl' needs CuPy arrays on GPUs; the NumPy path uses 'ring' or 'mpi'")
     if allreduce not in collectives.ALLREDUCES:
-        raise ValueError(f"allreduce must be one of {', '.join(collectives.ALLREDUCES)} or a function, got {allreduce!r}")
+        raise ValueError(f"allreduce must be one of {', '.join(collectives.ALLREDUCES)}, shm or a function, "
+                         f"got {allreduce!r}")
     return collectives.ALLREDUCES[allreduce]
 
 
@@ -59,8 +62,10 @@ class DataParallel:
     """A drop-in for :func:`labkit.mlp.loss_and_grads` that splits each batch over the ranks of ``comm``.
 
     ``allreduce`` is ``"ring"`` (labkit's), ``"mpi"`` (the library's), another name from
-    ``labkit.collectives.ALLREDUCES``, or any function ``f(comm, x, op) -> summed array``
-    (a compressed allreduce, say). Every rank must call it with the same batch.
+    ``labkit.collectives.ALLREDUCES``, ``"shm"`` (ranks on one machine: every rank backprops straight into
+    an MPI shared-memory window and the sum is read from it, :class:`labkit.collectives.SharedMemoryAllreduce`;
+    call :meth:`close` when done), or any function ``f(comm, x, op) -> summed array`` (a compressed allreduce,
+    say). Every rank must call it with the same batch.
     """
 
     def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None):
@@ -70,10 +75,20 @@ class DataParallel:
         self._builtin = isinstance(allreduce, str)
         if not self._builtin and not fused:
             raise ValueError("a custom allreduce needs fused=True (one buffer, so compression state stays per buffer)")
+        if allreduce == "shm" and not fused:
+            raise ValueError("allreduce='shm' works on one fused buffer: use fused=True")
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
         self.steps = 0
         self._key = self._flat = self._views = None
+        self._shm = self._sum_views = None
+
+    def close(self) -> None:
+        """Free the shared-memory window of ``allreduce="shm"`` (collective; nothing to do otherwise)."""
+        if self._shm is not None:
+            self._shm.free()
+            self._shm = None
+            self._key = None
 
     def __repr__(self) -> str:
         return (f"DataParallel(ranks={self.comm.Get_size()}, allreduce={self.allreduce_name!r}, "
@@ -96,13 +111,22 @@ class DataParallel:
         key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype)
         if key != self._key:
             size = sum(W.size + b.size for W, b in params)
-            self._flat = np.empty(size + 1, dtype=params[0][0].dtype)
+            if self.allreduce_name == "shm":
+                from .collectives import SharedMemoryAllreduce
+
+                self.close()
+                self._shm = SharedMemoryAllreduce(self.comm, size + 1, params[0][0].dtype, self.timeout)
+                self._flat = self._shm.mine  # backprop writes straight into shared memory
+                self._sum_views = unflatten(self._shm.result[:-1], params)
+            else:
+                self._flat = np.empty(size + 1, dtype=params[0][0].dtype)
             self._views = unflatten(self._flat[:-1], params)
             self._key = key
         return self._flat, self._views
 
     def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
-        """(mean loss, mean gradients) of the global batch; the gradients are views into a buffer reused next step."""
+        """(mean loss, mean gradients) of the global batch; the gradients are views into a buffer reused next step
+        (with ``"shm"``, one buffer shared by all ranks: read it, do not change it)."""
         Y = mlp.check_batch(params, x, y)
         n = x.shape[0]
         lo, hi = shard_bounds(n, self.comm.Get_size())[self.comm.Get_rank()]
@@ -113,7 +137,12 @@ class DataParallel:
         else:
             flat[:] = 0
         t1 = time.perf_counter()
-        if self.fused and self._builtin:
+        if self._shm is not None:
+            if l2 and self.comm.Get_rank() == 0:  # the shared sum must not be changed afterwards: add l2 W once, here
+                for (gW, _), (W, _) in zip(grads, params):
+                    gW += l2 * W
+            flat, grads = self._shm.reduce(), self._sum_views  # the sum, read where every rank can see it
+        elif self.fused and self._builtin:
             self._sum_inplace(flat)
         elif self.fused:  # a custom (e.g. compressed) allreduce gets the gradients only; the loss is summed exactly
             self._sum_inplace(flat[:-1])
@@ -129,7 +158,8 @@ class DataParallel:
         self.steps += 1
         value = float(flat[-1])
         if l2:
-            for (gW, _), (W, _) in zip(grads, params):
-                gW += l2 * W
+            if self._shm is None:
+                for (gW, _), (W, _) in zip(grads, params):
+                    gW += l2 * W
             value += mlp.l2_penalty(params, l2)
         return value, grads

@@ -15,8 +15,8 @@ x = rng.random((61, 20))
 y = rng.integers(0, 5, 61)
 
 for batch in (20, 7, 3):  # 3 < 4 ranks: some ranks get no samples
-    for allreduce in ("ring", "mpi", "recursive_doubling"):
-        for fused in (True, False):
+    for allreduce in ("ring", "mpi", "recursive_doubling", "shm"):
+        for fused in (True, False) if allreduce != "shm" else (True,):
             serial = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
             h1 = mlp.train(serial, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=0.9, l2=1e-3,
                            activation="relu", cost="cross_entropy", progress=False)
@@ -32,6 +32,27 @@ for batch in (20, 7, 3):  # 3 < 4 ranks: some ranks get no samples
             assert dp.steps == 2 * -(-61 // batch) and dp.comm_seconds > 0 or comm.Get_size() == 1
             everyone = comm.allgather(flatten(dist).tobytes())
             assert all(e == everyone[0] for e in everyone), f"{what}: ranks disagree"
+            dp.close()
+
+# the shared-memory allreduce on its own: sizes smaller than, equal to and larger than the rank count, two dtypes
+from labkit.collectives import SharedMemoryAllreduce  # noqa: E402
+
+p, r = comm.Get_size(), comm.Get_rank()
+for n in (1, p, 2 * p + 1, 10_007):
+    for dtype in (np.float32, np.float64):
+        shm = SharedMemoryAllreduce(comm, n, dtype, timeout=30)
+        for step in range(3):  # reused: every call sees the new contributions
+            mine = np.random.default_rng(100 * step + r).standard_normal(n).astype(dtype)
+            shm.mine[:] = mine
+            want = np.empty_like(mine)
+            comm.Allreduce(mine, want)
+            np.testing.assert_allclose(shm.reduce(), want, rtol=1e-5, atol=1e-5, err_msg=f"shm n={n} {dtype}")
+        shm.free()
+try:
+    DataParallel(comm, allreduce="shm", fused=False)
+    raise AssertionError("expected a ValueError")
+except ValueError as e:
+    assert "fused=True" in str(e)
 
 g = mlp.init_params([4, 3, 2], dtype=np.float32)
 assert all(np.array_equal(a, b) for (a, c), (b, d) in zip(unflatten(flatten(g), g), g))
