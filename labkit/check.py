@@ -23,12 +23,17 @@ def _passed(exercise: str, n: int) -> None:
     print(f"✔ {exercise}: all {n} checks passed")
 
 
+def _not_written(exercise: str) -> str:
+    """The message for a function that still raises NotImplementedError."""
+    return (f"{exercise}: not written yet (the function raises NotImplementedError)\nHint: replace the "
+            "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+
+
 def _call(exercise: str, fn, *args):
     try:
         return fn(*args)
     except NotImplementedError:
-        _fail(exercise, "not written yet (the function raises NotImplementedError)",
-              "replace the `raise NotImplementedError` line with your code, run the cell, then run this check again")
+        raise ExerciseError(_not_written(exercise)) from None
     except ExerciseError:
         raise
     except Exception as e:
@@ -158,33 +163,26 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
     _collective_check(comm, ex, run)
 
 
-def _first_cause(errors) -> str | None:
-    """The error to report: a rank that timed out usually waited for one that failed, so report the failure."""
-    real = [e for e in errors if e]
-    causes = [e for e in real if "TimeoutError" not in e]
-    return (causes or real or [None])[0]
-
-
 def _collective_check(comm, ex: str, cases) -> None:
     """Run ``cases(sub, k)`` (a generator of case functions returning an error string or None) on
     sub-communicators of the first k = 1..p ranks. Ranks agree after every case, so nobody starts a case
     the others skipped; on failure every rank raises (rank 0 with the message)."""
-    from mpi4py import MPI
+    from .cluster import first_ranks
+    from .collectives import first_cause
 
     p, rank = comm.Get_size(), comm.Get_rank()
     n_checks, error = 0, None
     for k in range(1, p + 1):
-        sub = comm.Split(0 if rank < k else MPI.UNDEFINED, rank)
-        if sub != MPI.COMM_NULL:
-            for case in cases(sub, k):
-                if error is None:
-                    error = case()
-                n_checks += 1
-                error = _first_cause(sub.allgather(error))
-                if error:
-                    break
-            sub.Free()
-        error = _first_cause(comm.allgather(error))
+        with first_ranks(comm, k) as sub:
+            if sub:
+                for case in cases(sub, k):
+                    if error is None:
+                        error = case()
+                    n_checks += 1
+                    error = first_cause(sub.allgather(error))
+                    if error:
+                        break
+        error = first_cause(comm.allgather(error))
         if error:
             if rank == 0:
                 raise ExerciseError(error)
@@ -211,8 +209,7 @@ def _ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     try:
         got = fn(tc, x, op)
     except NotImplementedError:
-        return (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
-                "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+        return _not_written(ex)
     except TimeoutError as e:
         return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
     except MPI.Exception as e:
@@ -288,8 +285,7 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
         try:
             got = fn(TrafficComm(work, timeout=timeout), params, x, Y)
         except NotImplementedError:
-            error = (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
-                     "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+            error = _not_written(ex)
         except Exception as e:
             hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
                     "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
@@ -357,13 +353,9 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
     def reference(seed):
         params = mlp.init_params(sizes, seed=seed, dtype=np.float64, init="he")
         Y = mlp.targets(y, 3, np.float64)
-        order_rng = np.random.default_rng(seed + 1000)  # the one worker's batch order
-        for _ in range(epochs):
-            order = order_rng.permutation(len(x))
-            for j in range(0, len(x), batch):
-                _, g = mlp._loss_and_grads(params, x[order[j:j + batch]], Y[order[j:j + batch]], "relu",
-                                           "cross_entropy", 0.0)
-                mlp.SGD(lr).step(params, g)
+        for xb, Yb in param_server.worker_batches(x, Y, epochs, batch, param_server.worker_seed(seed, 0)):
+            _, g = mlp._loss_and_grads(params, xb, Yb, "relu", "cross_entropy", 0.0)
+            mlp.SGD(lr).step(params, g)
         return params
 
     def case(sub, k, masters):
@@ -375,13 +367,12 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
         except param_server.ParameterServerError as e:
             msg = str(e)
             if "NotImplementedError" in msg:
-                return (f"{ex}: not written yet (the function raises NotImplementedError)\nHint: replace the "
-                        "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+                return _not_written(ex)
             hint = next((h for key, h in hints.items() if key in msg), "")
             return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
         if sub.Get_rank() != 0:
             return None
-        steps_each = [2 * -(-(hi - lo) // batch) for lo, hi in cpu_parallel.shard_bounds(len(x), workers)]
+        steps_each = [epochs * -(-(hi - lo) // batch) for lo, hi in cpu_parallel.shard_bounds(len(x), workers)]
         if res.worker_steps.tolist() != steps_each:
             return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
                     f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")

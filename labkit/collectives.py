@@ -120,6 +120,14 @@ def wait_all(reqs: list, timeout: float | None, what: str, comm) -> None:
         time.sleep(1e-5)
 
 
+def first_cause(errors) -> str | None:
+    """Of the error messages several ranks report (None where a rank is fine), the one to show: a rank that timed
+    out usually waited for one that failed, so a failure comes before a timeout."""
+    real = [e for e in errors if e]
+    causes = [e for e in real if "TimeoutError" not in e]
+    return (causes or real or [None])[0]
+
+
 def _sendrecv(comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int, timeout, what: str) -> None:
     reqs = [comm.Irecv(recv, source=source, tag=TAG), comm.Isend(send, dest=dest, tag=TAG)]
     wait_all(reqs, timeout, what, comm)

@@ -136,12 +136,12 @@ def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
                     send_weights(src)
         else:  # drain it, say what was wrong, and answer so that the sender does not wait forever
             comm.Recv(np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8), source=src, tag=tag)
-            problems.append(f"master {me}: rank {src} sent {count} values with tag {tag}; expected tag GRAD={GRAD} "
-                            f"with {n} values (this master's {n - 1} gradient entries, then the version)"
-                            if tag == GRAD or src in clock else f"master {me}: unexpected message with tag {tag} from "
-                            f"rank {src}")
             if src in clock:
+                problems.append(f"master {me}: rank {src} sent {count} values with tag {tag}; expected tag GRAD={GRAD} "
+                                f"with {n} values (this master's {n - 1} gradient entries, then the version)")
                 send_weights(src)
+            else:
+                problems.append(f"master {me}: unexpected message with tag {tag} from rank {src}")
         if mode == "sync":  # one gradient from every worker still running: average, apply, answer them all
             active = [w for w in workers if w not in done]
             if active and all(w in sync_grads for w in active):
@@ -194,6 +194,22 @@ def worker_loop(comm, grad, flat, bounds, batches, timeout=None) -> None:
         comm.Send(np.empty(0, dtype=flat.dtype), dest=m, tag=DONE)
 
 
+def worker_seed(seed: int, w: int) -> int:
+    """The seed of worker ``w``'s batch order in a run started with ``seed``."""
+    return seed + 1000 + w
+
+
+def worker_batches(x, Y, epochs: int, batch_size: int, seed: int):
+    """The (x, Y) batches one worker trains on: its shard reshuffled every epoch."""
+    rng = np.random.default_rng(seed)
+    n = x.shape[0]
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for j in range(0, n, batch_size):
+            idx = order[j:j + batch_size]
+            yield x[idx], Y[idx]
+
+
 def _worker(comm, loop, params, flat, bounds, x, Y, epochs, batch_size, activation, cost, seed, timeout):
     """Run ``loop`` over this worker's shard; returns (steps, mean training loss)."""
     G = np.empty_like(flat)
@@ -207,17 +223,8 @@ def _worker(comm, loop, params, flat, bounds, x, Y, epochs, batch_size, activati
         stats["seen"] += len(xb)
         return G
 
-    def batches():
-        rng = np.random.default_rng(seed)
-        n = x.shape[0]
-        for _ in range(epochs):
-            order = rng.permutation(n)
-            for j in range(0, n, batch_size):
-                idx = order[j:j + batch_size]
-                yield x[idx], Y[idx]
-
     try:
-        loop(comm, grad, flat, bounds, batches(), timeout)
+        loop(comm, grad, flat, bounds, worker_batches(x, Y, epochs, batch_size, seed), timeout)
     except BaseException:
         for m in range(len(bounds)):  # "failed": the masters finish now instead of timing out; never wait for these
             comm.Isend(np.ones(1, dtype=flat.dtype), dest=m, tag=DONE)
@@ -227,8 +234,7 @@ def _worker(comm, loop, params, flat, bounds, x, Y, epochs, batch_size, activati
 
 def _agree(comm, error: BaseException | None, timeout: float) -> None:
     """Every rank says whether it failed; if any did, every rank raises the first cause (timeouts last)."""
-
-    from .collectives import wait_all
+    from .collectives import first_cause, wait_all
 
     flags = np.zeros(comm.Get_size(), dtype=np.int32)
     # a master needs up to one timeout to notice a failure; a rank that failed has a cause to report, so it
@@ -244,8 +250,7 @@ def _agree(comm, error: BaseException | None, timeout: float) -> None:
     if not flags.any():
         return
     said = comm.allgather(None if error is None else f"rank {comm.Get_rank()}: {type(error).__name__}: {error}")
-    real = [s for s in said if s]
-    first = ([s for s in real if "TimeoutError" not in s] or real)[0]
+    first = first_cause(said)
     if error is not None and f"rank {comm.Get_rank()}:" in first:
         raise ParameterServerError(first) from error
     raise ParameterServerError(first)
@@ -292,7 +297,7 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
             xs = np.asarray(x[lo:hi], dtype=dtype)
             Ys = mlp.targets(np.asarray(y[lo:hi]), sizes[-1], dtype)
             steps, wloss = _worker(comm, worker or worker_loop, params, flat, bounds, xs, Ys, epochs, batch_size,
-                                   activation, cost, seed + 1000 + w, timeout)
+                                   activation, cost, worker_seed(seed, w), timeout)
     except Exception as e:  # noqa: BLE001 - every failure is reported on every rank below
         error = e
     _agree(comm, error, timeout)

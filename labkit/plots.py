@@ -95,20 +95,9 @@ def plot_history(histories: Mapping[str, object], title: str | None = None):
 
 def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s", baseline: str | None = None):
     """Horizontal bars of times, each labelled with its value and its speedup over ``baseline``."""
-    plt = _plt()
-    names = list(times)
-    vals = np.array([times[k] for k in names], dtype=float)
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
-    ax.barh(names, vals, color=colours(names))
-    ax.invert_yaxis()
     base = times.get(baseline) if baseline else None
-    for i, v in enumerate(vals):
-        label = f" {v:.3g} {unit}" + (f"  ({base / v:.1f}x)" if base else "")
-        ax.text(v, i, label, va="center", fontsize=9)
-    ax.set(xlabel=f"{title} ({unit})", xlim=(0, vals.max() * 1.35))
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    labels = [f"{v:.3g} {unit}" + (f"  ({base / v:.1f}x)" if base else "") for v in times.values()]
+    return plot_bars(times, xlabel=f"{title} ({unit})", labels=labels)
 
 
 def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xlabel: str = "workers",
@@ -215,21 +204,22 @@ def plot_cost_model(nbytes, measured: Mapping[str, Sequence[float]], predicted: 
 
 
 def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None, fmt: str = "{:.3g}",
-              line: float | None = None, line_label: str | None = None):
-    """Horizontal bars of any measured value (accuracy, bytes...), each labelled; ``line`` marks a reference."""
+              line: float | None = None, line_label: str | None = None, labels: Sequence[str] | None = None):
+    """Horizontal bars of any measured value (accuracy, bytes...), each labelled (``fmt``, or ``labels``);
+    ``line`` marks a reference."""
     plt = _plt()
     names = list(values)
     vals = np.array([values[k] for k in names], dtype=float)
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
     ax.barh(names, vals, color=colours(names))
     ax.invert_yaxis()
-    for i, v in enumerate(vals):
-        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=9)
+    for i, (v, label) in enumerate(zip(vals, labels or [fmt.format(v) for v in vals])):
+        ax.text(v, i, " " + label, va="center", fontsize=9)
     if line is not None:
         ax.axvline(line, color="grey", ls="--", lw=1)
         if line_label:
             ax.text(line, -0.55, f" {line_label}", color="grey", fontsize=8, va="bottom")
-    ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.3), title=title or "")
+    ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.35), title=title or "")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
