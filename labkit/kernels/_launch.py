@@ -1,0 +1,58 @@
+"""What every launcher checks before it launches: back end, device, dtype, contiguity and shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .loader import backend
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def array_module_for(which: str):
+    if which == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def require(a, name: str, *, ndim: int | None = None, dtype=np.float32, shape: tuple | None = None, which: str,
+            writeable: bool = False):
+    """Check one array argument; raise TypeError/ValueError naming ``name`` and the problem."""
+    is_cupy = type(a).__module__.startswith("cupy")
+    if which == "cupy" and not is_cupy:
+        if isinstance(a, np.ndarray):
+            raise TypeError(f"{name} is a NumPy array, but the kernels run on the GPU (back end 'cupy'): pass cupy.asarray({name}), "
+                            "or set LABKIT_DEVICE=cpu to use the CPU emulator")
+        raise TypeError(f"{name} must be a CuPy array, got {type(a).__name__}")
+    if which == "emulator" and not isinstance(a, np.ndarray):
+        if is_cupy:
+            raise TypeError(f"{name} is a CuPy array, but the kernels run on the CPU emulator: pass {name}.get()")
+        raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
+    if dtype is not None and a.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} has dtype {a.dtype}; the kernel takes {np.dtype(dtype)}: convert it with .astype(np.{np.dtype(dtype)})")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous (a slice or a transpose?): pass an ascontiguousarray copy")
+    if writeable and isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise ValueError(f"{name} is read-only, but the kernel writes it")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(a.shape)})")
+    return a
+
+
+def output(out, name: str, shape: tuple, which: str, dtype=np.float32):
+    """``out`` checked (the right shape, dtype and device), or a new array when it is None."""
+    if out is None:
+        return array_module_for(which).empty(shape, dtype=dtype)
+    return require(out, name, shape=shape, dtype=dtype, which=which, writeable=True)
+
+
+def resolve(which: str | None) -> str:
+    return which or backend()

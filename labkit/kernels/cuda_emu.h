@@ -1,0 +1,647 @@
+// labkit's CPU emulator for CUDA C: force-included (g++ -include) before an unchanged .cu file.
+//
+// How a launch runs:
+//  * blocks are handed out to a few OS threads (one per core), so blocks run in parallel;
+//  * the threads of one block run on that OS thread, one after the other. A kernel that calls
+//    __syncthreads() runs each CUDA thread as a fiber (its own small stack): at the barrier a fiber
+//    switches back to the block's scheduler, which resumes the next one; when every thread of the
+//    block waits at the barrier, all go on. __shared__ is `static thread_local`, so all fibers of a
+//    block see the same shared memory and different blocks (on different OS threads) do not.
+//  * a kernel without __syncthreads() runs each thread as a plain function call (no fibers).
+//  * checked mode (LABKIT_EMU_CHECKED, set by the loader, which also rewrites pointer parameters and
+//    __shared__ arrays into the checked types below) stops at the first out-of-bounds access and
+//    names the kernel, block, thread and source line.
+// The loader (labkit/kernels/emulator.py) appends the extern "C" launch entry points.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if !defined(__x86_64__) || defined(LABKIT_EMU_UCONTEXT)
+#define LABKIT_EMU_USE_UCONTEXT 1
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
+#include <ucontext.h>
+#endif
+
+// ---- CUDA keywords ------------------------------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __constant__
+#define __shared__ static thread_local
+#define __syncthreads() ::labkit::syncthreads(__LINE__)
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct float2 { float x, y; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct int2 { int x, y; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+
+// The built-in indices: per OS thread, set by the scheduler before it runs (or resumes) a CUDA thread.
+static thread_local uint3 threadIdx;
+static thread_local uint3 blockIdx;
+static thread_local dim3 blockDim;
+static thread_local dim3 gridDim;
+static constexpr int warpSize = 32;
+
+// ---- maths ---------------------------------------------------------------------------------------
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline unsigned int min(int a, unsigned int b) { return min((unsigned int)a, b); }
+inline unsigned int max(int a, unsigned int b) { return max((unsigned int)a, b); }
+inline unsigned int min(unsigned int a, int b) { return min(a, (unsigned int)b); }
+inline unsigned int max(unsigned int a, int b) { return max(a, (unsigned int)b); }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+inline int __float2int_rz(float x) { return (int)x; }
+inline float __int2float_rn(int x) { return (float)x; }
+inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
+template <class T> inline T __ldg(const T* p) { return *p; }
+
+// ---- atomics (real ones: blocks run on different OS threads) -------------------------------------
+
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+// GCC's __atomic_fetch_add takes no floating point: a compare-exchange loop on the bits does it.
+template <class F, class I> inline F labkit_atomic_float_add(F* p, F v) {
+    static_assert(sizeof(F) == sizeof(I), "size");
+    I* ip = reinterpret_cast<I*>(p);
+    I old = __atomic_load_n(ip, __ATOMIC_RELAXED);
+    for (;;) {
+        F f; std::memcpy(&f, &old, sizeof f);
+        F g = f + v; I want; std::memcpy(&want, &g, sizeof want);
+        if (__atomic_compare_exchange_n(ip, &old, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return f;
+    }
+}
+inline float atomicAdd(float* p, float v) { return labkit_atomic_float_add<float, uint32_t>(p, v); }
+inline double atomicAdd(double* p, double v) { return labkit_atomic_float_add<double, uint64_t>(p, v); }
+inline int atomicSub(int* p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+inline float atomicExch(float* p, float v) {
+    uint32_t w; std::memcpy(&w, &v, 4);
+    uint32_t o = __atomic_exchange_n(reinterpret_cast<uint32_t*>(p), w, __ATOMIC_RELAXED);
+    float f; std::memcpy(&f, &o, 4); return f;
+}
+inline int atomicCAS(int* p, int cmp, int v) {
+    __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp;
+}
+inline unsigned int atomicCAS(unsigned int* p, unsigned int cmp, unsigned int v) {
+    __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp;
+}
+inline int atomicMax(int* p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+inline int atomicMin(int* p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+
+// ---- the runtime ---------------------------------------------------------------------------------
+
+namespace labkit {
+
+// The launch request, filled in by ctypes (labkit/kernels/emulator.py mirrors this layout).
+struct LaunchArgs {
+    unsigned int grid[3];
+    unsigned int block[3];
+    void** args;              // args[i] points at argument i's value (a pointer's value is the data address)
+    const uint64_t* nbytes;   // for pointer arguments: the size of the array behind it
+    int nargs;
+    int nworkers;             // OS threads to spread blocks over
+    uint64_t dyn_shared;      // bytes of `extern __shared__` memory per block
+    double timeout_s;         // checked mode: give up after this long (an endless loop?)
+    char* err;                // the first error's message goes here
+    uint64_t errlen;
+};
+
+struct Fault {};  // thrown after the message is recorded; caught where the CUDA thread began
+
+enum FiberState { READY = 0, AT_BARRIER = 1, DONE = 2, FAULTED = 3 };
+
+struct Fiber {
+    void* sp = nullptr;
+#ifdef LABKIT_EMU_USE_UCONTEXT
+    ucontext_t ctx;
+#endif
+    int state = READY;
+    int line = 0;
+};
+
+struct Launch;
+
+// What the OS thread running a block knows.
+struct Worker {
+    Launch* launch = nullptr;
+    Fiber* fibers = nullptr;
+    int nthreads = 0;
+    int current = 0;
+    void* sched_sp = nullptr;
+#ifdef LABKIT_EMU_USE_UCONTEXT
+    ucontext_t sched_ctx;
+#endif
+    bool fibered = false;
+    char* dyn_shared = nullptr;
+    uint64_t countdown = 0;
+};
+
+static thread_local Worker* t_worker = nullptr;
+
+// Checked mode: the loader rewrites `A[i]` into `A[::labkit::at(__LINE__, i)]` for pointer parameters
+// and __shared__ arrays, so that a bad index can be reported with the line it was written on.
+static thread_local int t_line = 0;
+template <class I> inline I at(int line, I i) { t_line = line; return i; }
+
+struct Launch {
+    const char* kernel;
+    const LaunchArgs* L;
+    void (*invoke)(void*);
+    void* closure;
+    bool fibered;
+    std::atomic<uint64_t> next_block{0};
+    std::atomic<bool> failed{false};
+    std::mutex err_mutex;
+    std::chrono::steady_clock::time_point start;
+};
+
+inline void where(char* buf, size_t n) {
+    Worker* w = t_worker;
+    std::snprintf(buf, n, "kernel '%s', block (%u,%u,%u), thread (%u,%u,%u)", w && w->launch ? w->launch->kernel : "?",
+                  blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+}
+
+// Record the first error of a launch (later ones are dropped).
+inline void record(const char* msg) {
+    Worker* w = t_worker;
+    if (!w || !w->launch) { std::fprintf(stderr, "labkit emulator: %s\n", msg); std::abort(); }
+    Launch* l = w->launch;
+    std::lock_guard<std::mutex> g(l->err_mutex);
+    if (!l->failed.load()) {
+        std::snprintf(l->L->err, l->L->errlen, "%s", msg);
+        l->failed.store(true);
+    }
+}
+
+[[noreturn]] inline void fault(int line, const char* fmt, ...) {
+    char where_[160], what[400], msg[640];
+    where(where_, sizeof where_);
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (line > 0) std::snprintf(msg, sizeof msg, "%s, line %d: %s", where_, line, what);
+    else std::snprintf(msg, sizeof msg, "%s: %s", where_, what);
+    record(msg);
+    throw Fault{};
+}
+
+// Checked mode calls this on every checked access: now and then, look at the clock.
+inline void tick(int line) {
+    Worker* w = t_worker;
+    if (++w->countdown % 65536 == 0) {
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w->launch->start).count();
+        if (w->launch->L->timeout_s > 0 && s > w->launch->L->timeout_s)
+            fault(line, "still running after %.0f s (an endless loop?); stopped", s);
+        if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};  // another block failed
+    }
+}
+
+// A pointer parameter in checked mode: it knows the array it points into.
+template <class T> struct cptr {
+    T* p = nullptr;
+    T* base = nullptr;
+    long long n = 0;  // elements in the array
+    const char* name = "?";
+    cptr() = default;
+    cptr(T* p_, T* base_, long long n_, const char* name_) : p(p_), base(base_), n(n_), name(name_) {}
+    T* check(long long i, int line) const {
+        tick(line);
+        long long k = (p - base) + i;
+        if (p == nullptr) fault(line, "'%s' is a null pointer", name);
+        if (k < 0 || k >= n)
+            fault(line, "out-of-bounds access %s[%lld]: '%s' has %lld elements", name, k, name, n);
+        return p + i;
+    }
+    T& operator[](long long i) const { return *check(i, t_line); }
+    T& operator*() const { return *check(0, 0); }
+    T* operator->() const { return check(0, 0); }
+    cptr operator+(long long i) const { return cptr(p + i, base, n, name); }
+    cptr operator-(long long i) const { return cptr(p - i, base, n, name); }
+    long long operator-(const cptr& o) const { return p - o.p; }
+    cptr& operator+=(long long i) { p += i; return *this; }
+    cptr& operator-=(long long i) { p -= i; return *this; }
+    cptr& operator++() { ++p; return *this; }
+    cptr operator++(int) { cptr c = *this; ++p; return c; }
+    operator T*() const { return p; }  // handing it to a __device__ function that takes T* (unchecked there)
+};
+
+// A __shared__ array in checked mode: indices are checked against its extents.
+template <class T, long long... D> struct sarr;
+template <class T, long long N> struct sarr<T, N> {
+    T d[N];
+    T& operator[](long long i) {
+        tick(t_line);
+        if (i < 0 || i >= N) fault(t_line, "__shared__ array index %lld out of range [0, %lld)", i, N);
+        return d[i];
+    }
+    operator T*() { return d; }
+};
+template <class T, long long N, long long M, long long... R> struct sarr<T, N, M, R...> {
+    sarr<T, M, R...> d[N];
+    sarr<T, M, R...>& operator[](long long i) {
+        if (i < 0 || i >= N) fault(t_line, "__shared__ array index %lld out of range [0, %lld)", i, N);
+        return d[i];
+    }
+};
+
+// ---- fibers --------------------------------------------------------------------------------------
+
+#ifndef LABKIT_EMU_USE_UCONTEXT
+// x86-64 System V: save the callee-saved registers and the FP control words on the old stack,
+// switch stacks, restore from the new one. A new fiber's stack is laid out as if it had switched
+// away just before labkit_fiber_start, which calls rbx(r12).
+extern "C" void labkit_ctx_switch(void** save_sp, void* new_sp);
+extern "C" void labkit_fiber_start();
+asm(R"(
+    .text
+    .p2align 4
+    .globl labkit_ctx_switch
+    .hidden labkit_ctx_switch
+labkit_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .globl labkit_fiber_start
+    .hidden labkit_fiber_start
+labkit_fiber_start:
+    movq %r12, %rdi
+    callq *%rbx
+    ud2
+)");
+#endif
+
+void fiber_main(void*);
+
+// Fiber stacks, kept between launches (mapping and protecting them costs more than a small kernel).
+struct StackPool {
+    std::mutex m;
+    std::vector<std::pair<char*, size_t>> free_;
+    static size_t stack_size() {
+        static size_t s = [] {
+            const char* e = std::getenv("LABKIT_EMU_STACK_KB");
+            long kb = e ? std::atol(e) : 64;
+            return (size_t)(kb < 16 ? 16 : kb) * 1024;
+        }();
+        return s;
+    }
+    // A region holding n stacks, each with a guard page below it (an overflow faults instead of
+    // silently writing into the neighbour's stack).
+    std::pair<char*, size_t> get(int n) {
+        size_t need = (size_t)n * (stack_size() + 4096);
+        {
+            std::lock_guard<std::mutex> g(m);
+            for (size_t i = 0; i < free_.size(); i++)
+                if (free_[i].second >= need) { auto r = free_[i]; free_.erase(free_.begin() + i); return r; }
+        }
+        void* p = mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return {nullptr, 0};
+        for (int i = 0; i < n; i++) mprotect((char*)p + (size_t)i * (stack_size() + 4096), 4096, PROT_NONE);
+        return {(char*)p, need};
+    }
+    void put(std::pair<char*, size_t> r) { std::lock_guard<std::mutex> g(m); free_.push_back(r); }
+};
+static StackPool stack_pool;
+
+inline void set_thread(Worker*, int i) {
+    unsigned bx = blockDim.x, by = blockDim.y;
+    threadIdx.x = i % bx;
+    threadIdx.y = (i / bx) % by;
+    threadIdx.z = i / (bx * by);
+}
+
+inline void switch_to_scheduler(Worker* w) {
+    Fiber& f = w->fibers[w->current];
+#ifdef LABKIT_EMU_USE_UCONTEXT
+    swapcontext(&f.ctx, &w->sched_ctx);
+#else
+    labkit_ctx_switch(&f.sp, w->sched_sp);
+#endif
+}
+
+inline void syncthreads(int line) {
+    Worker* w = t_worker;
+#ifdef LABKIT_EMU_CHECKED
+    tick(line);
+#endif
+    if (!w->fibered) {
+        record("internal error: __syncthreads() in a kernel run without fibers");
+        throw Fault{};
+    }
+    Fiber& f = w->fibers[w->current];
+    f.state = AT_BARRIER;
+    f.line = line;
+    switch_to_scheduler(w);
+    if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};
+}
+
+inline void fiber_main(void*) {
+    Worker* w = t_worker;
+    Launch* l = w->launch;
+    int state = DONE;
+    try {
+        l->invoke(l->closure);
+    } catch (const Fault&) {
+        state = FAULTED;
+    } catch (...) {
+        char where_[160], msg[256];
+        where(where_, sizeof where_);
+        std::snprintf(msg, sizeof msg, "%s: a C++ exception escaped the kernel", where_);
+        record(msg);
+        state = FAULTED;
+    }
+    w->fibers[w->current].state = state;
+    switch_to_scheduler(w);
+    std::abort();  // never resumed
+}
+
+#ifdef LABKIT_EMU_USE_UCONTEXT
+inline void fiber_trampoline() { fiber_main(nullptr); }
+#endif
+
+// Run every thread of the current block as fibers, round by round between barriers.
+inline void run_block_fibered(Worker* w, char* stacks) {
+    const int n = w->nthreads;
+    const size_t ss = StackPool::stack_size();
+    for (int i = 0; i < n; i++) {
+        Fiber& f = w->fibers[i];
+        f.state = READY;
+        f.line = 0;
+        char* lo = stacks + (size_t)i * (ss + 4096) + 4096;
+#ifdef LABKIT_EMU_USE_UCONTEXT
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = lo;
+        f.ctx.uc_stack.ss_size = ss;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, (void (*)())fiber_trampoline, 0);
+#else
+        uintptr_t top = ((uintptr_t)(lo + ss)) & ~(uintptr_t)15;
+        uint64_t* sp = (uint64_t*)top - 8;
+        uint32_t csr[2];
+        asm volatile("stmxcsr %0" : "=m"(csr[0]));
+        asm volatile("fnstcw %0" : "=m"(csr[1]));
+        std::memcpy(&sp[0], csr, 8);
+        sp[1] = 0;                              // r15
+        sp[2] = 0;                              // r14
+        sp[3] = 0;                              // r13
+        sp[4] = 0;                              // r12: fiber_main's argument
+        sp[5] = (uint64_t)(void*)&fiber_main;   // rbx: called by labkit_fiber_start
+        sp[6] = 0;                              // rbp
+        sp[7] = (uint64_t)(void*)&labkit_fiber_start;
+        f.sp = sp;
+#endif
+    }
+    for (;;) {
+        int waiting = 0, done = 0, first_wait = -1, first_done = -1;
+        for (int i = 0; i < n; i++) {
+            Fiber& f = w->fibers[i];
+            if (f.state == READY) {
+                w->current = i;
+                set_thread(w, i);
+#ifdef LABKIT_EMU_USE_UCONTEXT
+                swapcontext(&w->sched_ctx, &f.ctx);
+#else
+                labkit_ctx_switch(&w->sched_sp, f.sp);
+#endif
+                if (f.state == FAULTED) return;
+            }
+            if (f.state == AT_BARRIER) { waiting++; if (first_wait < 0) first_wait = i; }
+            else if (f.state == DONE) { done++; if (first_done < 0) first_done = i; }
+        }
+        if (done == n) return;
+        if (w->launch->failed.load()) return;
+        // Some threads wait at a barrier that others have left the kernel without reaching:
+        // on a GPU this is undefined (it may hang); here it is reported.
+        if (done > 0) {
+            set_thread(w, first_done);
+            uint3 gone = threadIdx;
+            set_thread(w, first_wait);
+            char where_[160], msg[480];
+            where(where_, sizeof where_);
+            std::snprintf(msg, sizeof msg,
+                          "%s waits at __syncthreads() (line %d), but %d of the block's %d threads returned without "
+                          "reaching it, thread (%u,%u,%u) first. Every thread of a block must reach every "
+                          "__syncthreads(): move early returns after the last barrier, or guard the work instead.",
+                          where_, w->fibers[first_wait].line, done, n, gone.x, gone.y, gone.z);
+            record(msg);
+            return;
+        }
+#ifdef LABKIT_EMU_CHECKED
+        for (int i = 0; i < n; i++) {
+            if (w->fibers[i].line != w->fibers[first_wait].line) {
+                set_thread(w, i);
+                char where_[160], msg[400];
+                where(where_, sizeof where_);
+                std::snprintf(msg, sizeof msg,
+                              "%s waits at the __syncthreads() on line %d while thread 0 of its block waits at the one "
+                              "on line %d: threads of a block must meet at the same barrier",
+                              where_, w->fibers[i].line, w->fibers[first_wait].line);
+                record(msg);
+                return;
+            }
+        }
+#endif
+        for (int i = 0; i < n; i++) w->fibers[i].state = READY;
+    }
+}
+
+inline void run_block_plain(Worker* w) {
+    const int n = w->nthreads;
+    Launch* l = w->launch;
+    try {
+        for (int i = 0; i < n; i++) {
+            w->current = i;
+            set_thread(w, i);
+            l->invoke(l->closure);
+        }
+    } catch (const Fault&) {
+    }
+}
+
+inline void worker_loop(Launch* l) {
+    const LaunchArgs* L = l->L;
+    Worker w;
+    w.launch = l;
+    w.fibered = l->fibered;
+    w.nthreads = (int)(L->block[0] * L->block[1] * L->block[2]);
+    t_worker = &w;
+    blockDim = dim3(L->block[0], L->block[1], L->block[2]);
+    gridDim = dim3(L->grid[0], L->grid[1], L->grid[2]);
+    std::vector<char> dyn(L->dyn_shared + 16);
+    w.dyn_shared = (char*)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
+    std::vector<Fiber> fibers;
+    std::pair<char*, size_t> stacks{nullptr, 0};
+    if (w.fibered) {
+        fibers.resize(w.nthreads);
+        w.fibers = fibers.data();
+        stacks = stack_pool.get(w.nthreads);
+        if (!stacks.first) {
+            record("could not map memory for the fiber stacks");
+            t_worker = nullptr;
+            return;
+        }
+    }
+    const uint64_t nblocks = (uint64_t)L->grid[0] * L->grid[1] * L->grid[2];
+    for (;;) {
+        uint64_t b = l->next_block.fetch_add(1);
+        if (b >= nblocks || l->failed.load(std::memory_order_relaxed)) break;
+        blockIdx.x = (unsigned)(b % L->grid[0]);
+        blockIdx.y = (unsigned)((b / L->grid[0]) % L->grid[1]);
+        blockIdx.z = (unsigned)(b / ((uint64_t)L->grid[0] * L->grid[1]));
+        if (w.fibered) run_block_fibered(&w, stacks.first);
+        else run_block_plain(&w);
+    }
+    if (stacks.first) stack_pool.put(stacks);
+    t_worker = nullptr;
+}
+
+inline int run(const char* kernel, const LaunchArgs* L, void (*invoke)(void*), void* closure, bool fibered) {
+    Launch l;
+    l.kernel = kernel;
+    l.L = L;
+    l.invoke = invoke;
+    l.closure = closure;
+    l.fibered = fibered;
+    l.start = std::chrono::steady_clock::now();
+    const uint64_t nblocks = (uint64_t)L->grid[0] * L->grid[1] * L->grid[2];
+    int nw = (int)std::min<uint64_t>(nblocks, (uint64_t)std::max(1, L->nworkers));
+    if (nw <= 1) {
+        worker_loop(&l);
+    } else {
+        std::vector<std::thread> ts;
+        for (int i = 0; i < nw; i++) ts.emplace_back(worker_loop, &l);
+        for (auto& t : ts) t.join();
+    }
+    return l.failed.load() ? 1 : 0;
+}
+
+// `extern __shared__ T name[];` becomes a pointer to this block's dynamic shared memory.
+template <class T> inline T* dynamic_shared() { return reinterpret_cast<T*>(t_worker->dyn_shared); }
+template <class T> inline cptr<T> dynamic_shared_checked(const char* name) {
+    T* p = dynamic_shared<T>();
+    return cptr<T>(p, p, (long long)(t_worker->launch->L->dyn_shared / sizeof(T)), name);
+}
+
+// ---- turning the launch request into the kernel's arguments ---------------------------------------
+
+template <class T> struct arg_of {
+    static T get(void* p, uint64_t, const char*) { T v; std::memcpy(&v, p, sizeof(T)); return v; }
+};
+template <class T> struct arg_of<T*> {
+    static T* get(void* p, uint64_t, const char*) { return *static_cast<T**>(p); }
+};
+template <class T> struct arg_of<cptr<T>> {
+    static cptr<T> get(void* p, uint64_t nbytes, const char* name) {
+        T* d = *static_cast<T**>(p);
+        return cptr<T>(d, d, (long long)(nbytes / sizeof(T)), name);
+    }
+};
+
+template <class... A, size_t... I>
+std::tuple<std::decay_t<A>...> unpack(const LaunchArgs* L, const char* const* names, std::index_sequence<I...>) {
+    return std::tuple<std::decay_t<A>...>(arg_of<std::decay_t<A>>::get(L->args[I], L->nbytes[I], names[I])...);
+}
+
+template <class... A> struct Closure {
+    void (*fn)(A...);
+    std::tuple<std::decay_t<A>...> vals;
+};
+
+template <class... A> void invoke_closure(void* p) {
+    auto* c = static_cast<Closure<A...>*>(p);
+    std::apply(c->fn, c->vals);
+}
+
+template <class... A>
+int launch(const char* kernel, void (*fn)(A...), const char* const* names, const LaunchArgs* L, bool fibered) {
+    if (L->nargs != (int)sizeof...(A)) {
+        std::snprintf(L->err, L->errlen, "kernel '%s' takes %d arguments, got %d", kernel, (int)sizeof...(A), L->nargs);
+        return 1;
+    }
+    Closure<A...> c{fn, unpack<A...>(L, names, std::index_sequence_for<A...>{})};
+    return run(kernel, L, &invoke_closure<A...>, &c, fibered);
+}
+
+}  // namespace labkit

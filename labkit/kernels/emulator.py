@@ -1,0 +1,298 @@
+"""The CPU emulator: the unchanged .cu compiled by the host C++ compiler against cuda_emu.h, run through ctypes.
+
+A module is compiled once per (source, mode, options, compiler) and kept in a cache directory
+($LABKIT_CACHE, else ~/.cache/labkit), so a second run, or a second process, only loads it.
+Blocks spread over ``$LABKIT_EMU_THREADS`` OS threads (default: the cores this process may use).
+
+Checked mode rewrites two things before compiling, keeping every line where it was so compiler
+messages and run-time reports point at the student's own line numbers:
+``const float* A`` in a kernel's parameters becomes ``labkit::cptr<const float> A`` (a pointer that
+knows the array behind it), and ``__shared__ float t[16][17]`` becomes ``labkit::sarr<float, 16, 17>``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .source import (
+    KernelCompileError,
+    KernelDecl,
+    UnsupportedFeature,
+    brace_depth_at,
+    find_constants,
+    find_kernels,
+    line_of,
+    strip_comments,
+    unsupported,
+)
+
+HEADER = Path(__file__).with_name("cuda_emu.h")
+_ERRLEN = 2048
+
+
+class EmulatorUnavailable(RuntimeError):
+    """No C++ compiler: the emulator cannot build kernels."""
+
+
+class LaunchArgs(ctypes.Structure):
+    """Mirror of labkit::LaunchArgs in cuda_emu.h."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("args", ctypes.POINTER(ctypes.c_void_p)),
+        ("nbytes", ctypes.POINTER(ctypes.c_uint64)),
+        ("nargs", ctypes.c_int),
+        ("nworkers", ctypes.c_int),
+        ("dyn_shared", ctypes.c_uint64),
+        ("timeout_s", ctypes.c_double),
+        ("err", ctypes.c_char_p),
+        ("errlen", ctypes.c_uint64),
+    ]
+
+
+@functools.cache
+def compiler() -> tuple[str, str]:
+    """(path, version line) of the host C++ compiler: $CXX, else c++, g++ or clang++."""
+    for name in [os.environ.get("CXX"), "c++", "g++", "clang++"]:
+        if name and shutil.which(name):
+            path = shutil.which(name)
+            try:
+                version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            return path, version.splitlines()[0] if version else "?"
+    raise EmulatorUnavailable(
+        "the CPU emulator needs a C++ compiler and none was found ($CXX, c++, g++, clang++). "
+        "Install one (Debian/Ubuntu: apt install g++; macOS: xcode-select --install; Windows: use WSL), "
+        "or run on a machine with a CUDA GPU and CuPy."
+    )
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LABKIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "labkit")
+    d = Path(root) / "emulator"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def workers() -> int:
+    """OS threads per launch: $LABKIT_EMU_THREADS, else the cores this process may run on."""
+    env = os.environ.get("LABKIT_EMU_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+# -- rewriting -------------------------------------------------------------------------------------
+
+
+def _rewrite_dynamic_shared(clean: str, checked: bool) -> str:
+    """`extern __shared__ T name[];` -> a pointer to the block's dynamic shared memory (same line)."""
+    def repl(m):
+        if brace_depth_at(clean, m.start()) == 0:
+            raise UnsupportedFeature(f"line {line_of(clean, m.start())}: `extern __shared__` at file scope is not supported "
+                                     "by the CPU emulator; declare it inside the kernel")
+        t, name = " ".join(m.group(1).split()), m.group(2)
+        if checked:
+            return f'::labkit::cptr<{t}> {name} = ::labkit::dynamic_shared_checked<{t}>("{name}");'
+        return f"{t}* {name} = ::labkit::dynamic_shared<{t}>();"
+    return re.sub(r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w\s]+?)\s+(\w+)\s*\[\s*\]\s*;", repl, clean)
+
+
+def _rewrite_shared_arrays(clean: str) -> str:
+    """`__shared__ T name[A][B];` -> `__shared__ ::labkit::sarr<T, (A), (B)> name;` (checked mode)."""
+    def repl(m):
+        dims = re.findall(r"\[([^\]]+)\]", m.group(3))
+        return f"__shared__ ::labkit::sarr<{' '.join(m.group(1).split())}, {', '.join(f'({d})' for d in dims)}> {m.group(2)};"
+    return re.sub(r"__shared__\s+((?:unsigned\s+|signed\s+)?\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", repl, clean)
+
+
+def _rewrite_params(clean: str, kernels: list[KernelDecl]) -> str:
+    """Pointer parameters of every kernel -> labkit::cptr<T> (checked mode). Works from the end backwards."""
+    out = clean
+    for k in sorted(kernels, key=lambda k: -k.params_span[0]):
+        if k.template:
+            continue
+        a, b = k.params_span
+        new = []
+        for p in k.params:
+            if p.pointer and p.ctype != "?":
+                new.append(f"::labkit::cptr<{'const ' if p.const else ''}{p.ctype}> {p.name}")
+            else:
+                new.append(p.text)
+        text = ", ".join(new)
+        text += "\n" * (out[a:b].count("\n") - text.count("\n"))  # keep the lines after it where they were
+        out = out[:a] + text + out[b:]
+    return out
+
+
+def _rewrite_subscripts(text: str, names: set[str]) -> str:
+    """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line."""
+    if not names:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\s*\[")
+    for m in reversed(list(pattern.finditer(text))):
+        open_pos = m.end() - 1
+        depth = 0
+        for close in range(open_pos, len(text)):
+            depth += {"[": 1, "]": -1}.get(text[close], 0)
+            if depth == 0:
+                break
+        inner = text[open_pos + 1:close]
+        if not inner.strip() or depth != 0:
+            continue
+        text = text[:open_pos + 1] + f"::labkit::at(__LINE__, {inner})" + text[close:]
+    return text
+
+
+def _glue(kernels: list[KernelDecl], constants: list[str], fibered: bool) -> str:
+    lines = ["", "// ---- labkit emulator entry points (generated) ----"]
+    for k in kernels:
+        if k.template:
+            continue
+        names = ", ".join(f'"{p.name}"' for p in k.params)
+        lines.append(f"static const char* const labkit_names_{k.name}[] = {{{names}{', ' if names else ''}nullptr}};")
+        lines.append(f'extern "C" int labkit_launch_{k.name}(const ::labkit::LaunchArgs* L) '
+                     f'{{ return ::labkit::launch("{k.name}", &{k.name}, labkit_names_{k.name}, L, {str(fibered).lower()}); }}')
+    for c in constants:
+        lines.append(f'extern "C" void* labkit_constant_{c}(unsigned long long* size) '
+                     f'{{ *size = sizeof({c}); return (void*)&{c}; }}')
+    return "\n".join(lines) + "\n"
+
+
+def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[KernelDecl], list[str], bool]:
+    """(C++ text to compile, kernels, constants, fibered) for one .cu source."""
+    clean = strip_comments(source)
+    problems = unsupported(clean)
+    if problems:
+        raise UnsupportedFeature(f"{filename}: " + "; ".join(problems))
+    kernels = find_kernels(clean)
+    constants = find_constants(clean)
+    fibered = checked or "__syncthreads" in clean
+    text = _rewrite_dynamic_shared(clean, checked)
+    if checked:
+        shared = set(re.findall(r"__shared__\s+(?:unsigned\s+|signed\s+)?\w+\s+(\w+)\s*\[", text))
+        shared |= set(re.findall(r"dynamic_shared_checked<[^>]*>\(\"(\w+)\"\)", text))
+        text = _rewrite_shared_arrays(text)
+        kernels = find_kernels(text)
+        pointers = {p.name for k in kernels for p in k.params if p.pointer and p.ctype != "?"}
+        text = _rewrite_params(text, kernels)
+        text = _rewrite_subscripts(text, pointers | shared)
+    text = f'#line 1 "{filename}"\n' + text + _glue(kernels, constants, fibered)
+    return text, kernels, constants, fibered
+
+
+# -- compiling and loading -------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def _flags(checked: bool, options: tuple[str, ...]) -> list[str]:
+    flags = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w"]
+    if checked:
+        flags.append("-DLABKIT_EMU_CHECKED=1")
+    if os.environ.get("LABKIT_EMU_UCONTEXT"):
+        flags.append("-DLABKIT_EMU_UCONTEXT=1")
+    return flags + list(options)
+
+
+def build(text: str, filename: str, checked: bool, options: tuple[str, ...]) -> ctypes.CDLL:
+    """Compile (or find in the cache) and load one prepared module."""
+    cxx, version = compiler()
+    flags = _flags(checked, options)
+    key = hashlib.sha256("\0".join([text, HEADER.read_text(), cxx, version, *flags]).encode()).hexdigest()[:24]
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        d = cache_dir()
+        so = d / f"{Path(filename).stem}-{key}.so"
+        if not so.exists():
+            with tempfile.TemporaryDirectory(dir=d) as tmp:
+                src = Path(tmp) / (Path(filename).stem + ".cpp")
+                src.write_text(text)
+                out = Path(tmp) / "module.so"
+                cmd = [cxx, *flags, "-include", str(HEADER), str(src), "-o", str(out)]
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise KernelCompileError(f"{filename} did not compile for the CPU emulator:\n{_trim(r.stderr)}")
+                os.replace(out, so)  # atomic: another process compiling the same module is harmless
+        lib = ctypes.CDLL(str(so))
+        _loaded[key] = lib
+        return lib
+
+
+def _trim(stderr: str, limit: int = 40) -> str:
+    """The compiler's errors, without the notes about the emulator header that only confuse."""
+    keep = [ln for ln in stderr.splitlines() if "error" in ln or not ln.startswith(str(HEADER))]
+    errors = [ln for ln in keep if "error" in ln]
+    body = "\n".join((errors or keep)[:limit])
+    return body
+
+
+class KernelError(RuntimeError):
+    """A kernel stopped with an error: out-of-bounds access, barrier divergence, time limit."""
+
+
+class EmulatorModule:
+    """A compiled module: ``get_function(name)`` gives a launchable kernel."""
+
+    def __init__(self, source: str, filename: str = "kernel.cu", checked: bool = False, options: tuple[str, ...] = ()):
+        self.filename = filename
+        self.checked = checked
+        text, self.kernels, self.constants, self.fibered = prepare(source, filename, checked)
+        self._lib = build(text, filename, checked, tuple(options))
+
+    def launcher(self, name: str):
+        fn = getattr(self._lib, f"labkit_launch_{name}")
+        fn.argtypes = [ctypes.POINTER(LaunchArgs)]
+        fn.restype = ctypes.c_int
+        return fn
+
+    def constant_address(self, name: str) -> tuple[int, int]:
+        fn = getattr(self._lib, f"labkit_constant_{name}")
+        fn.argtypes = [ctypes.POINTER(ctypes.c_ulonglong)]
+        fn.restype = ctypes.c_void_p
+        size = ctypes.c_ulonglong(0)
+        addr = fn(ctypes.byref(size))
+        return addr, size.value
+
+    def launch(self, name: str, grid, block, args, nbytes, shared_mem: int = 0, timeout_s: float = 0.0) -> None:
+        """Run kernel ``name``; args are already checked numpy arrays and numpy scalars."""
+        fn = self.launcher(name)
+        n = len(args)
+        keep = []  # the values ctypes points at must live until the call returns
+        ptrs = (ctypes.c_void_p * max(n, 1))()
+        sizes = (ctypes.c_uint64 * max(n, 1))()
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                v = ctypes.c_void_p(a.ctypes.data)
+                keep.append(v)
+                ptrs[i] = ctypes.addressof(v)
+            else:
+                s = np.array(a)  # a 0-d copy holding the scalar's bytes
+                keep.append(s)
+                ptrs[i] = s.ctypes.data
+            sizes[i] = nbytes[i]
+        err = ctypes.create_string_buffer(_ERRLEN)
+        la = LaunchArgs((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ptrs, sizes, n, workers(),
+                        int(shared_mem), float(timeout_s), ctypes.cast(err, ctypes.c_char_p), _ERRLEN)
+        rc = fn(ctypes.byref(la))
+        if rc != 0:
+            raise KernelError(err.value.decode(errors="replace") or f"kernel '{name}' failed")

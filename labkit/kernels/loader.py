@@ -1,0 +1,241 @@
+"""One loader for CUDA C: CuPy RawModule on a CUDA device, the CPU emulator everywhere else.
+
+    mod = load(source)                       # or load_file("matmul") for labkit's own kernels
+    k = mod.get_function("matmul_tiled")
+    k((gx, gy), (16, 16), (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+
+The call is CuPy's ``RawKernel`` call on both back ends. Before a launch the arguments are checked
+against the kernel's parameter list as written in the source: an array for each pointer (on the
+right device, C-contiguous, of the pointee's dtype, writeable unless ``const``) and a NumPy scalar of
+exactly the parameter's type for each value (``np.int32(n)`` for ``int n``: the GPU does not convert).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..device import gpu_status
+from . import emulator
+from .emulator import EmulatorUnavailable, KernelError
+from .source import KernelCompileError, KernelDecl, Param, UnsupportedFeature, find_constants, find_kernels, strip_comments
+
+__all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorUnavailable", "backend", "load", "load_file",
+           "Module", "Kernel", "KERNEL_DIR"]
+
+KERNEL_DIR = Path(__file__).parent
+BACKENDS = ("cupy", "emulator")
+MAX_THREADS_PER_BLOCK = 1024
+
+
+def backend() -> str:
+    """"cupy" when a CUDA device works (and $LABKIT_DEVICE is not "cpu"), else "emulator"."""
+    device = (os.environ.get("LABKIT_DEVICE") or "auto").lower()
+    if device == "cpu":
+        return "emulator"
+    ok, why = gpu_status()
+    if device in ("gpu", "cuda") and not ok:
+        raise RuntimeError(f"LABKIT_DEVICE={device} but no GPU can be used: {why}")
+    return "cupy" if ok else "emulator"
+
+
+def _resolve(which: str | None) -> str:
+    which = which or backend()
+    if which not in BACKENDS:
+        raise ValueError(f"unknown kernel back end {which!r}; use one of {BACKENDS}")
+    if which == "cupy":
+        ok, why = gpu_status()
+        if not ok:
+            raise RuntimeError(f"the cupy back end needs a working CUDA device: {why}")
+    return which
+
+
+def checked_default() -> bool:
+    """Whether labkit's own kernels run checked on the emulator: $LABKIT_CHECKED=1 (the tests set it)."""
+    return os.environ.get("LABKIT_CHECKED", "0") not in ("", "0", "false", "no")
+
+
+def _defines(defines: dict | None) -> tuple[str, ...]:
+    return tuple(f"-D{k}={v}" for k, v in sorted((defines or {}).items()))
+
+
+class Kernel:
+    """A launchable kernel: ``kernel(grid, block, args, shared_mem=0)``, as CuPy's RawKernel."""
+
+    def __init__(self, module: Module, decl: KernelDecl):
+        self.module = module
+        self.decl = decl
+        self.name = decl.name
+        self.params: tuple[Param, ...] = decl.params
+        self._raw = None  # the CuPy RawKernel, fetched on first use
+
+    def __repr__(self):
+        sig = ", ".join(p.describe() for p in self.params)
+        return f"<kernel {self.name}({sig}) on {self.module.backend}{' (checked)' if self.module.checked else ''}>"
+
+    def __call__(self, grid, block, args, shared_mem: int = 0, timeout_s: float | None = None):
+        grid3, block3 = launch_shape(grid, "grid"), launch_shape(block, "block")
+        _check_launch(self.name, grid3, block3, shared_mem)
+        args = tuple(args)
+        nbytes = self._check_args(args)
+        if self.module.backend == "cupy":
+            if self._raw is None:
+                self._raw = self.module._cupy.get_function(self.name)
+            self._raw(grid3, block3, args, shared_mem=int(shared_mem))
+            return
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("LABKIT_KERNEL_TIMEOUT", "120")) if self.module.checked else 0.0
+        self.module._emu.launch(self.name, grid3, block3, args, nbytes, shared_mem=int(shared_mem), timeout_s=timeout_s)
+
+    def _check_args(self, args) -> list[int]:
+        where = f"kernel {self.name}"
+        if len(args) != len(self.params):
+            sig = ", ".join(p.describe() for p in self.params)
+            raise TypeError(f"{where} takes {len(self.params)} arguments ({sig}), got {len(args)}")
+        on_gpu = self.module.backend == "cupy"
+        nbytes = []
+        for i, (p, a) in enumerate(zip(self.params, args)):
+            what = f"{where}: argument {i} ({p.describe()})"
+            is_cupy = type(a).__module__.startswith("cupy")
+            if p.pointer:
+                if isinstance(a, np.ndarray) and on_gpu:
+                    raise TypeError(f"{what} is a NumPy array, but this kernel runs on the GPU: pass cupy.asarray(...)")
+                if is_cupy and not on_gpu:
+                    raise TypeError(f"{what} is a CuPy array, but this kernel runs on the CPU emulator: pass .get()")
+                if not (isinstance(a, np.ndarray) or is_cupy):
+                    raise TypeError(f"{what} must be an array, got {type(a).__name__}")
+                if not a.flags.c_contiguous:
+                    raise ValueError(f"{what} is not C-contiguous: a kernel indexes flat memory; pass an ascontiguousarray copy")
+                if not p.accepts_dtype(a.dtype):
+                    raise TypeError(f"{what} points to {p.ctype}, but the array's dtype is {a.dtype}")
+                if not p.const and isinstance(a, np.ndarray) and not a.flags.writeable:
+                    raise ValueError(f"{what} is written by the kernel, but the array is read-only")
+                nbytes.append(int(a.nbytes))
+            else:
+                if isinstance(a, np.ndarray | list | tuple) or is_cupy:
+                    raise TypeError(f"{what} takes a single value, got an array")
+                want = p.numpy_type()
+                if want is not None and type(a) is not want:
+                    raise TypeError(f"{what} needs a {want.__name__} (the kernel reads exactly those bytes), "
+                                    f"got {type(a).__name__}: pass {want.__name__}({a!r})")
+                if want is None and not isinstance(a, np.generic):
+                    raise TypeError(f"{what} needs a NumPy scalar of the parameter's type, got {type(a).__name__}")
+                nbytes.append(0)
+        return nbytes
+
+
+def launch_shape(v, what: str) -> tuple[int, int, int]:
+    """(x, y, z) from an int or a tuple of 1 to 3 ints, each >= 1."""
+    t = (v,) if isinstance(v, int | np.integer) else tuple(v)
+    if not 1 <= len(t) <= 3 or not all(isinstance(x, int | np.integer) for x in t):
+        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, got {v!r}")
+    t = tuple(int(x) for x in t) + (1,) * (3 - len(t))
+    if any(x < 1 for x in t):
+        raise ValueError(f"{what} dimensions must be >= 1, got {t}: an empty launch is a bug in the size computation")
+    return t
+
+
+def _check_launch(name: str, grid, block, shared_mem) -> None:
+    threads = block[0] * block[1] * block[2]
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise ValueError(f"kernel {name}: a block of {block} is {threads} threads; at most {MAX_THREADS_PER_BLOCK} per block")
+    if block[2] > 64:
+        raise ValueError(f"kernel {name}: block z is {block[2]}; at most 64")
+    if grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"kernel {name}: grid {grid} is too large (x < 2^31, y and z <= 65535)")
+    if int(shared_mem) < 0:
+        raise ValueError(f"kernel {name}: shared_mem must be >= 0")
+
+
+class Module:
+    """Kernels compiled from one source on one back end."""
+
+    def __init__(self, source: str, filename: str = "kernel.cu", backend: str | None = None, checked: bool | None = None,
+                 defines: dict | None = None):
+        self.backend = _resolve(backend)
+        self.filename = filename
+        self.source = source
+        clean = strip_comments(source)
+        self.decls = {k.name: k for k in find_kernels(clean)}
+        self.constants = find_constants(clean)
+        options = _defines(defines)
+        if self.backend == "cupy":
+            import cupy
+
+            self.checked = False
+            self._cupy = cupy.RawModule(code=source, options=("-std=c++17", *options))
+            self._emu = None
+        else:
+            self.checked = True if checked is None else bool(checked)
+            self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options)
+            self._cupy = None
+        self._kernels: dict[str, Kernel] = {}
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return list(self.decls)
+
+    def get_function(self, name: str) -> Kernel:
+        """The kernel called ``name`` (declared ``extern "C" __global__ void name(...)``)."""
+        if name not in self._kernels:
+            if name not in self.decls:
+                raise KeyError(f"{self.filename} has no kernel {name!r}; it has {sorted(self.decls) or 'none'}")
+            if self.decls[name].template:
+                raise UnsupportedFeature(f"{name} is a template kernel; give each instance its own extern \"C\" kernel")
+            self._kernels[name] = Kernel(self, self.decls[name])
+        return self._kernels[name]
+
+    def __getattr__(self, name: str) -> Kernel:
+        if name.startswith("_") or name not in self.__dict__.get("decls", {}):
+            raise AttributeError(name)
+        return self.get_function(name)
+
+    def set_constant(self, name: str, value) -> None:
+        """Copy a host array (or scalar) into the ``__constant__`` variable ``name``."""
+        if name not in self.constants:
+            raise KeyError(f"{self.filename} has no __constant__ {name!r}; it has {self.constants or 'none'}")
+        host = np.ascontiguousarray(value)
+        if self.backend == "cupy":
+            ptr = self._cupy.get_global(name)
+            ptr.copy_from_host(host.ctypes.data, host.nbytes)
+            return
+        addr, size = self._emu.constant_address(name)
+        if host.nbytes > size:
+            raise ValueError(f"__constant__ {name} holds {size} bytes; the value has {host.nbytes}")
+        import ctypes
+
+        ctypes.memmove(addr, host.ctypes.data, host.nbytes)
+
+
+def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
+    """Compile CUDA C (a string, or a path to a .cu file). On the emulator ``checked`` defaults to True."""
+    filename = "kernel.cu"
+    if isinstance(source, Path) or (isinstance(source, str) and source.endswith(".cu") and "\n" not in source):
+        path = Path(source)
+        filename = path.name
+        source = path.read_text()
+    return Module(source, filename, backend=backend, checked=checked, defines=defines)
+
+
+@functools.cache
+def _library_module(name: str, which: str, checked: bool, defines: tuple) -> Module:
+    path = KERNEL_DIR / f"{name}.cu"
+    return Module(path.read_text(), path.name, backend=which, checked=checked, defines=dict(defines))
+
+
+def load_file(name: str, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
+    """One of labkit's own kernel files (``"matmul"`` is labkit/kernels/matmul.cu), compiled once per process."""
+    if not (KERNEL_DIR / f"{name}.cu").exists():
+        have = sorted(p.stem for p in KERNEL_DIR.glob("*.cu"))
+        raise KeyError(f"labkit has no kernel file {name}.cu; it has {have}")
+    which = _resolve(backend)
+    chk = checked_default() if checked is None else bool(checked)
+    return _library_module(name, which, chk and which == "emulator", tuple(sorted((defines or {}).items())))
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,34 @@
+"""Launchers for matmul.cu: C = op(A) op(B) with the naive, tiled or register-blocked kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._launch import ceil_div, output, require, resolve
+from .loader import load_file
+
+VARIANTS = ("naive", "tiled", "regblock")
+TILE = 16          # matmul_tiled's tile (matmul.cu's default)
+BM = BN = 128      # matmul_regblock's block tile
+
+
+def matmul(a, b, out=None, *, variant: str = "regblock", trans_a: bool = False, trans_b: bool = False,
+           backend: str | None = None):
+    """op(a) @ op(b) in float32: a (M, K) or, with trans_a, (K, M); b (K, N) or, with trans_b, (N, K)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    which = resolve(backend)
+    require(a, "a", ndim=2, which=which)
+    require(b, "b", ndim=2, which=which)
+    M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    Kb, N = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if K != Kb:
+        raise ValueError(f"inner dimensions differ: op(a) is {(M, K)} and op(b) is {(Kb, N)}")
+    out = output(out, "out", (M, N), which)
+    kernel = load_file("matmul", backend=which).get_function(f"matmul_{variant}")
+    if variant == "regblock":
+        grid, block = (ceil_div(N, BN), ceil_div(M, BM)), (256,)
+    else:
+        grid, block = (ceil_div(N, TILE), ceil_div(M, TILE)), (TILE, TILE)
+    kernel(grid, block, (a, b, out, np.int32(M), np.int32(N), np.int32(K), np.int32(trans_a), np.int32(trans_b)))
+    return out

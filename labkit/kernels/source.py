@@ -1,0 +1,208 @@
+"""Reading CUDA C source: comments out, kernels and their parameters found, unsupported features named.
+
+Both back ends use this: the loader checks every launch's arguments against the parameter list it
+finds here, and the emulator rewrites the source from it. It is a small scanner for the C that lab
+kernels are written in, not a C++ parser: what it does not understand it leaves unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class KernelCompileError(RuntimeError):
+    """A kernel's source did not compile (the compiler's message is included)."""
+
+
+class UnsupportedFeature(KernelCompileError):
+    """The source uses something the CPU emulator cannot run."""
+
+
+# (pattern, what to say) for what the emulator cannot run; checked on the source without comments.
+UNSUPPORTED = [
+    (r"\b__shfl(_up|_down|_xor)?(_sync)?\b",
+     "warp shuffles ({m}) are not supported; exchange values through __shared__ memory and __syncthreads()"),
+    (r"\b__(ballot|any|all|match_any|match_all|reduce_add|reduce_min|reduce_max)_sync\b",
+     "warp vote and reduce intrinsics ({m}) are not supported; use __shared__ memory and __syncthreads()"),
+    (r"\b__activemask\b", "{m} is not supported: the emulator has no warps"),
+    (r"\b__syncwarp\b", "{m} is not supported: the emulator has no warps; use __syncthreads()"),
+    (r"\bcooperative_groups\b|\bcg::", "cooperative groups are not supported; use __syncthreads() within a block"),
+    (r"\b(tex1D|tex2D|tex3D|tex1Dfetch|surf2Dwrite|surf2Dread)\b|\btexture\s*<",
+     "texture and surface memory ({m}) are not supported; read through a const pointer (and __ldg)"),
+    (r"\basm\s*(volatile\s*)?\(", "inline PTX (asm) is not supported; write it in C"),
+    (r"\bwmma::", "tensor-core intrinsics ({m}) are not supported; write the product with ordinary arithmetic"),
+    (r"\b__nanosleep\b|\bclock64\b|\bclock\s*\(\s*\)", "device clocks ({m}) are not supported; time kernels from the host"),
+    (r"\bmalloc\s*\(|\bnew\s+\w", "allocation inside a kernel ({m}) is not supported; allocate on the host and pass a pointer"),
+    (r"#\s*include\b", "#include is not supported: kernels must be self-contained (NVRTC has no host headers either)"),
+]
+
+_SCALARS = {
+    "float": ("f", 4), "double": ("f", 8),
+    "int": ("i", 4), "signed": ("i", 4), "signed int": ("i", 4), "int32_t": ("i", 4),
+    "unsigned": ("u", 4), "unsigned int": ("u", 4), "uint32_t": ("u", 4),
+    "long long": ("i", 8), "long long int": ("i", 8), "int64_t": ("i", 8), "long": ("i", 8), "long int": ("i", 8),
+    "ptrdiff_t": ("i", 8),
+    "unsigned long long": ("u", 8), "unsigned long long int": ("u", 8), "uint64_t": ("u", 8), "size_t": ("u", 8),
+    "unsigned long": ("u", 8),
+    "short": ("i", 2), "int16_t": ("i", 2), "unsigned short": ("u", 2), "uint16_t": ("u", 2),
+    "char": ("i", 1), "signed char": ("i", 1), "int8_t": ("i", 1), "unsigned char": ("u", 1), "uint8_t": ("u", 1),
+    "bool": ("b", 1),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: `const float* __restrict__ A` is Param("A", "float", pointer=True, const=True)."""
+
+    name: str
+    ctype: str          # the base type without qualifiers: "float", "unsigned int", "void", ...
+    pointer: bool
+    const: bool
+    text: str           # as written
+
+    @property
+    def code(self) -> tuple[str, int] | None:
+        """(numpy kind, itemsize) of the value or of the pointee, or None for types not checked."""
+        return _SCALARS.get(self.ctype)
+
+    def describe(self) -> str:
+        return f"{'const ' if self.const else ''}{self.ctype}{'*' if self.pointer else ''} {self.name}"
+
+    def accepts_dtype(self, dtype: np.dtype) -> bool:
+        if self.pointer and self.ctype == "void":
+            return True
+        code = self.code
+        if code is None:
+            return True
+        kind, size = code
+        return dtype.itemsize == size and (dtype.kind == kind or (kind == "i" and dtype.kind == "i"))
+
+    def numpy_type(self):
+        """The NumPy scalar type this parameter takes (np.float32 for float), or None."""
+        code = self.code
+        if code is None:
+            return None
+        kind, size = code
+        return {"f": {4: np.float32, 8: np.float64}, "i": {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64},
+                "u": {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}, "b": {1: np.bool_}}[kind][size]
+
+
+@dataclass(frozen=True)
+class KernelDecl:
+    name: str
+    params: tuple[Param, ...]
+    params_span: tuple[int, int]   # where the parameter list's text is, in the comment-free source
+    template: bool
+
+
+def strip_comments(src: str) -> str:
+    """The source with comments blanked out (newlines kept, so line numbers stay) and strings left alone."""
+    out = []
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif src.startswith("/*", i):
+            j = src.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in src[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and src[j] != c:
+                j += 2 if src[j] == "\\" else 1
+            out.append(src[i:j + 1])
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def line_of(src: str, pos: int) -> int:
+    return src.count("\n", 0, pos) + 1
+
+
+def _matching(src: str, open_pos: int, open_ch: str = "(", close_ch: str = ")") -> int:
+    depth = 0
+    for j in range(open_pos, len(src)):
+        if src[j] == open_ch:
+            depth += 1
+        elif src[j] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return j
+    raise KernelCompileError(f"unbalanced '{open_ch}' at line {line_of(src, open_pos)}")
+
+
+def split_params(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip() and p.strip() != "void"]
+
+
+def parse_param(text: str, index: int) -> Param:
+    t = " ".join(re.sub(r"\b(__restrict__|__restrict|restrict|volatile)\b", " ", text).split())
+    words = re.findall(r"\w+", t)
+    name = words[-1] if words else f"arg{index}"
+    if "[" in t or "(" in t or "&" in t or t.count("*") > 1 or not re.fullmatch(r"[\w\s\*]+", t):
+        return Param(name, "?", "*" in t or "[" in t, False, text)      # not understood: left unchecked
+    if "*" in t:
+        head, tail = t.split("*")
+        tail_words = [w for w in tail.split() if w != "const"]
+        if len(tail_words) != 1:
+            return Param(name, "?", True, False, text)
+        base = [w for w in head.split() if w != "const"]
+        return Param(tail_words[0], " ".join(base), True, "const" in head.split(), text)
+    base = [w for w in t.split()[:-1] if w != "const"]
+    return Param(name, " ".join(base), False, "const" in t.split(), text)
+
+
+def find_kernels(clean: str) -> list[KernelDecl]:
+    """Every `__global__ void name(...)` in comment-free source."""
+    out = []
+    for m in re.finditer(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(",
+                         clean):
+        open_pos = m.end() - 1
+        close = _matching(clean, open_pos)
+        before = clean[max(0, m.start() - 200):m.start()]
+        template = bool(re.search(r"template\s*<[^;{}]*>\s*(extern\s*\"C\"\s*)?$", before))
+        params = tuple(parse_param(p, i) for i, p in enumerate(split_params(clean[open_pos + 1:close])))
+        out.append(KernelDecl(m.group(1), params, (open_pos + 1, close), template))
+    return out
+
+
+def find_constants(clean: str) -> list[str]:
+    """Names of `__constant__` variables."""
+    return re.findall(r"__constant__\s+[\w\s\*]*?\b(\w+)\s*(?:\[[^\]]*\]\s*)*(?:=[^;]*)?;", clean)
+
+
+def unsupported(clean: str) -> list[str]:
+    """What in this source the emulator cannot run: one line per feature, with where it first appears."""
+    found = []
+    for pattern, what in UNSUPPORTED:
+        m = re.search(pattern, clean)
+        if m:
+            found.append(f"line {line_of(clean, m.start())}: {what.format(m=m.group(0).strip())}")
+    return found
+
+
+def brace_depth_at(clean: str, pos: int) -> int:
+    return clean.count("{", 0, pos) - clean.count("}", 0, pos)
