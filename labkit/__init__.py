@@ -11,7 +11,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "check", "cluster", "collectives", "costmodel", "cpu_parallel", "data", "device", "doctor",
+_SUBMODULES = ("bench", "check", "cluster", "collectives", "costmodel", "cpu_parallel", "data", "device", "doctor", "kernels",
                "mlp", "plots", "progress", "report")
 
 

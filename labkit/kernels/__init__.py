@@ -1,0 +1,37 @@
+"""CUDA C kernels for the labs, runnable on a GPU (CuPy) and on any CPU (labkit's emulator).
+
+    from labkit import kernels
+    kernels.backend()                        # "cupy" or "emulator"
+    c = kernels.matmul(a, b, variant="tiled")
+    mod = kernels.load(my_source)            # a student's own .cu, checked on the emulator
+
+Each ``*.cu`` file sits beside the Python module that launches its kernels; ``reference`` holds a
+NumPy function of the same signature for every launcher. ``LABKIT_DEVICE=cpu`` forces the emulator.
+"""
+
+from __future__ import annotations
+
+from .conv import conv2d_relu_backward, conv2d_relu_forward
+from .layers import act_backward, bias_act_forward, col_sum, outer, wt_delta
+from .loader import (
+    EmulatorUnavailable,
+    Kernel,
+    KernelCompileError,
+    KernelError,
+    Module,
+    UnsupportedFeature,
+    backend,
+    load,
+    load_file,
+)
+from .matmul import matmul
+from .optim import sgd_momentum
+from .reduce import accuracy_count, sse_reduce, sum_reduce
+from .softmax import softmax_xent_backward, softmax_xent_forward
+
+LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
+             "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
+             "conv2d_relu_forward", "conv2d_relu_backward")
+
+__all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
+           "load", "load_file", "LAUNCHERS", *LAUNCHERS]
