@@ -34,4 +34,7 @@ LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", 
              "conv2d_relu_forward", "conv2d_relu_backward")
 
 __all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
-           "load", "load_file", "LAUNCHERS", *LAUNCHERS]
+           "load", "load_file", "LAUNCHERS",
+           "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
+           "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
+           "conv2d_relu_forward", "conv2d_relu_backward"]

@@ -25,15 +25,16 @@ def require(a, name: str, *, ndim: int | None = None, dtype=np.float32, shape: t
     is_cupy = type(a).__module__.startswith("cupy")
     if which == "cupy" and not is_cupy:
         if isinstance(a, np.ndarray):
-            raise TypeError(f"{name} is a NumPy array, but the kernels run on the GPU (back end 'cupy'): pass cupy.asarray({name}), "
-                            "or set LABKIT_DEVICE=cpu to use the CPU emulator")
+            raise TypeError(f"{name} is a NumPy array, but the kernels run on the GPU (back end 'cupy'): "
+                            f"pass cupy.asarray({name}), or set LABKIT_DEVICE=cpu to use the CPU emulator")
         raise TypeError(f"{name} must be a CuPy array, got {type(a).__name__}")
     if which == "emulator" and not isinstance(a, np.ndarray):
         if is_cupy:
             raise TypeError(f"{name} is a CuPy array, but the kernels run on the CPU emulator: pass {name}.get()")
         raise TypeError(f"{name} must be a NumPy array, got {type(a).__name__}")
     if dtype is not None and a.dtype != np.dtype(dtype):
-        raise TypeError(f"{name} has dtype {a.dtype}; the kernel takes {np.dtype(dtype)}: convert it with .astype(np.{np.dtype(dtype)})")
+        want = np.dtype(dtype)
+        raise TypeError(f"{name} has dtype {a.dtype}; the kernel takes {want}: convert it with .astype(np.{want})")
     if ndim is not None and a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
     if shape is not None and tuple(a.shape) != tuple(shape):

@@ -256,7 +256,7 @@ inline void tick(int line) {
     if (++w->countdown % 65536 == 0) {
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w->launch->start).count();
         if (w->launch->L->timeout_s > 0 && s > w->launch->L->timeout_s)
-            fault(line, "still running after %.0f s (an endless loop?); stopped", s);
+            fault(line, "still running after %.1f s (an endless loop?); stopped", s);
         if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};  // another block failed
     }
 }

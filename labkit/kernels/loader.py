@@ -13,7 +13,6 @@ exactly the parameter's type for each value (``np.int32(n)`` for ``int n``: the 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from pathlib import Path
 
@@ -237,5 +236,3 @@ def load_file(name: str, *, backend: str | None = None, checked: bool | None = N
     return _library_module(name, which, chk and which == "emulator", tuple(sorted((defines or {}).items())))
 
 
-def source_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

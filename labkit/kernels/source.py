@@ -178,8 +178,8 @@ def parse_param(text: str, index: int) -> Param:
 def find_kernels(clean: str) -> list[KernelDecl]:
     """Every `__global__ void name(...)` in comment-free source."""
     out = []
-    for m in re.finditer(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(",
-                         clean):
+    bounds = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+    for m in re.finditer(r"__global__\s+" + bounds + r"void\s+" + bounds + r"(\w+)\s*\(", clean):
         open_pos = m.end() - 1
         close = _matching(clean, open_pos)
         before = clean[max(0, m.start() - 200):m.start()]
