@@ -11,7 +11,7 @@ help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
 	@echo "make test     set up .venv and run the whole test suite"
 	@echo "make lab      JupyterLab on notebooks/"
-	@echo "make bench    the backprop and allreduce benchmarks"
+	@echo "make bench    the backprop, allreduce and kernel benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
 
@@ -41,6 +41,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/labkit bench backprop
 	$(BIN)/labkit bench allreduce
+	$(BIN)/labkit bench kernels
 
 doctor: $(STAMP)
 	$(BIN)/labkit doctor

@@ -99,3 +99,14 @@ def test_bench_training_quick_json(capsys):
     assert result["dp_speedup_p2"] > 0 and abs(result["dp"]["serial_accuracy"] - result["dp"]["p2_accuracy"]) < 0.01
     assert -1 < result["topk1_accuracy_gap"] < 1 and 0 < result["topk"]["bytes_ratio"] < 0.05
     assert 0 < result["async_accuracy_w4_m2"] <= 1 and len(result["async"]["master_updates"]) == 2
+
+
+def test_bench_kernels_quick_json(capsys):
+    assert cli.main(["bench", "kernels", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0 < result["emulator_matmul256_s"] < 30
+    assert [r["kernel"] for r in result["emulator_rows"]] == ["matmul_naive", "matmul_tiled", "matmul_regblock", "numpy.matmul"]
+    assert "emulator_matmul256_s" in result["targets_met"]
+    if result["backend"] == "cupy":
+        assert 0 < result["sgemm_fraction_of_cublas"] and 0 < result["elementwise_fraction_of_copy"]
+        assert result["copy_d2d_GBs"] > 0

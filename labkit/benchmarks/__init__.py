@@ -7,6 +7,7 @@ import importlib
 BENCHMARKS = {
     "backprop": "per-sample vs vectorised backprop epochs, and the same FLOPs as bare matmuls",
     "allreduce": "naive, recursive-doubling and ring allreduce against MPI_Allreduce on 2 and 4 ranks",
+    "kernels": "labkit's CUDA kernels against cuBLAS/CuPy and the copy bandwidth on a GPU; the emulator's matmul",
     "training": "data-parallel speedup on 2 ranks and the accuracy cost of top-k 1 % compression",
 }
 
