@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,66 @@ def test_topk_feedback_check_not_written():
         raise NotImplementedError
     with pytest.raises(ExerciseError, match="not written yet"):
         check.topk_feedback(stub)
+
+
+# -- the kernel exercises (labs 03/04): checked on the emulator --------------------------------------
+
+KDIR = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture(scope="module")
+def tiled_solution():
+    return (KDIR / "tiled_matmul_solution.cu").read_text()
+
+
+@pytest.fixture(scope="module")
+def reduction_solution():
+    return (KDIR / "block_sum_solution.cu").read_text()
+
+
+def test_tiled_matmul_solution_passes(tiled_solution, capsys):
+    check.tiled_matmul(tiled_solution)
+    assert "all 5 checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old,new,match", [
+    ("(row < M && t + tx < K) ? A[row * K + t + tx] : 0.0f", "A[row * K + t + tx]",
+     r"line 10: out-of-bounds access A\[1\]: 'A' has 1 elements(.|\n)*not a multiple of the tile"),
+    ("    float acc = 0.0f;", "    if (row >= M || col >= N) return;\n    float acc = 0.0f;", r"returned without reaching it"),
+    ("acc += As[ty][k] * Bs[k][tx]", "acc += As[ty][k] * Bs[tx][k]", r"C\[0, 0\] is .* \(yours\) but should be .* \(spec\)"),
+    ("        __syncthreads();\n    }", "    }", r"entries wrong"),
+    ("__shared__ float Bs[TILE][TILE];", "float Bs[TILE][TILE];", r"entries wrong"),  # a per-thread array, not shared
+    ("float acc = 0.0f;", "float acc = 0.0f", r"does not compile:(.|\n)*kernel.cu:9"),
+    ("{\n    __shared__", "{\n    /* YOUR CODE HERE */\n    __shared__", "not written yet"),
+])
+def test_tiled_matmul_mistakes_are_named(tiled_solution, old, new, match):
+    assert old in tiled_solution
+    with pytest.raises(check.ExerciseError, match=match):
+        check.tiled_matmul(tiled_solution.replace(old, new))
+
+
+def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
+    naive = ('extern "C" __global__ void matmul_tiled(const float* A, const float* B, float* C, int M, int N, int K)\n'
+             '{ int r = blockIdx.y * 16 + threadIdx.y, c = blockIdx.x * 16 + threadIdx.x; if (r < M && c < N) {\n'
+             '  float s = 0; for (int k = 0; k < K; ++k) s += A[r * K + k] * B[k * N + c]; C[r * N + c] = s; } }\n')
+    with pytest.raises(check.ExerciseError, match="does not use __shared__"):
+        check.tiled_matmul(naive)
+
+
+def test_block_reduction_solution_passes(reduction_solution, capsys):
+    check.block_reduction(reduction_solution)
+    assert "all 5 checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("old,new,match", [
+    ("if (threadIdx.x == 0) atomicAdd", "atomicAdd", "only thread 0 should call atomicAdd"),
+    ("i += gridDim.x * blockDim.x", "i += n", "grid-stride loop"),
+    ("if (threadIdx.x < h)", "", r"__shared__ array index 256 out of range \[0, 256\)"),
+    ("s[threadIdx.x] += s[threadIdx.x + h];\n        __syncthreads();",
+     "{ s[threadIdx.x] += s[threadIdx.x + h]; __syncthreads(); }", "returned without reaching it"),
+    ("atomicAdd(out, s[0]);", "out[0] = s[0];", "does not use atomicAdd"),
+])
+def test_block_reduction_mistakes_are_named(reduction_solution, old, new, match):
+    assert old in reduction_solution
+    with pytest.raises(check.ExerciseError, match=match):
+        check.block_reduction(reduction_solution.replace(old, new))
