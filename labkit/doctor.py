@@ -59,7 +59,28 @@ def check_gpu() -> list[Finding]:
     nvrtc = _version("nvidia-cuda-nvrtc-cu12")
     out.append(Finding("NVRTC", OK if nvrtc else MISSING,
                        f"nvidia-cuda-nvrtc-cu12 {nvrtc}" if nvrtc else "not installed (pip install -e '.[gpu]')"))
+    out.append(check_emulator())
     return out
+
+
+def check_emulator() -> Finding:
+    """The CPU emulator for CUDA C: a C++ compiler, and one small kernel compiled and run."""
+    try:
+        import numpy as np
+
+        from .kernels import load
+        from .kernels.emulator import compiler
+
+        cxx, version = compiler()
+        src = ('extern "C" __global__ void twice(float* x, int n)\n'
+               '{ int i = threadIdx.x; __syncthreads(); if (i < n) x[i] *= 2.0f; }\n')
+        x = np.arange(4, dtype=np.float32)
+        load(src, backend="emulator", checked=False).twice((1,), (8,), (x, np.int32(4)))
+        good = x.tolist() == [0.0, 2.0, 4.0, 6.0]
+        return Finding("kernel emulator", OK if good else FAIL,
+                       f"{cxx} ({version}); a test kernel {'ran' if good else 'gave a wrong result'}")
+    except Exception as e:  # no compiler, a compile failure: say which
+        return Finding("kernel emulator", FAIL, f"{type(e).__name__}: {e}")
 
 
 def check_mpi(timeout: float = 60) -> list[Finding]:
