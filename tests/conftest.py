@@ -67,3 +67,16 @@ def run_failing_mpi(tmp_path, source: str, n: int, within: float) -> str:
     left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes left behind: {left}"
     return res.stderr
+
+
+def _have_cxx() -> bool:
+    from labkit.kernels.emulator import EmulatorUnavailable, compiler
+
+    try:
+        compiler()
+        return True
+    except EmulatorUnavailable:
+        return False
+
+
+needs_cxx = pytest.mark.skipif(not _have_cxx(), reason="no C++ compiler here for the CUDA emulator (apt install g++)")

@@ -143,6 +143,8 @@ def test_topk_feedback_check_not_written():
 
 # -- the kernel exercises (labs 03/04): checked on the emulator --------------------------------------
 
+from conftest import needs_cxx  # noqa: E402
+
 KDIR = Path(__file__).parent / "kernels"
 
 
@@ -156,11 +158,13 @@ def reduction_solution():
     return (KDIR / "block_sum_solution.cu").read_text()
 
 
+@needs_cxx
 def test_tiled_matmul_solution_passes(tiled_solution, capsys):
     check.tiled_matmul(tiled_solution)
     assert "all 5 checks passed" in capsys.readouterr().out
 
 
+@needs_cxx
 @pytest.mark.parametrize("old,new,match", [
     ("(row < M && t + tx < K) ? A[row * K + t + tx] : 0.0f", "A[row * K + t + tx]",
      r"line 10: out-of-bounds access A\[1\]: 'A' has 1 elements(.|\n)*not a multiple of the tile"),
@@ -177,6 +181,7 @@ def test_tiled_matmul_mistakes_are_named(tiled_solution, old, new, match):
         check.tiled_matmul(tiled_solution.replace(old, new))
 
 
+@needs_cxx
 def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
     naive = ('extern "C" __global__ void matmul_tiled(const float* A, const float* B, float* C, int M, int N, int K)\n'
              '{ int r = blockIdx.y * 16 + threadIdx.y, c = blockIdx.x * 16 + threadIdx.x; if (r < M && c < N) {\n'
@@ -185,11 +190,13 @@ def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
         check.tiled_matmul(naive)
 
 
+@needs_cxx
 def test_block_reduction_solution_passes(reduction_solution, capsys):
     check.block_reduction(reduction_solution)
     assert "all 5 checks passed" in capsys.readouterr().out
 
 
+@needs_cxx
 @pytest.mark.parametrize("old,new,match", [
     ("if (threadIdx.x == 0) atomicAdd", "atomicAdd", "only thread 0 should call atomicAdd"),
     ("i += gridDim.x * blockDim.x", "i += n", "grid-stride loop"),

@@ -2,8 +2,11 @@
 
 import numpy as np
 import pytest
+from conftest import needs_cxx
 
 from labkit.kernels import KernelCompileError, KernelError, UnsupportedFeature, load
+
+pytestmark = needs_cxx
 
 
 def i32(v):

@@ -2,10 +2,13 @@
 
 import numpy as np
 import pytest
+from conftest import needs_cxx
 
 from labkit import kernels as K
 from labkit.device import gpu_status
 from labkit.kernels import reference as R
+
+pytestmark = needs_cxx
 
 GPU = gpu_status()[0]
 BACKENDS = [pytest.param("emulator", id="emulator"),

@@ -2,10 +2,13 @@
 
 import numpy as np
 import pytest
+from conftest import needs_cxx
 
 from labkit import mlp
 from labkit.device import gpu_status
 from labkit.kernels.network import MATMULS, DeviceMLP, train_device
+
+pytestmark = needs_cxx
 
 BACKENDS = ["emulator", pytest.param("cupy", marks=pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU"))]
 
