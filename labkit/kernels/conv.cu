@@ -13,9 +13,9 @@ extern "C" __global__ void conv2d_relu_forward(const float* __restrict__ x, cons
                                                int N, int C, int H, int W, int K, int R, int S, int pad)
 {
     const int OH = H + 2 * pad - R + 1, OW = W + 2 * pad - S + 1;
-    size_t total = (size_t)N * K * OH * OW;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
-        int ow = idx % OW, oh = (idx / OW) % OH, k = (idx / ((size_t)OW * OH)) % K, n = idx / ((size_t)OW * OH * K);
+    long long total = (long long)N * K * OH * OW;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total; idx += (long long)gridDim.x * blockDim.x) {
+        int ow = idx % OW, oh = (idx / OW) % OH, k = (idx / ((long long)OW * OH)) % K, n = idx / ((long long)OW * OH * K);
         float acc = b[k];
         for (int c = 0; c < C; ++c)
             for (int r = 0; r < R; ++r) {
@@ -24,7 +24,7 @@ extern "C" __global__ void conv2d_relu_forward(const float* __restrict__ x, cons
                 for (int s = 0; s < S; ++s) {
                     int iw = ow - pad + s;
                     if (iw < 0 || iw >= W) continue;
-                    acc += x[(((size_t)n * C + c) * H + ih) * W + iw] * w[(((size_t)k * C + c) * R + r) * S + s];
+                    acc += x[(((long long)n * C + c) * H + ih) * W + iw] * w[(((long long)k * C + c) * R + r) * S + s];
                 }
             }
         y[idx] = acc > 0.0f ? acc : 0.0f;
@@ -37,9 +37,9 @@ extern "C" __global__ void conv2d_relu_backward_input(const float* __restrict__ 
                                                       int N, int C, int H, int W, int K, int R, int S, int pad)
 {
     const int OH = H + 2 * pad - R + 1, OW = W + 2 * pad - S + 1;
-    size_t total = (size_t)N * C * H * W;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
-        int iw = idx % W, ih = (idx / W) % H, c = (idx / ((size_t)W * H)) % C, n = idx / ((size_t)W * H * C);
+    long long total = (long long)N * C * H * W;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total; idx += (long long)gridDim.x * blockDim.x) {
+        int iw = idx % W, ih = (idx / W) % H, c = (idx / ((long long)W * H)) % C, n = idx / ((long long)W * H * C);
         float acc = 0.0f;
         for (int k = 0; k < K; ++k)
             for (int r = 0; r < R; ++r) {
@@ -48,8 +48,8 @@ extern "C" __global__ void conv2d_relu_backward_input(const float* __restrict__ 
                 for (int s = 0; s < S; ++s) {
                     int ow = iw + pad - s;
                     if (ow < 0 || ow >= OW) continue;
-                    size_t o = (((size_t)n * K + k) * OH + oh) * OW + ow;
-                    if (y[o] > 0.0f) acc += dy[o] * w[(((size_t)k * C + c) * R + r) * S + s];
+                    long long o = (((long long)n * K + k) * OH + oh) * OW + ow;
+                    if (y[o] > 0.0f) acc += dy[o] * w[(((long long)k * C + c) * R + r) * S + s];
                 }
             }
         dx[idx] = acc;
@@ -79,14 +79,14 @@ extern "C" __global__ void conv2d_relu_backward_weight(const float* __restrict__
     const int OH = H + 2 * pad - R + 1, OW = W + 2 * pad - S + 1;
     int q = blockIdx.x;
     int s = q % S, r = (q / S) % R, c = (q / (S * R)) % C, k = q / (S * R * C);
-    size_t total = (size_t)N * OH * OW;
+    long long total = (long long)N * OH * OW;
     float acc = 0.0f;
-    for (size_t m = threadIdx.x; m < total; m += CONV_THREADS) {
-        int ow = m % OW, oh = (m / OW) % OH, n = m / ((size_t)OW * OH);
+    for (long long m = threadIdx.x; m < total; m += CONV_THREADS) {
+        int ow = m % OW, oh = (m / OW) % OH, n = m / ((long long)OW * OH);
         int ih = oh - pad + r, iw = ow - pad + s;
         if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-        size_t o = (((size_t)n * K + k) * OH + oh) * OW + ow;
-        if (y[o] > 0.0f) acc += dy[o] * x[(((size_t)n * C + c) * H + ih) * W + iw];
+        long long o = (((long long)n * K + k) * OH + oh) * OW + ow;
+        if (y[o] > 0.0f) acc += dy[o] * x[(((long long)n * C + c) * H + ih) * W + iw];
     }
     float sum = conv_block_sum(sbuf, acc);
     if (threadIdx.x == 0) dw[q] = sum;
@@ -98,11 +98,11 @@ extern "C" __global__ void conv2d_relu_backward_bias(const float* __restrict__ d
 {
     __shared__ float sbuf[CONV_THREADS];
     int k = blockIdx.x;
-    size_t total = (size_t)N * OH * OW;
+    long long total = (long long)N * OH * OW;
     float acc = 0.0f;
-    for (size_t m = threadIdx.x; m < total; m += CONV_THREADS) {
-        int p = m % ((size_t)OH * OW), n = m / ((size_t)OH * OW);
-        size_t o = ((size_t)n * K + k) * OH * OW + p;
+    for (long long m = threadIdx.x; m < total; m += CONV_THREADS) {
+        int p = m % ((long long)OH * OW), n = m / ((long long)OH * OW);
+        long long o = ((long long)n * K + k) * OH * OW + p;
         if (y[o] > 0.0f) acc += dy[o];
     }
     float sum = conv_block_sum(sbuf, acc);

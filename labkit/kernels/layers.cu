@@ -24,7 +24,7 @@ extern "C" __global__ void wt_delta(const float* __restrict__ W, const float* __
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_in) return;
     float acc = 0.0f;
-    for (int j = 0; j < n_out; ++j) acc += W[(size_t)j * n_in + i] * __ldg(&delta[j]);
+    for (int j = 0; j < n_out; ++j) acc += W[(long long)j * n_in + i] * __ldg(&delta[j]);
     out[i] = acc;
 }
 
@@ -35,7 +35,7 @@ extern "C" __global__ void outer(const float* __restrict__ delta, const float* _
     int i = blockIdx.x * blockDim.x + threadIdx.x;  // column: input neuron
     int j = blockIdx.y * blockDim.y + threadIdx.y;  // row: output neuron
     if (i >= n_in || j >= n_out) return;
-    size_t k = (size_t)j * n_in + i;
+    long long k = (long long)j * n_in + i;
     float v = delta[j] * a[i];
     out[k] = beta == 0.0f ? v : beta * out[k] + v;
 }
@@ -44,8 +44,8 @@ extern "C" __global__ void outer(const float* __restrict__ delta, const float* _
 extern "C" __global__ void bias_act_forward(const float* z, const float* __restrict__ bias, float* out,
                                             int rows, int cols, int act)
 {
-    size_t n = (size_t)rows * cols;
-    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x)
+    long long n = (long long)rows * cols;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x)
         out[k] = activate(z[k] + __ldg(&bias[k % cols]), act);
 }
 
@@ -64,6 +64,6 @@ extern "C" __global__ void col_sum(const float* __restrict__ x, float* __restric
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float acc = 0.0f;
-    for (int r = 0; r < rows; ++r) acc += x[(size_t)r * cols + c];
+    for (int r = 0; r < rows; ++r) acc += x[(long long)r * cols + c];
     out[c] = acc;
 }

@@ -3,8 +3,8 @@
 //   op(B) is (K, N): B itself (K, N) when tb == 0, or the transpose of B stored as (N, K) when tb == 1.
 // Every kernel handles sizes that are not multiples of its tile.
 
-#define A_AT(i, k) (ta ? A[(size_t)(k) * M + (i)] : A[(size_t)(i) * K + (k)])
-#define B_AT(k, j) (tb ? B[(size_t)(j) * K + (k)] : B[(size_t)(k) * N + (j)])
+#define A_AT(i, k) (ta ? A[(long long)(k) * M + (i)] : A[(long long)(i) * K + (k)])
+#define B_AT(k, j) (tb ? B[(long long)(j) * K + (k)] : B[(long long)(k) * N + (j)])
 
 // 1. naive: one thread per element of C, every operand read from global memory.
 //    grid (ceil(N/16), ceil(M/16)), block (16, 16)
@@ -16,7 +16,7 @@ extern "C" __global__ void matmul_naive(const float* __restrict__ A, const float
     if (i >= M || j >= N) return;
     float acc = 0.0f;
     for (int k = 0; k < K; ++k) acc += A_AT(i, k) * B_AT(k, j);
-    C[(size_t)i * N + j] = acc;
+    C[(long long)i * N + j] = acc;
 }
 
 // 2. tiled: a block stages TILE x TILE tiles of op(A) and op(B) in shared memory, so each value read
@@ -40,7 +40,7 @@ extern "C" __global__ void matmul_tiled(const float* __restrict__ A, const float
         for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];
         __syncthreads();
     }
-    if (i < M && j < N) C[(size_t)i * N + j] = acc;
+    if (i < M && j < N) C[(long long)i * N + j] = acc;
 }
 
 // 3. register-blocked: a block computes a BM x BN tile of C with 256 threads; each thread keeps a
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_regblock(const float* _
         if (i >= M) break;
         for (int b = 0; b < TN; ++b) {
             int j = j0 + tc + b * (BN / TN);
-            if (j < N) C[(size_t)i * N + j] = acc[a][b];
+            if (j < N) C[(long long)i * N + j] = acc[a][b];
         }
     }
 }

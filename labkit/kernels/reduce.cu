@@ -49,7 +49,7 @@ extern "C" __global__ void accuracy_count(const float* __restrict__ scores, cons
     int t = threadIdx.x;
     int hits = 0;
     for (int r = blockIdx.x * REDUCE_THREADS + t; r < rows; r += gridDim.x * REDUCE_THREADS) {
-        const float* z = scores + (size_t)r * cols;
+        const float* z = scores + (long long)r * cols;
         int best = 0;
         for (int c = 1; c < cols; ++c)
             if (z[c] > z[best]) best = c;

@@ -7,8 +7,8 @@ extern "C" __global__ void softmax_xent_forward(const float* __restrict__ logits
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
-    const float* z = logits + (size_t)r * cols;
-    float* p = probs + (size_t)r * cols;
+    const float* z = logits + (long long)r * cols;
+    float* p = probs + (long long)r * cols;
     float m = z[0];
     for (int c = 1; c < cols; ++c) m = fmaxf(m, z[c]);
     float s = 0.0f;
