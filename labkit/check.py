@@ -476,6 +476,7 @@ KERNEL_TODO = "YOUR CODE HERE"
 
 def _load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str]):
     from . import kernels
+    from .kernels.source import strip_comments
 
     if not isinstance(source, str):
         _fail(ex, f"expected the kernel's CUDA C source as a string, got {type(source).__name__}")
@@ -490,8 +491,9 @@ def _load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, s
     if name not in mod.kernel_names:
         _fail(ex, f"no kernel called {name!r} in your source (found {mod.kernel_names or 'none'})",
               f'declare it as extern "C" __global__ void {name}(...)')
+    code = strip_comments(source)
     for needle, hint in must_have.items():
-        if needle not in source:
+        if needle not in code:
             _fail(ex, f"your kernel does not use {needle}", hint)
     return mod.get_function(name)
 

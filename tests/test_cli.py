@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import needs_cxx
 
 from labkit import cli
 from labkit.benchmarks import backprop
@@ -101,7 +102,7 @@ def test_bench_training_quick_json(capsys):
     assert 0 < result["async_accuracy_w4_m2"] <= 1 and len(result["async"]["master_updates"]) == 2
 
 
-@pytest.mark.skipif(not __import__("conftest")._have_cxx(), reason="no C++ compiler for the CUDA emulator")
+@needs_cxx
 def test_bench_kernels_quick_json(capsys):
     assert cli.main(["bench", "kernels", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -385,7 +385,7 @@ struct StackPool {
 };
 static StackPool stack_pool;
 
-inline void set_thread(Worker*, int i) {
+inline void set_thread(int i) {
     unsigned bx = blockDim.x, by = blockDim.y;
     threadIdx.x = i % bx;
     threadIdx.y = (i / bx) % by;
@@ -479,7 +479,7 @@ inline void run_block_fibered(Worker* w, char* stacks) {
             Fiber& f = w->fibers[i];
             if (f.state == READY) {
                 w->current = i;
-                set_thread(w, i);
+                set_thread(i);
 #ifdef LABKIT_EMU_USE_UCONTEXT
                 swapcontext(&w->sched_ctx, &f.ctx);
 #else
@@ -495,9 +495,9 @@ inline void run_block_fibered(Worker* w, char* stacks) {
         // Some threads wait at a barrier that others have left the kernel without reaching:
         // on a GPU this is undefined (it may hang); here it is reported.
         if (done > 0) {
-            set_thread(w, first_done);
+            set_thread(first_done);
             uint3 gone = threadIdx;
-            set_thread(w, first_wait);
+            set_thread(first_wait);
             char where_[160], msg[480];
             where(where_, sizeof where_);
             std::snprintf(msg, sizeof msg,
@@ -511,7 +511,7 @@ inline void run_block_fibered(Worker* w, char* stacks) {
 #ifdef LABKIT_EMU_CHECKED
         for (int i = 0; i < n; i++) {
             if (w->fibers[i].line != w->fibers[first_wait].line) {
-                set_thread(w, i);
+                set_thread(i);
                 char where_[160], msg[400];
                 where(where_, sizeof where_);
                 std::snprintf(msg, sizeof msg,
@@ -533,7 +533,7 @@ inline void run_block_plain(Worker* w) {
     try {
         for (int i = 0; i < n; i++) {
             w->current = i;
-            set_thread(w, i);
+            set_thread(i);
             l->invoke(l->closure);
         }
     } catch (const Fault&) {

@@ -258,12 +258,15 @@ class EmulatorModule:
         self.checked = checked
         text, self.kernels, self.constants, self.fibered = prepare(source, filename, checked)
         self._lib = build(text, filename, checked, tuple(options))
+        self._launchers: dict = {}
 
     def launcher(self, name: str):
-        fn = getattr(self._lib, f"labkit_launch_{name}")
-        fn.argtypes = [ctypes.POINTER(LaunchArgs)]
-        fn.restype = ctypes.c_int
-        return fn
+        if name not in self._launchers:
+            fn = getattr(self._lib, f"labkit_launch_{name}")
+            fn.argtypes = [ctypes.POINTER(LaunchArgs)]
+            fn.restype = ctypes.c_int
+            self._launchers[name] = fn
+        return self._launchers[name]
 
     def constant_address(self, name: str) -> tuple[int, int]:
         fn = getattr(self._lib, f"labkit_constant_{name}")

@@ -12,6 +12,7 @@ exactly the parameter's type for each value (``np.int32(n)`` for ``int n``: the 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 from pathlib import Path
@@ -205,19 +206,25 @@ class Module:
         addr, size = self._emu.constant_address(name)
         if host.nbytes > size:
             raise ValueError(f"__constant__ {name} holds {size} bytes; the value has {host.nbytes}")
-        import ctypes
-
         ctypes.memmove(addr, host.ctypes.data, host.nbytes)
 
 
-def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
-    """Compile CUDA C (a string, or a path to a .cu file). On the emulator ``checked`` defaults to True."""
-    filename = "kernel.cu"
-    if isinstance(source, Path) or (isinstance(source, str) and source.endswith(".cu") and "\n" not in source):
+def read_source(source: str | Path) -> tuple[str, str]:
+    """(text, file name) from CUDA C text, a path to a .cu file, or the name of a labkit kernel file ("matmul")."""
+    if isinstance(source, str) and "\n" not in source and (KERNEL_DIR / f"{source}.cu").exists():
+        source = KERNEL_DIR / f"{source}.cu"
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith(".cu")):
         path = Path(source)
-        filename = path.name
-        source = path.read_text()
-    return Module(source, filename, backend=backend, checked=checked, defines=defines)
+        if not path.exists():
+            raise FileNotFoundError(f"no CUDA source at {path}")
+        return path.read_text(), path.name
+    return str(source), "kernel.cu"
+
+
+def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
+    """Compile CUDA C (text, a .cu path, or a labkit kernel file's name). On the emulator ``checked`` defaults to True."""
+    text, filename = read_source(source)
+    return Module(text, filename, backend=backend, checked=checked, defines=defines)
 
 
 @functools.cache

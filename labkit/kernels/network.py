@@ -46,8 +46,7 @@ class DeviceMLP:
         xp = self.xp = array_module_for(self.backend)
         self.activation, self.cost, self.matmul_kind, self.batch_size = activation, cost, matmul, int(batch_size)
         f32 = np.float32
-        self.params = [(xp.asarray(to_numpy(W), dtype=f32).copy(), xp.asarray(to_numpy(b), dtype=f32).copy())
-                       for W, b in params]
+        self.params = [(xp.array(to_numpy(W), dtype=f32), xp.array(to_numpy(b), dtype=f32)) for W, b in params]
         self.sizes = [self.params[0][0].shape[1]] + [W.shape[0] for W, _ in self.params]
         B = self.batch_size
         self.acts = [xp.zeros((B, n), f32) for n in self.sizes]          # acts[0] is the batch itself
@@ -58,6 +57,7 @@ class DeviceMLP:
         self.probs = xp.zeros((B, self.sizes[-1]), f32)
         self.row_loss = xp.zeros(B, f32)
         self.loss_sum = xp.zeros(1, f32)        # summed on the device over many steps; read when asked
+        self.zero_out = xp.zeros((B, self.sizes[-1]), f32) if cost == "quadratic" else None  # targets of sse_reduce
         self._reduce = load_file("reduce", backend=self.backend)
 
     # -- pieces ------------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ class DeviceMLP:
         else:  # the loss needs sum (a - y)^2 before the 1/n scaling
             softmax_xent_backward(out, self.labels[:n], d, scale=1.0, backend=self.backend)
             self._reduce.get_function("sse_reduce")((_blocks(d.size),), (REDUCE_THREADS,),
-                                                    (d, self._zeros_like_delta(n), self.loss_sum, np.int32(d.size)))
+                                                    (d, self.zero_out[:n], self.loss_sum, np.int32(d.size)))
         softmax_xent_backward(out, self.labels[:n], d, scale=1.0 / n, backend=self.backend)  # (out - onehot(y)) / n
         if self.cost == "quadratic":
             act_backward(d, self.acts[-1][:n], d, activation=self.activation, backend=self.backend)
@@ -119,11 +119,6 @@ class DeviceMLP:
         if l2:
             for (W, _), (gW, _) in zip(self.params, self.grads):
                 gW += np.float32(l2) * W
-
-    def _zeros_like_delta(self, n: int):
-        if not hasattr(self, "_zero_delta"):
-            self._zero_delta = self.xp.zeros_like(self.deltas[-1])
-        return self._zero_delta[:n]
 
     def update(self, lr: float, momentum: float = 0.0, l2: float = 0.0) -> None:
         """SGD with momentum on every weight and bias (L2 on weights only), in place."""

@@ -78,7 +78,7 @@ class Param:
         if code is None:
             return True
         kind, size = code
-        return dtype.itemsize == size and (dtype.kind == kind or (kind == "i" and dtype.kind == "i"))
+        return dtype.itemsize == size and dtype.kind == kind
 
     def numpy_type(self):
         """The NumPy scalar type this parameter takes (np.float32 for float), or None."""

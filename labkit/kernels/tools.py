@@ -7,13 +7,14 @@ nvidia-cuda-nvrtc-cu12``, which imports without a GPU).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from .loader import KERNEL_DIR
+from .loader import read_source
 from .source import KernelCompileError
 
 ARCHS = ("sm_80", "sm_90")
@@ -21,8 +22,6 @@ ARCHS = ("sm_80", "sm_90")
 
 def nvcc() -> str | None:
     """The nvcc on PATH (or under $CUDA_HOME/bin), or None."""
-    import os
-
     found = shutil.which("nvcc")
     if not found and os.environ.get("CUDA_HOME"):
         cand = Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"
@@ -49,17 +48,6 @@ def compiler_for_check() -> str | None:
     return None
 
 
-def _source_and_name(source: str | Path) -> tuple[str, str]:
-    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith(".cu")):
-        p = Path(source)
-        if not p.exists():
-            p = KERNEL_DIR / p.name
-        return p.read_text(), p.name
-    if isinstance(source, str) and "\n" not in source and (KERNEL_DIR / f"{source}.cu").exists():
-        return (KERNEL_DIR / f"{source}.cu").read_text(), f"{source}.cu"
-    return str(source), "kernel.cu"
-
-
 def _nvcc_cubin(text: str, name: str, arch: str, verbose: bool) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
@@ -78,7 +66,7 @@ def compile_check(source: str | Path, arch: str = "sm_90") -> str:
 
     ``source`` is CUDA C, a .cu path, or the name of one of labkit's kernel files ("matmul"). Returns the tool used.
     """
-    text, name = _source_and_name(source)
+    text, name = read_source(source)
     tool = compiler_for_check()
     if tool == "nvcc":
         _nvcc_cubin(text, name, arch, verbose=False)
@@ -133,7 +121,7 @@ def resource_usage(source: str | Path, arch: str = "sm_90") -> dict[str, dict[st
     Uses nvcc where present; on a machine with a working GPU and no nvcc, CuPy's kernel attributes
     (registers and static shared memory only, for the GPU present rather than ``arch``).
     """
-    text, name = _source_and_name(source)
+    text, name = read_source(source)
     if nvcc():
         return parse_ptxas(_nvcc_cubin(text, name, arch, verbose=True))
     from ..device import gpu_status
