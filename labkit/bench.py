@@ -99,6 +99,25 @@ def karp_flatt(p, s) -> np.ndarray:
     return (1 / s - 1 / p) / (1 - 1 / p)
 
 
+def crossover(x: Sequence[float], y: Sequence[float], level: float = 1.0) -> float | None:
+    """The x at which measured y first rises to ``level`` (interpolated linearly in log x, where x > 0), or None
+    when no measurement reaches it. For "from which width does the GPU pay?": y = speedup, level = 1."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError(f"x and y must be 1-D of the same length, got shapes {x.shape} and {y.shape}")
+    if np.any(np.diff(x) <= 0):
+        raise ValueError("x must increase")
+    if y[0] >= level:
+        return float(x[0])
+    for i in range(1, x.size):
+        if y[i] >= level:
+            t = (level - y[i - 1]) / (y[i] - y[i - 1])
+            if x[i - 1] > 0:
+                return float(np.exp(np.log(x[i - 1]) + t * (np.log(x[i]) - np.log(x[i - 1]))))
+            return float(x[i - 1] + t * (x[i] - x[i - 1]))
+    return None
+
+
 def machine_info() -> dict:
     """What the numbers were measured on: CPU count, Python, NumPy, BLAS library and its threads."""
     info = {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,

@@ -295,8 +295,12 @@ def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "qua
 # -- the per-sample reference (network.py style) -------------------------------------------------
 
 
-def _backprop_one(params: Params, x, y, activation: str, cost: str):
-    """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)])."""
+def _backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, wt_delta=None):
+    """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)]).
+
+    ``outer(i, delta, a)`` and ``wt_delta(i, delta)`` replace the two products of layer i (lab 03 runs them as
+    kernels); both take and return column vectors or matrices, as the NumPy expressions they replace.
+    """
     xp = array_module(x)
     activations = [x]
     a = x
@@ -317,9 +321,10 @@ def _backprop_one(params: Params, x, y, activation: str, cost: str):
         delta = out - y
     nabla = [None] * len(params)
     for i in range(len(params) - 1, -1, -1):
-        nabla[i] = (delta @ activations[i].T, delta[:, 0])  # outer product delta a^T
+        nabla[i] = (outer(i, delta, activations[i]) if outer else delta @ activations[i].T, delta[:, 0])  # delta a^T
         if i:
-            delta = (params[i][0].T @ delta) * _act_prime_from_output(activation, activations[i])  # W^T delta
+            back = wt_delta(i, delta) if wt_delta else params[i][0].T @ delta  # W^T delta
+            delta = back * _act_prime_from_output(activation, activations[i])
     return value, nabla
 
 

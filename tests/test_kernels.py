@@ -246,3 +246,14 @@ def test_backend_names(monkeypatch):
     assert K.backend() == "emulator"
     monkeypatch.setenv("LABKIT_DEVICE", "auto")
     assert K.backend() == ("cupy" if GPU else "emulator")
+
+
+def test_kernel_source_shows_one_kernel_with_its_comment():
+    text = K.kernel_source("layers", "outer")
+    assert text.startswith("// out = beta * out + delta a^T") and text.rstrip().endswith("}")
+    assert "wt_delta" not in text and text.count("__global__") == 1
+    src = 'extern "C" __global__ void a(float* x) { if (x) { x[0] = 1; } }\n// b\n__global__ void b(int n) {}\n'
+    assert K.kernel_source(src, "a") == 'extern "C" __global__ void a(float* x) { if (x) { x[0] = 1; } }'
+    assert K.kernel_source(src, "b") == "// b\n__global__ void b(int n) {}"
+    with pytest.raises(KeyError, match="no kernel 'c'.*'a', 'b'"):
+        K.kernel_source(src, "c")

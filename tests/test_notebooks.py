@@ -1,17 +1,15 @@
 """The lab notebooks: committed clean, structured for assignments, and executed on the quick profile."""
 
 import json
-import re
 
 import nbformat
 import pytest
 
-from labkit import report
+from labkit import assign, report
 
 NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
 WITH_EXERCISES = [p for p in NOTEBOOKS if "### BEGIN SOLUTION" in p.read_text()]
-SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -29,14 +27,6 @@ def test_committed_without_outputs_and_structured(path):
         assert "check." in sources[i + 1], "an exercise cell is followed by its check"
 
 
-def student_version(nb):
-    """The notebook with each solution region replaced by a stub (what `labkit assign` will hand out)."""
-    for c in nb.cells:
-        if c.cell_type == "code":
-            c.source = SOLUTION.sub(lambda m: f"{m.group(1)}raise NotImplementedError", c.source)
-    return nb
-
-
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_runs_quick_profile(path, tmp_path):
@@ -50,7 +40,7 @@ def test_notebook_runs_quick_profile(path, tmp_path):
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=[p.name for p in WITH_EXERCISES])
 def test_student_version_fails_its_check_clearly(path, tmp_path):
-    nb = student_version(nbformat.read(path, as_version=4))
+    nb = assign.student_notebook(nbformat.read(path, as_version=4))
     assert "### BEGIN SOLUTION" not in "".join(c.source for c in nb.cells)
     stub = tmp_path / path.name
     nbformat.write(nb, stub)

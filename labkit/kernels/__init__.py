@@ -21,6 +21,7 @@ from .loader import (
     Module,
     UnsupportedFeature,
     backend,
+    kernel_source,
     load,
     load_file,
 )
@@ -34,7 +35,7 @@ LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", 
              "conv2d_relu_forward", "conv2d_relu_backward")
 
 __all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
-           "load", "load_file", "LAUNCHERS",
+           "kernel_source", "load", "load_file", "LAUNCHERS",
            "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
            "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
            "conv2d_relu_forward", "conv2d_relu_backward"]

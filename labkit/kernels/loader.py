@@ -22,10 +22,19 @@ import numpy as np
 from ..device import gpu_status
 from . import emulator
 from .emulator import EmulatorUnavailable, KernelError
-from .source import KernelCompileError, KernelDecl, Param, UnsupportedFeature, find_constants, find_kernels, strip_comments
+from .source import (
+    KernelCompileError,
+    KernelDecl,
+    Param,
+    UnsupportedFeature,
+    _matching,
+    find_constants,
+    find_kernels,
+    strip_comments,
+)
 
 __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorUnavailable", "backend", "load", "load_file",
-           "Module", "Kernel", "KERNEL_DIR"]
+           "kernel_source", "Module", "Kernel", "KERNEL_DIR"]
 
 KERNEL_DIR = Path(__file__).parent
 BACKENDS = ("cupy", "emulator")
@@ -225,6 +234,23 @@ def load(source: str | Path, *, backend: str | None = None, checked: bool | None
     """Compile CUDA C (text, a .cu path, or a labkit kernel file's name). On the emulator ``checked`` defaults to True."""
     text, filename = read_source(source)
     return Module(text, filename, backend=backend, checked=checked, defines=defines)
+
+
+def kernel_source(source: str | Path, name: str) -> str:
+    """The text of kernel ``name`` (with the comment lines just above it) from CUDA C text, a .cu path or a labkit
+    kernel file's name: for showing a kernel in a notebook, ``print(kernels.kernel_source("layers", "outer"))``."""
+    text, filename = read_source(source)
+    clean = strip_comments(text)
+    decl = next((k for k in find_kernels(clean) if k.name == name), None)
+    if decl is None:
+        raise KeyError(f"no kernel {name!r} in {filename}; it has {[k.name for k in find_kernels(clean)]}")
+    body = clean.find("{", decl.params_span[1])
+    end = _matching(clean, body, "{", "}")
+    start = clean.rfind("\n", 0, clean.rfind("__global__", 0, decl.params_span[0])) + 1
+    lines = text[:start].split("\n")[:-1]
+    while lines and lines[-1].lstrip().startswith("//"):  # the comment that introduces the kernel
+        start -= len(lines.pop()) + 1
+    return text[start:end + 1]
 
 
 @functools.cache

@@ -1,0 +1,91 @@
+"""Student versions of the lab notebooks: every solution region replaced by a stub, outputs cleared.
+
+A solution region is the lines from ``### BEGIN SOLUTION`` to ``### END SOLUTION``. In Python code the
+region becomes ``raise NotImplementedError`` at the region's indentation; in CUDA C (a kernel's source
+inside a Python string, marked ``// ### BEGIN SOLUTION``) it becomes ``// YOUR CODE HERE``, which the
+kernel checks (``labkit.check.tiled_matmul``...) report as "not written yet". The check cells stay.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+
+from .check import KERNEL_TODO
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+SOLUTION = re.compile(r"^([ \t]*)(//[ \t]*)?### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*(?://[ \t]*)?### END SOLUTION[ \t]*$",
+                      re.S | re.M)
+PY_STUB = "raise NotImplementedError"
+C_STUB = f"// {KERNEL_TODO}"
+
+
+def _stub(m: re.Match) -> str:
+    return m.group(1) + (C_STUB if m.group(2) else PY_STUB)
+
+
+def student_source(source: str) -> str:
+    """One cell's source with each solution region replaced by its stub.
+
+    Raises ValueError where the markers do not pair up (a BEGIN without its END, or the reverse), so that no
+    solution can leak into a student version.
+    """
+    inside = False
+    for line_no, line in enumerate(source.splitlines(), 1):
+        if BEGIN in line or END in line:
+            if (BEGIN in line) == inside or (BEGIN in line and END in line):
+                raise ValueError(f"unpaired solution marker on line {line_no} of the cell: each {BEGIN!r} needs its own "
+                                 f"{END!r} after it, each on a line of its own")
+            inside = not inside
+    if inside:
+        raise ValueError(f"unpaired solution marker: the cell ends inside a solution region (no {END!r})")
+    out = SOLUTION.sub(_stub, source)
+    if BEGIN in out or END in out:  # a marker the pattern did not take (text before it on its line, say)
+        raise ValueError(f"unpaired solution marker: put {BEGIN!r} and {END!r} on lines of their own")
+    return out
+
+
+def student_notebook(nb):
+    """The notebook (nbformat v4) as handed out: solutions stubbed, outputs and execution counts cleared."""
+    nb = nbformat.from_dict(nb)  # a copy; the instructor's version stays as it is
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            try:
+                cell.source = student_source(cell.source)
+            except ValueError as e:
+                raise ValueError(f"cell {i} (id {cell.get('id', '?')}): {e}") from None
+            cell.outputs = []
+            cell.execution_count = None
+        elif BEGIN in cell.source:
+            raise ValueError(f"cell {i} (id {cell.get('id', '?')}) is {cell.cell_type}, but solution markers belong in code cells")
+    return nb
+
+
+def has_exercises(nb) -> bool:
+    return any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells)
+
+
+def write_student_versions(notebooks: list[Path], out_dir: Path | str) -> list[Path]:
+    """Write the student version of each notebook into ``out_dir`` (same file names); return the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        try:
+            student = student_notebook(nb)
+        except ValueError as e:
+            raise ValueError(f"{path.name}: {e}") from None
+        target = out_dir / Path(path).name
+        if target.resolve() == Path(path).resolve():
+            raise ValueError(f"writing the student version of {path} would overwrite the instructor's notebook: "
+                             "choose another output folder")
+        nbformat.write(student, target)
+        written.append(target)
+    return written
+
+
+__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "student_source", "student_notebook", "has_exercises",
+           "write_student_versions"]
