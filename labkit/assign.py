@@ -59,7 +59,8 @@ def student_notebook(nb):
             cell.outputs = []
             cell.execution_count = None
         elif BEGIN in cell.source:
-            raise ValueError(f"cell {i} (id {cell.get('id', '?')}) is {cell.cell_type}, but solution markers belong in code cells")
+            raise ValueError(f"cell {i} (id {cell.get('id', '?')}) is {cell.cell_type}, "
+                             "but solution markers belong in code cells")
     return nb
 
 

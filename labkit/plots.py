@@ -282,3 +282,63 @@ def plot_tradeoff(points: Mapping[str, tuple[float, float]], xlabel: str, ylabel
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     return fig
+
+
+def plot_stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]], unit: str = "s",
+                      normalise: bool = False, title: str | None = None):
+    """One horizontal bar per label, split into ``parts`` (phases: compute, communication, copies...).
+
+    ``normalise=True`` draws each bar as shares of its own total (for totals that differ by orders of
+    magnitude); the total is written at the end of every bar either way.
+    """
+    plt = _plt()
+    labels = list(labels)
+    names = list(parts)
+    vals = np.array([[float(v) for v in parts[k]] for k in names])  # (parts, labels)
+    if vals.shape != (len(names), len(labels)):
+        raise ValueError(f"every part needs one value per label ({len(labels)}); got shape {vals.shape}")
+    if (vals < 0).any():
+        raise ValueError("stacked bars need values >= 0")
+    totals = vals.sum(axis=0)
+    shown = vals / np.where(totals > 0, totals, 1) if normalise else vals
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(labels) + 1.6))
+    left = np.zeros(len(labels))
+    for name, row, c in zip(names, shown, colours(names) if len(names) <= len(_CYCLE) else _CYCLE * 4):
+        ax.barh(labels, row, left=left, color=c, label=name)
+        left += row
+    ax.invert_yaxis()
+    for i, t in enumerate(totals):
+        ax.text(left[i], i, f" {t:.3g} {unit}", va="center", fontsize=9)
+    ax.set(xlabel="share of the total" if normalise else unit, title=title or "",
+           xlim=(0, (1.0 if normalise else left.max()) * 1.3))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_roofline(points: Mapping[str, tuple[float, float]], peak_gflops: float, bandwidth_gbs: float,
+                  peak_label: str = "peak compute", bandwidth_label: str = "memory bandwidth", title: str | None = None):
+    """The roofline: attainable GFLOP/s = min(peak, intensity x bandwidth), on log-log axes, with each measured
+    kernel at (arithmetic intensity in FLOP/byte, achieved GFLOP/s). Labels say where the ceilings came from."""
+    plt = _plt()
+    if peak_gflops <= 0 or bandwidth_gbs <= 0:
+        raise ValueError(f"the ceilings must be positive, got {peak_gflops} GFLOP/s and {bandwidth_gbs} GB/s")
+    xs = [p[0] for p in points.values()]
+    lo, hi = min([*xs, peak_gflops / bandwidth_gbs]) / 4, max([*xs, peak_gflops / bandwidth_gbs]) * 4
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.plot(grid, np.minimum(peak_gflops, grid * bandwidth_gbs), color="black", lw=1.5)
+    ridge = peak_gflops / bandwidth_gbs
+    ax.text(lo * 1.1, lo * 1.1 * bandwidth_gbs * 1.15, f"{bandwidth_label}: {bandwidth_gbs:.3g} GB/s", fontsize=8,
+            rotation=0, va="bottom")
+    ax.text(hi / 1.1, peak_gflops * 1.08, f"{peak_label}: {peak_gflops:.3g} GFLOP/s", fontsize=8, ha="right", va="bottom")
+    ax.axvline(ridge, color="grey", lw=0.8, ls=":")
+    for (name, (x, y)), c in zip(points.items(), colours(points)):
+        ax.plot([x], [y], "o", color=c, ms=7, label=f"{name}: {y:.3g} GFLOP/s")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="GFLOP/s",
+           title=title or "roofline", xlim=(lo, hi))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig

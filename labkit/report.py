@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import time
@@ -29,6 +30,8 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
     from IPython.display import display
 
     text = _format_metric(name, value, unit)
+    if isinstance(value, float) and not math.isfinite(value):
+        value = str(value)  # JSON has no NaN or infinity; the report shows "nan" as it is
     display({METRIC_MIME: {"name": name, "value": value, "unit": unit, "note": note}, "text/plain": text}, raw=True)
 
 

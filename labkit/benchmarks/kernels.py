@@ -15,7 +15,6 @@ and the measured copy bandwidths (device-to-device, host-to-device). Everywhere:
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import numpy as np
@@ -28,16 +27,9 @@ TARGETS = {"emulator_matmul256_s": ("<=", 1.0), "sgemm_fraction_of_cublas": (">=
 
 def _timer(xp, fn, repeat: int) -> float:
     """Median seconds per call (after one warm-up), synchronising the GPU around each call."""
-    sync = (lambda: xp.cuda.get_current_stream().synchronize()) if xp is not np else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    from ..kernels import time_kernel
+
+    return time_kernel(fn, repeat, backend="emulator" if xp is np else "cupy")
 
 
 def emulator_part(quick: bool) -> dict:

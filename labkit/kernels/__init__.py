@@ -11,6 +11,7 @@ NumPy function of the same signature for every launcher. ``LABKIT_DEVICE=cpu`` f
 
 from __future__ import annotations
 
+from ._launch import synchronize, time_kernel
 from .conv import conv2d_relu_backward, conv2d_relu_forward
 from .layers import act_backward, bias_act_forward, col_sum, outer, wt_delta
 from .loader import (
@@ -35,7 +36,7 @@ LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", 
              "conv2d_relu_forward", "conv2d_relu_backward")
 
 __all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
-           "kernel_source", "load", "load_file", "LAUNCHERS",
+           "kernel_source", "load", "load_file", "LAUNCHERS", "synchronize", "time_kernel",
            "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
            "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
            "conv2d_relu_forward", "conv2d_relu_backward"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import numpy as np
 
 from .loader import backend
@@ -57,3 +60,29 @@ def output(out, name: str, shape: tuple, which: str, dtype=np.float32):
 
 def resolve(which: str | None) -> str:
     return which or backend()
+
+
+def synchronize(which: str | None = None) -> None:
+    """Wait for the GPU's queued work (a no-op on the emulator, whose launches return when done)."""
+    if resolve(which) == "cupy":
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = None) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones, synchronising the GPU before and after
+    each call: a launch returns before the kernel has run, so timing without waiting measures only the launch."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    which = resolve(backend)
+    for _ in range(warmup):
+        fn()
+    synchronize(which)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(which)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -144,10 +144,10 @@ def transfer_breakdown(n_out: int, n_in: int, repeat: int = 5, *, backend: str |
     delta = rng.standard_normal(n_out).astype(np.float32)
     times: dict[str, list[float]] = {p: [] for p in (*PHASES, "host")}
 
-    def timed(phase, fn):
+    def timed(phase, fn, *args, **kw):
         dev.sync()
         t0 = time.perf_counter()
-        r = fn()
+        r = fn(*args, **kw)
         dev.sync()
         times[phase].append(time.perf_counter() - t0)
         return r
@@ -156,11 +156,11 @@ def transfer_breakdown(n_out: int, n_in: int, repeat: int = 5, *, backend: str |
         for it in range(repeat + 1):  # the first round compiles and warms up; it is not counted
             # bufs holds the only references, so clearing it frees the memory (cudaFree without the pool)
             bufs = timed("allocate", lambda: [dev.empty(W.shape), dev.empty(delta.shape), dev.empty((n_in,))])
-            timed("copy in", lambda: _copy_in(dev, bufs, W, delta))
-            timed("kernel", lambda: wt_delta_kernel(bufs[0], bufs[1], bufs[2], backend=dev.which))
-            got = timed("copy out", lambda: dev.to_host(bufs[2]))
+            timed("copy in", _copy_in, dev, bufs, W, delta)
+            timed("kernel", wt_delta_kernel, *bufs, backend=dev.which)
+            got = timed("copy out", dev.to_host, bufs[2])
             timed("free", bufs.clear)
-            timed("host", lambda: W.T @ delta)
+            timed("host", np.matmul, W.T, delta)
             if it == 0:
                 np.testing.assert_allclose(got, W.T @ delta, rtol=1e-4, atol=1e-4)
                 for v in times.values():

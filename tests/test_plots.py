@@ -1,0 +1,52 @@
+"""The figures: they draw what they are given, and refuse what they cannot draw."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from labkit import plots  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_stacked_bars_stack_the_parts_and_write_the_totals():
+    fig = plots.plot_stacked_bars(["a", "b"], {"compute": [1.0, 3.0], "copy": [1.0, 1.0]}, unit="ms")
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == [1.0, 1.0, 1.0, 3.0]
+    texts = [t.get_text() for t in ax.texts]
+    assert " 2 ms" in texts and " 4 ms" in texts
+    fig = plots.plot_stacked_bars(["a", "b"], {"compute": [1.0, 3.0], "copy": [1.0, 1.0]}, normalise=True)
+    lefts = [p.get_x() + p.get_width() for p in fig.axes[0].patches]
+    assert max(lefts) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one value per label"):
+        plots.plot_stacked_bars(["a", "b"], {"compute": [1.0]})
+    with pytest.raises(ValueError, match=">= 0"):
+        plots.plot_stacked_bars(["a"], {"compute": [-1.0]})
+
+
+def test_roofline_draws_the_ceilings_and_every_point():
+    fig = plots.plot_roofline({"matmul": (30.0, 500.0), "copy": (0.125, 10.0)}, peak_gflops=1000.0, bandwidth_gbs=100.0)
+    ax = fig.axes[0]
+    x, y = ax.lines[0].get_data()
+    assert np.allclose(y, np.minimum(1000.0, 100.0 * x))  # the roof: min(peak, intensity x bandwidth)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["matmul: 500 GFLOP/s", "copy: 10 GFLOP/s"]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    with pytest.raises(ValueError, match="positive"):
+        plots.plot_roofline({"k": (1.0, 1.0)}, peak_gflops=0.0, bandwidth_gbs=1.0)
+
+
+def test_lines_and_bars_label_their_axes():
+    fig = plots.plot_lines([1, 2, 4], {"threads": [1, 1.8, 3.1]}, "workers", "speedup", hline=1)
+    assert fig.axes[0].get_xlabel() == "workers" and fig.axes[0].get_ylabel() == "speedup"
+    fig = plots.plot_times({"a": 2.0, "b": 1.0}, unit="ms", baseline="a")
+    assert any("(2.0x)" in t.get_text() for t in fig.axes[0].texts)
