@@ -257,3 +257,18 @@ def test_kernel_source_shows_one_kernel_with_its_comment():
     assert K.kernel_source(src, "b") == "// b\n__global__ void b(int n) {}"
     with pytest.raises(KeyError, match="no kernel 'c'.*'a', 'b'"):
         K.kernel_source(src, "c")
+
+
+@pytest.mark.parametrize("pad", [0, 1, 2])
+def test_im2col_library_convolution_equals_the_reference(pad):
+    from labkit.kernels.conv import im2col_conv2d_relu, library_convolutions
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 2, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    got = im2col_conv2d_relu(x, w, b, pad=pad)
+    assert got.flags.c_contiguous and got.dtype == np.float32
+    np.testing.assert_allclose(got, R.conv2d_relu_forward(x, w, b, pad=pad), rtol=1e-4, atol=1e-5)
+    libs = library_convolutions(backend="emulator")
+    assert list(libs) == ["im2col + BLAS (NumPy)"]

@@ -52,3 +52,43 @@ def conv2d_relu_backward(dy, y, x, w, *, pad: int = 0, backend: str | None = Non
     mod.get_function("conv2d_relu_backward_weight")((dw.size,), (THREADS,), (dy, y, x, dw, *dims))
     mod.get_function("conv2d_relu_backward_bias")((K,), (THREADS,), (dy, y, db, *map(np.int32, (N, K, OH, OW))))
     return dx, dw, db
+
+
+def im2col_conv2d_relu(x, w, b, *, pad: int = 0):
+    """relu(conv2d(x, w) + b) as libraries without a direct convolution do it: unfold the input into columns
+    (im2col, C*R*S rows) and make one matrix product, BLAS through NumPy or cuBLAS through CuPy (by x's array
+    type). Same shapes and result as :func:`conv2d_relu_forward`; for comparing the fused kernel with a library."""
+    from ..device import array_module
+
+    xp = array_module(x)
+    N, C, H, W, K, R, S, OH, OW = _shapes(x, w, pad)
+    xpad = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    cols = xp.empty((C, R, S, N, OH, OW), dtype=x.dtype)
+    for r in range(R):
+        for s in range(S):
+            cols[:, r, s] = xpad[:, :, r:r + OH, s:s + OW].transpose(1, 0, 2, 3)
+    z = w.reshape(K, C * R * S) @ cols.reshape(C * R * S, N * OH * OW)   # (K, N*OH*OW)
+    z += b[:, None]
+    xp.maximum(z, 0, out=z)
+    return xp.ascontiguousarray(z.reshape(K, N, OH, OW).transpose(1, 0, 2, 3))
+
+
+def library_convolutions(backend: str | None = None) -> dict:
+    """The library Conv2d+ReLU forwards to time the fused kernel against, by name: im2col + matmul always, and
+    PyTorch's (cuDNN) on a GPU where PyTorch with CUDA is installed. Each takes (x, w, b, pad=) like the kernel."""
+    which = resolve(backend)
+    found = {"im2col + cuBLAS" if which == "cupy" else "im2col + BLAS (NumPy)": im2col_conv2d_relu}
+    if which == "cupy":
+        try:
+            import torch
+            import torch.nn.functional as F
+
+            if torch.cuda.is_available():
+                def cudnn(x, w, b, *, pad=0):
+                    xt, wt, bt = (torch.from_dlpack(a) for a in (x, w, b))
+                    return F.relu(F.conv2d(xt, wt, bt, padding=pad))
+
+                found["PyTorch conv2d (cuDNN)"] = cudnn
+        except ImportError:
+            pass
+    return found
