@@ -1,4 +1,4 @@
-"""The ``labkit`` command: report, lab, data, doctor, bench.
+"""The ``labkit`` command: report, lab, data, doctor, assign, grade, bench.
 
 Run: ``labkit --help``
 """
@@ -55,6 +55,27 @@ def _cmd_doctor(a) -> int:
     return 1 if any(f.status == doctor.FAIL for f in findings) else 0
 
 
+def _cmd_assign(a) -> int:
+    from . import assign, report
+
+    notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
+    written = assign.write_student_versions(notebooks, a.out)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
+          "checks kept")
+    return 0
+
+
+def _cmd_grade(a) -> int:
+    from . import grade
+
+    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile)
+    print(grade.summary(results))
+    print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
+    return 0
+
+
 def _cmd_bench(a) -> int:
     from . import benchmarks
 
@@ -95,6 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check Python, BLAS, GPU, MPI, tools and data")
     doc.set_defaults(fn=_cmd_doctor)
+
+    asg = sub.add_parser("assign", help="write the student versions of the notebooks (solutions stubbed, outputs cleared)")
+    asg.add_argument("--out", default="student", help="output folder (default: student/)")
+    asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
+    asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
+    asg.set_defaults(fn=_cmd_assign)
+
+    g = sub.add_parser("grade", help="run students' notebooks and score every check (CSV and JSON)")
+    g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
+    g.add_argument("--out", default="grades", help="output folder (default: grades/)")
+    g.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell before it is stopped (default 60)")
+    g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
+    g.set_defaults(fn=_cmd_grade)
 
     from .benchmarks import BENCHMARKS
 

@@ -11,7 +11,7 @@ from labkit.benchmarks import backprop
 
 def test_help_lists_commands():
     out = subprocess.run([sys.executable, "-m", "labkit.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for cmd in ("report", "lab", "data", "doctor", "bench"):
+    for cmd in ("report", "lab", "data", "doctor", "assign", "grade", "bench"):
         assert cmd in out
 
 
@@ -112,3 +112,13 @@ def test_bench_kernels_quick_json(capsys):
     if result["backend"] == "cupy":
         assert 0 < result["sgemm_fraction_of_cublas"] and 0 < result["elementwise_fraction_of_copy"]
         assert result["copy_d2d_GBs"] > 0
+
+
+def test_assign_writes_student_versions(tmp_path, capsys):
+    assert cli.main(["assign", "--out", str(tmp_path / "student"), "--only", "04_"]) == 0
+    out = capsys.readouterr().out
+    assert "1 student notebook(s)" in out
+    text = (tmp_path / "student" / "04_cuda_kernels.ipynb").read_text()
+    assert "BEGIN SOLUTION" not in text and "YOUR CODE HERE" in text and "check.tiled_matmul" in text
+    assert cli.main(["assign", "--out", str(tmp_path / "s2"), "--only", "no-such-lab"]) == 2
+    assert "no lab notebooks" in capsys.readouterr().err

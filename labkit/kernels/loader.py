@@ -210,7 +210,9 @@ class Module:
         host = np.ascontiguousarray(value)
         if self.backend == "cupy":
             ptr = self._cupy.get_global(name)
-            ptr.copy_from_host(host.ctypes.data, host.nbytes)
+            if host.nbytes > ptr.mem.size:
+                raise ValueError(f"__constant__ {name} holds {ptr.mem.size} bytes; the value has {host.nbytes}")
+            ptr.copy_from_host(ctypes.c_void_p(host.ctypes.data), host.nbytes)  # older CuPy takes only c_void_p
             return
         addr, size = self._emu.constant_address(name)
         if host.nbytes > size:

@@ -1,0 +1,148 @@
+"""Grading students' notebooks: run each one with a time limit per cell and score every check cell.
+
+    labkit grade submissions/ --out grades/
+
+``submissions/`` holds one folder per student (``alice/04_cuda_kernels.ipynb``...) or the notebooks
+themselves (the file name then names the student). Every notebook runs from top to bottom on the quick
+profile; a cell that errs or runs past ``timeout`` seconds is stopped and the notebook goes on, so one
+endless loop costs one exercise, never the rest of the notebook or the other students. An exercise is a
+code cell that calls ``check.<name>(...)``: it passes when that cell finishes without an error.
+Results go to ``grades.csv`` (one row per exercise) and ``grades.json`` (with scores), and the executed
+notebooks beside them, for reading the students' errors in full.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .progress import progress_bar
+from .report import _ANSI, inject_parameters
+
+CHECK_CALL = re.compile(r"^\s*check\.(\w+)\(", re.M)
+
+
+@dataclass
+class ExerciseResult:
+    student: str
+    notebook: str
+    exercise: str
+    passed: bool
+    message: str
+
+
+def exercises_in(nb) -> list[tuple[int, str]]:
+    """(cell index, exercise name) of every check cell; a name that repeats gets #2, #3..."""
+    found, seen = [], {}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for name in CHECK_CALL.findall(cell.source):
+            seen[name] = seen.get(name, 0) + 1
+            found.append((i, name if seen[name] == 1 else f"{name}#{seen[name]}"))
+    return found
+
+
+def _outcome(cell, timeout: int) -> tuple[bool, str]:
+    if cell.get("execution_count") is None and not cell.get("outputs"):
+        return False, "not run (the notebook stopped before this cell)"
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            if out.get("ename") == "KeyboardInterrupt":
+                return False, f"stopped after the {timeout} s limit per cell (an endless loop, or far too slow?)"
+            first = _ANSI.sub("", str(out.get("evalue", ""))).strip().splitlines()
+            return False, f"{out.get('ename')}: {first[0] if first else ''}".strip()
+    return True, "passed"
+
+
+def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick") -> list[ExerciseResult]:
+    """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
+    student's errors)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    inject_parameters(nb, {"PROFILE": profile})
+    exercises = exercises_in(nb)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                            resources={"metadata": {"path": str(path.parent)}})
+    env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0"}
+    stopped = None
+    try:
+        client.execute(env=env)
+    except Exception as e:  # the kernel died (a crash in compiled code, memory): the cells not reached fail
+        stopped = f"the notebook's kernel stopped: {type(e).__name__}: {_ANSI.sub('', str(e)).strip()[:300]}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_dir / path.name)
+    results = []
+    for i, name in exercises:
+        passed, message = _outcome(nb.cells[i], timeout)
+        if stopped and not passed and message.startswith("not run"):
+            message = stopped
+        results.append(ExerciseResult(student, path.name, name, passed, message))
+    return results
+
+
+def submissions(folder: Path) -> list[tuple[str, Path]]:
+    """(student, notebook) pairs: folder/<student>/*.ipynb, and folder/*.ipynb named by their file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no submissions folder at {folder}")
+    found = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        rel = path.relative_to(folder)
+        found.append((rel.parts[0] if len(rel.parts) > 1 else path.stem, path))
+    if not found:
+        raise FileNotFoundError(f"no notebooks (*.ipynb) under {folder}")
+    return found
+
+
+def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
+          progress: bool | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+    """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``."""
+    if timeout < 1:
+        raise ValueError(f"timeout must be >= 1 second, got {timeout}")
+    out = Path(out)
+    results: list[ExerciseResult] = []
+    seconds = {}
+    for student, path in progress_bar(submissions(Path(folder)), enable=progress, desc="grading", unit="nb"):
+        t0 = time.perf_counter()
+        results += grade_notebook(path, student, out / "executed" / student, timeout, profile)
+        seconds[(student, path.name)] = time.perf_counter() - t0
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out / "grades.csv", out / "grades.json"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "notebook", "exercise", "passed", "message"])
+        for r in results:
+            w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
+    summary: dict = {}
+    for (student, nb_name), secs in seconds.items():
+        mine = [r for r in results if r.student == student and r.notebook == nb_name]
+        summary.setdefault(student, {})[nb_name] = {
+            "passed": sum(r.passed for r in mine), "exercises": len(mine), "seconds": round(secs, 1),
+            "results": [asdict(r) for r in mine]}
+    json_path.write_text(json.dumps({"profile": profile, "timeout_s": timeout, "students": summary}, indent=2) + "\n")
+    return results, csv_path, json_path
+
+
+def summary(results: list[ExerciseResult]) -> str:
+    """One line per student and notebook, then each failed exercise with its message."""
+    lines, by = [], {}
+    for r in results:
+        by.setdefault((r.student, r.notebook), []).append(r)
+    for (student, nb_name), rs in by.items():
+        lines.append(f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed")
+        lines += [f"{'':>18}x {r.exercise}: {r.message}" for r in rs if not r.passed]
+    return "\n".join(lines)
+
+
+__all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "grade_notebook", "submissions", "grade", "summary"]

@@ -1,0 +1,73 @@
+"""labkit grade: the reference solutions pass, the student versions fail clearly, an endless loop costs one exercise."""
+
+import csv
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from labkit import assign, cli, grade, report
+
+ENDLESS = new_notebook(cells=[
+    new_markdown_cell("# Lab 99"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("from labkit import check, mlp"),
+    new_code_cell("def accumulate(params, x, Y, acc):\n    while True:\n        pass"),
+    new_code_cell("check.accumulate(accumulate)"),
+    new_code_cell("def accumulate(params, x, Y, acc):\n    total = 0.0\n    for k in range(x.shape[0]):\n"
+                  "        loss, grads = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])\n"
+                  "        total += loss\n        for (aW, ab), (dW, db) in zip(acc, grads):\n"
+                  "            aW += dW\n            ab += db\n    return total"),
+    new_code_cell("check.accumulate(accumulate)"),
+    new_code_cell("check.accumulate(None)  # a wrong call fails with its message"),
+])
+
+
+def test_exercises_are_the_check_calls_with_repeats_numbered():
+    assert grade.exercises_in(ENDLESS) == [(4, "accumulate"), (6, "accumulate#2"), (7, "accumulate#3")]
+
+
+def test_submissions_by_folder_or_by_file(tmp_path):
+    (tmp_path / "ana").mkdir()
+    (tmp_path / "ana" / "02_x.ipynb").write_text("{}")
+    (tmp_path / "ana" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "ana" / ".ipynb_checkpoints" / "02_x-checkpoint.ipynb").write_text("{}")
+    (tmp_path / "ben_02.ipynb").write_text("{}")
+    assert [(s, p.name) for s, p in grade.submissions(tmp_path)] == [("ana", "02_x.ipynb"), ("ben_02", "ben_02.ipynb")]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no notebooks"):
+        grade.submissions(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no submissions folder"):
+        grade.submissions(tmp_path / "missing")
+
+
+@pytest.mark.notebooks
+def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
+    (tmp_path / "subs" / "cy").mkdir(parents=True)
+    nbformat.write(ENDLESS, tmp_path / "subs" / "cy" / "99_loop.ipynb")
+    results, csv_path, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=8, progress=False)
+    assert [(r.exercise, r.passed) for r in results] == [("accumulate", False), ("accumulate#2", True), ("accumulate#3", False)]
+    assert "8 s limit" in results[0].message
+    assert results[2].message.startswith("ExerciseError")
+    rows = list(csv.DictReader(open(csv_path)))
+    assert [r["passed"] for r in rows] == ["0", "1", "0"] and rows[0]["student"] == "cy"
+    summary = json.loads(json_path.read_text())["students"]["cy"]["99_loop.ipynb"]
+    assert summary["passed"] == 1 and summary["exercises"] == 3
+    assert (tmp_path / "out" / "executed" / "cy" / "99_loop.ipynb").exists()
+
+
+@pytest.mark.notebooks
+def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_path, capsys):
+    lab = report.find_notebooks(only="04_")[0]
+    (tmp_path / "subs" / "teacher").mkdir(parents=True)
+    nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "subs" / "teacher" / lab.name)
+    assign.write_student_versions([lab], tmp_path / "subs" / "blank")
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "teacher  04_cuda_kernels.ipynb: 2/2 exercises passed" in out
+    assert "blank  04_cuda_kernels.ipynb: 0/2 exercises passed" in out
+    data = json.loads((tmp_path / "out" / "grades.json").read_text())["students"]
+    for r in data["blank"][lab.name]["results"]:
+        assert "not written yet" in r["message"]
+    assert data["teacher"][lab.name]["seconds"] < 60
