@@ -303,7 +303,7 @@ def plot_stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]
     shown = vals / np.where(totals > 0, totals, 1) if normalise else vals
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(labels) + 1.6))
     left = np.zeros(len(labels))
-    for name, row, c in zip(names, shown, colours(names) if len(names) <= len(_CYCLE) else _CYCLE * 4):
+    for name, row, c in zip(names, shown, colours(names)):
         ax.barh(labels, row, left=left, color=c, label=name)
         left += row
     ax.invert_yaxis()
@@ -331,7 +331,7 @@ def plot_roofline(points: Mapping[str, tuple[float, float]], peak_gflops: float,
     ax.plot(grid, np.minimum(peak_gflops, grid * bandwidth_gbs), color="black", lw=1.5)
     ridge = peak_gflops / bandwidth_gbs
     ax.text(lo * 1.1, lo * 1.1 * bandwidth_gbs * 1.15, f"{bandwidth_label}: {bandwidth_gbs:.3g} GB/s", fontsize=8,
-            rotation=0, va="bottom")
+            va="bottom")
     ax.text(hi / 1.1, peak_gflops * 1.08, f"{peak_label}: {peak_gflops:.3g} GFLOP/s", fontsize=8, ha="right", va="bottom")
     ax.axvline(ridge, color="grey", lw=0.8, ls=":")
     for (name, (x, y)), c in zip(points.items(), colours(points)):

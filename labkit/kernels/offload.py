@@ -162,7 +162,10 @@ def transfer_breakdown(n_out: int, n_in: int, repeat: int = 5, *, backend: str |
             timed("free", bufs.clear)
             timed("host", np.matmul, W.T, delta)
             if it == 0:
-                np.testing.assert_allclose(got, W.T @ delta, rtol=1e-4, atol=1e-4)
+                err = float(np.abs(got - W.T @ delta).max())
+                if err > 1e-3 * max(1.0, float(np.abs(got).max())):
+                    raise RuntimeError(f"the wt_delta kernel gave a wrong result (largest difference {err:.3g}); "
+                                       "run the kernel tests: pytest tests/test_kernels.py")
                 for v in times.values():
                     v.clear()
     return {k: statistics.median(v) for k, v in times.items()}
