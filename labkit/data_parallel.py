@@ -82,6 +82,7 @@ class DataParallel:
         self.steps = 0
         self._key = self._flat = self._views = None
         self._shm = self._sum_views = None
+        self.timeline = None  # a labkit.bench.Timeline: each step's backprop and allreduce phases are recorded in it
 
     def close(self) -> None:
         """Free the shared-memory window of ``allreduce="shm"`` (collective; nothing to do otherwise)."""
@@ -156,6 +157,9 @@ class DataParallel:
         self.compute_seconds += t1 - t0
         self.comm_seconds += t2 - t1
         self.steps += 1
+        if self.timeline is not None:
+            self.timeline.add("backprop", "compute", t0, t1)
+            self.timeline.add(f"allreduce ({self.allreduce_name})", "comm", t1, t2)
         value = float(flat[-1])
         if l2:
             if self._shm is None:

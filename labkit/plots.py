@@ -10,13 +10,16 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .bench import amdahl
+from .bench import amdahl, gustafson
 from .device import to_numpy
 
 COLOURS = {
     "per-sample": "#7f7f7f", "per_sample": "#7f7f7f", "serial": "#7f7f7f",
     "vectorised": "#1f77b4", "threads": "#ff7f0e", "processes": "#2ca02c",
     "ideal": "#000000", "amdahl": "#d62728", "gpu": "#9467bd", "mpi": "#8c564b",
+    # phases of a parallel step
+    "compute": "#1f77b4", "backprop": "#1f77b4", "comm": "#ff7f0e", "allreduce": "#ff7f0e", "wait": "#bbbbbb",
+    "update": "#2ca02c",
 }
 _CYCLE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
@@ -101,11 +104,13 @@ def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s",
 
 
 def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xlabel: str = "workers",
-                 ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None):
-    """Speedup against worker count, with the ideal line, a fitted Amdahl curve and the core count marked."""
+                 ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None,
+                 gustafson_f: float | None = None, ax=None):
+    """Speedup against worker count, with the ideal line, a fitted Amdahl (or Gustafson, for scaled speedups from
+    weak scaling) curve and the core count marked. Draws into ``ax`` when given (returns its figure)."""
     plt = _plt()
     p = np.asarray(p, dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
     for (name, s), c in zip(speedups.items(), colours(speedups)):
         ax.plot(p, s, "o-", color=c, label=name)
     grid = np.linspace(p.min(), p.max(), 100)
@@ -113,13 +118,103 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
         ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
     if amdahl_f is not None and 0 <= amdahl_f <= 1:
         ax.plot(grid, amdahl(grid, amdahl_f), ":", color=COLOURS["amdahl"], lw=2, label=f"Amdahl, serial fraction {amdahl_f:.2f}")
-    if cores:
-        ax.axvline(cores, color="grey", lw=1, alpha=0.6)
-        ax.text(cores, ax.get_ylim()[1] * 0.95, f" {cores} cores", color="grey", va="top", fontsize=9)
+    if gustafson_f is not None and 0 <= gustafson_f <= 1:
+        ax.plot(grid, gustafson(grid, gustafson_f), ":", color=COLOURS["amdahl"], lw=2,
+                label=f"Gustafson, serial fraction {gustafson_f:.2f}")
+    _mark_cores(ax, cores)
     ax.axhline(1, color="grey", lw=0.8, alpha=0.5)
+    _integer_ticks(ax, p)
     ax.set(xlabel=xlabel, ylabel="speedup (serial time / parallel time)", title=title or "speedup")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _mark_cores(ax, cores: int | None) -> None:
+    if cores:
+        ax.axvline(cores, color="grey", lw=1, alpha=0.6)
+        lo, hi = ax.get_ylim()
+        ax.text(cores, lo + 0.03 * (hi - lo), f" {cores} cores", color="grey", va="bottom", fontsize=9)
+
+
+def _integer_ticks(ax, x) -> None:
+    if all(float(v).is_integer() for v in x):  # counts (ranks, workers): no 1.25 ticks
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_efficiency(p: Sequence[float], efficiencies: Mapping[str, Sequence[float]], xlabel: str = "ranks",
+                    cores: int | None = None, title: str | None = None, ax=None):
+    """Parallel efficiency (speedup / p) against worker count, in percent, with 100 % marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
+    for (name, e), c in zip(efficiencies.items(), colours(efficiencies)):
+        ax.plot(p, 100 * np.asarray(e, dtype=float), "o-", color=c, label=name)
+    ax.axhline(100, color=COLOURS["ideal"], ls="--", lw=1, label="ideal (100 %)")
+    ax.set_ylim(0, max(110, ax.get_ylim()[1]))
+    _mark_cores(ax, cores)
+    _integer_ticks(ax, p)
+    ax.set(xlabel=xlabel, ylabel="efficiency (speedup / p, %)", title=title or "efficiency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling(*results, title: str | None = None):
+    """Speedup (with the ideal line and the fitted Amdahl or Gustafson curve) beside efficiency, for one or more
+    :class:`labkit.bench.Scaling` results of the same mode."""
+    plt = _plt()
+    if not results:
+        raise ValueError("plot_scaling needs at least one labkit.bench.Scaling result")
+    modes = {r.mode for r in results}
+    if len(modes) != 1:
+        raise ValueError("plot strong and weak scaling separately: their speedups mean different things")
+    mode = modes.pop()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    ranks = sorted({p for r in results for p in r.ranks})
+    names = [f"{r.workload} (size {r.size}{' per rank' if mode == 'weak' else ''})" for r in results]
+    fit = results[0].serial_fraction
+    plot_speedup(ranks, {}, xlabel="ranks", ax=a1, title="scaled speedup (weak scaling)" if mode == "weak" else
+                 "speedup (strong scaling)", **({"amdahl_f": fit} if mode == "strong" else {"gustafson_f": fit}))
+    for (name, r), c in zip(zip(names, results), colours(names)):
+        a1.plot(r.ranks, r.speedup, "o-", color=c, label=name)
+    a1.legend(fontsize=8)
+    if mode == "weak":
+        a1.set_ylabel("scaled speedup (p T1 / Tp)")
+    plot_efficiency(ranks, {n: r.efficiency for n, r in zip(names, results)}, ax=a2,
+                    cores=results[0].cores if results[0].cores and results[0].cores < max(ranks) else None)
+    _mark_cores(a1, results[0].cores if results[0].cores and results[0].cores < max(ranks) else None)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colour_by: str = "name"):
+    """One lane per rank, a bar per phase of :class:`labkit.bench.Timeline` events (rank, name, kind, start, end in
+    seconds), coloured by phase ``name`` or by ``kind`` (compute / comm): gaps are idle time, long comm bars waiting."""
+    plt = _plt()
+    if not events:
+        raise ValueError("no events to draw")
+    ranks = sorted({int(e["rank"]) for e in events})
+    keys = list(dict.fromkeys(str(e[colour_by]) for e in events))
+    cmap = dict(zip(keys, colours(keys)))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(ranks) + 1.8))
+    t_min = min(e["start"] for e in events)
+    for e in events:
+        ax.barh(int(e["rank"]), (e["end"] - e["start"]) * 1e3, left=(e["start"] - t_min) * 1e3,
+                color=cmap[str(e[colour_by])], edgecolor="white", linewidth=0.5, height=0.7)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in cmap.items()], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set(xlabel="time (ms)", title=title)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
 
@@ -133,10 +228,8 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
         ax.plot(x, y, "o-", color=c, label=name)
     if hline is not None:
         ax.axhline(hline, color="grey", lw=1, ls="--")
-    if not logx and all(float(v).is_integer() for v in x):  # counts (ranks, workers): no 1.25 ticks
-        from matplotlib.ticker import MaxNLocator
-
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if not logx:
+        _integer_ticks(ax, x)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
     if logx:
         ax.set_xscale("log")

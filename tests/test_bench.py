@@ -29,3 +29,126 @@ def test_measure_and_format():
     assert bench.format_seconds(4.1e-5) == "41 µs"
     info = bench.machine_info()
     assert info["cpus"] >= 1 and "numpy" in info
+
+
+def test_gustafson_fit_recovers_serial_fraction():
+    p = np.array([1, 2, 4, 8])
+    for f in (0.0, 0.1, 0.5):
+        assert bench.fit_gustafson(p, bench.gustafson(p, f)) == pytest.approx(f, abs=1e-12)
+    with pytest.raises(ValueError, match="more than one worker"):
+        bench.fit_gustafson([1, 1], [1.0, 1.0])
+
+
+def test_wall_and_cpu_clocks_tell_waiting_from_working():
+    import time
+
+    wall = bench.measure(lambda: time.sleep(0.05), repeat=2, warmup=0, clock="wall")
+    cpu = bench.measure(lambda: time.sleep(0.05), repeat=2, warmup=0, clock="cpu")
+    assert wall.best >= 0.05 and cpu.median < 0.03  # sleeping takes time but no CPU
+    with bench.timer("cpu") as t:
+        sum(i * i for i in range(200_000))
+    assert t.seconds > 0
+    with pytest.raises(ValueError, match="clock must be one of"):
+        bench.measure(lambda: None, clock="sundial")
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        bench.measure(lambda: None, repeat=0)
+
+
+def test_cuda_clock_needs_a_gpu_or_times_the_gpu():
+    from labkit import device
+
+    if not device.gpu_status()[0]:
+        with pytest.raises(RuntimeError, match="clock='cuda' needs CuPy and a CUDA GPU"):
+            bench.measure(lambda: None, clock="cuda")
+        return
+    import cupy
+
+    a = cupy.random.random((1024, 1024), dtype=cupy.float32)
+    t = bench.measure(lambda: a @ a, repeat=3, clock="cuda")
+    assert 0 < t.median < 1.0
+
+
+def _timings(medians):
+    return [bench.Timing([m, m * 1.01, m * 0.99]) for m in medians]
+
+
+def test_scaling_strong_and_weak_figures():
+    f, ranks = 0.2, [1, 2, 4]
+    t1 = 10.0
+    strong = bench.Scaling("w", "strong", 100, ranks, _timings([t1 / float(bench.amdahl(p, f)) for p in ranks]), cores=2)
+    np.testing.assert_allclose(strong.speedup, bench.amdahl(ranks, f))
+    np.testing.assert_allclose(strong.efficiency, bench.amdahl(ranks, f) / ranks)
+    assert strong.serial_fraction == pytest.approx(f)
+    assert np.isnan(strong.karp_flatt[0]) and strong.karp_flatt[1:] == pytest.approx([f, f])
+    table = strong.table()
+    assert "Karp-Flatt" in table and "more ranks than cores" in table and "Amdahl's law: 0.200" in table
+    # weak: every p-rank run takes t1; one rank needs (f + p (1 - f)) t1 for the same scaled problem
+    weak = bench.Scaling("w", "weak", 100, ranks, _timings([t1] * 3),
+                         serial_timings=_timings([t1 * (f + p * (1 - f)) for p in ranks]))
+    np.testing.assert_allclose(weak.speedup, bench.gustafson(ranks, f))
+    np.testing.assert_allclose(weak.weak_efficiency, 1.0)
+    assert weak.serial_fraction == pytest.approx(f) and np.isnan(weak.karp_flatt).all()
+    assert "Gustafson's law: 0.200" in weak.table() and weak.to_dict()["mode"] == "weak"
+    estimated = bench.Scaling("w", "weak", 100, ranks, _timings([t1, 2 * t1, 2 * t1]))  # without one-rank runs
+    np.testing.assert_allclose(estimated.speedup, [1, 1, 2])  # p T1 / Tp
+    with pytest.raises(ValueError, match="1-rank baseline"):
+        bench.Scaling("w", "strong", 1, [2, 4], _timings([1, 1]))
+    with pytest.raises(ValueError, match="'strong' or 'weak'"):
+        bench.Scaling("w", "diagonal", 1, [1], _timings([1]))
+
+
+def test_timeline_and_chrome_trace(tmp_path):
+    import json
+    import time
+
+    tl = bench.Timeline(rank=3)
+    with tl.phase("backprop"):
+        time.sleep(0.01)
+    with tl.phase("allreduce", "comm"):
+        pass
+    assert [e["name"] for e in tl.events] == ["backprop", "allreduce"]
+    assert tl.events[0]["end"] - tl.events[0]["start"] >= 0.01
+    assert tl.totals()["compute"] >= 0.01 and "comm" in tl.totals()
+    doc = bench.chrome_trace(tl.events, tmp_path / "trace.json", process="test")
+    assert json.loads((tmp_path / "trace.json").read_text()) == doc
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [e["tid"] for e in xs] == [3, 3] and xs[0]["dur"] >= 1e4  # microseconds
+    assert {"name": "thread_name", "ph": "M", "pid": 0, "tid": 3, "args": {"name": "rank 3"}} in doc["traceEvents"]
+    with pytest.raises(ValueError, match="ends before it starts"):
+        bench.chrome_trace([{"rank": 0, "name": "x", "start": 1.0, "end": 0.5}])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_mpi_clock_and_timeline_under_mpiexec(n):
+    from conftest import run_mpi_check
+
+    run_mpi_check("check_bench.py", n)
+
+
+def test_strong_and_weak_scaling_runners():
+    strong = bench.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, trace=True, progress=False)
+    assert strong.ranks == [1, 2] and len(strong.timings) == 2 and all(len(t.times) == 2 for t in strong.timings)
+    assert np.isfinite(strong.serial_fraction) and (strong.times > 0).all()
+    assert {e["rank"] for e in strong.traces[2]} == {0, 1} and set(strong.phases[1]) == {"compute", "comm"}
+    weak = bench.weak_scaling("backprop", ranks=(1, 2), size=64, repeat=2, progress=False)
+    assert weak.mode == "weak" and weak.speedup[0] == pytest.approx(1.0) and weak.phases[1]["comm"] > 0
+    assert len(weak.serial_timings) == 2 and weak.serial_timings[0] is weak.timings[0]
+    assert weak.speedup[1] == pytest.approx(weak.serial_timings[1].median / weak.timings[1].median)
+
+
+def test_scaling_runner_errors():
+    from labkit.benchmarks import scaling
+
+    with pytest.raises(ValueError, match="unknown workload 'sorting'"):
+        bench.strong_scaling("sorting")
+    with pytest.raises(ValueError, match="positive rank counts"):
+        bench.strong_scaling("synthetic", ranks=(0, 2))
+    with pytest.raises(RuntimeError, match=r"failed \(exit 1\)[\s\S]*serial must be in \[0, 1\]"):
+        scaling.launch("synthetic", "strong", 1, size=10, serial=2.0)
+    with pytest.raises(RuntimeError, match="did not finish in 2 s"):
+        scaling.launch("synthetic", "strong", 1, size=10**7, repeat=1, timeout=2)
+
+
+def test_scaling_options_are_checked():
+    with pytest.raises(ValueError, match="takes no option serial"):
+        bench.strong_scaling("backprop", options={"serial": 0.2})

@@ -50,3 +50,44 @@ def test_lines_and_bars_label_their_axes():
     assert fig.axes[0].get_xlabel() == "workers" and fig.axes[0].get_ylabel() == "speedup"
     fig = plots.plot_times({"a": 2.0, "b": 1.0}, unit="ms", baseline="a")
     assert any("(2.0x)" in t.get_text() for t in fig.axes[0].texts)
+
+
+def _scaling(mode, f=0.2):
+    from labkit import bench
+
+    ranks = [1, 2, 4]
+    law = bench.amdahl if mode == "strong" else bench.gustafson
+    if mode == "strong":
+        return bench.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0 / float(law(p, f))]) for p in ranks], cores=2)
+    return bench.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0])] * 3, cores=2,
+                         serial_timings=[bench.Timing([8.0 * float(law(p, f))]) for p in ranks])
+
+
+def test_scaling_figure_has_speedup_with_its_law_and_efficiency():
+    fig = plots.plot_scaling(_scaling("strong"))
+    a1, a2 = fig.axes
+    labels = [ln.get_label() for ln in a1.lines]
+    assert "Amdahl, serial fraction 0.20" in labels and "ideal (S = p)" in labels
+    measured = [ln for ln in a1.lines if ln.get_label().startswith("backprop")][0]
+    assert np.allclose(measured.get_ydata(), _scaling("strong").speedup)
+    eff = [ln for ln in a2.lines if ln.get_label().startswith("backprop")][0]
+    assert np.allclose(eff.get_ydata(), 100 * _scaling("strong").efficiency)  # in percent
+    assert "efficiency" in a2.get_ylabel() and any("2 cores" in t.get_text() for t in a2.texts)
+    fig = plots.plot_scaling(_scaling("weak"))
+    assert "Gustafson, serial fraction 0.20" in [ln.get_label() for ln in fig.axes[0].lines]
+    with pytest.raises(ValueError, match="separately"):
+        plots.plot_scaling(_scaling("strong"), _scaling("weak"))
+    with pytest.raises(ValueError, match="at least one"):
+        plots.plot_scaling()
+
+
+def test_rank_timeline_one_lane_per_rank():
+    events = [{"rank": r, "name": n, "kind": k, "start": s, "end": e}
+              for r in (0, 1) for n, k, s, e in (("backprop", "compute", 0.0, 0.004), ("allreduce", "comm", 0.004, 0.005))]
+    fig = plots.plot_rank_timeline(events, colour_by="kind")
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4 and [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    assert sorted(round(p.get_width(), 6) for p in ax.patches) == [1.0, 1.0, 4.0, 4.0]  # milliseconds
+    assert ax.get_xlabel() == "time (ms)"
+    with pytest.raises(ValueError, match="no events"):
+        plots.plot_rank_timeline([])

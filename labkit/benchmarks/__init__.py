@@ -9,6 +9,7 @@ BENCHMARKS = {
     "allreduce": "naive, recursive-doubling and ring allreduce against MPI_Allreduce on 2 and 4 ranks",
     "kernels": "labkit's CUDA kernels against cuBLAS/CuPy and the copy bandwidth on a GPU; the emulator's matmul",
     "training": "data-parallel speedup on 2 ranks and the accuracy cost of top-k 1 % compression",
+    "scaling": "strong and weak scaling of the data-parallel step on 1..4 ranks, with fitted serial fractions",
 }
 
 
