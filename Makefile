@@ -11,7 +11,7 @@ help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
 	@echo "make test     set up .venv and run the whole test suite"
 	@echo "make lab      JupyterLab on notebooks/"
-	@echo "make bench    the backprop, allreduce and kernel benchmarks"
+	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
 
@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/labkit bench backprop
 	$(BIN)/labkit bench allreduce
 	$(BIN)/labkit bench kernels
+	$(BIN)/labkit bench scaling
 
 doctor: $(STAMP)
 	$(BIN)/labkit doctor

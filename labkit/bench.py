@@ -290,9 +290,17 @@ class Scaling:
         return efficiency(self.speedup, self.ranks)
 
     @property
+    def fitted_ranks(self) -> list[int]:
+        """The rank counts the serial fraction is fitted on: those up to the core count (both laws assume p
+        processors; more ranks than cores only take turns), or all of them when none above 1 fits on the cores."""
+        within = [p for p in self.ranks if not self.cores or p <= self.cores]
+        return within if len(within) > 1 else list(self.ranks)
+
+    @property
     def serial_fraction(self) -> float:
-        """Fitted with Amdahl's law (strong) or Gustafson's law (weak)."""
-        return (fit_amdahl if self.mode == "strong" else fit_gustafson)(self.ranks, self.speedup)
+        """Fitted with Amdahl's law (strong) or Gustafson's law (weak) on :attr:`fitted_ranks`."""
+        keep = [self.ranks.index(p) for p in self.fitted_ranks]
+        return (fit_amdahl if self.mode == "strong" else fit_gustafson)(np.asarray(self.ranks)[keep], self.speedup[keep])
 
     @property
     def karp_flatt(self) -> np.ndarray:
@@ -318,7 +326,9 @@ class Scaling:
             last = (f"  {self.weak_efficiency[i]:5.0%}" if weak else f"  {kf:10.3f}" if np.isfinite(kf) else f"  {'':>10}")
             rows.append(f"{p:>5}  {str(t):>20}  {one}{s:>14.2f}  {e:>10.0%}{last}{over}")
         law = "Amdahl" if self.mode == "strong" else "Gustafson"
-        rows.append(f"serial fraction fitted with {law}'s law: {self.serial_fraction:.3f}")
+        on = "" if self.fitted_ranks == list(self.ranks) else \
+            f" on {self.fitted_ranks[0]}-{self.fitted_ranks[-1]} ranks (within the {self.cores} cores)"
+        rows.append(f"serial fraction fitted with {law}'s law{on}: {self.serial_fraction:.3f}")
         return "\n".join(rows)
 
     __str__ = table
@@ -327,7 +337,8 @@ class Scaling:
         return {"workload": self.workload, "mode": self.mode, "size": self.size, "ranks": self.ranks,
                 "times": [t.times for t in self.timings], "median": self.times.tolist(),
                 "speedup": self.speedup.tolist(), "efficiency": self.efficiency.tolist(),
-                "serial_fraction": self.serial_fraction, "phases": self.phases, "cores": self.cores,
+                "serial_fraction": self.serial_fraction, "fitted_ranks": self.fitted_ranks, "phases": self.phases,
+                "cores": self.cores,
                 "serial_times": None if self.serial_timings is None else [t.times for t in self.serial_timings]}
 
 

@@ -164,29 +164,35 @@ def plot_efficiency(p: Sequence[float], efficiencies: Mapping[str, Sequence[floa
 
 
 def plot_scaling(*results, title: str | None = None):
-    """Speedup (with the ideal line and the fitted Amdahl or Gustafson curve) beside efficiency, for one or more
-    :class:`labkit.bench.Scaling` results of the same mode."""
+    """Speedup (with the ideal line and each result's fitted Amdahl or Gustafson curve, dotted in its colour) beside
+    efficiency, for one or more :class:`labkit.bench.Scaling` results of the same mode."""
     plt = _plt()
     if not results:
         raise ValueError("plot_scaling needs at least one labkit.bench.Scaling result")
     modes = {r.mode for r in results}
     if len(modes) != 1:
         raise ValueError("plot strong and weak scaling separately: their speedups mean different things")
-    mode = modes.pop()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    weak = modes.pop() == "weak"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     ranks = sorted({p for r in results for p in r.ranks})
-    names = [f"{r.workload} (size {r.size}{' per rank' if mode == 'weak' else ''})" for r in results]
-    fit = results[0].serial_fraction
-    plot_speedup(ranks, {}, xlabel="ranks", ax=a1, title="scaled speedup (weak scaling)" if mode == "weak" else
-                 "speedup (strong scaling)", **({"amdahl_f": fit} if mode == "strong" else {"gustafson_f": fit}))
-    for (name, r), c in zip(zip(names, results), colours(names)):
+    cores = results[0].cores if results[0].cores and results[0].cores < max(ranks) else None
+    names = [f"{r.workload}, size {r.size}{' per rank' if weak else ''}" for r in results]
+    law, curve = ("Gustafson", gustafson) if weak else ("Amdahl", amdahl)
+    grid = np.linspace(1, max(ranks), 100)
+    a1.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
+    for name, r, c in zip(names, results, colours(names)):
         a1.plot(r.ranks, r.speedup, "o-", color=c, label=name)
+        f = r.serial_fraction
+        if 0 <= f <= 1:
+            a1.plot(grid, curve(grid, f), ":", color=c, lw=2, label=f"{law} fit, serial fraction {f:.2f}")
+    a1.axhline(1, color="grey", lw=0.8, alpha=0.5)
+    _integer_ticks(a1, ranks)
+    a1.set(xlabel="ranks", ylabel="scaled speedup (one rank's time / p ranks' time, same problem)" if weak else
+           "speedup (T1 / Tp)", title="scaled speedup (weak scaling)" if weak else "speedup (strong scaling)")
+    a1.grid(alpha=0.3)
     a1.legend(fontsize=8)
-    if mode == "weak":
-        a1.set_ylabel("scaled speedup (p T1 / Tp)")
-    plot_efficiency(ranks, {n: r.efficiency for n, r in zip(names, results)}, ax=a2,
-                    cores=results[0].cores if results[0].cores and results[0].cores < max(ranks) else None)
-    _mark_cores(a1, results[0].cores if results[0].cores and results[0].cores < max(ranks) else None)
+    _mark_cores(a1, cores)
+    plot_efficiency(ranks, {n: r.efficiency for n, r in zip(names, results)}, ax=a2, cores=cores)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -81,7 +81,13 @@ def test_scaling_strong_and_weak_figures():
     assert strong.serial_fraction == pytest.approx(f)
     assert np.isnan(strong.karp_flatt[0]) and strong.karp_flatt[1:] == pytest.approx([f, f])
     table = strong.table()
-    assert "Karp-Flatt" in table and "more ranks than cores" in table and "Amdahl's law: 0.200" in table
+    assert "Karp-Flatt" in table and "more ranks than cores" in table
+    assert "Amdahl's law on 1-2 ranks (within the 2 cores): 0.200" in table and strong.fitted_ranks == [1, 2]
+    # more ranks than cores take turns: their slowdown is not read as serial work
+    crowded = bench.Scaling("w", "strong", 100, ranks, _timings([t1, t1 / float(bench.amdahl(2, f)), t1]), cores=2)
+    assert crowded.serial_fraction == pytest.approx(f)
+    crowded.cores = None
+    assert crowded.fitted_ranks == ranks and crowded.serial_fraction > 0.5
     # weak: every p-rank run takes t1; one rank needs (f + p (1 - f)) t1 for the same scaled problem
     weak = bench.Scaling("w", "weak", 100, ranks, _timings([t1] * 3),
                          serial_timings=_timings([t1 * (f + p * (1 - f)) for p in ranks]))

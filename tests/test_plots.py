@@ -67,14 +67,14 @@ def test_scaling_figure_has_speedup_with_its_law_and_efficiency():
     fig = plots.plot_scaling(_scaling("strong"))
     a1, a2 = fig.axes
     labels = [ln.get_label() for ln in a1.lines]
-    assert "Amdahl, serial fraction 0.20" in labels and "ideal (S = p)" in labels
+    assert "Amdahl fit, serial fraction 0.20" in labels and "ideal (S = p)" in labels
     measured = [ln for ln in a1.lines if ln.get_label().startswith("backprop")][0]
     assert np.allclose(measured.get_ydata(), _scaling("strong").speedup)
     eff = [ln for ln in a2.lines if ln.get_label().startswith("backprop")][0]
     assert np.allclose(eff.get_ydata(), 100 * _scaling("strong").efficiency)  # in percent
     assert "efficiency" in a2.get_ylabel() and any("2 cores" in t.get_text() for t in a2.texts)
     fig = plots.plot_scaling(_scaling("weak"))
-    assert "Gustafson, serial fraction 0.20" in [ln.get_label() for ln in fig.axes[0].lines]
+    assert "Gustafson fit, serial fraction 0.20" in [ln.get_label() for ln in fig.axes[0].lines]
     with pytest.raises(ValueError, match="separately"):
         plots.plot_scaling(_scaling("strong"), _scaling("weak"))
     with pytest.raises(ValueError, match="at least one"):

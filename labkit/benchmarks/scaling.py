@@ -123,7 +123,7 @@ def worker(cfg: dict) -> None:
     before = phases()
     timing = measure(step, repeat=cfg["repeat"], warmup=cfg["warmup"], clock="mpi", comm=comm)
     after = phases()
-    per_step = {k: (after[k] - before[k]) / cfg["repeat"] for k in after}
+    per_step = {k: (after[k] - before[k]) / (cfg["repeat"] + cfg["warmup"]) for k in after}  # measure ran both
     out = {"p": comm.Get_size(), "times": timing.times,
            "phases": {k: comm.allreduce(v, op=MPI.MAX) for k, v in per_step.items()}}
     if cfg.get("trace"):
