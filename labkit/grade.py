@@ -55,9 +55,31 @@ def _outcome(cell, timeout: int) -> tuple[bool, str]:
         if out.get("output_type") == "error":
             if out.get("ename") == "KeyboardInterrupt":
                 return False, f"stopped after the {timeout} s limit per cell (an endless loop, or far too slow?)"
+            if out.get("ename") in ENGINE_ERRORS:  # a %%px cell: the engines' own errors were printed above
+                found = _engine_error(cell)
+                if found:
+                    return False, found
             first = _ANSI.sub("", str(out.get("evalue", ""))).strip().splitlines()
             return False, f"{out.get('ename')}: {first[0] if first else ''}".strip()
     return True, "passed"
+
+
+ENGINE_ERRORS = ("AlreadyDisplayedError", "CompositeError", "RemoteError")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.*)$")
+
+
+def _engine_error(cell) -> str | None:
+    """The exception line that the MPI engines printed for a ``%%px`` cell that says most (rank 0's ExerciseError)."""
+    lines = []
+    for out in cell.get("outputs", []):
+        text = out.get("text", "") if out.get("output_type") == "stream" else ""
+        lines += _ANSI.sub("", text).splitlines()
+    found = [m for m in map(_EXCEPTION_LINE.match, (ln.strip() for ln in lines)) if m]
+    if not found:
+        return None
+    # an ExerciseError first, and of those rank 0's (the other ranks say only that rank 0 shows what went wrong)
+    best = min(found, key=lambda m: (not m.group(1).endswith("ExerciseError"), "rank 0 shows" in m.group(2)))
+    return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)} (on the MPI engines)"
 
 
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick") -> list[ExerciseResult]:

@@ -71,3 +71,25 @@ def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_pat
     for r in data["blank"][lab.name]["results"]:
         assert "not written yet" in r["message"]
     assert data["teacher"][lab.name]["seconds"] < 60
+
+
+def test_a_px_cell_is_graded_by_the_engines_own_error():
+    """A %%px check cell ends in ipyparallel's AlreadyDisplayedError; the message must be rank 0's ExerciseError."""
+    import nbformat
+
+    ansi = "\x1b[31m"
+    cell = nbformat.v4.new_code_cell("%%px\ncheck.ring_allreduce(my_ring_allreduce)")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            f"[1:execute]\n{ansi}ExerciseError\x1b[39m   Traceback (most recent call last)\n----> 1 check.ring_allreduce(f)\n"
+            "ExerciseError: ring allreduce: failed (rank 0 shows what went wrong)\n")),
+        nbformat.v4.new_output("stream", name="stderr", text=(
+            "[0:execute]\nTraceback (most recent call last)\n"
+            "labkit.check.ExerciseError: ring allreduce: 2 ranks, n=5: rank 1 got [3. 3.], expected [2. 2.]\n")),
+        nbformat.v4.new_output("error", ename="AlreadyDisplayedError", evalue="2 errors", traceback=["2 errors"]),
+    ]
+    passed, message = grade._outcome(cell, 60)
+    assert not passed
+    assert message == "ExerciseError: ring allreduce: 2 ranks, n=5: rank 1 got [3. 3.], expected [2. 2.] (on the MPI engines)"
+    cell.outputs = cell.outputs[-1:]  # nothing printed by the engines: the error itself
+    assert grade._outcome(cell, 60) == (False, "AlreadyDisplayedError: 2 errors")
