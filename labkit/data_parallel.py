@@ -7,7 +7,9 @@ losses over the ranks with the chosen allreduce, and returns the mean gradient o
 every rank applies the same update and the weights stay identical, equal to a serial run's.
 
 ``fused=True`` packs all gradients (and the loss) into one buffer and does one allreduce, as Horovod's
-tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. Time spent computing
+tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. With ``allreduce="shm"`` and
+``shard_update=True`` (ranks on one machine) the optimizer step is sharded too (:class:`ShardedSGD`): the weights
+live in shared memory for the run and each rank updates its block of them from every rank's gradient. Time spent computing
 and communicating is accumulated in :attr:`DataParallel.compute_seconds` and :attr:`comm_seconds`.
 """
 
@@ -66,9 +68,13 @@ class DataParallel:
     an MPI shared-memory window and the sum is read from it, :class:`labkit.collectives.SharedMemoryAllreduce`;
     call :meth:`close` when done), or any function ``f(comm, x, op) -> summed array`` (a compressed allreduce,
     say). Every rank must call it with the same batch.
+
+    ``shard_update=True`` (with ``"shm"``) splits the optimizer step over the ranks as well: inside
+    :func:`labkit.mlp.train` (which takes :meth:`make_optimizer`), the call returns ``(loss, None)`` and
+    :class:`ShardedSGD` applies the step; ``l2`` is not supported there.
     """
 
-    def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None):
+    def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None, shard_update: bool = False):
         self.comm = comm
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(allreduce, "__name__", "custom")
         self._allreduce = _allreduce_fn(allreduce)
@@ -77,6 +83,10 @@ class DataParallel:
             raise ValueError("a custom allreduce needs fused=True (one buffer, so compression state stays per buffer)")
         if allreduce == "shm" and not fused:
             raise ValueError("allreduce='shm' works on one fused buffer: use fused=True")
+        if shard_update and allreduce != "shm":
+            raise ValueError("shard_update=True needs allreduce='shm' (the weights live in one shared-memory window)")
+        self.shard_update = shard_update
+        self._optimizer: ShardedSGD | None = None
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
         self.steps = 0
@@ -84,8 +94,17 @@ class DataParallel:
         self._shm = self._sum_views = None
         self.timeline = None  # a labkit.bench.Timeline: each step's backprop and allreduce phases are recorded in it
 
+    def make_optimizer(self, params, lr: float, momentum: float = 0.0):
+        """The optimizer :func:`labkit.mlp.train` uses with this method: plain :class:`labkit.mlp.SGD`, or with
+        ``shard_update=True`` a :class:`ShardedSGD` that moves the weights into shared memory for the run."""
+        if not self.shard_update:
+            return mlp.SGD(lr, momentum)
+        return ShardedSGD(self, params, lr, momentum)
+
     def close(self) -> None:
         """Free the shared-memory window of ``allreduce="shm"`` (collective; nothing to do otherwise)."""
+        if self._optimizer is not None:
+            self._optimizer.close()
         if self._shm is not None:
             self._shm.free()
             self._shm = None
@@ -131,6 +150,8 @@ class DataParallel:
         Y = mlp.check_batch(params, x, y)
         n = x.shape[0]
         lo, hi = shard_bounds(n, self.comm.Get_size())[self.comm.Get_rank()]
+        if self.shard_update:
+            return self._sharded_call(params, x[lo:hi], Y[lo:hi], n, activation, cost, l2)
         flat, grads = self._buffer(params)
         t0 = time.perf_counter()
         if hi > lo:  # my shard's share of the global mean, written straight into the buffer
@@ -167,3 +188,91 @@ class DataParallel:
                     gW += l2 * W
             value += mlp.l2_penalty(params, l2)
         return value, grads
+
+    def _sharded_call(self, params, xs, Ys, n, activation, cost, l2):
+        """shard_update: this rank's share of -lr x the mean gradient goes into its slot; the sum is never formed
+        here: :meth:`ShardedSGD.step` adds the slots block by block straight into the weights."""
+        opt = self._optimizer
+        if opt is None:
+            raise RuntimeError("DataParallel(shard_update=True) updates the weights itself: use it through "
+                               "mlp.train(params, data, method=dp, ...), which takes dp.make_optimizer(...)")
+        if l2:
+            raise ValueError("shard_update=True does not apply l2; use shard_update=False for l2 regularisation")
+        flat, grads = self._buffer(params)
+        t0 = time.perf_counter()
+        if xs.shape[0]:
+            flat[-1], _ = mlp._loss_and_grads(params, xs, Ys, activation, cost, 0.0, scale=opt.scale / n, out=grads)
+        else:
+            flat[:] = 0
+        t1 = time.perf_counter()
+        self._shm._barrier("sharded update, waiting for every rank's gradient")
+        value = float(self._shm.slots[:, -1].sum()) / opt.scale
+        t2 = time.perf_counter()
+        self.compute_seconds += t1 - t0
+        self.comm_seconds += t2 - t1
+        self.steps += 1
+        if self.timeline is not None:
+            self.timeline.add("backprop", "compute", t0, t1)
+            self.timeline.add("allreduce (shm)", "comm", t1, t2)
+        return value, None
+
+
+class ShardedSGD:
+    """SGD with momentum whose update is split over the ranks (as ZeRO stage 1 splits optimizer state), for
+    :class:`DataParallel` with ``shard_update=True`` on one machine.
+
+    The weights move into the shared-memory window for the run (``params`` then holds views into it). Every rank
+    backprops its shard straight into its slot of the window, already scaled by -lr; after one barrier, rank r
+    adds all slots of block r of the flat weight vector into its velocity and its weights, then a barrier: every
+    rank sees the whole new weights without a message or a copy. Each rank keeps the velocity of its block only.
+    The sum is formed once, in the update, and the update's work is shared instead of repeated on every rank.
+    :meth:`close` (called by :func:`labkit.mlp.train` when it ends) copies the weights back into the caller's arrays
+    and puts them back into ``params``.
+    """
+
+    def __init__(self, dp: DataParallel, params, lr: float, momentum: float = 0.0):
+        mlp.SGD(lr, momentum)  # the same checks of lr and momentum
+        self.dp, self.lr, self.momentum, self.scale = dp, float(lr), float(momentum), -float(lr)
+        dp._buffer(params)  # the window: one slot per rank, then the row that holds the weights
+        shm = dp._shm
+        size = shm.n - 1  # the slots' last entry is the loss
+        self.weights = shm.result[:size]
+        self.block = shard_bounds(size, shm.p)[shm.rank]
+        lo, hi = self.block
+        self.weights[lo:hi] = flatten(params)[lo:hi]  # every rank holds the same weights: each copies its block
+        shm._barrier("sharded update, copying the weights into shared memory")
+        self.velocity = np.zeros(hi - lo, dtype=self.weights.dtype) if momentum else None
+        self.params, self.original = params, list(params)
+        params[:] = [(W, b) for W, b in unflatten(self.weights, params)]
+        dp._optimizer = self
+
+    def step(self, params, grads=None) -> None:
+        """Apply the step whose gradient shares the ranks wrote (``grads`` is not used). Collective."""
+        shm = self.dp._shm
+        lo, hi = self.block
+        t0 = time.perf_counter()
+        target = self.velocity if self.velocity is not None else self.weights[lo:hi]
+        if self.velocity is not None:
+            self.velocity *= self.momentum
+        for r in range(shm.p):
+            target += shm.slots[r, lo:hi]
+        if self.velocity is not None:
+            self.weights[lo:hi] += self.velocity
+        t1 = time.perf_counter()
+        shm._barrier("sharded update, waiting for every rank's block of the weights")
+        t2 = time.perf_counter()
+        self.dp.compute_seconds += t1 - t0
+        self.dp.comm_seconds += t2 - t1
+        if self.dp.timeline is not None:
+            self.dp.timeline.add("update (my block)", "compute", t0, t1)
+            self.dp.timeline.add("barrier", "comm", t1, t2)
+
+    def close(self) -> None:
+        """Copy the weights back into the caller's arrays and put those back into ``params``."""
+        if self.dp._optimizer is not self:
+            return
+        for (W, b), (Wv, bv) in zip(self.original, self.params):
+            W[...] = Wv
+            b[...] = bv
+        self.params[:] = self.original
+        self.dp._optimizer = None

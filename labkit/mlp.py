@@ -438,7 +438,9 @@ def train(
     """Mini-batch SGD on ``train_data = (x, y)``; updates ``params`` in place and returns a :class:`History`.
 
     ``method`` is ``"vectorised"``, ``"per_sample"``, or any function with the signature of
-    :func:`loss_and_grads` (for example a thread or process pool from ``labkit.cpu_parallel``).
+    :func:`loss_and_grads` (for example a thread or process pool from ``labkit.cpu_parallel``). A method with a
+    ``make_optimizer(params, lr, momentum)`` brings its own optimizer (``step(params, grads)``, and ``close()``, called
+    when training ends however it ends): :class:`labkit.data_parallel.DataParallel` shards the update that way.
     A NaN or infinite loss, or one whose mean over a window of batches grows to 100 times the first batch's loss,
     stops the run with :class:`DivergenceError` and a hint.
     """
@@ -454,7 +456,19 @@ def train(
     x = xp.asarray(x, dtype=dtype)
     Y = check_batch(params, x, xp.asarray(y))  # validate once; batches below are slices of checked data
     fast = grad_fn is loss_and_grads  # skip re-validating every batch on the hot path
-    opt = SGD(lr, momentum)
+    make_optimizer = getattr(grad_fn, "make_optimizer", None)  # a method may bring its own (a sharded) optimizer
+    opt = make_optimizer(params, lr, momentum) if make_optimizer is not None else SGD(lr, momentum)
+    try:
+        return _train_loop(params, x, Y, epochs, batch_size, lr, momentum, l2, activation, cost, grad_fn, fast, opt,
+                           test_data, seed, progress, check_every, xp)
+    finally:
+        close = getattr(opt, "close", None)
+        if close is not None:
+            close()
+
+
+def _train_loop(params, x, Y, epochs, batch_size, lr, momentum, l2, activation, cost, grad_fn, fast, opt, test_data,
+                seed, progress, check_every, xp) -> History:
     rng = np.random.default_rng(seed)
     n = x.shape[0]
     n_batches = -(-n // batch_size)

@@ -54,6 +54,46 @@ try:
 except ValueError as e:
     assert "fused=True" in str(e)
 
+# the sharded update (shard_update=True): the same weights as serial SGD, with and without momentum, and the
+# caller's own arrays back in params afterwards, holding the result
+for batch in (20, 7, 3):
+    for momentum in (0.9, 0.0):
+        serial = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
+        h1 = mlp.train(serial, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=momentum, activation="relu",
+                       cost="cross_entropy", progress=False)
+        dist = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
+        arrays = [a for pair in dist for a in pair]
+        dp = DataParallel(comm, allreduce="shm", shard_update=True, timeout=60)
+        h2 = mlp.train(dist, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=momentum, activation="relu",
+                       cost="cross_entropy", method=dp, progress=False)
+        what = f"sharded update, batch {batch}, momentum {momentum}"
+        assert all(a is b for a, b in zip(arrays, [a for pair in dist for a in pair])), f"{what}: params not restored"
+        for (a, b), (c, d) in zip(dist, serial):
+            np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-10, err_msg=what)
+            np.testing.assert_allclose(b, d, rtol=1e-5, atol=1e-10, err_msg=what)
+        np.testing.assert_allclose(h2.train_loss, h1.train_loss, rtol=1e-6, err_msg=what)
+        try:
+            dp(dist, x[:8], y[:8])  # outside mlp.train it has no optimizer to apply its step
+            raise AssertionError("expected a RuntimeError")
+        except RuntimeError as e:
+            assert "mlp.train" in str(e)
+        dp.close()
+dp = DataParallel(comm, allreduce="shm", shard_update=True, timeout=60)
+dist = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
+before = flatten(dist).copy()
+try:
+    mlp.train(dist, (x, y), epochs=1, batch_size=8, lr=0.5, l2=1e-3, method=dp, progress=False)
+    raise AssertionError("expected a ValueError")
+except ValueError as e:
+    assert "l2" in str(e)
+assert np.array_equal(flatten(dist), before), "a failed run leaves the caller's weights as they were"
+dp.close()
+try:
+    DataParallel(comm, allreduce="ring", shard_update=True)
+    raise AssertionError("expected a ValueError")
+except ValueError as e:
+    assert "allreduce='shm'" in str(e)
+
 g = mlp.init_params([4, 3, 2], dtype=np.float32)
 assert all(np.array_equal(a, b) for (a, c), (b, d) in zip(unflatten(flatten(g), g), g))
 comm.Barrier()
