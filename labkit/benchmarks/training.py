@@ -6,7 +6,9 @@ Run: ``labkit bench training [--quick] [--json]``
   (one process) against synchronous data parallelism on 2 ranks through shared memory with the update sharded
   over the ranks (``DataParallel(allreduce="shm", shard_update=True)``: the two ranks share a machine), one BLAS
   thread per process; ``dp_speedup_p2_unsharded`` with the shared-memory allreduce and every rank applying the
-  whole update, ``dp_speedup_p2_ring`` with labkit's ring allreduce.
+  whole update, ``dp_speedup_p2_ring`` with labkit's ring allreduce, and ``dp_speedup_p2_no_exchange`` the bound
+  of the unsharded design with a free exchange: 2 ranks that send no gradient at all, each applying the whole
+  update of its own half batch (only the loss is summed; the weights drift apart, so its accuracy means nothing).
   All runs' test accuracies are reported (they must agree), with the 2-rank runs' compute / communication split.
 * ``topk1_accuracy_gap``: [784,100,10] on 2 ranks, the same epochs with a dense ring allreduce and with
   top-k 1 % plus error feedback; dense accuracy minus compressed accuracy, and the bytes ratio.
@@ -48,7 +50,10 @@ def worker(cfg: dict) -> None:
     out = {"p": comm.Get_size(), "samples": len(x)}  # fewer than asked for on the embedded digits
     if cfg["part"] == "dp":
         params = mlp.init_params([784, 256, 10], seed=0, init="he")
-        method = (DataParallel(comm, allreduce=cfg.get("allreduce", "ring"), shard_update=cfg.get("shard_update", False))
+        allreduce = cfg.get("allreduce", "ring")
+        if allreduce == "none":  # the bound: no gradient exchanged at all (only the loss is summed); weights diverge
+            allreduce = _no_exchange
+        method = (DataParallel(comm, allreduce=allreduce, shard_update=cfg.get("shard_update", False))
                   if comm.Get_size() > 1 else "vectorised")
         h = mlp.train(params, (x, y), epochs=cfg["epochs"], batch_size=128, lr=0.05, momentum=0.9, activation="relu",
                       cost="cross_entropy", method=method, test_data=(xt, yt), progress=False)
@@ -79,6 +84,11 @@ def worker(cfg: dict) -> None:
         print(json.dumps(out), flush=True)
 
 
+def _no_exchange(comm, x, op):
+    """An "allreduce" that sends nothing: each rank keeps its own shard's gradient."""
+    return x
+
+
 def _job(cluster, cfg: dict, n: int) -> dict:
     res = cluster.run_mpi(["-m", "labkit.benchmarks.training", json.dumps(cfg)], n=n, timeout=1800)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
@@ -97,6 +107,7 @@ def run(quick: bool = False, progress: bool | None = None) -> dict:
     as_cfg = {"part": "async", "samples": 60000, "epochs": 2 if quick else 5}
     jobs = [("serial", dp_cfg, 1), ("dp2", {**dp_cfg, "allreduce": "shm", "shard_update": True}, 2),
             ("dp2_unsharded", {**dp_cfg, "allreduce": "shm"}, 2), ("dp2_ring", dp_cfg, 2),
+            ("dp2_none", {**dp_cfg, "allreduce": "none"}, 2),
             ("topk", tk_cfg, 2), ("async", as_cfg, 6)]
     got = {name: _job(cluster, cfg, n) for name, cfg, n in progress_bar(jobs, enable=progress, desc="training bench")}
     serial, dp2, ring, tk, asy = got["serial"], got["dp2"], got["dp2_ring"], got["topk"], got["async"]
@@ -113,6 +124,7 @@ def run(quick: bool = False, progress: bool | None = None) -> dict:
         "dp_speedup_p2": serial["seconds"] / dp2["seconds"],
         "dp_speedup_p2_unsharded": serial["seconds"] / uns["seconds"],
         "dp_speedup_p2_ring": serial["seconds"] / ring["seconds"],
+        "dp_speedup_p2_no_exchange": serial["seconds"] / got["dp2_none"]["seconds"],
         "topk": {"network": [784, 100, 10], "batch": 64, "ranks": 2, **tk_cfg, "samples": tk["samples"],
                  "dense_accuracy": tk["dense_accuracy"],
                  "topk1_accuracy": tk["topk1_accuracy"], "bytes_ratio": tk["bytes_ratio"]},
@@ -140,6 +152,8 @@ def report(result: dict) -> str:
         f"  2 ranks, ring allreduce {d['p2_ring_seconds']:.2f} s (acc {d['p2_ring_accuracy']:.2%}; compute "
         f"{d['p2_ring_compute_seconds']:.2f} s, allreduce {d['p2_ring_comm_seconds']:.2f} s): "
         f"{result['dp_speedup_p2_ring']:.2f}x",
+        f"  bound for the unsharded design, the gradient exchange free: 2 ranks sending no gradient, each applying "
+        f"the whole update of its own half batch {result['dp_speedup_p2_no_exchange']:.2f}x",
         f"top-k 1 % + error feedback, [784,100,10], 2 ranks, {t['epochs']} epoch(s): dense {t['dense_accuracy']:.2%}, "
         f"top-k {t['topk1_accuracy']:.2%}, bytes {t['bytes_ratio']:.1%} of dense",
         f"asynchronous parameter server, 4 workers, 2 masters, {result['async']['epochs']} epoch(s): "
