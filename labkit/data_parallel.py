@@ -174,13 +174,7 @@ class DataParallel:
                 self._sum_inplace(gW)
                 self._sum_inplace(gb)
             self._sum_inplace(flat[-1:])
-        t2 = time.perf_counter()
-        self.compute_seconds += t1 - t0
-        self.comm_seconds += t2 - t1
-        self.steps += 1
-        if self.timeline is not None:
-            self.timeline.add("backprop", "compute", t0, t1)
-            self.timeline.add(f"allreduce ({self.allreduce_name})", "comm", t1, t2)
+        self._account(t0, t1, time.perf_counter())
         value = float(flat[-1])
         if l2:
             if self._shm is None:
@@ -207,14 +201,17 @@ class DataParallel:
         t1 = time.perf_counter()
         self._shm._barrier("sharded update, waiting for every rank's gradient")
         value = float(self._shm.slots[:, -1].sum()) / opt.scale
-        t2 = time.perf_counter()
+        self._account(t0, t1, time.perf_counter())
+        return value, None
+
+    def _account(self, t0: float, t1: float, t2: float) -> None:
+        """One step: backprop from t0 to t1, then communication (and waiting) until t2."""
         self.compute_seconds += t1 - t0
         self.comm_seconds += t2 - t1
         self.steps += 1
         if self.timeline is not None:
             self.timeline.add("backprop", "compute", t0, t1)
-            self.timeline.add("allreduce (shm)", "comm", t1, t2)
-        return value, None
+            self.timeline.add(f"allreduce ({self.allreduce_name})", "comm", t1, t2)
 
 
 class ShardedSGD:
