@@ -418,7 +418,6 @@ class Timeline:
             self.events.append({"rank": self.rank, "name": name, "kind": kind, "start": t0,
                                 "end": time.perf_counter() - self._origin})
 
-
     def add(self, name: str, kind: str, t0: float, t1: float) -> None:
         """Record a phase measured elsewhere with ``time.perf_counter()`` readings ``t0`` and ``t1``."""
         self.events.append({"rank": self.rank, "name": name, "kind": kind, "start": t0 - self._origin,

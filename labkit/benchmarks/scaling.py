@@ -109,7 +109,7 @@ def _synthetic_step(comm, cfg: dict, timeline):
 
 def worker(cfg: dict) -> None:
     """Runs on every rank of one job; rank 0 prints one JSON line."""
-    import numpy as np  # load BLAS first, so that the limit below reaches it
+    import numpy  # noqa: F401  (load BLAS first, so that the limit below reaches it)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
@@ -136,7 +136,6 @@ def worker(cfg: dict) -> None:
         out["trace"] = tl.gather(comm)
     if comm.Get_rank() == 0:
         print(json.dumps(out), flush=True)
-    del np
 
 
 def launch(workload: str, mode: str, p: int, size: int, repeat: int = 5, warmup: int = 1, timeout: float = 120,
