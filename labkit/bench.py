@@ -341,6 +341,14 @@ class Scaling:
                 "cores": self.cores,
                 "serial_times": None if self.serial_timings is None else [t.times for t in self.serial_timings]}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Scaling:
+        """The inverse of :meth:`to_dict` (for results saved as JSON)."""
+        serial = d.get("serial_times")
+        return cls(d["workload"], d["mode"], d["size"], d["ranks"], [Timing(t) for t in d["times"]],
+                   phases=d.get("phases", []), cores=d.get("cores"),
+                   serial_timings=None if serial is None else [Timing(t) for t in serial])
+
 
 def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, repeat: int, warmup: int,
              timeout: float, trace: bool, progress: bool | None, options: dict | None) -> Scaling:

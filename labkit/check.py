@@ -474,7 +474,10 @@ def topk_feedback(fn) -> None:
 
 def _compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray, str]], hint: str) -> None:
     """``got`` must equal ``want`` (1-D, same length); if it equals one of the ``hints``' arrays, say that hint."""
-    a = np.asarray(got, dtype=float) if not isinstance(got, (str, bytes)) else None
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        a = None
     if a is None or a.shape != want.shape:
         _fail(ex, f"{where}: expected an array of shape {want.shape}, got "
               f"{type(got).__name__}{'' if a is None else f' of shape {a.shape}'}", "compute with NumPy on the whole arrays")

@@ -240,7 +240,7 @@ class ShardedSGD:
         shm._barrier("sharded update, copying the weights into shared memory")
         self.velocity = np.zeros(hi - lo, dtype=self.weights.dtype) if momentum else None
         self.params, self.original = params, list(params)
-        params[:] = [(W, b) for W, b in unflatten(self.weights, params)]
+        params[:] = unflatten(self.weights, params)
         dp._optimizer = self
 
     def step(self, params, grads=None) -> None:

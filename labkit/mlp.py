@@ -15,6 +15,7 @@ Costs: ``"quadratic"`` (0.5 ||a - y||^2 on the activation of the last layer, as 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -458,24 +459,14 @@ def train(
     fast = grad_fn is loss_and_grads  # skip re-validating every batch on the hot path
     make_optimizer = getattr(grad_fn, "make_optimizer", None)  # a method may bring its own (a sharded) optimizer
     opt = make_optimizer(params, lr, momentum) if make_optimizer is not None else SGD(lr, momentum)
-    try:
-        return _train_loop(params, x, Y, epochs, batch_size, lr, momentum, l2, activation, cost, grad_fn, fast, opt,
-                           test_data, seed, progress, check_every, xp)
-    finally:
-        close = getattr(opt, "close", None)
-        if close is not None:
-            close()
-
-
-def _train_loop(params, x, Y, epochs, batch_size, lr, momentum, l2, activation, cost, grad_fn, fast, opt, test_data,
-                seed, progress, check_every, xp) -> History:
     rng = np.random.default_rng(seed)
     n = x.shape[0]
     n_batches = -(-n // batch_size)
     hist = History()
     first_loss = None  # the loss before any update: the yardstick for "exploded"
     bar = progress_bar(total=epochs * n_batches, enable=progress, unit="batch", desc="training")
-    with np.errstate(over="ignore", invalid="ignore"), bar:
+    closing = contextlib.closing(opt) if hasattr(opt, "close") else contextlib.nullcontext()  # however training ends
+    with np.errstate(over="ignore", invalid="ignore"), bar, closing:
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
             order = xp.asarray(rng.permutation(n))

@@ -104,13 +104,12 @@ def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s",
 
 
 def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xlabel: str = "workers",
-                 ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None,
-                 gustafson_f: float | None = None, ax=None):
-    """Speedup against worker count, with the ideal line, a fitted Amdahl (or Gustafson, for scaled speedups from
-    weak scaling) curve and the core count marked. Draws into ``ax`` when given (returns its figure)."""
+                 ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None):
+    """Speedup against worker count, with the ideal line, a fitted Amdahl curve and the core count marked
+    (:func:`plot_scaling` draws a :class:`labkit.bench.Scaling` result, Gustafson's curve included)."""
     plt = _plt()
     p = np.asarray(p, dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
+    fig, ax = plt.subplots(figsize=(6, 4))
     for (name, s), c in zip(speedups.items(), colours(speedups)):
         ax.plot(p, s, "o-", color=c, label=name)
     grid = np.linspace(p.min(), p.max(), 100)
@@ -118,9 +117,6 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
         ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
     if amdahl_f is not None and 0 <= amdahl_f <= 1:
         ax.plot(grid, amdahl(grid, amdahl_f), ":", color=COLOURS["amdahl"], lw=2, label=f"Amdahl, serial fraction {amdahl_f:.2f}")
-    if gustafson_f is not None and 0 <= gustafson_f <= 1:
-        ax.plot(grid, gustafson(grid, gustafson_f), ":", color=COLOURS["amdahl"], lw=2,
-                label=f"Gustafson, serial fraction {gustafson_f:.2f}")
     _mark_cores(ax, cores)
     ax.axhline(1, color="grey", lw=0.8, alpha=0.5)
     _integer_ticks(ax, p)

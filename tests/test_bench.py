@@ -158,3 +158,12 @@ def test_scaling_runner_errors():
 def test_scaling_options_are_checked():
     with pytest.raises(ValueError, match="takes no option serial"):
         bench.strong_scaling("backprop", options={"serial": 0.2})
+
+
+def test_scaling_survives_json():
+    import json
+
+    weak = bench.Scaling("w", "weak", 8, [1, 2], _timings([1.0, 1.1]), phases=[{"comm": 0.0}, {"comm": 0.1}], cores=2,
+                         serial_timings=_timings([1.0, 1.9]))
+    back = bench.Scaling.from_dict(json.loads(json.dumps(weak.to_dict())))
+    assert back.to_dict() == weak.to_dict() and back.table() == weak.table()

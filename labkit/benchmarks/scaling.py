@@ -18,7 +18,6 @@ the slowest rank's), the median seconds per phase, and optionally one step's tim
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -196,16 +195,12 @@ def run(quick: bool = False, progress: bool | None = None) -> dict:
 
 def report(result: dict) -> str:
     """A summary for people."""
-    from ..bench import Scaling, Timing
+    from ..bench import Scaling
 
-    def back(d):
-        serial = d.get("serial_times")
-        return Scaling(d["workload"], d["mode"], d["size"], d["ranks"], [Timing(t) for t in d["times"]],
-                       cores=d.get("cores"), serial_timings=None if serial is None else [Timing(t) for t in serial])
-
-    parts = [f"scaling benchmark ({'quick' if result['quick'] else 'full'}), {os.cpu_count()} cores, 1 BLAS thread per rank"]
+    cores = result.get("machine", {}).get("cpus", "?")
+    parts = [f"scaling benchmark ({'quick' if result['quick'] else 'full'}), {cores} cores, 1 BLAS thread per rank"]
     for key in ("backprop_strong", "backprop_weak", "synthetic_strong"):
-        parts.append(back(result[key]).table())
+        parts.append(Scaling.from_dict(result[key]).table())
     parts.append(f"synthetic workload: serial fraction set {result['synthetic_serial_fraction_set']}, "
                  f"fitted {result['synthetic_serial_fraction_fitted']:.3f}")
     return "\n\n".join(parts)
