@@ -22,6 +22,7 @@ import numpy as np
 
 from . import mlp
 from .cpu_parallel import shard_bounds
+from .device import array_module
 
 
 def flatten(grads: mlp.Params, extra: tuple[float, ...] = ()) -> np.ndarray:
@@ -50,12 +51,10 @@ def _allreduce_fn(allreduce) -> Callable | None:
 
     if callable(allreduce):
         return allreduce
-    if allreduce == "shm":
-        return None  # DataParallel keeps a SharedMemoryAllreduce for its buffer
-    if allreduce == "nccl":
-        raise ValueError("allreduce='nccl' needs CuPy arrays on GPUs; the NumPy path uses 'ring' or 'mpi'")
+    if allreduce in ("shm", "nccl"):
+        return None  # DataParallel keeps a SharedMemoryAllreduce or an NcclAllreduce for its buffer
     if allreduce not in collectives.ALLREDUCES:
-        raise ValueError(f"allreduce must be one of {', '.join(collectives.ALLREDUCES)}, shm or a function, "
+        raise ValueError(f"allreduce must be one of {', '.join(collectives.ALLREDUCES)}, shm, nccl or a function, "
                          f"got {allreduce!r}")
     return collectives.ALLREDUCES[allreduce]
 
@@ -64,7 +63,9 @@ class DataParallel:
     """A drop-in for :func:`labkit.mlp.loss_and_grads` that splits each batch over the ranks of ``comm``.
 
     ``allreduce`` is ``"ring"`` (labkit's), ``"mpi"`` (the library's), another name from
-    ``labkit.collectives.ALLREDUCES``, ``"shm"`` (ranks on one machine: every rank backprops straight into
+    ``labkit.collectives.ALLREDUCES``, ``"nccl"`` (the parameters are CuPy arrays, one GPU per rank: NVIDIA's NCCL
+    sums the gradients GPU to GPU, :class:`labkit.collectives.NcclAllreduce`; call :meth:`close` when done),
+    ``"shm"`` (ranks on one machine: every rank backprops straight into
     an MPI shared-memory window and the sum is read from it, :class:`labkit.collectives.SharedMemoryAllreduce`;
     call :meth:`close` when done), or any function ``f(comm, x, op) -> summed array`` (a compressed allreduce,
     say). Every rank must call it with the same batch.
@@ -86,6 +87,11 @@ class DataParallel:
         if shard_update and allreduce != "shm":
             raise ValueError("shard_update=True needs allreduce='shm' (the weights live in one shared-memory window)")
         self.shard_update = shard_update
+        self._nccl = None
+        if allreduce == "nccl":
+            from .collectives import NcclAllreduce
+
+            self._nccl = NcclAllreduce(comm, timeout)  # collective: every rank sets up (or fails) together
         self._optimizer: ShardedSGD | None = None
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
@@ -102,7 +108,10 @@ class DataParallel:
         return ShardedSGD(self, params, lr, momentum)
 
     def close(self) -> None:
-        """Free the shared-memory window of ``allreduce="shm"`` (collective; nothing to do otherwise)."""
+        """Free the shared-memory window of ``allreduce="shm"`` or the NCCL communicator of ``"nccl"`` (collective)."""
+        if self._nccl is not None:
+            self._nccl.close()
+            self._nccl = None
         if self._optimizer is not None:
             self._optimizer.close()
         if self._shm is not None:
@@ -121,6 +130,11 @@ class DataParallel:
         if not self._builtin:
             a[...] = self._allreduce(self.comm, a, MPI.SUM)
             return
+        if self.allreduce_name == "nccl":
+            if self._nccl is None:
+                raise RuntimeError("this DataParallel was closed: make a new one")
+            self._nccl(a, check=False)
+            return
         kw = {"out": a} if self.allreduce_name in ("ring", "mpi") else {}  # these two can work in place
         res = self._allreduce(self.comm, a, MPI.SUM, check=False, timeout=self.timeout, **kw)
         if res is not a:
@@ -131,6 +145,12 @@ class DataParallel:
         key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype)
         if key != self._key:
             size = sum(W.size + b.size for W, b in params)
+            xp = array_module(params[0][0])
+            if (self.allreduce_name == "nccl") != (xp is not np):
+                raise TypeError("allreduce='nccl' sums CuPy arrays on GPUs: make the parameters with "
+                                "mlp.init_params(..., xp=cupy)" if self.allreduce_name == "nccl" else
+                                f"allreduce={self.allreduce_name!r} works on NumPy arrays; for CuPy parameters "
+                                "on GPUs use allreduce='nccl'")
             if self.allreduce_name == "shm":
                 from .collectives import SharedMemoryAllreduce
 
@@ -139,7 +159,7 @@ class DataParallel:
                 self._flat = self._shm.mine  # backprop writes straight into shared memory
                 self._sum_views = unflatten(self._shm.result[:-1], params)
             else:
-                self._flat = np.empty(size + 1, dtype=params[0][0].dtype)
+                self._flat = xp.empty(size + 1, dtype=params[0][0].dtype)
             self._views = unflatten(self._flat[:-1], params)
             self._key = key
         return self._flat, self._views

@@ -7,12 +7,38 @@ from conftest import run_mpi_check
 
 from labkit import mlp
 from labkit.data_parallel import DataParallel, flatten, unflatten
+from labkit.device import gpu_status
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_data_parallel_equals_serial(n):
     run_mpi_check("check_data_parallel.py", n)
+
+
+def _nccl_ready() -> tuple[bool, str]:
+    ok, why = gpu_status()
+    if not ok:
+        return False, why
+    from cupy.cuda import nccl
+
+    return bool(getattr(nccl, "available", False)), "CuPy has no NCCL here"
+
+
+@pytest.mark.skipif(gpu_status()[0], reason="checks the error without a GPU")
+def test_nccl_without_a_gpu_is_a_clear_error():
+    from mpi4py import MPI
+
+    with pytest.raises(RuntimeError, match="allreduce='nccl' cannot start: rank 0: no usable GPU"):
+        DataParallel(MPI.COMM_SELF, allreduce="nccl")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.skipif(not _nccl_ready()[0], reason=_nccl_ready()[1])
+def test_nccl_allreduce_and_data_parallel_on_gpus(n):
+    """Against NumPy and the serial run where the machine has n GPUs; the one-GPU-per-rank error where it has fewer."""
+    run_mpi_check("check_nccl.py", n)
 
 
 def test_flatten_roundtrip_and_extra():
@@ -29,8 +55,6 @@ def test_bad_allreduce_names():
 
     with pytest.raises(ValueError, match="allreduce must be one of"):
         DataParallel(MPI.COMM_SELF, allreduce="tree")
-    with pytest.raises(ValueError, match="needs CuPy"):
-        DataParallel(MPI.COMM_SELF, allreduce="nccl")
 
 
 def test_scaled_backprop_into_buffers_matches_reference():

@@ -94,6 +94,15 @@ try:
 except ValueError as e:
     assert "allreduce='shm'" in str(e)
 
+from labkit.device import gpu_status  # noqa: E402
+
+if not gpu_status()[0]:  # without GPUs, allreduce="nccl" fails on every rank at once, naming each rank's problem
+    try:
+        DataParallel(comm, allreduce="nccl", timeout=30)
+        raise AssertionError("expected a RuntimeError")
+    except RuntimeError as e:
+        assert all(f"rank {k}: no usable GPU" in str(e) for k in range(comm.Get_size())), e
+
 g = mlp.init_params([4, 3, 2], dtype=np.float32)
 assert all(np.array_equal(a, b) for (a, c), (b, d) in zip(unflatten(flatten(g), g), g))
 comm.Barrier()
