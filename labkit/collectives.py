@@ -514,7 +514,8 @@ class NcclAllreduce:
         from cupy.cuda import nccl
 
         if not getattr(nccl, "available", False):
-            return "CuPy was not built with NCCL or cannot load it (see CuPy's installation guide: Additional CUDA Libraries)"
+            return ("CuPy cannot load NCCL (cupy.cuda.nccl.available is False): install it for CuPy, e.g. "
+                    "pip install nvidia-nccl-cu12 beside cupy-cuda12x (CuPy's installation guide, Additional CUDA Libraries)")
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
