@@ -98,6 +98,7 @@ def test_bench_training_quick_json(capsys):
     assert cli.main(["bench", "training", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["dp_speedup_p2"] > 0 and abs(result["dp"]["serial_accuracy"] - result["dp"]["p2_accuracy"]) < 0.01
+    assert result["dp_speedup_p2_independent"] > 0 and result["dp_speedup_p2_no_exchange"] > 0
     assert -1 < result["topk1_accuracy_gap"] < 1 and 0 < result["topk"]["bytes_ratio"] < 0.05
     assert 0 < result["async_accuracy_w4_m2"] <= 1 and len(result["async"]["master_updates"]) == 2
 
