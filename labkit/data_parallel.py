@@ -142,10 +142,10 @@ class DataParallel:
 
     def _buffer(self, params):
         """One flat buffer (all gradients, then the loss) and params-shaped views into it, reused every step."""
-        key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype)
+        xp = array_module(params[0][0])
+        key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype, xp.__name__)
         if key != self._key:
             size = sum(W.size + b.size for W, b in params)
-            xp = array_module(params[0][0])
             if (self.allreduce_name == "nccl") != (xp is not np):
                 raise TypeError("allreduce='nccl' sums CuPy arrays on GPUs: make the parameters with "
                                 "mlp.init_params(..., xp=cupy)" if self.allreduce_name == "nccl" else
