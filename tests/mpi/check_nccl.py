@@ -17,13 +17,19 @@ from labkit.data_parallel import DataParallel
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
 
-if cupy.cuda.runtime.getDeviceCount() < p:
+
+def refused(call, error, words: str) -> None:
+    """``call()`` must raise ``error`` with ``words`` in its message."""
     try:
-        NcclAllreduce(comm, timeout=60)
-    except RuntimeError as e:
-        assert "one GPU per rank" in str(e), e
+        call()
+    except error as e:
+        assert words in str(e), e
     else:
-        raise AssertionError("NCCL with more ranks than GPUs should have been refused")
+        raise AssertionError(f"expected {error} saying {words!r}")
+
+
+if cupy.cuda.runtime.getDeviceCount() < p:
+    refused(lambda: NcclAllreduce(comm, timeout=60), RuntimeError, "one GPU per rank")
     if r == 0:
         print(f"OK {p}", flush=True)
     raise SystemExit(0)
@@ -38,12 +44,7 @@ for n in (1, p, 1000, 100_003):
         np.testing.assert_allclose(x.get(), want, rtol=1e-5, atol=1e-4, err_msg=f"n={n} {np.dtype(dtype)}")
 for bad, what in ((np.zeros(3, np.float32), "CuPy arrays"), (cupy.zeros((4, 4))[:, 1], "C-contiguous"),
                   (cupy.zeros(3, cupy.complex64), "does not reduce")):
-    try:
-        nccl(bad)
-    except (TypeError, ValueError) as e:
-        assert what in str(e), e
-    else:
-        raise AssertionError(f"{what}: no error")
+    refused(lambda: nccl(bad), (TypeError, ValueError), what)  # noqa: B023 - called at once
 nccl.close()
 
 rng = np.random.default_rng(0)
@@ -61,11 +62,8 @@ for batch, fused in ((20, True), (7, False)):
         np.testing.assert_allclose(b.get(), d.get(), rtol=1e-5, atol=1e-10, err_msg=f"batch {batch}")
     np.testing.assert_allclose(h2.train_loss, h1.train_loss, rtol=1e-6)
     dp.close()
-try:
-    DataParallel(comm, allreduce="nccl", timeout=60)(mlp.init_params([4, 3]), np.zeros((2, 4)), np.zeros(2, int))
-except TypeError as e:
-    assert "CuPy arrays" in str(e), e
-else:
-    raise AssertionError("NumPy parameters with allreduce='nccl' should be refused")
+dp = DataParallel(comm, allreduce="nccl", timeout=60)
+refused(lambda: dp(mlp.init_params([4, 3]), np.zeros((2, 4)), np.zeros(2, int)), TypeError, "CuPy arrays")
+dp.close()
 if r == 0:
     print(f"OK {p}", flush=True)
