@@ -93,12 +93,20 @@ def test_bench_allreduce_quick_json(capsys):
         assert row["vs_mpi"]["mpi"] == 1.0 and set(row["algbw_GBs"]) == {"naive", "recursive_doubling", "ring", "mpi"}
 
 
+def test_bench_training_needs_a_round():
+    from labkit.benchmarks import training
+
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        training.run(quick=True, rounds=0)
+
+
 @pytest.mark.slow
 def test_bench_training_quick_json(capsys):
     assert cli.main(["bench", "training", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["dp_speedup_p2"] > 0 and abs(result["dp"]["serial_accuracy"] - result["dp"]["p2_accuracy"]) < 0.01
     assert result["dp_speedup_p2_independent"] > 0 and result["dp_speedup_p2_no_exchange"] > 0
+    assert result["dp"]["rounds"] == 1 and len(result["dp"]["seconds_per_round"]["dp2"]) == 1
     assert -1 < result["topk1_accuracy_gap"] < 1 and 0 < result["topk"]["bytes_ratio"] < 0.05
     assert 0 < result["async_accuracy_w4_m2"] <= 1 and len(result["async"]["master_updates"]) == 2
 
