@@ -146,11 +146,12 @@ class DataParallel:
         key = (tuple((W.shape, b.shape) for W, b in params), params[0][0].dtype, xp.__name__)
         if key != self._key:
             size = sum(W.size + b.size for W, b in params)
-            if (self.allreduce_name == "nccl") != (xp is not np):
+            if self.allreduce_name == "nccl" and xp is np:
                 raise TypeError("allreduce='nccl' sums CuPy arrays on GPUs: make the parameters with "
-                                "mlp.init_params(..., xp=cupy)" if self.allreduce_name == "nccl" else
-                                f"allreduce={self.allreduce_name!r} works on NumPy arrays; for CuPy parameters "
-                                "on GPUs use allreduce='nccl'")
+                                "mlp.init_params(..., xp=cupy)")
+            if self.allreduce_name != "nccl" and xp is not np:
+                raise TypeError(f"allreduce={self.allreduce_name!r} works on NumPy arrays; for CuPy parameters on GPUs "
+                                "use allreduce='nccl'")
             if self.allreduce_name == "shm":
                 from .collectives import SharedMemoryAllreduce
 

@@ -130,7 +130,8 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     runs: dict[str, list[dict]] = {}
     for name, cfg, n in progress_bar(jobs, enable=progress, desc="training bench"):
         runs.setdefault(name, []).append(_job(cluster, cfg, n))
-    got = {name: sorted(rs, key=lambda r: r.get("seconds", 0.0))[(len(rs) - 1) // 2] for name, rs in runs.items()}
+    got = {name: rs[0] if len(rs) == 1 else sorted(rs, key=lambda r: r["seconds"])[(len(rs) - 1) // 2]
+           for name, rs in runs.items()}  # each timed configuration's median run
     serial, dp2, ring, tk, asy = got["serial"], got["dp2"], got["dp2_ring"], got["topk"], got["async"]
     uns = got["dp2_unsharded"]
     result = {

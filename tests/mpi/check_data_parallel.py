@@ -4,6 +4,7 @@ Run: mpiexec -n 3 python -m mpi4py tests/mpi/check_data_parallel.py   (prints "O
 """
 
 import numpy as np
+from _expect import refused
 from mpi4py import MPI
 
 from labkit import mlp
@@ -48,11 +49,7 @@ for n in (1, p, 2 * p + 1, 10_007):
             comm.Allreduce(mine, want)
             np.testing.assert_allclose(shm.reduce(), want, rtol=1e-5, atol=1e-5, err_msg=f"shm n={n} {dtype}")
         shm.free()
-try:
-    DataParallel(comm, allreduce="shm", fused=False)
-    raise AssertionError("expected a ValueError")
-except ValueError as e:
-    assert "fused=True" in str(e)
+refused(lambda: DataParallel(comm, allreduce="shm", fused=False), ValueError, "fused=True")
 
 # the sharded update (shard_update=True): the same weights as serial SGD, with and without momentum, and the
 # caller's own arrays back in params afterwards, holding the result
@@ -72,36 +69,23 @@ for batch in (20, 7, 3):
             np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-10, err_msg=what)
             np.testing.assert_allclose(b, d, rtol=1e-5, atol=1e-10, err_msg=what)
         np.testing.assert_allclose(h2.train_loss, h1.train_loss, rtol=1e-6, err_msg=what)
-        try:
-            dp(dist, x[:8], y[:8])  # outside mlp.train it has no optimizer to apply its step
-            raise AssertionError("expected a RuntimeError")
-        except RuntimeError as e:
-            assert "mlp.train" in str(e)
+        # outside mlp.train it has no optimizer to apply its step
+        refused(lambda: dp(dist, x[:8], y[:8]), RuntimeError, "mlp.train")  # noqa: B023 - called at once
         dp.close()
 dp = DataParallel(comm, allreduce="shm", shard_update=True, timeout=60)
 dist = mlp.init_params([20, 12, 5], seed=1, dtype=np.float64)
 before = flatten(dist).copy()
-try:
-    mlp.train(dist, (x, y), epochs=1, batch_size=8, lr=0.5, l2=1e-3, method=dp, progress=False)
-    raise AssertionError("expected a ValueError")
-except ValueError as e:
-    assert "l2" in str(e)
+refused(lambda: mlp.train(dist, (x, y), epochs=1, batch_size=8, lr=0.5, l2=1e-3, method=dp, progress=False),
+        ValueError, "l2")
 assert np.array_equal(flatten(dist), before), "a failed run leaves the caller's weights as they were"
 dp.close()
-try:
-    DataParallel(comm, allreduce="ring", shard_update=True)
-    raise AssertionError("expected a ValueError")
-except ValueError as e:
-    assert "allreduce='shm'" in str(e)
+refused(lambda: DataParallel(comm, allreduce="ring", shard_update=True), ValueError, "allreduce='shm'")
 
 from labkit.device import gpu_status  # noqa: E402
 
 if not gpu_status()[0]:  # without GPUs, allreduce="nccl" fails on every rank at once, naming each rank's problem
-    try:
-        DataParallel(comm, allreduce="nccl", timeout=30)
-        raise AssertionError("expected a RuntimeError")
-    except RuntimeError as e:
-        assert all(f"rank {k}: no usable GPU" in str(e) for k in range(comm.Get_size())), e
+    refused(lambda: DataParallel(comm, allreduce="nccl", timeout=30), RuntimeError,
+            *(f"rank {k}: no usable GPU" for k in range(comm.Get_size())))
 
 g = mlp.init_params([4, 3, 2], dtype=np.float32)
 assert all(np.array_equal(a, b) for (a, c), (b, d) in zip(unflatten(flatten(g), g), g))

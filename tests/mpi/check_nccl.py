@@ -8,6 +8,7 @@ two ranks on one GPU), which is what a one-GPU machine checks with 2 ranks.
 
 import cupy
 import numpy as np
+from _expect import refused
 from mpi4py import MPI
 
 from labkit import mlp
@@ -16,17 +17,6 @@ from labkit.data_parallel import DataParallel
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
-
-
-def refused(call, error, words: str) -> None:
-    """``call()`` must raise ``error`` with ``words`` in its message."""
-    try:
-        call()
-    except error as e:
-        assert words in str(e), e
-    else:
-        raise AssertionError(f"expected {error} saying {words!r}")
-
 
 if cupy.cuda.runtime.getDeviceCount() < p:
     refused(lambda: NcclAllreduce(comm, timeout=60), RuntimeError, "one GPU per rank")
