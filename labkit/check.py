@@ -128,7 +128,7 @@ def accumulate(fn) -> None:
         # then several threads, one accumulator each, reduced at the end
         from concurrent.futures import ThreadPoolExecutor
 
-        shards = [(lo, hi) for lo, hi in cpu_parallel.shard_bounds(batch, 3) if hi > lo]
+        shards = [(lo, hi) for lo, hi in shard_bounds(batch, 3) if hi > lo]
         accs = [mlp.zeros_like(params) for _ in shards]
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(fn, params, x[lo:hi], Y[lo:hi], a) for (lo, hi), a in zip(shards, accs)]
@@ -309,7 +309,7 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
             _compare_grads(ex, got, want, batch, where)
         except ExerciseError as e:
             return str(e)
-        mine = cpu_parallel.shard_bounds(batch, k)[r]
+        mine = shard_bounds(batch, k)[r]
         if calls and max(calls) > mine[1] - mine[0]:
             return (f"{ex} ({where}): rank {r} backpropped {max(calls)} samples at once, but its shard has "
                     f"{mine[1] - mine[0]}\nHint: each rank computes only its floor + remainder share of the batch")
@@ -354,7 +354,7 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
         params = mlp.init_params(sizes, seed=seed, dtype=np.float64, init="he")
         Y = mlp.targets(y, 3, np.float64)
         for xb, Yb in param_server.worker_batches(x, Y, epochs, batch, param_server.worker_seed(seed, 0)):
-            _, g = mlp._loss_and_grads(params, xb, Yb, "relu", "cross_entropy", 0.0)
+            _, g = mlp.loss_and_grads_unchecked(params, xb, Yb, "relu", "cross_entropy", 0.0)
             mlp.SGD(lr).step(params, g)
         return params
 
@@ -372,7 +372,7 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
             return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
         if sub.Get_rank() != 0:
             return None
-        steps_each = [epochs * -(-(hi - lo) // batch) for lo, hi in cpu_parallel.shard_bounds(len(x), workers)]
+        steps_each = [epochs * -(-(hi - lo) // batch) for lo, hi in shard_bounds(len(x), workers)]
         if res.worker_steps.tolist() != steps_each:
             return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
                     f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")

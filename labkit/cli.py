@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from . import settings
 
 
 def _cmd_report(a) -> int:
@@ -148,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown and args.command != "lab":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.extra = unknown  # JupyterLab's own options
-    if args.command == "data" and args.action == "fetch" and args.root is None and os.environ.get("LABKIT_DATA"):
-        args.root = os.environ["LABKIT_DATA"]
+    if args.command == "data" and args.action == "fetch" and args.root is None and settings.data_dir():
+        args.root = settings.data_dir()
     try:
         return args.fn(args)
     except KeyboardInterrupt:

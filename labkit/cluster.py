@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .machine import usable_cores
+
 
 def mpiexec_path() -> Path:
     """The ``mpiexec`` next to this Python (from the ``mpich`` wheel); never a different MPI's from PATH."""
@@ -39,7 +41,7 @@ def mpi_env(n_ranks: int, heavy_yield: bool | None = None) -> dict:
     """
     env = dict(os.environ)
     if heavy_yield is None:
-        heavy_yield = n_ranks > (os.cpu_count() or 1)
+        heavy_yield = n_ranks > usable_cores()
     if heavy_yield:
         env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
     else:
@@ -102,7 +104,7 @@ class MPICluster:
             raise ValueError(f"n must be >= 1 engines, got {n}")
         self.n, self.start_timeout, self.op_timeout = n, start_timeout, op_timeout
         self.blas_threads, self.activate = blas_threads, activate
-        self.heavy_yield = n > (os.cpu_count() or 1) if heavy_yield is None else heavy_yield
+        self.heavy_yield = n > usable_cores() if heavy_yield is None else heavy_yield
         self.cluster = None
         self.client = None
         self._view = None

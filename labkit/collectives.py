@@ -18,13 +18,13 @@ Cost in a ring of p ranks for N elements: ``naive_allreduce`` sends (p-1) N per 
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from .cpu_parallel import shard_bounds
+from . import settings
+from .shards import shard_bounds
 
 TAG = 7700  # collectives use their own tag so they never match a user's messages
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
@@ -49,8 +49,7 @@ class CollectiveError(ValueError):
 def _default_timeout(timeout):
     if timeout is not None:
         return timeout
-    env = os.environ.get("LABKIT_MPI_TIMEOUT")
-    return float(env) if env else None
+    return settings.mpi_timeout()
 
 
 def _check_array(x, name: str = "x") -> np.ndarray:

@@ -3,7 +3,7 @@
 Every class here is a drop-in for :func:`labkit.mlp.loss_and_grads`: call it with
 ``(params, x, y, activation=..., cost=..., l2=...)`` and get ``(mean loss, grads)``, so it can be
 passed to ``mlp.train(..., method=pool)``. A mini-batch of n samples is split over p workers as
-floor(n / p) samples each, the first n % p workers taking one more (:func:`shard_bounds`).
+floor(n / p) samples each, the first n % p workers taking one more (:func:`labkit.shards.shard_bounds`).
 
 * :class:`ThreadedBackprop` runs per-sample (or vectorised) backprop in a thread pool and combines
   the gradients through a lock-protected queue (``combine="queue"``, the course's way), a shared
@@ -34,28 +34,16 @@ from pathlib import Path
 import numpy as np
 
 from . import mlp
-
-
-def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Split range(n) into ``parts`` contiguous (start, stop) pieces: floor(n/parts) each, the first n % parts one longer."""
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for k in range(parts):
-        stop = start + base + (1 if k < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+from .shards import shard_bounds
 
 
 def shard_sums(params, x, Y, activation: str, cost: str, work: str):
     """Summed loss and summed gradients over the rows of one shard, by per-sample or vectorised work."""
     if work == "vectorised" and x.shape[0]:
-        value, g = mlp._loss_and_grads(params, x, Y, activation, cost, 0.0)
+        value, g = mlp.loss_and_grads_unchecked(params, x, Y, activation, cost, 0.0)
         k = x.shape[0]
         return value * k, [(gW * k, gb * k) for gW, gb in g]  # means back to sums
-    return mlp._per_sample_sum(params, x, Y, activation, cost)
+    return mlp.per_sample_sum(params, x, Y, activation, cost)
 
 
 class ThreadedBackprop:
@@ -96,7 +84,7 @@ class ThreadedBackprop:
                 yield partial(lo, hi)
             else:
                 for k in range(lo, hi):
-                    yield mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
+                    yield mlp.backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
 
         if self.combine == "local":  # each thread fills its own accumulator; one reduction at the end
             results = list(self._pool.map(lambda s: partial(*s), shards))

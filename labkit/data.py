@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import settings
+
 DATASETS = ("mnist", "fashion-mnist")
 FILES = {
     "train_images": "train-images-idx3-ubyte.gz",
@@ -54,7 +56,15 @@ MIRRORS = {
         "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
     ],
 }
-REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+_CHECKOUT = Path(__file__).resolve().parent.parent
+# In a checkout (an editable install) data sets go to the repository's data/; an installed package has no
+# such folder (it would be site-packages/data), so it uses the user's cache folder, as pooch and torchvision do.
+REPO_DATA = _CHECKOUT / "data" if (_CHECKOUT / "pyproject.toml").is_file() else None
+
+
+def default_dir() -> Path:
+    """Where ``fetch`` puts data sets and ``locate`` looks last: the checkout's data/, else ~/.cache/labkit/data."""
+    return REPO_DATA if REPO_DATA is not None else settings.cache_dir() / "data"
 CLASS_NAMES = {
     "mnist": [str(i) for i in range(10)],
     "fashion-mnist": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -111,10 +121,10 @@ def locate(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Sou
     candidates: list[tuple[Path, str, bool]] = []
     if root is not None:
         candidates.append((Path(root).expanduser(), "argument", True))
-    env = os.environ.get("LABKIT_DATA")
-    if env:
-        candidates.append((Path(env).expanduser(), "LABKIT_DATA", True))
-    candidates.append((REPO_DATA, "data/", False))
+    env = settings.data_dir()
+    if env is not None:
+        candidates.append((env, "LABKIT_DATA", True))
+    candidates.append((default_dir(), "data/" if REPO_DATA is not None else "cache", False))
     for folder, how, explicit in candidates:
         found = _files_in(folder, dataset) if folder.is_dir() else None
         if found is not None:
@@ -344,10 +354,10 @@ def fetch(
     dataset: str = "mnist",
     dest: str | os.PathLike | None = None,
     mirrors: list[str] | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     timeout: float = 30.0,
 ) -> Path:
-    """Download the four files into ``dest/<dataset>/`` (default: the repository's ``data/``).
+    """Download the four files into ``dest/<dataset>/`` (default: :func:`default_dir`).
 
     Each file is written to a temporary name, checked against its sha256, then renamed,
     so an interrupted download never leaves a file that looks complete.
@@ -355,10 +365,10 @@ def fetch(
     from .progress import progress_bar
 
     _check_dataset(dataset)
-    folder = Path(dest).expanduser() if dest is not None else REPO_DATA
+    folder = Path(dest).expanduser() if dest is not None else default_dir()
     folder = folder / dataset
     folder.mkdir(parents=True, exist_ok=True)
-    mirrors = mirrors or ([os.environ["LABKIT_MIRROR"]] if os.environ.get("LABKIT_MIRROR") else MIRRORS[dataset])
+    mirrors = mirrors or ([settings.mirror()] if settings.mirror() else MIRRORS[dataset])
     for name in FILES.values():
         target = folder / name
         if target.exists():

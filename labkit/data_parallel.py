@@ -21,29 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from . import mlp
-from .cpu_parallel import shard_bounds
+from .shards import flatten, shard_bounds, unflatten
 from .device import array_module
-
-
-def flatten(grads: mlp.Params, extra: tuple[float, ...] = ()) -> np.ndarray:
-    """All arrays of a params-like list (then ``extra`` scalars) as one contiguous 1-D buffer."""
-    parts = [a.reshape(-1) for pair in grads for a in pair]
-    dtype = grads[0][0].dtype
-    if extra:
-        parts.append(np.asarray(extra, dtype=dtype))
-    return np.concatenate(parts)
-
-
-def unflatten(vec: np.ndarray, like: mlp.Params) -> mlp.Params:
-    """Views into ``vec`` shaped like ``like`` (the inverse of :func:`flatten` without its extras)."""
-    out, pos = [], 0
-    for W, b in like:
-        gW = vec[pos:pos + W.size].reshape(W.shape)
-        pos += W.size
-        gb = vec[pos:pos + b.size]
-        pos += b.size
-        out.append((gW, gb))
-    return out
 
 
 def _allreduce_fn(allreduce) -> Callable | None:
@@ -176,7 +155,7 @@ class DataParallel:
         flat, grads = self._buffer(params)
         t0 = time.perf_counter()
         if hi > lo:  # my shard's share of the global mean, written straight into the buffer
-            flat[-1], _ = mlp._loss_and_grads(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0, scale=1.0 / n, out=grads)
+            flat[-1], _ = mlp.loss_and_grads_unchecked(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0, scale=1.0 / n, out=grads)
         else:
             flat[:] = 0
         t1 = time.perf_counter()
@@ -216,7 +195,7 @@ class DataParallel:
         flat, grads = self._buffer(params)
         t0 = time.perf_counter()
         if xs.shape[0]:
-            flat[-1], _ = mlp._loss_and_grads(params, xs, Ys, activation, cost, 0.0, scale=opt.scale / n, out=grads)
+            flat[-1], _ = mlp.loss_and_grads_unchecked(params, xs, Ys, activation, cost, 0.0, scale=opt.scale / n, out=grads)
         else:
             flat[:] = 0
         t1 = time.perf_counter()

@@ -7,10 +7,11 @@ CuPy is imported only when asked for, so ``import labkit`` never needs a GPU.
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 
 import numpy as np
+
+from . import settings
 
 
 def array_module(*arrays) -> ModuleType:
@@ -44,7 +45,7 @@ def gpu_status() -> tuple[bool, str]:
 
 def get_xp(device: str | None = None) -> ModuleType:
     """The array module for ``device`` ("cpu", "gpu" or None: $LABKIT_DEVICE, else GPU if usable)."""
-    device = (device or os.environ.get("LABKIT_DEVICE") or "auto").lower()
+    device = (device or settings.device()).lower()
     if device == "cpu":
         return np
     ok, why = gpu_status()

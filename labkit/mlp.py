@@ -56,8 +56,9 @@ def activate(z, activation: str):
     return sigmoid(z) if activation == "sigmoid" else relu(z)
 
 
-def _act_prime_from_output(name: str, a):
-    """The activation's derivative, from its output a: sigmoid' = a (1 - a), relu' = [a > 0]."""
+def act_prime_from_output(name: str, a):
+    """The activation's derivative from its output a: sigmoid' = a (1 - a), relu' = [a > 0] (backprop keeps the
+    outputs, not the inputs z, so every layer's derivative is computed from what the forward pass stored)."""
     if name == "sigmoid":
         return a * (1.0 - a)
     return (a > 0).astype(a.dtype)
@@ -132,7 +133,8 @@ def check_params(params: Params) -> None:
             )
 
 
-def _check_options(activation: str, cost: str) -> None:
+def check_options(activation: str, cost: str) -> None:
+    """Raise ValueError unless ``activation`` is one of :data:`ACTIVATIONS` and ``cost`` one of :data:`COSTS`."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if cost not in COSTS:
@@ -235,7 +237,7 @@ def _loss(out, Y, cost: str, params: Params, l2: float):
 
 def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> float:
     """Mean loss over the batch (plus the L2 term)."""
-    _check_options(activation, cost)
+    check_options(activation, cost)
     Y = check_batch(params, x, y)
     return _loss(forward(params, x, activation, cost)[-1], Y, cost, params, l2)
 
@@ -243,10 +245,12 @@ def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadrat
 # -- vectorised backprop ------------------------------------------------------------------------
 
 
-def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float, scale: float | None = None,
+def loss_and_grads_unchecked(params: Params, x, Y, activation: str, cost: str, l2: float, scale: float | None = None,
                     out: Params | None = None):
-    """Unchecked vectorised backprop: (mean loss, grads). Y is one-hot (batch, n_out).
+    """Vectorised backprop without the argument checks, for loops that validated their data once: (mean loss, grads).
 
+    Y is one-hot (batch, n_out) of the parameters' dtype (:func:`check_batch` makes it); ``activation`` and ``cost``
+    must be valid (:func:`check_options`).
     ``scale`` replaces the 1/batch of the mean (data parallelism passes 1/global batch, so a shard's
     result is its share of the global mean); ``out`` is a params-like list of arrays to write into.
     """
@@ -258,7 +262,7 @@ def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float,
     delta = a_out - Y  # (batch, n_out); for softmax + cross-entropy this is dL/dz exactly
     if cost == "quadratic":
         value = 0.5 * float(xp.vdot(delta, delta)) * scale
-        delta *= _act_prime_from_output(activation, a_out)
+        delta *= act_prime_from_output(activation, a_out)
     else:
         value = _loss(a_out, Y, cost, params, 0.0) * n * scale
     value += l2_penalty(params, l2)
@@ -277,15 +281,15 @@ def _loss_and_grads(params: Params, x, Y, activation: str, cost: str, l2: float,
         grads[i] = (gW, gb)
         if i:  # the input layer needs no delta
             delta = delta @ W  # (batch, n_in): W^T delta for every sample
-            delta *= _act_prime_from_output(activation, acts[i])
+            delta *= act_prime_from_output(activation, acts[i])
     return value, grads
 
 
 def loss_and_grads(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
     """Vectorised backprop over a whole mini-batch: (mean loss, gradients like params)."""
-    _check_options(activation, cost)
+    check_options(activation, cost)
     Y = check_batch(params, x, y)
-    return _loss_and_grads(params, x, Y, activation, cost, l2)
+    return loss_and_grads_unchecked(params, x, Y, activation, cost, l2)
 
 
 def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
@@ -296,7 +300,7 @@ def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "qua
 # -- the per-sample reference (network.py style) -------------------------------------------------
 
 
-def _backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, wt_delta=None):
+def backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, wt_delta=None):
     """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)]).
 
     ``outer(i, delta, a)`` and ``wt_delta(i, delta)`` replace the two products of layer i (lab 03 runs them as
@@ -316,7 +320,7 @@ def _backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, 
     out = activations[-1]
     if cost == "quadratic":
         value = 0.5 * float(((out - y) ** 2).sum())
-        delta = (out - y) * _act_prime_from_output(activation, out)
+        delta = (out - y) * act_prime_from_output(activation, out)
     else:
         value = -float((y * xp.log(xp.maximum(out, 1e-30))).sum())
         delta = out - y
@@ -325,16 +329,16 @@ def _backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, 
         nabla[i] = (outer(i, delta, activations[i]) if outer else delta @ activations[i].T, delta[:, 0])  # delta a^T
         if i:
             back = wt_delta(i, delta) if wt_delta else params[i][0].T @ delta  # W^T delta
-            delta = back * _act_prime_from_output(activation, activations[i])
+            delta = back * act_prime_from_output(activation, activations[i])
     return value, nabla
 
 
-def _per_sample_sum(params: Params, x, Y, activation: str, cost: str):
-    """Sum of per-sample losses and gradients over the rows of x, accumulated in place."""
+def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
+    """Sum of per-sample losses and gradients over the rows of x (Y one-hot), without checks: (loss sum, grads sum)."""
     total = 0.0
     acc = zeros_like(params)
     for k in range(x.shape[0]):
-        value, g = _backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
+        value, g = backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
         total += value
         add_into(acc, g)
     return total, acc
@@ -342,9 +346,9 @@ def _per_sample_sum(params: Params, x, Y, activation: str, cost: str):
 
 def loss_and_grads_per_sample(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
     """The serial baseline: backprop one sample at a time and sum, as network.py's update_mini_batch."""
-    _check_options(activation, cost)
+    check_options(activation, cost)
     Y = check_batch(params, x, y)
-    total, acc = _per_sample_sum(params, x, Y, activation, cost)
+    total, acc = per_sample_sum(params, x, Y, activation, cost)
     return mean_from_sums(params, total, acc, x.shape[0], l2)
 
 
@@ -445,7 +449,7 @@ def train(
     A NaN or infinite loss, or one whose mean over a window of batches grows to 100 times the first batch's loss,
     stops the run with :class:`DivergenceError` and a hint.
     """
-    _check_options(activation, cost)
+    check_options(activation, cost)
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
     grad_fn = {"vectorised": loss_and_grads, "per_sample": loss_and_grads_per_sample}.get(method, method)
@@ -475,7 +479,7 @@ def train(
                 idx = order[j * batch_size:(j + 1) * batch_size]
                 xb, Yb = x[idx], Y[idx]  # gathering each batch stays in cache; a shuffled copy of x would not
                 if fast:
-                    value, grads = _loss_and_grads(params, xb, Yb, activation, cost, l2)
+                    value, grads = loss_and_grads_unchecked(params, xb, Yb, activation, cost, l2)
                 else:
                     value, grads = grad_fn(params, xb, Yb, activation=activation, cost=cost, l2=l2)
                 total += value * xb.shape[0]

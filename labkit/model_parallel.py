@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import mlp
-from .cpu_parallel import shard_bounds
+from .shards import shard_bounds
 
 
 def _prime(a, activation):
     """The activation's derivative, from its output."""
-    return mlp._act_prime_from_output(activation, a)
+    return mlp.act_prime_from_output(activation, a)
 
 
 class NeuronParallel:

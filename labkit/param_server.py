@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import mlp
-from .cpu_parallel import shard_bounds
-from .data_parallel import flatten, unflatten
+from .shards import flatten, shard_bounds, unflatten
 
 GRAD, WEIGHTS, DONE = 301, 302, 303
 MODES = ("async", "sync", "ssp")
@@ -217,7 +216,7 @@ def _worker(comm, loop, params, flat, bounds, x, Y, epochs, batch_size, activati
     stats = {"steps": 0, "loss": 0.0, "seen": 0}
 
     def grad(xb, Yb):
-        value, _ = mlp._loss_and_grads(params, xb, Yb, activation, cost, 0.0, out=grads)
+        value, _ = mlp.loss_and_grads_unchecked(params, xb, Yb, activation, cost, 0.0, out=grads)
         stats["steps"] += 1
         stats["loss"] += value * len(xb)
         stats["seen"] += len(xb)

@@ -1,23 +1,31 @@
-"""Progress bars that behave in a terminal, in JupyterLab and in headless runs.
+"""Progress bars that follow tqdm's conventions: a widget in Jupyter, a bar in a terminal, nothing in a pipe.
 
-``LABKIT_PROGRESS=0`` turns every bar off (the test suite does this).
+Who decides, first to last: the caller's ``enable=`` argument; ``LABKIT_PROGRESS=1`` or ``0``; ``TQDM_DISABLE``
+(tqdm's own variable, read by tqdm); otherwise bars are drawn in a notebook and on a terminal, and left out
+where the output is a pipe or a CI log.
 """
 
 from __future__ import annotations
 
-import os
+from . import settings
 
 
-def enabled(enable: bool | None = None) -> bool:
-    """Whether to draw bars: an explicit choice wins, then $LABKIT_PROGRESS (default on)."""
+def enabled(enable: bool | None = None) -> bool | None:
+    """True or False when the caller or ``LABKIT_PROGRESS`` decided, else None (tqdm's default applies)."""
     if enable is not None:
         return bool(enable)
-    return os.environ.get("LABKIT_PROGRESS", "1").lower() not in ("0", "false", "no", "off")
+    return settings.progress()
 
 
 def progress_bar(iterable=None, enable: bool | None = None, **kwargs):
-    """A tqdm bar (the notebook widget inside Jupyter), or a silent one when disabled."""
+    """A tqdm bar (the notebook widget inside Jupyter), or a silent one where bars are off."""
     from tqdm.auto import tqdm
 
     kwargs.setdefault("dynamic_ncols", True)
-    return tqdm(iterable, disable=not enabled(enable), **kwargs)
+    choice = enabled(enable)
+    if choice is not None:
+        kwargs["disable"] = not choice
+    elif not tqdm.__module__.startswith("tqdm.notebook"):
+        kwargs["disable"] = None  # tqdm's convention: off when the output is not a terminal
+    # in a notebook the output is never a terminal, so leave disable to tqdm (TQDM_DISABLE, else shown)
+    return tqdm(iterable, **kwargs)

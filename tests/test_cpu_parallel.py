@@ -6,6 +6,7 @@ import pytest
 
 from labkit import cpu_parallel as cp
 from labkit import mlp
+from labkit.shards import shard_bounds
 
 
 def problem(sizes=(20, 16, 10), batch=23, seed=0):
@@ -24,7 +25,7 @@ def assert_same(got, want, rtol=1e-6):
 
 @pytest.mark.parametrize("n,parts", [(10, 3), (3, 5), (0, 2), (12, 4), (1, 1)])
 def test_shard_bounds_floor_plus_remainder(n, parts):
-    b = cp.shard_bounds(n, parts)
+    b = shard_bounds(n, parts)
     sizes = [hi - lo for lo, hi in b]
     assert len(b) == parts and sum(sizes) == n and b[0][0] == 0 and b[-1][1] == n
     assert all(b[i][1] == b[i + 1][0] for i in range(parts - 1))

@@ -6,7 +6,8 @@ import pytest
 from conftest import run_mpi_check
 
 from labkit import mlp
-from labkit.data_parallel import DataParallel, flatten, unflatten
+from labkit.data_parallel import DataParallel
+from labkit.shards import flatten, unflatten
 from labkit.device import gpu_status
 
 
@@ -64,10 +65,10 @@ def test_scaled_backprop_into_buffers_matches_reference():
     rng = np.random.default_rng(0)
     params = m.init_params([6, 5, 3], dtype=np.float64)
     x, Y = rng.random((8, 6)), m.targets(rng.integers(0, 3, 8), 3, np.float64)
-    _, want = m._loss_and_grads(params, x, Y, "relu", "cross_entropy", 0.0)
+    _, want = m.loss_and_grads_unchecked(params, x, Y, "relu", "cross_entropy", 0.0)
     out = m.zeros_like(params)
-    value, got = m._loss_and_grads(params, x[:3], Y[:3], "relu", "cross_entropy", 0.0, scale=1 / 8, out=out)
-    _, rest = m._loss_and_grads(params, x[3:], Y[3:], "relu", "cross_entropy", 0.0, scale=1 / 8)
+    value, got = m.loss_and_grads_unchecked(params, x[:3], Y[:3], "relu", "cross_entropy", 0.0, scale=1 / 8, out=out)
+    _, rest = m.loss_and_grads_unchecked(params, x[3:], Y[3:], "relu", "cross_entropy", 0.0, scale=1 / 8)
     for (a, b), (c, d), (e, f), (g, h) in zip(got, rest, want, out):
         assert a is g and b is h  # written into the given arrays
         np.testing.assert_allclose(a + c, e, rtol=1e-12)

@@ -17,11 +17,11 @@ def test_stalled_worker_times_out(tmp_path):
         "import time, numpy as np\nfrom mpi4py import MPI\nfrom labkit import mlp, param_server\n"
         "c = MPI.COMM_WORLD\n"
         "if c.rank == 2:  # this worker stalls inside its first backprop\n"
-        "    real = mlp._loss_and_grads\n"
+        "    real = mlp.loss_and_grads_unchecked\n"
         "    def slow(*a, **k):\n"
         "        time.sleep(30)\n"
         "        return real(*a, **k)\n"
-        "    mlp._loss_and_grads = slow\n"
+        "    mlp.loss_and_grads_unchecked = slow\n"
         "x = np.random.rand(40, 6).astype(np.float32)\n"
         "param_server.train(c, [6, 5, 3], (x, np.arange(40) % 3), masters=1, epochs=1, batch_size=5, timeout=3)\n"),
         n=3, within=20)

@@ -35,6 +35,9 @@
 
 #if !defined(__x86_64__) || defined(LABKIT_EMU_UCONTEXT)
 #define LABKIT_EMU_USE_UCONTEXT 1
+#ifndef LABKIT_EMU_STACK_KB
+#define LABKIT_EMU_STACK_KB 64
+#endif
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700
 #endif
@@ -361,8 +364,7 @@ struct StackPool {
     std::vector<std::pair<char*, size_t>> free_;
     static size_t stack_size() {
         static size_t s = [] {
-            const char* e = std::getenv("LABKIT_EMU_STACK_KB");
-            long kb = e ? std::atol(e) : 64;
+            long kb = LABKIT_EMU_STACK_KB;  // set by the loader from the LABKIT_EMU_STACK_KB setting
             return (size_t)(kb < 16 ? 16 : kb) * 1024;
         }();
         return s;

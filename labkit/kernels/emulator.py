@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
+from ..machine import usable_cores
 from .source import (
     KernelCompileError,
     KernelDecl,
@@ -81,22 +83,14 @@ def compiler() -> tuple[str, str]:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LABKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "labkit")
-    d = Path(root) / "emulator"
+    d = settings.cache_dir() / "emulator"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
 def workers() -> int:
     """OS threads per launch: $LABKIT_EMU_THREADS, else the cores this process may run on."""
-    env = os.environ.get("LABKIT_EMU_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    return settings.emu_threads() or usable_cores()
 
 
 # -- rewriting -------------------------------------------------------------------------------------
@@ -208,8 +202,9 @@ def _flags(checked: bool, options: tuple[str, ...]) -> list[str]:
     flags = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w"]
     if checked:
         flags.append("-DLABKIT_EMU_CHECKED=1")
-    if os.environ.get("LABKIT_EMU_UCONTEXT"):
+    if settings.emu_ucontext():
         flags.append("-DLABKIT_EMU_UCONTEXT=1")
+    flags.append(f"-DLABKIT_EMU_STACK_KB={settings.emu_stack_kb()}")
     return flags + list(options)
 
 

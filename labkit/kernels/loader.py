@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..device import gpu_status
 from . import emulator
 from .emulator import EmulatorUnavailable, KernelError
@@ -43,11 +43,11 @@ MAX_THREADS_PER_BLOCK = 1024
 
 def backend() -> str:
     """"cupy" when a CUDA device works (and $LABKIT_DEVICE is not "cpu"), else "emulator"."""
-    device = (os.environ.get("LABKIT_DEVICE") or "auto").lower()
+    device = settings.device()
     if device == "cpu":
         return "emulator"
     ok, why = gpu_status()
-    if device in ("gpu", "cuda") and not ok:
+    if device == "gpu" and not ok:
         raise RuntimeError(f"LABKIT_DEVICE={device} but no GPU can be used: {why}")
     return "cupy" if ok else "emulator"
 
@@ -65,7 +65,7 @@ def _resolve(which: str | None) -> str:
 
 def checked_default() -> bool:
     """Whether labkit's own kernels run checked on the emulator: $LABKIT_CHECKED=1 (the tests set it)."""
-    return os.environ.get("LABKIT_CHECKED", "0") not in ("", "0", "false", "no")
+    return settings.checked()
 
 
 def _defines(defines: dict | None) -> tuple[str, ...]:
@@ -97,7 +97,7 @@ class Kernel:
             self._raw(grid3, block3, args, shared_mem=int(shared_mem))
             return
         if timeout_s is None:
-            timeout_s = float(os.environ.get("LABKIT_KERNEL_TIMEOUT", "120")) if self.module.checked else 0.0
+            timeout_s = settings.kernel_timeout() if self.module.checked else 0.0
         self.module._emu.launch(self.name, grid3, block3, args, nbytes, shared_mem=int(shared_mem), timeout_s=timeout_s)
 
     def _check_args(self, args) -> list[int]:

@@ -37,7 +37,7 @@ class DeviceMLP:
     def __init__(self, params: mlp.Params, batch_size: int, activation: str = "sigmoid", cost: str = "cross_entropy",
                  matmul: str = "regblock", backend: str | None = None):
         mlp.check_params(params)
-        mlp._check_options(activation, cost)
+        mlp.check_options(activation, cost)
         if matmul not in MATMULS:
             raise ValueError(f"matmul must be one of {MATMULS}, got {matmul!r}")
         if batch_size < 1:

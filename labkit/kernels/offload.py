@@ -82,7 +82,7 @@ class OffloadedBackprop:
         return f"OffloadedBackprop({self.mode!r}, backend={self.dev.which!r}, pool={self.dev.pool})"
 
     def __call__(self, params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0):
-        mlp._check_options(activation, cost)
+        mlp.check_options(activation, cost)
         for i, (W, _) in enumerate(params):
             if not isinstance(W, np.ndarray) or W.dtype != np.float32:
                 raise TypeError(f"layer {i}: the offloaded products take float32 NumPy weights (they are copied to the "
@@ -106,7 +106,7 @@ class OffloadedBackprop:
                     return dev.to_host(d_out)[:, None]
 
                 for k in range(x.shape[0]):
-                    value, g = mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost, outer, wt_delta)
+                    value, g = mlp.backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost, outer, wt_delta)
                     total += value
                     mlp.add_into(acc, g)
             else:
@@ -123,7 +123,7 @@ class OffloadedBackprop:
                     return dev.to_host(d_out)[:, None]
 
                 for k in range(x.shape[0]):
-                    value, g = mlp._backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost, outer, wt_delta)
+                    value, g = mlp.backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost, outer, wt_delta)
                     total += value
                     for (_, gb), (_, b) in zip(acc, g):
                         gb += b

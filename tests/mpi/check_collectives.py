@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from labkit import collectives as C
 from labkit.collectives import CollectiveError, TrafficComm
+from labkit.shards import shard_bounds
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
@@ -78,7 +79,7 @@ for root in range(p):
     for rows in (0, 1, p + 1, 10):
         full = data(np.int64, (rows, 3), 99)
         got = C.scatter(comm, full if r == root else None, root=root)
-        lo, hi = C.shard_bounds(rows, p)[r]
+        lo, hi = shard_bounds(rows, p)[r]
         close(got, full[lo:hi], np.int64, f"scatter root={root} rows={rows}")
     piece = data(np.float32, (r + 1, 2), r)  # uneven pieces
     got = C.gather(comm, piece, root=root)
@@ -98,7 +99,7 @@ for root in range(p):
 for rows in (0, p, 2 * p + 1):
     x = data(np.int32, (rows, 2), r)
     got = C.alltoall(comm, x)
-    bounds = C.shard_bounds(rows, p)
+    bounds = shard_bounds(rows, p)
     want = np.concatenate([data(np.int32, (rows, 2), src)[bounds[r][0]:bounds[r][1]] for src in range(p)])
     close(got, want, np.int32, f"alltoall rows={rows}")
 

@@ -8,7 +8,8 @@ from _expect import refused
 from mpi4py import MPI
 
 from labkit import mlp
-from labkit.data_parallel import DataParallel, flatten, unflatten
+from labkit.data_parallel import DataParallel
+from labkit.shards import flatten, unflatten
 
 comm = MPI.COMM_WORLD
 rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from labkit import check, mlp
-from labkit.cpu_parallel import shard_bounds
+from labkit.shards import shard_bounds
 
 comm = MPI.COMM_WORLD
 

@@ -7,6 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from labkit import check, collectives
+from labkit.shards import shard_bounds
 
 comm = MPI.COMM_WORLD
 
@@ -25,7 +26,7 @@ def ring_variant(c, x, op=MPI.SUM, reduce=True, send_offset=0):
     """A ring allreduce with a switchable mistake: not reducing, or sending the wrong chunk."""
     p, r = c.Get_size(), c.Get_rank()
     out = x.copy()
-    chunks = collectives.shard_bounds(out.size, p)
+    chunks = shard_bounds(out.size, p)
     ufuncs = [(MPI.SUM, np.add), (MPI.MAX, np.maximum), (MPI.MIN, np.minimum), (MPI.PROD, np.multiply)]
     f = next(u for o, u in ufuncs if o == op)
     for step in range(p - 1):
