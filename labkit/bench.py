@@ -1,4 +1,4 @@
-"""Measuring: clocks, repeated timing with warm-up, speedup and efficiency, Amdahl and Gustafson, scaling runs.
+"""Measuring: clocks, repeated timing with warm-up, speedup and efficiency, Amdahl and Gustafson, timelines.
 
 Timings on shared machines are noisy, so every comparison is measured side by side in one run
 and reported as a ratio; a :class:`Timing` keeps every repetition, its median and its spread.
@@ -13,24 +13,25 @@ Four clocks (``clock=`` of :func:`measure` and :func:`timer`):
 * ``"mpi"``: ``MPI.Wtime`` between two barriers, then the maximum over the ranks: a parallel step lasts
   as long as its slowest rank.
 
-:func:`strong_scaling` and :func:`weak_scaling` launch a workload under ``mpiexec`` on 1..N ranks and
-return a :class:`Scaling` with speedups, efficiencies, the fitted serial fraction and Karp-Flatt metric;
-:class:`Timeline` records each rank's compute and communication phases for a timeline plot and a Chrome
-trace (:func:`chrome_trace`).
+:func:`measure` is the one timing loop of the package (the kernels', collectives' and thread pools' timings use it);
+:func:`interleaved` runs several configurations in alternating rounds, so that one slow spell of a shared machine
+moves every configuration alike instead of one. Scaling runs over 1..N MPI ranks, built on these, are in
+:mod:`labkit.scaling`. :class:`Timeline` records each rank's compute and communication phases for a timeline plot
+and a Chrome trace (:func:`chrome_trace`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .machine import machine_info  # noqa: F401  (what every benchmark's numbers were measured on)
 
 CLOCKS = ("wall", "cpu", "cuda", "mpi")
 
@@ -129,22 +130,46 @@ def timer(clock: str = "wall", comm=None) -> Iterator[_Elapsed]:
     e.seconds = c.stop()
 
 
-def measure(fn: Callable[[], object], repeat: int = 5, warmup: int = 1, clock: str = "wall", comm=None) -> Timing:
+def measure(fn: Callable[[], object], repeat: int = 5, warmup: int = 1, clock: str = "wall", comm=None,
+            sync: Callable[[], object] | None = None) -> Timing:
     """Run ``fn`` ``warmup`` times untimed, then ``repeat`` times timed with ``clock`` (see the module's docstring).
 
     With ``clock="mpi"`` every rank of ``comm`` calls it, and every rank gets the same times: the slowest rank's.
+    ``sync`` is called after the warm-up and after each timed call, inside the timing: work that ``fn`` only starts
+    (a kernel launch on a GPU, a batch of threads) is then timed until it has finished.
     """
     if repeat < 1 or warmup < 0:
         raise ValueError(f"need repeat >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
     c = _Clock(clock, comm)
     for _ in range(warmup):
         fn()
+    if sync is not None:
+        sync()
     t = Timing()
     for _ in range(repeat):
         c.start()
         fn()
+        if sync is not None:
+            sync()
         t.times.append(c.stop())
     return t
+
+
+def interleaved(jobs: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, Timing]:
+    """Run every job once per round, in an order that rotates from round to round; each job returns its seconds.
+
+    The result keeps every round's figure per job (:class:`Timing`: report its median). Measured side by side this
+    way, a slow spell of a shared machine lands on every configuration of a round instead of skewing one ratio.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    names = list(jobs)
+    out = {name: Timing() for name in names}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            out[name].times.append(float(jobs[name]()))
+    return out
 
 
 def speedup(t_serial: float, t_parallel) -> np.ndarray:
@@ -214,188 +239,6 @@ def crossover(x: Sequence[float], y: Sequence[float], level: float = 1.0) -> flo
                 return float(np.exp(np.log(x[i - 1]) + t * (np.log(x[i]) - np.log(x[i - 1]))))
             return float(x[i - 1] + t * (x[i] - x[i - 1]))
     return None
-
-
-def machine_info() -> dict:
-    """What the numbers were measured on: CPU count, Python, NumPy, BLAS library and its threads."""
-    info = {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "machine": platform.machine()}
-    try:
-        from threadpoolctl import threadpool_info
-
-        blas = [d for d in threadpool_info() if d.get("user_api") == "blas"]
-        if blas:
-            info["blas"] = f"{blas[0].get('internal_api')} {blas[0].get('version')}"
-            info["blas_threads"] = blas[0].get("num_threads")
-    except ImportError:
-        pass
-    return info
-
-
-# -- strong and weak scaling -------------------------------------------------------------------------
-
-
-@dataclass
-class Scaling:
-    """Times of one workload on 1..N ranks.
-
-    ``mode="strong"``: the same total work on every rank count; the speedup is T_1 / T_p, compared with Amdahl's
-    law. ``mode="weak"``: the work grows with the ranks (each rank's share stays the same); the *scaled speedup*
-    is the one-rank time of the scaled problem over its p-rank time, ``serial_timings[i] / timings[i]``, compared
-    with Gustafson's law, whose serial fraction is the share of the p-rank run's time that only one rank works.
-    Without ``serial_timings`` it is estimated as p T_1 / T_p, which assumes the whole problem grows p-fold.
-    ``weak_efficiency`` is T_1 / T_p: 100 % when p ranks do p times the work in the same time."""
-
-    workload: str
-    mode: str
-    size: int
-    ranks: list[int]
-    timings: list[Timing]
-    phases: list[dict] = field(default_factory=list)  # per rank count: median seconds per phase ("compute", "comm")
-    traces: dict = field(default_factory=dict)  # rank count -> Timeline events of one step on every rank
-    cores: int | None = None
-    serial_timings: list[Timing] | None = None  # weak: the scaled problem of each rank count, on one rank
-
-    def __post_init__(self):
-        if self.mode not in ("strong", "weak"):
-            raise ValueError(f"mode must be 'strong' or 'weak', got {self.mode!r}")
-        if 1 not in self.ranks:
-            raise ValueError(f"scaling needs a 1-rank baseline; ranks were {self.ranks}")
-
-    @property
-    def times(self) -> np.ndarray:
-        return np.array([t.median for t in self.timings])
-
-    @property
-    def t1(self) -> float:
-        return float(self.times[self.ranks.index(1)])
-
-    @property
-    def speedup(self) -> np.ndarray:
-        """Strong: T_1 / T_p. Weak: the scaled speedup p T_1 / T_p."""
-        p = np.asarray(self.ranks, dtype=float)
-        if self.mode == "strong":
-            return self.t1 / self.times
-        if self.serial_timings is not None:
-            return np.array([t.median for t in self.serial_timings]) / self.times
-        return p * self.t1 / self.times
-
-    @property
-    def weak_efficiency(self) -> np.ndarray:
-        """T_1 / T_p: how well the time holds while the problem grows with p (weak scaling)."""
-        return self.t1 / self.times
-
-    @property
-    def efficiency(self) -> np.ndarray:
-        return efficiency(self.speedup, self.ranks)
-
-    @property
-    def fitted_ranks(self) -> list[int]:
-        """The rank counts the serial fraction is fitted on: those up to the core count (both laws assume p
-        processors; more ranks than cores only take turns), or all of them when none above 1 fits on the cores."""
-        within = [p for p in self.ranks if not self.cores or p <= self.cores]
-        return within if len(within) > 1 else list(self.ranks)
-
-    @property
-    def serial_fraction(self) -> float:
-        """Fitted with Amdahl's law (strong) or Gustafson's law (weak) on :attr:`fitted_ranks`."""
-        keep = [self.ranks.index(p) for p in self.fitted_ranks]
-        return (fit_amdahl if self.mode == "strong" else fit_gustafson)(np.asarray(self.ranks)[keep], self.speedup[keep])
-
-    @property
-    def karp_flatt(self) -> np.ndarray:
-        """Karp-Flatt's experimentally determined serial fraction per rank count (NaN at p = 1); a strong-scaling
-        metric: rising with p means overhead (communication, waiting) grows, not a fixed serial part."""
-        p, s = np.asarray(self.ranks, dtype=float), np.asarray(self.speedup, dtype=float)
-        out = np.full(p.shape, np.nan)
-        if self.mode == "strong":
-            out[p > 1] = karp_flatt(p[p > 1], s[p > 1])
-        return out
-
-    def table(self) -> str:
-        """A text table: ranks, time (median, spread), speedup, efficiency, Karp-Flatt."""
-        head = "scaled speedup" if self.mode == "weak" else "speedup"
-        weak = self.mode == "weak"
-        rows = [f"{self.mode} scaling of {self.workload} (size {self.size}" + (" per rank" if weak else "") + ")",
-                f"{'ranks':>5}  {'time':>20}  " + (f"{'1 rank, same problem':>20}  " if weak else "")
-                + f"{head:>14}  {'efficiency':>10}" + ("  T1/Tp" if weak else "  Karp-Flatt")]
-        serial = self.serial_timings if weak and self.serial_timings is not None else [None] * len(self.ranks)
-        for i, (p, t, s, e, kf) in enumerate(zip(self.ranks, self.timings, self.speedup, self.efficiency, self.karp_flatt)):
-            over = "  (more ranks than cores)" if self.cores and p > self.cores else ""
-            one = f"{str(serial[i]) if serial[i] is not None else '-':>20}  " if weak else ""
-            last = (f"  {self.weak_efficiency[i]:5.0%}" if weak else f"  {kf:10.3f}" if np.isfinite(kf) else f"  {'':>10}")
-            rows.append(f"{p:>5}  {str(t):>20}  {one}{s:>14.2f}  {e:>10.0%}{last}{over}")
-        law = "Amdahl" if self.mode == "strong" else "Gustafson"
-        on = "" if self.fitted_ranks == list(self.ranks) else \
-            f" on {self.fitted_ranks[0]}-{self.fitted_ranks[-1]} ranks (within the {self.cores} cores)"
-        rows.append(f"serial fraction fitted with {law}'s law{on}: {self.serial_fraction:.3f}")
-        return "\n".join(rows)
-
-    __str__ = table
-
-    def to_dict(self) -> dict:
-        return {"workload": self.workload, "mode": self.mode, "size": self.size, "ranks": self.ranks,
-                "times": [t.times for t in self.timings], "median": self.times.tolist(),
-                "speedup": self.speedup.tolist(), "efficiency": self.efficiency.tolist(),
-                "serial_fraction": self.serial_fraction, "fitted_ranks": self.fitted_ranks, "phases": self.phases,
-                "cores": self.cores,
-                "serial_times": None if self.serial_timings is None else [t.times for t in self.serial_timings]}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Scaling:
-        """The inverse of :meth:`to_dict` (for results saved as JSON)."""
-        serial = d.get("serial_times")
-        return cls(d["workload"], d["mode"], d["size"], d["ranks"], [Timing(t) for t in d["times"]],
-                   phases=d.get("phases", []), cores=d.get("cores"),
-                   serial_timings=None if serial is None else [Timing(t) for t in serial])
-
-
-def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, repeat: int, warmup: int,
-             timeout: float, trace: bool, progress: bool | None, options: dict | None) -> Scaling:
-    from .benchmarks import scaling
-    from .progress import progress_bar
-
-    ranks = sorted({int(p) for p in ranks})
-    if not ranks or ranks[0] < 1:
-        raise ValueError(f"ranks must be positive rank counts, got {ranks}")
-    if 1 not in ranks:
-        ranks = [1, *ranks]  # the baseline every speedup is relative to
-    size = scaling.default_size(workload, mode) if size is None else int(size)
-    timings, phases, traces, serial = [], [], {}, []
-    runs = [(p, p) for p in ranks] + ([(1, p) for p in ranks if p > 1] if mode == "weak" else [])
-    for n, scale in progress_bar(runs, enable=progress, desc=f"{mode} scaling of {workload}", unit="run"):
-        out = scaling.launch(workload, mode, n, size, repeat=repeat, warmup=warmup, timeout=timeout,
-                             trace=trace and n > 1, scale=scale, **(options or {}))
-        if n == scale:  # the parallel runs
-            timings.append(Timing(out["times"]))
-            phases.append(out.get("phases", {}))
-            if out.get("trace"):
-                traces[n] = out["trace"]
-        else:  # weak scaling: the p-rank problem on one rank
-            serial.append(Timing(out["times"]))
-    if mode == "weak":
-        serial = [timings[0], *serial]  # ranks are sorted and start at 1
-    return Scaling(workload, mode, size, ranks, timings, phases, traces, cores=os.cpu_count(),
-                   serial_timings=serial if mode == "weak" else None)
-
-
-def strong_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
-                   repeat: int = 5, warmup: int = 1, timeout: float = 120, trace: bool = False,
-                   progress: bool | None = None, options: dict | None = None) -> Scaling:
-    """The same total work (``size``) on every rank count in ``ranks`` (1 is always included), each run launched
-    under ``mpiexec`` and timed with the ``"mpi"`` clock. Workloads: ``labkit.benchmarks.scaling.WORKLOADS``.
-    ``trace=True`` also records every rank's phases of one step (:attr:`Scaling.traces`). A run that fails or
-    passes ``timeout`` seconds raises ``RuntimeError`` with the ranks' error output. ``options`` go to the workload
-    (``{"serial": 0.3}`` for ``"synthetic"``)."""
-    return _scaling("strong", workload, ranks, size, repeat, warmup, timeout, trace, progress, options)
-
-
-def weak_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
-                 repeat: int = 5, warmup: int = 1, timeout: float = 120, trace: bool = False,
-                 progress: bool | None = None, options: dict | None = None) -> Scaling:
-    """The work grows with the ranks (``size`` per rank) and each scaled problem is also timed on one rank, for the
-    scaled speedup of Gustafson's law; otherwise as :func:`strong_scaling`."""
-    return _scaling("weak", workload, ranks, size, repeat, warmup, timeout, trace, progress, options)
 
 
 # -- timelines ---------------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ class CollectiveError(ValueError):
 # -- argument checks ------------------------------------------------------------------------------
 
 
-def _default_timeout(timeout):
+def default_timeout(timeout: float | None) -> float | None:
+    """``timeout`` when given, else the LABKIT_MPI_TIMEOUT setting (None: wait without a limit)."""
     if timeout is not None:
         return timeout
     return settings.mpi_timeout()
@@ -73,7 +74,7 @@ def _check_op(op, dtype) -> np.ufunc:
     return ufunc
 
 
-def _check_same(comm, x: np.ndarray, what: str) -> None:
+def check_same(comm, x, what: str) -> None:
     """Every rank must pass the same shape and dtype; say which rank differs, on every rank."""
     mine = (x.shape, x.dtype.str)
     everyone = comm.allgather(mine)
@@ -87,7 +88,7 @@ def _prepare(comm, x, op, check: bool, what: str):
     x = _check_array(x)
     ufunc = _check_op(op, x.dtype) if op is not None else None
     if check and comm.Get_size() > 1:
-        _check_same(comm, x, what)
+        check_same(comm, x, what)
     return x, ufunc
 
 
@@ -97,10 +98,12 @@ def _prepare(comm, x, op, check: bool, what: str):
 def wait_all(reqs: list, timeout: float | None, what: str, comm) -> None:
     """Wait for requests (one communication round); with a timeout, poll and raise TimeoutError instead of hanging.
 
-    ``what`` names the operation in the error; ``comm`` gives the rank (and counts rounds on a TrafficComm).
+    ``what`` names the operation in the error; ``comm`` gives the rank (and counts rounds on a
+    :class:`labkit.traffic.TrafficComm`).
     """
-    if isinstance(comm, TrafficComm):
-        comm.next_round()
+    next_round = getattr(comm, "next_round", None)  # a TrafficComm counts the rounds
+    if next_round is not None:
+        next_round()
     if timeout is None:
         MPI.Request.Waitall(reqs)
         return
@@ -154,7 +157,7 @@ def broadcast(comm, x, root: int = 0, algorithm: str = "tree", check: bool = Tru
     if not 0 <= root < p:
         raise ValueError(f"root {root} is not a rank of this communicator (size {p})")
     x, _ = _prepare(comm, x, None, check, "broadcast")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     out = x.copy()
     if p == 1:
         return out
@@ -189,7 +192,7 @@ def scatter(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray:
 
     Only root's ``x`` matters; other ranks pass ``None``. Shape and dtype travel in a small header.
     """
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "scatter"
     if r == root:
@@ -237,7 +240,7 @@ def gather(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray |
     Pieces may have different lengths; their trailing shape and dtype must match root's.
     """
     x = _check_array(x)
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "gather"
     if r != root:
@@ -264,7 +267,7 @@ def gather(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray |
 def reduce(comm, x, op=MPI.SUM, root: int = 0, check: bool = True, timeout: float | None = None) -> np.ndarray | None:
     """Combine every rank's array elementwise with ``op`` up a binomial tree; the result on root, ``None`` elsewhere."""
     x, ufunc = _prepare(comm, x, op, check, "reduce")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     acc = x.copy()
     vr = (r - root) % p
@@ -287,7 +290,7 @@ def reduce(comm, x, op=MPI.SUM, root: int = 0, check: bool = True, timeout: floa
 def naive_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | None = None) -> np.ndarray:
     """Everyone sends its whole array to everyone else and combines all p of them in rank order."""
     x, ufunc = _prepare(comm, x, op, check, "naive_allreduce")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     if p == 1:
         return x.copy()
@@ -315,7 +318,7 @@ def recursive_doubling_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeou
     p2 remaining ranks double, and the odd ranks hand the result back to their even partners.
     """
     x, ufunc = _prepare(comm, x, op, check, "recursive_doubling_allreduce")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "recursive_doubling_allreduce"
     acc = x.copy()
@@ -358,7 +361,7 @@ def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | Non
     array, or into ``out`` (which may be ``x`` itself, to work in place).
     """
     x, ufunc = _prepare(comm, x, op, check, "ring_allreduce")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     if out is None:
         out = x.copy()
@@ -399,174 +402,6 @@ def mpi_allreduce(comm, x, op=MPI.SUM, check: bool = False, timeout: float | Non
     return out
 
 
-class SharedMemoryAllreduce:
-    """Allreduce (sum) for ranks on one machine through an MPI-3 shared-memory window: no messages, no copies.
-
-    The window holds one slot per rank plus a result row. Each rank writes its contribution straight into its
-    slot (:attr:`mine`), then :meth:`reduce` sums column block ``rank`` of all slots into the result row, and
-    after a barrier every rank reads the whole sum from :attr:`result` (a view: it stays valid until the next
-    :meth:`reduce`). Two barriers per call; the adds are shared among the ranks like a ring's reduce-scatter,
-    and the allgather is free because everyone reads the same memory. Collective: construct, reduce and
-    :meth:`free` on every rank of ``comm``.
-    """
-
-    def __init__(self, comm, n: int, dtype=np.float32, timeout: float | None = None):
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        same_node = node.Get_size() == comm.Get_size()
-        if not all(comm.allgather(same_node)):
-            node.Free()
-            raise ValueError("the shared-memory allreduce needs every rank on one machine; "
-                             "use allreduce='ring' or 'mpi' across machines")
-        self.comm, self.timeout = node, timeout
-        self.p, self.rank = node.Get_size(), node.Get_rank()
-        self.dtype, self.n = np.dtype(dtype), int(n)
-        nbytes = (self.p + 1) * self.n * self.dtype.itemsize
-        self.win = MPI.Win.Allocate_shared(nbytes if self.rank == 0 else 0, self.dtype.itemsize, comm=node)
-        buf, _ = self.win.Shared_query(0)
-        table = np.ndarray(buffer=buf, dtype=self.dtype, shape=(self.p + 1, self.n))
-        self.slots, self.result = table[:self.p], table[self.p]
-        self.mine = self.slots[self.rank]
-        self.block = shard_bounds(self.n, self.p)[self.rank]
-        self.win.Lock_all()  # one passive-target epoch for the window's life; Sync() orders the loads and stores
-
-    def _barrier(self, what: str) -> None:
-        self.win.Sync()
-        if self.timeout is None:
-            self.comm.Barrier()
-        else:
-            wait_all([self.comm.Ibarrier()], self.timeout, what, self.comm)
-        self.win.Sync()
-
-    def reduce(self) -> np.ndarray:
-        """Sum every rank's :attr:`mine` into :attr:`result` (returned)."""
-        self._barrier("shared-memory allreduce, waiting for every rank's contribution")
-        lo, hi = self.block
-        out = self.result[lo:hi]
-        if self.p == 1:
-            out[:] = self.slots[0, lo:hi]
-        else:
-            np.add(self.slots[0, lo:hi], self.slots[1, lo:hi], out=out)
-            for r in range(2, self.p):
-                out += self.slots[r, lo:hi]
-        self._barrier("shared-memory allreduce, waiting for every rank's part of the sum")
-        return self.result
-
-    def free(self) -> None:
-        """Release the window (collective)."""
-        if self.win is not None:
-            self.win.Unlock_all()
-            self.win.Free()
-            self.comm.Free()
-            self.win = None
-
-
-class NcclAllreduce:
-    """Allreduce of CuPy arrays on GPUs with NVIDIA's NCCL (through ``cupy.cuda.nccl``), one GPU per MPI rank.
-
-    MPI only sets it up: the ranks first agree that every one of them can use NCCL (or all raise the same
-    error naming each rank's problem), rank r of a machine takes that machine's GPU r, rank 0 makes the NCCL
-    id and broadcasts it, and every rank joins one NCCL communicator. Then ``nccl(x)`` sums ``x`` over the ranks
-    in place, GPU to GPU, on the current CUDA stream (``op`` may be MPI.SUM, PROD, MAX or MIN). NCCL refuses two
-    ranks on one GPU, so a machine needs at least as many GPUs as it has ranks. With ``timeout`` a call waits for
-    its result at most that long, then aborts the NCCL communicator and raises ``TimeoutError`` instead of hanging
-    on a rank that died. Collective: construct, call and :meth:`close` on every rank of ``comm``.
-    """
-
-    def __init__(self, comm, timeout: float | None = None):
-        self.timeout = _default_timeout(timeout)
-        self.mpi_comm = comm
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local, local_size = node.Get_rank(), node.Get_size()
-        node.Free()
-        problem = None
-        try:
-            problem = self._problem(local_size)
-        except Exception as e:  # noqa: BLE001 - reported on every rank below
-            problem = f"{type(e).__name__}: {e}"
-        problems = comm.allgather(problem)  # every rank raises together: none is left waiting in NCCL's setup
-        if any(problems):
-            raise RuntimeError("allreduce='nccl' cannot start: " + "; ".join(
-                f"rank {r}: {why}" for r, why in enumerate(problems) if why))
-        import cupy
-        from cupy.cuda import nccl
-
-        self.device = cupy.cuda.Device(local)
-        self.device.use()
-        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        uid = comm.bcast(uid, root=0)
-        self.nccl = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
-        self._types = {np.dtype(k): getattr(nccl, v) for k, v in (
-            ("int8", "NCCL_INT8"), ("uint8", "NCCL_UINT8"), ("int32", "NCCL_INT32"), ("uint32", "NCCL_UINT32"),
-            ("int64", "NCCL_INT64"), ("uint64", "NCCL_UINT64"), ("float16", "NCCL_FLOAT16"),
-            ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"))}
-        self._ops = [(MPI.SUM, nccl.NCCL_SUM), (MPI.PROD, nccl.NCCL_PROD), (MPI.MAX, nccl.NCCL_MAX),
-                     (MPI.MIN, nccl.NCCL_MIN)]
-
-    @staticmethod
-    def _problem(local_size: int) -> str | None:
-        """Why this rank cannot use NCCL (None when it can)."""
-        from .device import gpu_status
-
-        ok, why = gpu_status()
-        if not ok:
-            return f"no usable GPU ({why})"
-        from cupy.cuda import nccl
-
-        if not getattr(nccl, "available", False):
-            return ("CuPy cannot load NCCL (cupy.cuda.nccl.available is False): install it for CuPy, e.g. "
-                    "pip install nvidia-nccl-cu12 beside cupy-cuda12x (CuPy's installation guide, Additional CUDA Libraries)")
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-        if local_size > n:
-            return (f"{local_size} ranks share this machine but it has {n} GPU(s); NCCL needs one GPU per rank "
-                    "(it refuses two ranks on one GPU): start at most as many ranks per machine as it has GPUs")
-        return None
-
-    def __call__(self, x, op=MPI.SUM, check: bool = True):
-        """Replace CuPy array ``x`` (C-contiguous, on this rank's GPU) by its reduction over the ranks; return it."""
-        import cupy
-
-        if self.nccl is None:
-            raise RuntimeError("this NcclAllreduce was closed")
-        if not isinstance(x, cupy.ndarray):
-            raise TypeError(f"the NCCL allreduce sums CuPy arrays on the GPU, got {type(x).__name__}")
-        if not x.flags.c_contiguous:
-            raise ValueError("x is not C-contiguous (a slice or transpose?): pass cupy.ascontiguousarray(x)")
-        if x.device.id != self.device.id:
-            raise ValueError(f"x lives on GPU {x.device.id} but this rank's NCCL communicator uses GPU {self.device.id}")
-        dtype = self._types.get(x.dtype)
-        if dtype is None:
-            raise TypeError(f"NCCL does not reduce {x.dtype}; supported: {', '.join(str(d) for d in self._types)}")
-        nop = next((n for o, n in self._ops if o == op), None)
-        if nop is None:
-            raise ValueError(f"op must be one of MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN; got {op!r}")
-        if check and self.mpi_comm.Get_size() > 1:
-            _check_same(self.mpi_comm, x, "NCCL allreduce")
-        stream = cupy.cuda.get_current_stream()
-        self.nccl.allReduce(x.data.ptr, x.data.ptr, x.size, dtype, nop, stream.ptr)
-        if self.timeout is not None:  # wait here, so that a rank that never comes is an error, not a hang
-            done = cupy.cuda.Event(disable_timing=True)
-            done.record(stream)
-            deadline = time.monotonic() + self.timeout
-            while not done.done:
-                self.nccl.check_async_error()
-                if time.monotonic() > deadline:
-                    self.nccl.abort()
-                    self.nccl = None
-                    raise TimeoutError(
-                        f"rank {self.mpi_comm.Get_rank()}: the NCCL allreduce waited {self.timeout:g} s; another rank "
-                        "probably failed or did not call it. The NCCL communicator was aborted: restart the MPI job.")
-                time.sleep(1e-5)
-        return x
-
-    def close(self) -> None:
-        """Destroy the NCCL communicator (collective)."""
-        if self.nccl is not None:
-            self.nccl.destroy()
-            self.nccl = None
-
-
 ALLREDUCES = {
     "naive": naive_allreduce,
     "reduce_broadcast": reduce_broadcast_allreduce,
@@ -582,7 +417,7 @@ def alltoall(comm, x, check: bool = True, timeout: float | None = None) -> np.nd
     x, _ = _prepare(comm, x, None, check, "alltoall")
     if x.ndim == 0:
         raise ValueError("alltoall needs an array with at least one dimension")
-    timeout = _default_timeout(timeout)
+    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     bounds = shard_bounds(x.shape[0], p)
     mine = bounds[r]
@@ -595,114 +430,3 @@ def alltoall(comm, x, check: bool = True, timeout: float | None = None) -> np.nd
         _sendrecv(comm, np.ascontiguousarray(x[lo:hi]), dest, recv, src, timeout, "alltoall")
         blocks[src] = recv
     return np.concatenate(blocks)
-
-
-# -- recording traffic -----------------------------------------------------------------------------
-
-
-class TrafficComm:
-    """A real communicator that logs every message it sends: (source, dest, bytes, round).
-
-    A round is one wait for a set of messages (one ``Sendrecv``-like exchange, or one batch of
-    ``Isend``/``Irecv`` completed together): the ring allreduce has 2 (p - 1) of them. Everything else
-    is passed to the real communicator. :meth:`gather_log` collects all ranks' logs on one rank.
-    With ``timeout``, the blocking ``Send``/``Recv``/``Sendrecv`` raise ``TimeoutError`` instead of
-    waiting forever for a partner that failed (used when checking students' code).
-    """
-
-    def __init__(self, comm, timeout: float | None = None):
-        self._comm = comm
-        self.timeout = timeout
-        self.log: list[tuple[int, int, int, int]] = []
-        self.rounds = 0
-
-    def __getattr__(self, name):
-        return getattr(self._comm, name)
-
-    @property
-    def rank(self) -> int:
-        return self._comm.Get_rank()
-
-    @property
-    def size(self) -> int:
-        return self._comm.Get_size()
-
-    def Get_rank(self) -> int:  # noqa: N802 - the MPI name
-        return self._comm.Get_rank()
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self._comm.Get_size()
-
-    def next_round(self) -> None:
-        """Close the current round (the collectives call this each time they wait)."""
-        self.rounds += 1
-
-    def _record(self, buf, dest) -> None:
-        nbytes = np.asarray(buf[0] if isinstance(buf, (list, tuple)) else buf).nbytes
-        self.log.append((self._comm.Get_rank(), int(dest), int(nbytes), self.rounds))
-
-    def _finish(self, reqs, what):
-        if self.timeout is None:
-            self.rounds += 1
-            MPI.Request.Waitall(reqs)
-        else:
-            wait_all(reqs, self.timeout, what, self)
-
-    def Send(self, buf, dest, tag=0):  # noqa: N802
-        self._record(buf, dest)
-        self._finish([self._comm.Isend(buf, dest, tag)], f"Send to rank {dest}")
-
-    def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):  # noqa: N802
-        if status is not None or self.timeout is None:
-            return self._comm.Recv(buf, source, tag, status)
-        self._finish([self._comm.Irecv(buf, source, tag)], f"Recv from rank {source}")
-
-    def Isend(self, buf, dest, tag=0):  # noqa: N802
-        self._record(buf, dest)
-        return self._comm.Isend(buf, dest, tag)
-
-    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE,  # noqa: N802
-                 recvtag=MPI.ANY_TAG, status=None):
-        self._record(sendbuf, dest)
-        if status is not None:
-            self.rounds += 1
-            return self._comm.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
-        reqs = [self._comm.Irecv(recvbuf, source, recvtag), self._comm.Isend(sendbuf, dest, sendtag)]
-        self._finish(reqs, f"Sendrecv with ranks {dest} and {source}")
-
-    # the library's collectives: with a timeout, their non-blocking forms, so a partner that failed
-    # gives a TimeoutError instead of a hang (they are not logged: they are not point-to-point messages)
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
-        if self.timeout is None:
-            return self._comm.Allreduce(sendbuf, recvbuf, op)
-        wait_all([self._comm.Iallreduce(sendbuf, recvbuf, op)], self.timeout, "Allreduce", self)
-
-    def Allgather(self, sendbuf, recvbuf):  # noqa: N802
-        if self.timeout is None:
-            return self._comm.Allgather(sendbuf, recvbuf)
-        wait_all([self._comm.Iallgather(sendbuf, recvbuf)], self.timeout, "Allgather", self)
-
-    def Bcast(self, buf, root=0):  # noqa: N802
-        if self.timeout is None:
-            return self._comm.Bcast(buf, root)
-        wait_all([self._comm.Ibcast(buf, root)], self.timeout, "Bcast", self)
-
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):  # noqa: N802
-        if self.timeout is None:
-            return self._comm.Reduce(sendbuf, recvbuf, op, root)
-        wait_all([self._comm.Ireduce(sendbuf, recvbuf, op, root)], self.timeout, "Reduce", self)
-
-    def Barrier(self):  # noqa: N802
-        if self.timeout is None:
-            return self._comm.Barrier()
-        wait_all([self._comm.Ibarrier()], self.timeout, "Barrier", self)
-
-    def clear(self) -> None:
-        """Forget what was logged."""
-        self.log.clear()
-        self.rounds = 0
-
-    def gather_log(self, root: int = 0) -> np.ndarray | None:
-        """All ranks' logs as one int64 array of rows (source, dest, bytes, round) on root."""
-        mine = np.array(self.log, dtype=np.int64).reshape(-1, 4)
-        return gather(self._comm, mine, root=root)

@@ -119,14 +119,6 @@ def pingpong(comm, sizes: Sequence[int], repeat: int = 20, warmup: int = 3, a: i
 
 def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: int = 1, **kw) -> float:
     """Median over repetitions of the slowest rank's time for ``fn(comm, x, **kw)``; the same value on every rank."""
-    from mpi4py import MPI
+    from .bench import measure
 
-    times = []
-    for i in range(warmup + repeat):
-        comm.Barrier()
-        t0 = MPI.Wtime()
-        fn(comm, x, **kw)
-        elapsed = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
-        if i >= warmup:
-            times.append(elapsed)
-    return float(np.median(times))
+    return measure(lambda: fn(comm, x, **kw), repeat=repeat, warmup=warmup, clock="mpi", comm=comm).median

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from . import mlp
+from .bench import measure
 from .shards import shard_bounds
 
 
@@ -358,10 +359,4 @@ class ProcessBackprop:
 
 def time_per_batch(grad_fn, params, x, y, repeat: int = 5, **kw) -> float:
     """Median seconds of one gradient computation on the batch (x, y), after one warm-up call."""
-    grad_fn(params, x, y, **kw)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        grad_fn(params, x, y, **kw)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return measure(lambda: grad_fn(params, x, y, **kw), repeat=repeat, warmup=1).median

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from . import mlp
-from .shards import flatten, shard_bounds, unflatten
 from .device import array_module
+from .shards import flatten, shard_bounds, unflatten
 
 
 def _allreduce_fn(allreduce) -> Callable | None:
@@ -43,9 +43,9 @@ class DataParallel:
 
     ``allreduce`` is ``"ring"`` (labkit's), ``"mpi"`` (the library's), another name from
     ``labkit.collectives.ALLREDUCES``, ``"nccl"`` (the parameters are CuPy arrays, one GPU per rank: NVIDIA's NCCL
-    sums the gradients GPU to GPU, :class:`labkit.collectives.NcclAllreduce`; call :meth:`close` when done),
+    sums the gradients GPU to GPU, :class:`labkit.comm_backends.NcclAllreduce`; call :meth:`close` when done),
     ``"shm"`` (ranks on one machine: every rank backprops straight into
-    an MPI shared-memory window and the sum is read from it, :class:`labkit.collectives.SharedMemoryAllreduce`;
+    an MPI shared-memory window and the sum is read from it, :class:`labkit.comm_backends.SharedMemoryAllreduce`;
     call :meth:`close` when done), or any function ``f(comm, x, op) -> summed array`` (a compressed allreduce,
     say). Every rank must call it with the same batch.
 
@@ -68,10 +68,10 @@ class DataParallel:
         self.shard_update = shard_update
         self._nccl = None
         if allreduce == "nccl":
-            from .collectives import NcclAllreduce
+            from .comm_backends import NcclAllreduce
 
             self._nccl = NcclAllreduce(comm, timeout)  # collective: every rank sets up (or fails) together
-        self._optimizer: ShardedSGD | None = None
+        self.optimizer: ShardedSGD | None = None  # the sharded optimizer of the current run (shard_update=True)
         self.fused, self.timeout = fused, timeout
         self.compute_seconds = self.comm_seconds = 0.0
         self.steps = 0
@@ -84,15 +84,19 @@ class DataParallel:
         ``shard_update=True`` a :class:`ShardedSGD` that moves the weights into shared memory for the run."""
         if not self.shard_update:
             return mlp.SGD(lr, momentum)
-        return ShardedSGD(self, params, lr, momentum)
+        if self.optimizer is not None:
+            self.optimizer.close()
+        self.optimizer = ShardedSGD(self.shared_buffer(params), params, lr, momentum, record=self.record)
+        return self.optimizer
 
     def close(self) -> None:
         """Free the shared-memory window of ``allreduce="shm"`` or the NCCL communicator of ``"nccl"`` (collective)."""
         if self._nccl is not None:
             self._nccl.close()
             self._nccl = None
-        if self._optimizer is not None:
-            self._optimizer.close()
+        if self.optimizer is not None:
+            self.optimizer.close()
+            self.optimizer = None
         if self._shm is not None:
             self._shm.free()
             self._shm = None
@@ -132,7 +136,7 @@ class DataParallel:
                 raise TypeError(f"allreduce={self.allreduce_name!r} works on NumPy arrays; for CuPy parameters on GPUs "
                                 "use allreduce='nccl'")
             if self.allreduce_name == "shm":
-                from .collectives import SharedMemoryAllreduce
+                from .comm_backends import SharedMemoryAllreduce
 
                 self.close()
                 self._shm = SharedMemoryAllreduce(self.comm, size + 1, params[0][0].dtype, self.timeout)
@@ -143,6 +147,14 @@ class DataParallel:
             self._views = unflatten(self._flat[:-1], params)
             self._key = key
         return self._flat, self._views
+
+    def shared_buffer(self, params):
+        """The shared-memory allreduce (``allreduce="shm"``) whose window holds this run's gradients of ``params``:
+        one slot per rank (every gradient, then the loss) and a result row. Collective the first time."""
+        if self.allreduce_name != "shm":
+            raise ValueError(f"only allreduce='shm' keeps its buffer in shared memory, this one is {self.allreduce_name!r}")
+        self._buffer(params)
+        return self._shm
 
     def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
         """(mean loss, mean gradients) of the global batch; the gradients are views into a buffer reused next step
@@ -155,7 +167,8 @@ class DataParallel:
         flat, grads = self._buffer(params)
         t0 = time.perf_counter()
         if hi > lo:  # my shard's share of the global mean, written straight into the buffer
-            flat[-1], _ = mlp.loss_and_grads_unchecked(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0, scale=1.0 / n, out=grads)
+            flat[-1], _ = mlp.loss_and_grads_unchecked(params, x[lo:hi], Y[lo:hi], activation, cost, 0.0, scale=1.0 / n,
+                                                       out=grads)
         else:
             flat[:] = 0
         t1 = time.perf_counter()
@@ -186,8 +199,8 @@ class DataParallel:
     def _sharded_call(self, params, xs, Ys, n, activation, cost, l2):
         """shard_update: this rank's share of -lr x the mean gradient goes into its slot; the sum is never formed
         here: :meth:`ShardedSGD.step` adds the slots block by block straight into the weights."""
-        opt = self._optimizer
-        if opt is None:
+        opt = self.optimizer
+        if opt is None or opt.closed:
             raise RuntimeError("DataParallel(shard_update=True) updates the weights itself: use it through "
                                "mlp.train(params, data, method=dp, ...), which takes dp.make_optimizer(...)")
         if l2:
@@ -199,53 +212,60 @@ class DataParallel:
         else:
             flat[:] = 0
         t1 = time.perf_counter()
-        self._shm._barrier("sharded update, waiting for every rank's gradient")
+        self._shm.barrier("sharded update, waiting for every rank's gradient")
         value = float(self._shm.slots[:, -1].sum()) / opt.scale
         self._account(t0, t1, time.perf_counter())
         return value, None
 
+    def record(self, name: str, kind: str, t0: float, t1: float) -> None:
+        """Count ``time.perf_counter()`` readings t0..t1 as compute or communication (``kind`` "compute" or
+        "comm") time, and put the phase into :attr:`timeline` when there is one."""
+        if kind == "compute":
+            self.compute_seconds += t1 - t0
+        else:
+            self.comm_seconds += t1 - t0
+        if self.timeline is not None:
+            self.timeline.add(name, kind, t0, t1)
+
     def _account(self, t0: float, t1: float, t2: float) -> None:
         """One step: backprop from t0 to t1, then communication (and waiting) until t2."""
-        self.compute_seconds += t1 - t0
-        self.comm_seconds += t2 - t1
         self.steps += 1
-        if self.timeline is not None:
-            self.timeline.add("backprop", "compute", t0, t1)
-            self.timeline.add(f"allreduce ({self.allreduce_name})", "comm", t1, t2)
+        self.record("backprop", "compute", t0, t1)
+        self.record(f"allreduce ({self.allreduce_name})", "comm", t1, t2)
 
 
 class ShardedSGD:
     """SGD with momentum whose update is split over the ranks (as ZeRO stage 1 splits optimizer state), for
-    :class:`DataParallel` with ``shard_update=True`` on one machine.
+    :class:`DataParallel` with ``shard_update=True`` on one machine (made by :meth:`DataParallel.make_optimizer`).
 
-    The weights move into the shared-memory window for the run (``params`` then holds views into it). Every rank
-    backprops its shard straight into its slot of the window, already scaled by -lr; after one barrier, rank r
+    The weights move into the shared-memory window ``shm`` for the run (``params`` then holds views into it). Every
+    rank backprops its shard straight into its slot of the window, already scaled by -lr; after one barrier, rank r
     adds all slots of block r of the flat weight vector into its velocity and its weights, then a barrier: every
     rank sees the whole new weights without a message or a copy. Each rank keeps the velocity of its block only.
     The sum is formed once, in the update, and the update's work is shared instead of repeated on every rank.
-    :meth:`close` (called by :func:`labkit.mlp.train` when it ends) copies the weights back into the caller's arrays
-    and puts them back into ``params``.
+    ``record(name, kind, t0, t1)`` is told the time of each update and barrier. :meth:`close` (called by
+    :func:`labkit.mlp.train` when it ends) copies the weights back into the caller's arrays and puts them back into
+    ``params``.
     """
 
-    def __init__(self, dp: DataParallel, params, lr: float, momentum: float = 0.0):
+    def __init__(self, shm, params, lr: float, momentum: float = 0.0, record=None):
         mlp.SGD(lr, momentum)  # the same checks of lr and momentum
-        self.dp, self.lr, self.momentum, self.scale = dp, float(lr), float(momentum), -float(lr)
-        dp._buffer(params)  # the window: one slot per rank, then the row that holds the weights
-        shm = dp._shm
+        self.shm, self.lr, self.momentum, self.scale = shm, float(lr), float(momentum), -float(lr)
+        self.record = record or (lambda name, kind, t0, t1: None)
         size = shm.n - 1  # the slots' last entry is the loss
         self.weights = shm.result[:size]
         self.block = shard_bounds(size, shm.p)[shm.rank]
         lo, hi = self.block
         self.weights[lo:hi] = flatten(params)[lo:hi]  # every rank holds the same weights: each copies its block
-        shm._barrier("sharded update, copying the weights into shared memory")
+        shm.barrier("sharded update, copying the weights into shared memory")
         self.velocity = np.zeros(hi - lo, dtype=self.weights.dtype) if momentum else None
         self.params, self.original = params, list(params)
         params[:] = unflatten(self.weights, params)
-        dp._optimizer = self
+        self.closed = False
 
     def step(self, params, grads=None) -> None:
         """Apply the step whose gradient shares the ranks wrote (``grads`` is not used). Collective."""
-        shm = self.dp._shm
+        shm = self.shm
         lo, hi = self.block
         t0 = time.perf_counter()
         target = self.velocity if self.velocity is not None else self.weights[lo:hi]
@@ -256,20 +276,17 @@ class ShardedSGD:
         if self.velocity is not None:
             self.weights[lo:hi] += self.velocity
         t1 = time.perf_counter()
-        shm._barrier("sharded update, waiting for every rank's block of the weights")
+        shm.barrier("sharded update, waiting for every rank's block of the weights")
         t2 = time.perf_counter()
-        self.dp.compute_seconds += t1 - t0
-        self.dp.comm_seconds += t2 - t1
-        if self.dp.timeline is not None:
-            self.dp.timeline.add("update (my block)", "compute", t0, t1)
-            self.dp.timeline.add("barrier", "comm", t1, t2)
+        self.record("update (my block)", "compute", t0, t1)
+        self.record("barrier", "comm", t1, t2)
 
     def close(self) -> None:
-        """Copy the weights back into the caller's arrays and put those back into ``params``."""
-        if self.dp._optimizer is not self:
+        """Copy the weights back into the caller's arrays and put those back into ``params`` (once)."""
+        if self.closed:
             return
         for (W, b), (Wv, bv) in zip(self.original, self.params):
             W[...] = Wv
             b[...] = bv
         self.params[:] = self.original
-        self.dp._optimizer = None
+        self.closed = True

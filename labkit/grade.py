@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .progress import progress_bar
-from .report import _ANSI, inject_parameters
+from .report import ANSI_ESCAPES, inject_parameters
 
 CHECK_CALL = re.compile(r"^\s*check\.(\w+)\(", re.M)
 
@@ -59,7 +59,7 @@ def _outcome(cell, timeout: int) -> tuple[bool, str]:
                 found = _engine_error(cell)
                 if found:
                     return False, found
-            first = _ANSI.sub("", str(out.get("evalue", ""))).strip().splitlines()
+            first = ANSI_ESCAPES.sub("", str(out.get("evalue", ""))).strip().splitlines()
             return False, f"{out.get('ename')}: {first[0] if first else ''}".strip()
     return True, "passed"
 
@@ -73,7 +73,7 @@ def _engine_error(cell) -> str | None:
     lines = []
     for out in cell.get("outputs", []):
         text = out.get("text", "") if out.get("output_type") == "stream" else ""
-        lines += _ANSI.sub("", text).splitlines()
+        lines += ANSI_ESCAPES.sub("", text).splitlines()
     found = [m for m in map(_EXCEPTION_LINE.match, (ln.strip() for ln in lines)) if m]
     if not found:
         return None
@@ -99,7 +99,7 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     try:
         client.execute(env=env)
     except Exception as e:  # the kernel died (a crash in compiled code, memory): the cells not reached fail
-        stopped = f"the notebook's kernel stopped: {type(e).__name__}: {_ANSI.sub('', str(e)).strip()[:300]}"
+        stopped = f"the notebook's kernel stopped: {type(e).__name__}: {ANSI_ESCAPES.sub('', str(e)).strip()[:300]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
     results = []

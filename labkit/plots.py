@@ -106,7 +106,7 @@ def plot_times(times: Mapping[str, float], title: str = "time", unit: str = "s",
 def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xlabel: str = "workers",
                  ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None):
     """Speedup against worker count, with the ideal line, a fitted Amdahl curve and the core count marked
-    (:func:`plot_scaling` draws a :class:`labkit.bench.Scaling` result, Gustafson's curve included)."""
+    (:func:`plot_scaling` draws a :class:`labkit.scaling.Scaling` result, Gustafson's curve included)."""
     plt = _plt()
     p = np.asarray(p, dtype=float)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -161,10 +161,10 @@ def plot_efficiency(p: Sequence[float], efficiencies: Mapping[str, Sequence[floa
 
 def plot_scaling(*results, title: str | None = None):
     """Speedup (with the ideal line and each result's fitted Amdahl or Gustafson curve, dotted in its colour) beside
-    efficiency, for one or more :class:`labkit.bench.Scaling` results of the same mode."""
+    efficiency, for one or more :class:`labkit.scaling.Scaling` results of the same mode."""
     plt = _plt()
     if not results:
-        raise ValueError("plot_scaling needs at least one labkit.bench.Scaling result")
+        raise ValueError("plot_scaling needs at least one labkit.scaling.Scaling result")
     modes = {r.mode for r in results}
     if len(modes) != 1:
         raise ValueError("plot strong and weak scaling separately: their speedups mean different things")

@@ -22,7 +22,7 @@ from .progress import progress_bar
 
 METRIC_MIME = "application/vnd.labkit.metric+json"
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def record(name: str, value, unit: str = "", note: str = "") -> None:
@@ -129,9 +129,9 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
         client.execute(env=env)
         result.ok = True
     except CellTimeoutError as e:
-        result.error = f"a cell ran longer than the {timeout} s limit and was stopped:\n{_ANSI.sub('', str(e))}"
+        result.error = f"a cell ran longer than the {timeout} s limit and was stopped:\n{ANSI_ESCAPES.sub('', str(e))}"
     except CellExecutionError as e:
-        result.error = _ANSI.sub("", str(e))
+        result.error = ANSI_ESCAPES.sub("", str(e))
     except DeadKernelError as e:
         result.error = f"the kernel died (out of memory, or a crash in compiled code): {e}"
     except Exception as e:  # a missing kernel, a broken notebook file: report it, run the others

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from labkit import bench
+from labkit import bench, scaling
 
 
 def test_amdahl_fit_recovers_serial_fraction():
@@ -75,7 +75,7 @@ def _timings(medians):
 def test_scaling_strong_and_weak_figures():
     f, ranks = 0.2, [1, 2, 4]
     t1 = 10.0
-    strong = bench.Scaling("w", "strong", 100, ranks, _timings([t1 / float(bench.amdahl(p, f)) for p in ranks]), cores=2)
+    strong = scaling.Scaling("w", "strong", 100, ranks, _timings([t1 / float(bench.amdahl(p, f)) for p in ranks]), cores=2)
     np.testing.assert_allclose(strong.speedup, bench.amdahl(ranks, f))
     np.testing.assert_allclose(strong.efficiency, bench.amdahl(ranks, f) / ranks)
     assert strong.serial_fraction == pytest.approx(f)
@@ -84,23 +84,23 @@ def test_scaling_strong_and_weak_figures():
     assert "Karp-Flatt" in table and "more ranks than cores" in table
     assert "Amdahl's law on 1-2 ranks (within the 2 cores): 0.200" in table and strong.fitted_ranks == [1, 2]
     # more ranks than cores take turns: their slowdown is not read as serial work
-    crowded = bench.Scaling("w", "strong", 100, ranks, _timings([t1, t1 / float(bench.amdahl(2, f)), t1]), cores=2)
+    crowded = scaling.Scaling("w", "strong", 100, ranks, _timings([t1, t1 / float(bench.amdahl(2, f)), t1]), cores=2)
     assert crowded.serial_fraction == pytest.approx(f)
     crowded.cores = None
     assert crowded.fitted_ranks == ranks and crowded.serial_fraction > 0.5
     # weak: every p-rank run takes t1; one rank needs (f + p (1 - f)) t1 for the same scaled problem
-    weak = bench.Scaling("w", "weak", 100, ranks, _timings([t1] * 3),
+    weak = scaling.Scaling("w", "weak", 100, ranks, _timings([t1] * 3),
                          serial_timings=_timings([t1 * (f + p * (1 - f)) for p in ranks]))
     np.testing.assert_allclose(weak.speedup, bench.gustafson(ranks, f))
     np.testing.assert_allclose(weak.weak_efficiency, 1.0)
     assert weak.serial_fraction == pytest.approx(f) and np.isnan(weak.karp_flatt).all()
     assert "Gustafson's law: 0.200" in weak.table() and weak.to_dict()["mode"] == "weak"
-    estimated = bench.Scaling("w", "weak", 100, ranks, _timings([t1, 2 * t1, 2 * t1]))  # without one-rank runs
+    estimated = scaling.Scaling("w", "weak", 100, ranks, _timings([t1, 2 * t1, 2 * t1]))  # without one-rank runs
     np.testing.assert_allclose(estimated.speedup, [1, 1, 2])  # p T1 / Tp
     with pytest.raises(ValueError, match="1-rank baseline"):
-        bench.Scaling("w", "strong", 1, [2, 4], _timings([1, 1]))
+        scaling.Scaling("w", "strong", 1, [2, 4], _timings([1, 1]))
     with pytest.raises(ValueError, match="'strong' or 'weak'"):
-        bench.Scaling("w", "diagonal", 1, [1], _timings([1]))
+        scaling.Scaling("w", "diagonal", 1, [1], _timings([1]))
 
 
 def test_timeline_and_chrome_trace(tmp_path):
@@ -132,23 +132,21 @@ def test_mpi_clock_and_timeline_under_mpiexec(n):
 
 
 def test_strong_and_weak_scaling_runners():
-    strong = bench.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, trace=True, progress=False)
+    strong = scaling.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, trace=True, progress=False)
     assert strong.ranks == [1, 2] and len(strong.timings) == 2 and all(len(t.times) == 2 for t in strong.timings)
     assert np.isfinite(strong.serial_fraction) and (strong.times > 0).all()
     assert {e["rank"] for e in strong.traces[2]} == {0, 1} and set(strong.phases[1]) == {"compute", "comm"}
-    weak = bench.weak_scaling("backprop", ranks=(1, 2), size=64, repeat=2, progress=False)
+    weak = scaling.weak_scaling("backprop", ranks=(1, 2), size=64, repeat=2, progress=False)
     assert weak.mode == "weak" and weak.speedup[0] == pytest.approx(1.0) and weak.phases[1]["comm"] > 0
     assert len(weak.serial_timings) == 2 and weak.serial_timings[0] is weak.timings[0]
     assert weak.speedup[1] == pytest.approx(weak.serial_timings[1].median / weak.timings[1].median)
 
 
 def test_scaling_runner_errors():
-    from labkit.benchmarks import scaling
-
     with pytest.raises(ValueError, match="unknown workload 'sorting'"):
-        bench.strong_scaling("sorting")
+        scaling.strong_scaling("sorting")
     with pytest.raises(ValueError, match="positive rank counts"):
-        bench.strong_scaling("synthetic", ranks=(0, 2))
+        scaling.strong_scaling("synthetic", ranks=(0, 2))
     with pytest.raises(RuntimeError, match=r"failed \(exit 1\)[\s\S]*serial must be in \[0, 1\]"):
         scaling.launch("synthetic", "strong", 1, size=10, serial=2.0)
     with pytest.raises(RuntimeError, match="did not finish in 2 s"):
@@ -157,13 +155,13 @@ def test_scaling_runner_errors():
 
 def test_scaling_options_are_checked():
     with pytest.raises(ValueError, match="takes no option serial"):
-        bench.strong_scaling("backprop", options={"serial": 0.2})
+        scaling.strong_scaling("backprop", options={"serial": 0.2})
 
 
 def test_scaling_survives_json():
     import json
 
-    weak = bench.Scaling("w", "weak", 8, [1, 2], _timings([1.0, 1.1]), phases=[{"comm": 0.0}, {"comm": 0.1}], cores=2,
+    weak = scaling.Scaling("w", "weak", 8, [1, 2], _timings([1.0, 1.1]), phases=[{"comm": 0.0}, {"comm": 0.1}], cores=2,
                          serial_timings=_timings([1.0, 1.9]))
-    back = bench.Scaling.from_dict(json.loads(json.dumps(weak.to_dict())))
+    back = scaling.Scaling.from_dict(json.loads(json.dumps(weak.to_dict())))
     assert back.to_dict() == weak.to_dict() and back.table() == weak.table()

@@ -7,8 +7,8 @@ from conftest import run_mpi_check
 
 from labkit import mlp
 from labkit.data_parallel import DataParallel
-from labkit.shards import flatten, unflatten
 from labkit.device import gpu_status
+from labkit.shards import flatten, unflatten
 
 
 @pytest.mark.mpi

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from labkit import plots  # noqa: E402
+from labkit import plots, scaling  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +58,8 @@ def _scaling(mode, f=0.2):
     ranks = [1, 2, 4]
     law = bench.amdahl if mode == "strong" else bench.gustafson
     if mode == "strong":
-        return bench.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0 / float(law(p, f))]) for p in ranks], cores=2)
-    return bench.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0])] * 3, cores=2,
+        return scaling.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0 / float(law(p, f))]) for p in ranks], cores=2)
+    return scaling.Scaling("backprop", mode, 64, ranks, [bench.Timing([8.0])] * 3, cores=2,
                          serial_timings=[bench.Timing([8.0 * float(law(p, f))]) for p in ranks])
 
 

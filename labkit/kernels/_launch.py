@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
 from .loader import backend
@@ -73,16 +70,8 @@ def synchronize(which: str | None = None) -> None:
 def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = None) -> float:
     """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones, synchronising the GPU before and after
     each call: a launch returns before the kernel has run, so timing without waiting measures only the launch."""
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    from ..bench import measure
+
     which = resolve(backend)
-    for _ in range(warmup):
-        fn()
-    synchronize(which)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        synchronize(which)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    synchronize(which)  # nothing queued earlier is counted in the first call
+    return measure(fn, repeat=repeat, warmup=warmup, sync=lambda: synchronize(which)).median

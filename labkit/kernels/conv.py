@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._launch import output, require, resolve
-from .layers import THREADS, _grid
+from .layers import THREADS, grid_for
 from .loader import load_file
 
 
@@ -31,7 +31,7 @@ def conv2d_relu_forward(x, w, b, out=None, *, pad: int = 0, backend: str | None 
     require(b, "b", shape=(K,), which=which)
     out = output(out, "out", (N, K, OH, OW), which)
     k = load_file("conv", backend=which).get_function("conv2d_relu_forward")
-    k((_grid(out.size),), (THREADS,), (x, w, b, out, *map(np.int32, (N, C, H, W, K, R, S, pad))))
+    k((grid_for(out.size),), (THREADS,), (x, w, b, out, *map(np.int32, (N, C, H, W, K, R, S, pad))))
     return out
 
 
@@ -48,7 +48,7 @@ def conv2d_relu_backward(dy, y, x, w, *, pad: int = 0, backend: str | None = Non
     dx = output(None, "dx", x.shape, which)
     dw = output(None, "dw", w.shape, which)
     db = output(None, "db", (K,), which)
-    mod.get_function("conv2d_relu_backward_input")((_grid(dx.size),), (THREADS,), (dy, y, w, dx, *dims))
+    mod.get_function("conv2d_relu_backward_input")((grid_for(dx.size),), (THREADS,), (dy, y, w, dx, *dims))
     mod.get_function("conv2d_relu_backward_weight")((dw.size,), (THREADS,), (dy, y, x, dw, *dims))
     mod.get_function("conv2d_relu_backward_bias")((K,), (THREADS,), (dy, y, db, *map(np.int32, (N, K, OH, OW))))
     return dx, dw, db

@@ -17,7 +17,7 @@ def _act(activation: str) -> np.int32:
     return np.int32(ACTIVATIONS[activation])
 
 
-def _grid(n: int) -> int:
+def grid_for(n: int) -> int:
     """Blocks for a grid-stride loop over n items: enough to fill a GPU, never more than needed."""
     return max(1, min(ceil_div(n, THREADS), 4096))
 
@@ -57,7 +57,7 @@ def bias_act_forward(z, bias, out=None, *, activation: str = "sigmoid", backend:
     act = _act(activation)
     out = output(out, "out", (rows, cols), which)
     k = load_file("layers", backend=which).get_function("bias_act_forward")
-    k((_grid(z.size),), (THREADS,), (z, bias, out, np.int32(rows), np.int32(cols), act))
+    k((grid_for(z.size),), (THREADS,), (z, bias, out, np.int32(rows), np.int32(cols), act))
     return out
 
 
@@ -69,7 +69,7 @@ def act_backward(grad_out, a, out=None, *, activation: str = "sigmoid", backend:
     act = _act(activation)
     out = output(out, "out", grad_out.shape, which)
     k = load_file("layers", backend=which).get_function("act_backward")
-    k((_grid(a.size),), (THREADS,), (grad_out, a, out, np.int32(a.size), act))
+    k((grid_for(a.size),), (THREADS,), (grad_out, a, out, np.int32(a.size), act))
     return out
 
 

@@ -27,9 +27,9 @@ from .source import (
     KernelDecl,
     Param,
     UnsupportedFeature,
-    _matching,
     find_constants,
     find_kernels,
+    matching_bracket,
     strip_comments,
 )
 
@@ -247,7 +247,7 @@ def kernel_source(source: str | Path, name: str) -> str:
     if decl is None:
         raise KeyError(f"no kernel {name!r} in {filename}; it has {[k.name for k in find_kernels(clean)]}")
     body = clean.find("{", decl.params_span[1])
-    end = _matching(clean, body, "{", "}")
+    end = matching_bracket(clean, body, "{", "}")
     start = clean.rfind("\n", 0, clean.rfind("__global__", 0, decl.params_span[0])) + 1
     lines = text[:start].split("\n")[:-1]
     while lines and lines[-1].lstrip().startswith("//"):  # the comment that introduces the kernel

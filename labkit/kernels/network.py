@@ -25,7 +25,7 @@ from .matmul import VARIANTS
 from .matmul import matmul as kernel_matmul
 from .optim import sgd_momentum
 from .reduce import THREADS as REDUCE_THREADS
-from .reduce import _blocks
+from .reduce import reduce_blocks
 from .softmax import softmax_xent_backward, softmax_xent_forward
 
 MATMULS = (*VARIANTS, "library")
@@ -99,10 +99,10 @@ class DeviceMLP:
         d = self.deltas[-1][:n]
         if self.cost == "cross_entropy":
             k = self._reduce.get_function("sum_reduce")
-            k((_blocks(n),), (REDUCE_THREADS,), (self.row_loss[:n], self.loss_sum, np.int32(n)))
+            k((reduce_blocks(n),), (REDUCE_THREADS,), (self.row_loss[:n], self.loss_sum, np.int32(n)))
         else:  # the loss needs sum (a - y)^2 before the 1/n scaling
             softmax_xent_backward(out, self.labels[:n], d, scale=1.0, backend=self.backend)
-            self._reduce.get_function("sse_reduce")((_blocks(d.size),), (REDUCE_THREADS,),
+            self._reduce.get_function("sse_reduce")((reduce_blocks(d.size),), (REDUCE_THREADS,),
                                                     (d, self.zero_out[:n], self.loss_sum, np.int32(d.size)))
         softmax_xent_backward(out, self.labels[:n], d, scale=1.0 / n, backend=self.backend)  # (out - onehot(y)) / n
         if self.cost == "quadratic":
@@ -157,7 +157,7 @@ class DeviceMLP:
         for s in range(0, x.shape[0], chunk):
             n = self.load_batch(x[s:s + chunk], y[s:s + chunk])
             out = self.forward(n)
-            acc_k((_blocks(n),), (REDUCE_THREADS,), (out, self.labels[:n], right, np.int32(n), np.int32(out.shape[1])))
+            acc_k((reduce_blocks(n),), (REDUCE_THREADS,), (out, self.labels[:n], right, np.int32(n), np.int32(out.shape[1])))
         return int(right[0]) / x.shape[0]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._launch import require, resolve
-from .layers import THREADS, _grid
+from .layers import THREADS, grid_for
 from .loader import load_file
 
 
@@ -20,5 +20,5 @@ def sgd_momentum(w, g, v, *, lr: float, momentum: float = 0.0, l2: float = 0.0, 
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum}")
     k = load_file("optim", backend=which).get_function("sgd_momentum")
-    k((_grid(w.size),), (THREADS,), (w, g, v, np.int32(w.size), np.float32(lr), np.float32(momentum), np.float32(l2)))
+    k((grid_for(w.size),), (THREADS,), (w, g, v, np.int32(w.size), np.float32(lr), np.float32(momentum), np.float32(l2)))
     return w

@@ -11,7 +11,8 @@ THREADS = 256      # reduce.cu's REDUCE_THREADS
 MAX_BLOCKS = 1024  # each block folds a grid-stride share first, so few atomics reach the total
 
 
-def _blocks(n: int) -> int:
+def reduce_blocks(n: int) -> int:
+    """Blocks for the reductions' grid-stride loops over n items (each block adds its part with one atomicAdd)."""
     return max(1, min(ceil_div(n, THREADS), MAX_BLOCKS))
 
 
@@ -20,7 +21,8 @@ def sum_reduce(x, *, backend: str | None = None) -> float:
     which = resolve(backend)
     require(x, "x", which=which)
     out = array_module_for(which).zeros(1, dtype=np.float32)
-    load_file("reduce", backend=which).get_function("sum_reduce")((_blocks(x.size),), (THREADS,), (x, out, np.int32(x.size)))
+    kernel = load_file("reduce", backend=which).get_function("sum_reduce")
+    kernel((reduce_blocks(x.size),), (THREADS,), (x, out, np.int32(x.size)))
     return float(out[0])
 
 
@@ -30,7 +32,8 @@ def sse_reduce(a, b, *, backend: str | None = None) -> float:
     require(a, "a", which=which)
     require(b, "b", shape=a.shape, which=which)
     out = array_module_for(which).zeros(1, dtype=np.float32)
-    load_file("reduce", backend=which).get_function("sse_reduce")((_blocks(a.size),), (THREADS,), (a, b, out, np.int32(a.size)))
+    kernel = load_file("reduce", backend=which).get_function("sse_reduce")
+    kernel((reduce_blocks(a.size),), (THREADS,), (a, b, out, np.int32(a.size)))
     return float(out[0])
 
 
@@ -42,5 +45,5 @@ def accuracy_count(scores, labels, *, backend: str | None = None) -> int:
     require(labels, "labels", shape=(rows,), dtype=np.int32, which=which)
     out = array_module_for(which).zeros(1, dtype=np.int32)
     load_file("reduce", backend=which).get_function("accuracy_count")(
-        (_blocks(rows),), (THREADS,), (scores, labels, out, np.int32(rows), np.int32(cols)))
+        (reduce_blocks(rows),), (THREADS,), (scores, labels, out, np.int32(rows), np.int32(cols)))
     return int(out[0])

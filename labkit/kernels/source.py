@@ -130,7 +130,8 @@ def line_of(src: str, pos: int) -> int:
     return src.count("\n", 0, pos) + 1
 
 
-def _matching(src: str, open_pos: int, open_ch: str = "(", close_ch: str = ")") -> int:
+def matching_bracket(src: str, open_pos: int, open_ch: str = "(", close_ch: str = ")") -> int:
+    """The index of the bracket that closes the one at ``open_pos`` (nested pairs skipped)."""
     depth = 0
     for j in range(open_pos, len(src)):
         if src[j] == open_ch:
@@ -181,7 +182,7 @@ def find_kernels(clean: str) -> list[KernelDecl]:
     bounds = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
     for m in re.finditer(r"__global__\s+" + bounds + r"void\s+" + bounds + r"(\w+)\s*\(", clean):
         open_pos = m.end() - 1
-        close = _matching(clean, open_pos)
+        close = matching_bracket(clean, open_pos)
         before = clean[max(0, m.start() - 200):m.start()]
         template = bool(re.search(r"template\s*<[^;{}]*>\s*(extern\s*\"C\"\s*)?$", before))
         params = tuple(parse_param(p, i) for i, p in enumerate(split_params(clean[open_pos + 1:close])))

@@ -7,8 +7,9 @@ import numpy as np
 from mpi4py import MPI
 
 from labkit import collectives as C
-from labkit.collectives import CollectiveError, TrafficComm
+from labkit.collectives import CollectiveError
 from labkit.shards import shard_bounds
+from labkit.traffic import TrafficComm
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()

@@ -37,7 +37,7 @@ for batch in (20, 7, 3):  # 3 < 4 ranks: some ranks get no samples
             dp.close()
 
 # the shared-memory allreduce on its own: sizes smaller than, equal to and larger than the rank count, two dtypes
-from labkit.collectives import SharedMemoryAllreduce  # noqa: E402
+from labkit.comm_backends import SharedMemoryAllreduce  # noqa: E402
 
 p, r = comm.Get_size(), comm.Get_rank()
 for n in (1, p, 2 * p + 1, 10_007):

@@ -50,7 +50,7 @@ def not_written(*a):
 check.data_parallel_step(solution)
 expect(lambda *a: solution(*a, allreduce=False), "sum the shards with comm.Allreduce")
 expect(lambda *a: solution(*a, empty_ok=False), "contribute zero gradients")
-expect(lambda *a: solution(*a, whole=True), "backpropped")
+expect(lambda *a: solution(*a, whole=True), "used rows outside its shard")
 expect(not_written, "not written yet")
 comm.Barrier()
 if comm.Get_rank() == 0:

@@ -12,7 +12,7 @@ from _expect import refused
 from mpi4py import MPI
 
 from labkit import mlp
-from labkit.collectives import NcclAllreduce
+from labkit.comm_backends import NcclAllreduce
 from labkit.data_parallel import DataParallel
 
 comm = MPI.COMM_WORLD

@@ -1,0 +1,94 @@
+"""What every exercise check shares: the error students see, the pass line, calling their function safely,
+and comparing gradients with a message that names the first wrong layer."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import mlp
+
+
+class ExerciseError(AssertionError):
+    """A student's function gave a wrong answer; the message says what and suggests why."""
+
+
+def fail(exercise: str, what: str, hint: str = "") -> None:
+    raise ExerciseError(f"{exercise}: {what}" + (f"\nHint: {hint}" if hint else ""))
+
+
+def passed(exercise: str, n: int) -> None:
+    print(f"✔ {exercise}: all {n} checks passed")
+
+
+def not_written(exercise: str) -> str:
+    """The message for a function that still raises NotImplementedError."""
+    return (f"{exercise}: not written yet (the function raises NotImplementedError)\nHint: replace the "
+            "`raise NotImplementedError` line with your code, run the cell, then run this check again")
+
+
+def call(exercise: str, fn, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise ExerciseError(not_written(exercise)) from None
+    except ExerciseError:
+        raise
+    except Exception as e:
+        fail(exercise, f"your function raised {type(e).__name__}: {e}",
+              "run it on a small batch by hand and print the shapes of every array")
+
+
+def problems(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for sizes, batch in (([5, 4, 3], 1), ([5, 4, 3], 8), ([7, 6, 5, 3], 13)):
+        params = mlp.init_params(sizes, seed=int(rng.integers(1000)), dtype=np.float64)
+        x = rng.random((batch, sizes[0]))
+        Y = mlp.targets(rng.integers(0, sizes[-1], batch), sizes[-1], np.float64)
+        yield params, x, Y
+
+
+def compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
+    if not isinstance(got, (list, tuple)) or len(got) != len(want):
+        fail(exercise, f"{where}: expected a list of {len(want)} (dW, db) pairs, got {type(got).__name__}"
+              + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+              "return one (dW, db) pair per layer, in the same order as params")
+    last = len(want) - 1
+    for i in range(last, -1, -1):  # from the output back, as the error flows: the first bad layer is the one to fix
+        g, w = got[i], want[i]
+        if not isinstance(g, (list, tuple)) or len(g) != 2:
+            fail(exercise, f"{where}, layer {i}: expected a (dW, db) pair, got {type(g).__name__}")
+        for name, a, b in (("dW", g[0], w[0]), ("db", g[1], w[1])):
+            a = np.asarray(a)
+            if a.shape != b.shape:
+                hint = "you have it transposed: dW = delta^T a has shape (n_out, n_in)" if a.shape == b.shape[::-1] else \
+                    "db sums delta over the batch: shape (n_out,)" if name == "db" else ""
+                fail(exercise, f"{where}, layer {i}: {name} has shape {a.shape}, expected {b.shape}", hint)
+            if np.allclose(a, b, rtol=1e-6, atol=1e-9):
+                continue
+            if batch > 1 and np.allclose(a, b * batch, rtol=1e-6, atol=1e-9):
+                fail(exercise, f"{where}, layer {i}: {name} is {batch} (the batch size) times too large",
+                      "the gradient of the mean loss divides the sum over samples by the batch size")
+            hint = ("the output layer's delta is (a - y) * sigma'(z), with sigma'(z) = a (1 - a)" if i == last else
+                    "the output layer is right; the error goes back as delta = (delta_next @ W_next) * a (1 - a)")
+            err = np.abs(a - b).max()
+            fail(exercise, f"{where}, layer {i}: {name} differs from the reference by up to {err:.3g}\n"
+                  f"  yours, first values:    {np.array2string(a.ravel()[:4], precision=5)}\n"
+                  f"  expected, first values: {np.array2string(b.ravel()[:4], precision=5)}", hint)
+
+
+def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray, str]], hint: str) -> None:
+    """``got`` must equal ``want`` (1-D, same length); if it equals one of the ``hints``' arrays, say that hint."""
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        a = None
+    if a is None or a.shape != want.shape:
+        fail(ex, f"{where}: expected an array of shape {want.shape}, got "
+              f"{type(got).__name__}{'' if a is None else f' of shape {a.shape}'}", "compute with NumPy on the whole arrays")
+    if np.allclose(a, want, rtol=1e-9, atol=1e-12, equal_nan=True):
+        return
+    for wrong, why in hints:
+        if np.allclose(a, wrong, rtol=1e-9, atol=1e-12, equal_nan=True):
+            hint = why
+            break
+    fail(ex, f"{where}:\n  yours:    {np.array2string(a, precision=4)}\n  expected: {np.array2string(want, precision=4)}", hint)

@@ -1,0 +1,75 @@
+"""Check of lab 09: top-k sparsification with error feedback."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .common import call, fail, passed
+
+
+def topk_feedback(fn) -> None:
+    """Exercise (lab 09): ``fn(g, residual, ratio) -> (indices, values, new_residual)``, top-k with error feedback.
+
+    Sends the k = ceil(ratio * n) (at least 1) entries of largest magnitude of ``g + residual``; the new
+    residual is ``g + residual`` with the sent entries zeroed. Checked on several sizes, ratios and
+    dtypes, with negative entries, and over many steps: what was sent plus the residual left is exactly
+    the sum of all gradients (nothing is lost, only delayed).
+    """
+    ex = "top-k with error feedback"
+    n_checks = 0
+    rng = np.random.default_rng(9)
+    for n, ratio, dtype in ((10, 0.3, np.float64), (1, 0.5, np.float64), (7, 0.01, np.float32), (1000, 0.01, np.float32),
+                            (333, 0.1, np.float64), (64, 1.0, np.float32)):
+        g = (rng.standard_normal(n) * rng.choice([1, 10], n)).astype(dtype)
+        residual = (rng.standard_normal(n) * 0.5).astype(dtype)
+        g0, r0 = g.copy(), residual.copy()
+        where = f"n={n}, ratio={ratio}, {np.dtype(dtype)}"
+        got = call(ex, fn, g, residual, ratio)
+        if not isinstance(got, tuple) or len(got) != 3:
+            fail(ex, f"{where}: expected a tuple (indices, values, new_residual), got {type(got).__name__}")
+        idx, values, new_res = (np.asarray(a) for a in got)
+        if not np.array_equal(g, g0):
+            fail(ex, f"{where}: g was modified", "work on corrected = g + residual, a new array")
+        if not np.array_equal(residual, r0):
+            fail(ex, f"{where}: the residual passed in was modified", "return a new residual instead")
+        corrected = g0 + r0
+        k = min(n, max(1, math.ceil(ratio * n)))
+        if idx.shape != (k,) or values.shape != (k,):
+            fail(ex, f"{where}: sent {idx.shape} indices and {values.shape} values, expected {k} of each",
+                  "k = max(1, ceil(ratio * n)): at least one entry, never more than n")
+        if idx.dtype.kind not in "iu" or len(set(idx.tolist())) != k or idx.min() < 0 or idx.max() >= n:
+            fail(ex, f"{where}: the indices must be {k} different integers in 0..{n - 1}, got {idx[:8]}")
+        kth = np.sort(np.abs(corrected))[n - k]
+        if np.abs(corrected[idx]).min() < kth * (1 - 1e-6):
+            plain = np.sort(np.argpartition(g0, n - k)[n - k:])
+            if np.array_equal(np.sort(idx), plain) or np.array_equal(np.sort(idx), np.sort(np.argsort(corrected)[n - k:])):
+                hint = "choose by magnitude, np.abs(...): large negative entries matter as much as large positive ones"
+            elif np.abs(g0[idx]).min() >= np.sort(np.abs(g0))[n - k] * (1 - 1e-6):
+                hint = "choose from g + residual, not from g alone: the residual is what earlier steps did not send"
+            else:
+                hint = "np.argpartition(np.abs(corrected), n - k)[n - k:] gives the k largest magnitudes"
+            fail(ex, f"{where}: the sent entries are not the {k} largest in magnitude of g + residual", hint)
+        if not np.allclose(values, corrected[idx], rtol=1e-6):
+            hint = ("send the values of g + residual, not of g" if np.allclose(values, g0[idx]) else
+                    "values[i] must be corrected[indices[i]]")
+            fail(ex, f"{where}: the values sent are not those of g + residual at the indices", hint)
+        want_res = corrected.copy()
+        want_res[idx] = 0
+        if np.shape(new_res) != (n,) or not np.allclose(new_res, want_res, rtol=1e-6, atol=1e-7):
+            hint = ("the residual keeps what was NOT sent: g + residual with the sent entries set to 0"
+                    if np.shape(new_res) == (n,) else f"the residual has the shape of g, ({n},)")
+            fail(ex, f"{where}: wrong new residual", hint)
+        n_checks += 1
+    # many steps: sent + left over = everything (error feedback loses nothing)
+    n, residual, sent, total = 200, np.zeros(200), np.zeros(200), np.zeros(200)
+    for _ in range(30):
+        g = rng.standard_normal(n)
+        idx, values, residual = (np.asarray(a) for a in call(ex, fn, g, residual, 0.05))
+        np.add.at(sent, idx, values)
+        total += g
+    if not np.allclose(sent + residual, total):
+        fail(ex, "after 30 steps, what was sent plus the residual is not the sum of the gradients",
+              "return the new residual and pass it back in at the next step")
+    passed(ex, n_checks + 1)

@@ -1,0 +1,268 @@
+"""Checks of labs 06-08, run on every MPI rank (``%%px``): the ring allreduce, the data-parallel step and the
+asynchronous parameter-server worker. Each runs the student's function on sub-communicators of 1..p ranks; the
+ranks agree after every case, so all raise together and none waits on a peer that gave up."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import mlp
+from ..shards import shard_bounds
+from .common import ExerciseError, compare_grads, not_written, passed
+
+
+def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 06): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
+
+    Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and
+    not divisible by the rank count, several dtypes and ops; compares with ``MPI_Allreduce``, checks that
+    ``x`` is untouched, and records the traffic: 2 (k - 1) messages per rank, all to the right-hand
+    neighbour, about 2 (k - 1)/k of the array in total. Every rank raises the same ExerciseError on failure.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "ring allreduce"
+    cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
+
+    def run(sub, k):
+        for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
+            for dtype, op in cases:
+                yield lambda n=n, dtype=dtype, op=op: ring_case(fn, sub, k, n, dtype, op, timeout, ex)
+
+    collective_check(comm, ex, run)
+
+
+def collective_check(comm, ex: str, cases) -> None:
+    """Run ``cases(sub, k)`` (a generator of case functions returning an error string or None) on
+    sub-communicators of the first k = 1..p ranks. Ranks agree after every case, so nobody starts a case
+    the others skipped; on failure every rank raises (rank 0 with the message)."""
+    from ..cluster import first_ranks
+    from ..collectives import first_cause
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    n_checks, error = 0, None
+    for k in range(1, p + 1):
+        with first_ranks(comm, k) as sub:
+            if sub:
+                for case in cases(sub, k):
+                    if error is None:
+                        error = case()
+                    n_checks += 1
+                    error = first_cause(sub.allgather(error))
+                    if error:
+                        break
+        error = first_cause(comm.allgather(error))
+        if error:
+            if rank == 0:
+                raise ExerciseError(error)
+            raise ExerciseError(f"{ex}: failed (rank 0 shows what went wrong)")
+    if rank == 0:
+        passed(f"{ex} on 1 to {p} ranks", n_checks)
+
+
+def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
+    """One check on one sub-communicator; returns what went wrong (or None), never raises."""
+    from mpi4py import MPI
+
+    from ..collectives import op_name
+    from ..traffic import TrafficComm
+
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
+    rng = np.random.default_rng(100 * k + r)
+    x = (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
+    before = x.copy()
+    want = np.empty_like(x)
+    sub.Allreduce(x, want, op=op)
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    tc = TrafficComm(work, timeout=timeout)
+    try:
+        got = fn(tc, x, op)
+    except NotImplementedError:
+        return not_written(ex)
+    except TimeoutError as e:
+        return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
+    except MPI.Exception as e:
+        return (f"{ex} ({where}): MPI reported an error: {e.Get_error_string()}\nHint: most often a message is "
+                "larger than the buffer receiving it: in each step the chunk a rank sends must be the chunk its "
+                "neighbour receives (same index, same size); chunks differ in size when n is not divisible by p")
+    except Exception as e:
+        return f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
+    if not isinstance(got, np.ndarray):
+        return f"{ex} ({where}): returned {type(got).__name__}, expected a NumPy array"
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{ex} ({where}): returned shape {got.shape} {got.dtype}, expected {want.shape} {want.dtype}"
+    if not np.array_equal(x, before):
+        return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and return it"
+    if not np.allclose(got, want, rtol=1e-5):
+        bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-5))
+        return (f"{ex} ({where}): wrong values at {len(bad)} of {n} positions, first at index {bad[0]}: "
+                f"got {got[bad[0]]}, expected {want[bad[0]]}\nHint: check which chunk you send and receive "
+                "at each step: in step s rank r sends chunk (r - s) mod p and receives chunk (r - s - 1) mod p")
+    if k > 1 and n >= k:
+        sent = [row for row in tc.log if row[0] == r]
+        if not sent:
+            return (f"{ex} ({where}): no messages were recorded\nHint: use the buffer methods of comm "
+                    "(comm.Sendrecv / comm.Send / comm.Isend on NumPy arrays), not the lowercase ones")
+        right = (r + 1) % k
+        if any(dest != right for _, dest, _, _ in sent):
+            return (f"{ex} ({where}): rank {r} sent to ranks {sorted({d for _, d, _, _ in sent})}; "
+                    f"a ring sends only to its right-hand neighbour {right}")
+        if len(sent) != 2 * (k - 1):
+            return (f"{ex} ({where}): rank {r} sent {len(sent)} messages; a ring allreduce sends 2 (p - 1) = "
+                    f"{2 * (k - 1)}: p - 1 in the reduce-scatter, p - 1 in the allgather")
+        nbytes = sum(b for _, _, b, _ in sent)
+        lo, hi = 2 * (k - 1) * (n // k) * x.itemsize, 2 * (k - 1) * -(-n // k) * x.itemsize
+        if not lo <= nbytes <= hi:
+            return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
+                    f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
+    work.Free()
+    return None
+
+
+def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 07): ``fn(comm, params, x, Y) -> grads`` on every rank (``%%px``).
+
+    Every rank passes the same global batch; the result must be the gradient of the mean quadratic cost
+    over the *whole* batch (sigmoid network), on every rank, computed from this rank's shard only: on each rank the
+    check fills the rows of the other ranks' shards with NaN, so a rank that backprops more than its own rows gets NaN.
+    Checked on 1..p ranks with batches that divide the rank count, do not, and are smaller than it.
+    """
+    from mpi4py import MPI
+
+    from ..traffic import TrafficComm
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "data-parallel step"
+
+    def case(sub, k, batch):
+        r = sub.Get_rank()
+        where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
+        rng = np.random.default_rng(batch)
+        params = mlp.init_params([6, 5, 3], seed=batch, dtype=np.float64)
+        x = rng.random((batch, 6))
+        Y = mlp.targets(rng.integers(0, 3, batch), 3, np.float64)
+        want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
+        lo, hi = shard_bounds(batch, k)[r]
+        mine_x, mine_Y = x.copy(), Y.copy()  # only this rank's rows are real here
+        for a in (mine_x, mine_Y):
+            a[:lo] = np.nan
+            a[hi:] = np.nan
+        error, got = None, None
+        work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+        try:
+            got = fn(TrafficComm(work, timeout=timeout), params, mine_x, mine_Y)
+        except NotImplementedError:
+            error = not_written(ex)
+        except Exception as e:
+            hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
+                    "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
+            error = f"{ex} ({where}): your function raised {type(e).__name__}: {e}{hint}"
+        shaped = error is None and isinstance(got, (list, tuple)) and len(got) == len(want) and all(
+            isinstance(g, (list, tuple)) and len(g) == 2 and np.shape(g[0]) == w[0].shape and np.shape(g[1]) == w[1].shape
+            for g, w in zip(got, want))
+        # every rank of sub takes part in the allgather (a rank that failed says False), so nobody waits alone
+        if k > 1 and all(sub.allgather(shaped)):
+            summed = [sub.allreduce(np.asarray(a, dtype=np.float64)) for g in got for a in g]
+            if all(np.allclose(a, b) for a, b in zip(summed, (a for w in want for a in w))) and not all(
+                    np.allclose(a, b) for g, w in zip(got, want) for a, b in zip(g, w)):
+                error = (f"{ex} ({where}): each rank returned only its own shard's share; added up over the ranks "
+                         "they are right\nHint: sum the shards with comm.Allreduce, so every rank holds the total")
+        if error is None and shaped and any(np.isnan(np.asarray(a, dtype=np.float64)).any() for g in got for a in g):
+            error = (f"{ex} ({where}): rank {r}'s gradients hold NaN: it used rows outside its shard {lo}:{hi} (the check "
+                     "puts NaN in the other ranks' rows)\nHint: each rank backprops only its floor + remainder share, "
+                     "lo, hi = shard_bounds(len(x), p)[rank], and the allreduce brings in the rest")
+        if error:
+            return error  # work is not freed: a rank may have abandoned an operation on it
+        work.Free()
+        try:
+            compare_grads(ex, got, want, batch, where)
+        except ExerciseError as e:
+            return str(e)
+        return None
+
+    def run(sub, k):
+        for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
+            yield lambda batch=batch: case(sub, k, batch)
+
+    collective_check(comm, ex, run)
+
+
+def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
+    """Exercise (lab 08): ``fn(comm, grad, flat, bounds, batches, timeout)``, the asynchronous worker loop.
+
+    Run as the workers of :func:`labkit.param_server.train` (labkit's masters) on 2..p ranks with 1..p-1
+    masters. With one worker nothing can be stale, so the weights must equal serial SGD over the same
+    batches and every update must have staleness 0; with several, every gradient must reach every master.
+    """
+    from mpi4py import MPI
+
+    from .. import param_server
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "asynchronous worker"
+    sizes, lr, batch, epochs = [6, 5, 3], 0.1, 5, 2
+    rng = np.random.default_rng(8)
+    x, y = rng.random((23, 6)), rng.integers(0, 3, 23)
+    hints = {
+        "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
+                           "np.append(g[lo:hi], versions[m]), length hi - lo + 1; the reply has the same layout",
+        "never sent DONE": "after the last batch tell every master you are done: "
+                           "comm.Send(np.empty(0, flat.dtype), dest=m, tag=param_server.DONE)",
+        "is it receiving": "post comm.Irecv(reply, source=m, tag=param_server.WEIGHTS) for every master at every step, "
+                           "and wait for all requests before the next batch",
+        "was computed on version": "send back the version that came with the weights: the reply's last entry",
+        "unexpected message": "masters are ranks 0 .. len(bounds) - 1; gradients go there with tag param_server.GRAD",
+        "waited": "every Isend and Irecv must be matched: one gradient to and one reply from each master per batch",
+    }
+
+    def reference(seed):
+        params = mlp.init_params(sizes, seed=seed, dtype=np.float64, init="he")
+        Y = mlp.targets(y, 3, np.float64)
+        for xb, Yb in param_server.worker_batches(x, Y, epochs, batch, param_server.worker_seed(seed, 0)):
+            _, g = mlp.loss_and_grads_unchecked(params, xb, Yb, "relu", "cross_entropy", 0.0)
+            mlp.SGD(lr).step(params, g)
+        return params
+
+    def case(sub, k, masters):
+        workers = k - masters
+        where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
+        try:
+            res = param_server.train(sub, sizes, (x, y), masters=masters, mode="async", epochs=epochs,
+                                     batch_size=batch, lr=lr, seed=k, timeout=timeout, dtype=np.float64, worker=fn)
+        except param_server.ParameterServerError as e:
+            msg = str(e)
+            if "NotImplementedError" in msg:
+                return not_written(ex)
+            hint = next((h for key, h in hints.items() if key in msg), "")
+            return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
+        if sub.Get_rank() != 0:
+            return None
+        steps_each = [epochs * -(-(hi - lo) // batch) for lo, hi in shard_bounds(len(x), workers)]
+        if res.worker_steps.tolist() != steps_each:
+            return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
+                    f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")
+        if not (res.master_updates == sum(steps_each)).all():
+            return (f"{ex} ({where}): the masters applied {res.master_updates.tolist()} updates, expected "
+                    f"{sum(steps_each)} each\nHint: send every master its slice after every batch")
+        if workers == 1:
+            want = reference(k)
+            if (res.staleness != 0).any():
+                return (f"{ex} ({where}): with one worker every gradient is computed on the newest weights, but "
+                        f"the masters saw staleness up to {res.staleness.max()}\nHint: {hints['was computed on version']}")
+            for i, ((a, b), (c, d)) in enumerate(zip(res.params, want)):
+                if not (np.allclose(a, c, rtol=1e-9, atol=1e-12) and np.allclose(b, d, rtol=1e-9, atol=1e-12)):
+                    return (f"{ex} ({where}): after {steps_each[0]} steps the weights of layer {i} differ from serial "
+                            f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: copy each reply "
+                            "into flat in place (flat[lo:hi] = reply[:-1]) before the next grad(x, Y): the gradient "
+                            "must be computed on the weights the masters sent")
+        return None
+
+    def run(sub, k):
+        for masters in range(1, k):
+            yield lambda masters=masters: case(sub, k, masters)
+
+    if comm.Get_size() < 2:
+        raise ExerciseError(f"{ex}: needs at least 2 ranks (a master and a worker); start more engines")
+    collective_check(comm, ex, run)
