@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+GPU_STAMP := $(VENV)/.gpu-stamp
 PROFILE ?= quick
+# The semester lock: the exact versions the course was tested with (`make lock` refreshes it; CONSTRAINTS= ignores it)
+CONSTRAINTS ?= constraints.txt
+PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: help venv report test test-fast lab lint bench doctor clean
+.PHONY: help venv report test test-fast lab lint bench doctor gpu-check lock clean
 
 help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
@@ -14,12 +18,18 @@ help:
 	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
+	@echo "make gpu-check  on a CUDA machine: install the GPU extra, run the GPU tests, kernel benchmark, labs 03-04 (full)"
+	@echo "make lock     refresh constraints.txt, the semester's exact versions"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[mpi,test]" $(PIN)
 	@touch $(STAMP)
+
+$(GPU_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[mpi,test,gpu]" $(PIN)
+	@touch $(GPU_STAMP)
 
 venv: $(STAMP)
 
@@ -47,5 +57,18 @@ bench: $(STAMP)
 doctor: $(STAMP)
 	$(BIN)/labkit doctor
 
+gpu-check: $(GPU_STAMP)
+	$(BIN)/labkit gpu-check --out gpu-check
+
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e ".[mpi,test]"
+	{ echo "# The versions labkit was tested with this semester: make installs with -c constraints.txt."; \
+	  echo "# Refresh with 'make lock' (a fresh venv, the newest releases), run 'make test', commit."; \
+	  .lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^-e '; } > constraints.txt
+	rm -rf .lock-venv
+
 clean:
-	rm -rf $(VENV) report .pytest_cache .ruff_cache
+	rm -rf $(VENV) report gpu-check .pytest_cache .ruff_cache

@@ -92,53 +92,107 @@ def _cmd_bench(a) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit", description="Course labs for parallel and distributed neural-network training.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _cmd_gpu_check(a) -> int:
+    from . import gpucheck
 
-    r = sub.add_parser("report", help="run every lab notebook headlessly and write an HTML report")
+    steps = gpucheck.plan(Path(a.out).resolve())
+    if a.plan:
+        print(gpucheck.describe(steps))
+        return 0
+    why = gpucheck.refusal()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    summary = gpucheck.run(a.out)
+    print(f"\nlabkit gpu-check: {'all steps passed' if summary['ok'] else 'some steps FAILED'}; everything is in "
+          f"{Path(a.out).resolve()} (summary.json, one log per step)")
+    return 0 if summary["ok"] else 1
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _sub(sub, name: str, help: str, description: str, fn):
+    p = sub.add_parser(name, help=help, description=description, formatter_class=_Help)
+    p.set_defaults(fn=fn)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="labkit", formatter_class=_Help,
+                                description="Course labs for parallel and distributed neural-network training.",
+                                epilog="Every LABKIT_* environment variable is listed in the README and by `labkit doctor`.")
+    p.add_argument("--version", action="version", version=f"labkit {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = _sub(sub, "report", "run every lab notebook headlessly and write an HTML report",
+             "Execute the numbered lab notebooks top to bottom (a time limit per cell, a progress bar per notebook),\n"
+             "save them executed, and write DIR/index.html with every figure and the key numbers. A failing notebook\n"
+             "is shown with its error and the others still run; the exit code is 1 if any failed.", _cmd_report)
     r.add_argument("--profile", choices=["quick", "full"], default="quick",
                    help="quick: small settings (default); full: the real runs")
     r.add_argument("--out", default="report", help="output folder (default: report/)")
     r.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     r.add_argument("--only", default=None, help="run only notebooks whose file name contains this")
     r.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
-    r.set_defaults(fn=_cmd_report)
 
-    lab = sub.add_parser("lab", help="start JupyterLab on notebooks/ (other options go to JupyterLab, e.g. --no-browser)")
+    lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
+               "Start JupyterLab on the notebooks folder. Every option labkit does not know is passed on to\n"
+               "JupyterLab unchanged, e.g. `labkit lab --no-browser --port 8899`; `jupyter lab --help-all` lists them.",
+               _cmd_lab)
     lab.add_argument("--notebooks", default=None, help="folder to open (default: the repository's notebooks/)")
-    lab.set_defaults(fn=_cmd_lab)
 
-    d = sub.add_parser("data", help="where the data comes from; fetch or verify MNIST")
+    d = _sub(sub, "data", "where the data comes from; fetch or verify MNIST",
+             "status: which data set each lab will use, and from where.\n"
+             "fetch:  download the four original files (progress bar, sha256 checked, written atomically).\n"
+             "verify: check the sha256 and structure of files you copied.", _cmd_data)
     d.add_argument("action", choices=["status", "fetch", "verify"])
     d.add_argument("--dataset", choices=["mnist", "fashion-mnist", "all"], default="mnist")
-    d.add_argument("--root", default=None, help="data folder (default: $LABKIT_DATA, else data/)")
-    d.set_defaults(fn=_cmd_data)
+    d.add_argument("--root", default=None, help="data folder (default: $LABKIT_DATA, else data/ in a checkout, "
+                                                "else ~/.cache/labkit/data)")
 
-    doc = sub.add_parser("doctor", help="check Python, BLAS, GPU, MPI, tools and data")
-    doc.set_defaults(fn=_cmd_doctor)
+    _sub(sub, "doctor", "check Python, BLAS, GPU, MPI, tools and data",
+         "Say what labkit finds on this machine: Python, NumPy and its BLAS, the CUDA device (with a real kernel\n"
+         "launch), nvcc and NVRTC (a test compile), the kernel emulator, MPI (a 2-rank job), ipyparallel, JupyterLab,\n"
+         "the data each lab will use and the LABKIT_* settings in force. Exit code 1 if something is broken.",
+         _cmd_doctor)
 
-    asg = sub.add_parser("assign", help="write the student versions of the notebooks (solutions stubbed, outputs cleared)")
+    asg = _sub(sub, "assign", "write the student versions of the notebooks (solutions stubbed, outputs cleared)",
+               "Write the student version of every lab: each solution region replaced by a stub, outputs cleared,\n"
+               "the checks kept.", _cmd_assign)
     asg.add_argument("--out", default="student", help="output folder (default: student/)")
     asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
-    asg.set_defaults(fn=_cmd_assign)
 
-    g = sub.add_parser("grade", help="run students' notebooks and score every check (CSV and JSON)")
+    g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
+             "Run every student's notebook top to bottom on the quick profile; a cell that errs or runs past the\n"
+             "limit is stopped and the notebook goes on. Each check cell is one exercise. Writes grades.csv,\n"
+             "grades.json and the executed notebooks.", _cmd_grade)
     g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
     g.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell before it is stopped (default 60)")
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
-    g.set_defaults(fn=_cmd_grade)
 
     from .benchmarks import BENCHMARKS
 
-    b = sub.add_parser("bench", help="run a benchmark: " + ", ".join(BENCHMARKS))
+    b = _sub(sub, "bench", "run a benchmark: " + ", ".join(BENCHMARKS),
+             "Benchmarks print ratios measured side by side in interleaved rounds (medians, every round kept):\n"
+             + "\n".join(f"  {k:<10} {v}" for k, v in BENCHMARKS.items()), _cmd_bench)
     b.add_argument("name", choices=list(BENCHMARKS))
     b.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--out", default=None, help="also write the JSON to this file")
-    b.set_defaults(fn=_cmd_bench)
+
+    gc = _sub(sub, "gpu-check", "on a CUDA machine: GPU tests, kernel benchmark, labs 03-04 in full, into one folder",
+              "Run every check of the GPU half of the course on this machine's GPU: doctor, the tests marked gpu,\n"
+              "`labkit bench kernels --json`, and labs 03 and 04 on the full profile; every log, the JSON and the\n"
+              "executed notebooks go into one folder with summary.json. `make gpu-check` installs the GPU extra\n"
+              "first. Without a usable GPU it refuses and says why.", _cmd_gpu_check)
+    gc.add_argument("--out", default="gpu-check", help="output folder (default: gpu-check/)")
+    gc.add_argument("--plan", action="store_true", help="print the steps and their commands, run nothing")
     return p
 
 

@@ -17,7 +17,8 @@ from .machine import usable_cores
 
 
 def mpiexec_path() -> Path:
-    """The ``mpiexec`` next to this Python (from the ``mpich`` wheel); never a different MPI's from PATH."""
+    """The ``mpiexec`` of this environment (the ``mpich`` wheel's in a venv, conda's in a conda environment), the one
+    mpi4py was built against; never a different MPI's from PATH."""
     here = Path(sys.prefix) / "bin" / "mpiexec"
     if here.exists():
         return here
@@ -27,8 +28,8 @@ def mpiexec_path() -> Path:
     found = shutil.which("mpiexec")
     hint = (f" (a different one is on PATH at {found}; it may not match mpi4py's MPI)" if found else "")
     raise FileNotFoundError(
-        f"no mpiexec in {here.parent}{hint}. Install MPI into this environment: `pip install mpich mpi4py` "
-        "(or `make test`, which sets up .venv with it)."
+        f"no mpiexec in {here.parent}{hint}. Install MPI into this environment: `pip install -e '.[mpi]'` "
+        "(the mpich wheel; `make test` sets up .venv with it), or in a conda environment `conda install mpich mpi4py`."
     )
 
 

@@ -56,10 +56,44 @@ def check_gpu() -> list[Finding]:
             out.append(Finding("nvcc", FAIL, f"{nvcc} does not run: {e}"))
     else:
         out.append(Finding("nvcc", MISSING, "not on PATH (only needed to compile-check kernels without a GPU)"))
-    nvrtc = _version("nvidia-cuda-nvrtc-cu12")
-    out.append(Finding("NVRTC", OK if nvrtc else MISSING,
-                       f"nvidia-cuda-nvrtc-cu12 {nvrtc}" if nvrtc else "not installed (pip install -e '.[gpu]')"))
+    out.append(check_nvrtc())
     out.append(check_emulator())
+    return out
+
+
+NVRTC_PROBE = 'extern "C" __global__ void probe(float* x) { x[threadIdx.x] *= 2.0f; }'
+
+
+def check_nvrtc() -> Finding:
+    """NVRTC found the way CuPy finds it (a pip wheel, conda's cuda-nvrtc or a system toolkit), shown by compiling a
+    kernel with it: what a package is called does not matter, only whether it compiles."""
+    if importlib.util.find_spec("cupy") is None:
+        return Finding("NVRTC", MISSING, "CuPy is not installed (pip install -e '.[gpu]' brings CuPy with NVRTC)")
+    try:
+        from cupy.cuda import nvrtc
+
+        major, minor = nvrtc.getVersion()
+        prog = nvrtc.createProgram(NVRTC_PROBE, "probe.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["--gpu-architecture=compute_70"])
+        finally:
+            nvrtc.destroyProgram(prog)
+    except Exception as e:  # a missing libnvrtc shows up as an error of any kind
+        return Finding("NVRTC", FAIL, f"CuPy cannot compile with NVRTC ({type(e).__name__}: {e}); install it with "
+                                      "pip install 'cupy-cuda12x[ctk]', conda install cuda-nvrtc, or a CUDA toolkit")
+    return Finding("NVRTC", OK, f"NVRTC {major}.{minor} compiled a test kernel")
+
+
+def check_settings() -> list[Finding]:
+    """The LABKIT_* variables set here, each parsed (a value labkit cannot use is a failure, named)."""
+    from . import settings
+
+    out = []
+    for name, raw in settings.in_force().items():
+        try:
+            out.append(Finding(name, OK, f"{raw!r} -> {settings.get(name)}"))
+        except settings.SettingError as e:
+            out.append(Finding(name, FAIL, str(e)))
     return out
 
 
@@ -88,7 +122,7 @@ def check_mpi(timeout: float = 60) -> list[Finding]:
 
     v = _version("mpi4py")
     if not v:
-        return [Finding("mpi4py", FAIL, "not installed: pip install mpi4py mpich")]
+        return [Finding("mpi4py", FAIL, "not installed: pip install -e '.[mpi]' (or conda install mpich mpi4py)")]
     out = [Finding("mpi4py", OK, v)]
     try:
         exe = mpiexec_path()
@@ -135,7 +169,7 @@ def check_data() -> list[Finding]:
 
 def run_all() -> list[Finding]:
     """Every check, in the order of the labs."""
-    return check_python() + check_data() + check_gpu() + check_mpi() + check_tools()
+    return check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + check_tools()
 
 
 def render(findings: list[Finding]) -> str:

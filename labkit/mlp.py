@@ -310,7 +310,7 @@ def backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, w
     activations = [x]
     a = x
     for i, (W, b) in enumerate(params):
-        z = W @ a + b[:, None]
+        z = xp.dot(W, a) + b[:, None]
         if i == len(params) - 1 and cost == "cross_entropy":
             e = xp.exp(z - z.max())
             a = e / e.sum()
@@ -326,21 +326,72 @@ def backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, w
         delta = out - y
     nabla = [None] * len(params)
     for i in range(len(params) - 1, -1, -1):
-        nabla[i] = (outer(i, delta, activations[i]) if outer else delta @ activations[i].T, delta[:, 0])  # delta a^T
+        nabla[i] = (outer(i, delta, activations[i]) if outer else xp.dot(delta, activations[i].T), delta[:, 0])  # delta a^T
         if i:
-            back = wt_delta(i, delta) if wt_delta else params[i][0].T @ delta  # W^T delta
+            back = wt_delta(i, delta) if wt_delta else xp.dot(params[i][0].T, delta)  # W^T delta
             delta = back * act_prime_from_output(activation, activations[i])
     return value, nabla
 
 
 def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
-    """Sum of per-sample losses and gradients over the rows of x (Y one-hot), without checks: (loss sum, grads sum)."""
-    total = 0.0
+    """Sum of per-sample losses and gradients over the rows of x (Y one-hot), without checks: (loss sum, grads sum).
+
+    The same maths as :func:`backprop_one` for every row, written as the tight loop the serial baseline must be:
+    column views and transposes made once per batch, activations computed in place, gradients added straight into
+    the sums. Per sample that is about 27 NumPy calls for [784,30,10], fewer than network.py's loop makes. Products
+    of column vectors use ``dot``: NumPy's ``matmul`` does a (30,1) x (1,784) outer product without BLAS, about 8x
+    slower (measured: 35 µs against 4.3 µs).
+    """
+    xp = array_module(x)
+    last = len(params) - 1
+    Ws = [W for W, _ in params]
+    WTs = [W.T for W in Ws]  # (n_in, n_out) views, for W^T delta
+    bias = [b[:, None] for _, b in params]  # (n_out, 1) views
     acc = zeros_like(params)
+    acc_W = [gW for gW, _ in acc]
+    acc_b = [gb[:, None] for _, gb in acc]  # views: adding a column adds into the bias sums
+    X, T = x[:, :, None], Y[:, :, None]  # row k as a column vector (n_in, 1) without a copy
+    sigmoid_hidden, quadratic = activation == "sigmoid", cost == "quadratic"
+    acts = [None] * (last + 2)
+    total = 0.0
     for k in range(x.shape[0]):
-        value, g = backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
-        total += value
-        add_into(acc, g)
+        a = acts[0] = X[k]
+        for i in range(last + 1):
+            z = xp.dot(Ws[i], a)  # (n_out, 1), a new array: the activation is computed in it, in place
+            z += bias[i]
+            if i == last and not quadratic:  # softmax output
+                z -= z.max()
+                xp.exp(z, out=z)
+                z /= z.sum()
+            elif sigmoid_hidden or i == last:  # sigma(z) = (tanh(z / 2) + 1) / 2, never overflows
+                z *= 0.5
+                xp.tanh(z, out=z)
+                z += 1.0
+                z *= 0.5
+            else:
+                xp.maximum(z, 0, out=z)
+            a = acts[i + 1] = z
+        delta = a - T[k]  # (n_out, 1)
+        if quadratic:
+            total += 0.5 * float(xp.vdot(delta, delta))
+            prime = 1.0 - a
+            prime *= a
+            delta *= prime  # (a - y) sigma'(z); the output layer is a sigmoid under the quadratic cost
+        else:
+            total -= float(xp.log(xp.maximum(a[T[k] > 0], 1e-30)).sum())
+        for i in range(last, -1, -1):
+            acc_W[i] += xp.dot(delta, acts[i].T)  # the outer product delta a^T (dot: matmul skips BLAS here, 8x slower)
+            acc_b[i] += delta
+            if i:
+                back = xp.dot(WTs[i], delta)  # W^T delta, (n_in, 1)
+                a = acts[i]
+                if sigmoid_hidden:
+                    prime = 1.0 - a
+                    prime *= a
+                    back *= prime
+                else:
+                    back *= a > 0
+                delta = back
     return total, acc
 
 
@@ -460,7 +511,7 @@ def train(
     dtype = params[0][0].dtype
     x = xp.asarray(x, dtype=dtype)
     Y = check_batch(params, x, xp.asarray(y))  # validate once; batches below are slices of checked data
-    fast = grad_fn is loss_and_grads  # skip re-validating every batch on the hot path
+    fast = grad_fn in (loss_and_grads, loss_and_grads_per_sample)  # validated once above: not again every batch
     make_optimizer = getattr(grad_fn, "make_optimizer", None)  # a method may bring its own (a sharded) optimizer
     opt = make_optimizer(params, lr, momentum) if make_optimizer is not None else SGD(lr, momentum)
     rng = np.random.default_rng(seed)
@@ -478,8 +529,10 @@ def train(
             for j in range(n_batches):
                 idx = order[j * batch_size:(j + 1) * batch_size]
                 xb, Yb = x[idx], Y[idx]  # gathering each batch stays in cache; a shuffled copy of x would not
-                if fast:
+                if grad_fn is loss_and_grads:
                     value, grads = loss_and_grads_unchecked(params, xb, Yb, activation, cost, l2)
+                elif fast:
+                    value, grads = mean_from_sums(params, *per_sample_sum(params, xb, Yb, activation, cost), len(xb), l2)
                 else:
                     value, grads = grad_fn(params, xb, Yb, activation=activation, cost=cost, l2=l2)
                 total += value * xb.shape[0]

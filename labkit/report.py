@@ -58,6 +58,7 @@ class NotebookResult:
     figures: list[str] = field(default_factory=list)  # base64 PNGs
     metrics: list[dict] = field(default_factory=list)
     executed: Path | None = None
+    html: Path | None = None  # the executed notebook exported to HTML, for a browser
 
 
 def find_notebooks(folder: Path | str = NOTEBOOKS, only: str | None = None) -> list[Path]:
@@ -142,8 +143,22 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
     out_dir.mkdir(parents=True, exist_ok=True)
     result.executed = out_dir / path.name
     nbformat.write(nb, result.executed)
+    result.html = export_html(nb, out_dir / f"{path.stem}.html")
     collect(nb, result)
     return result
+
+
+def export_html(nb, path: Path) -> Path | None:
+    """The executed notebook as one HTML page (nbconvert, figures embedded); None if nbconvert cannot do it."""
+    try:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter().from_notebook_node(nb)
+    except Exception as e:  # noqa: BLE001 - the report is still useful without this page
+        print(f"labkit report: could not export {path.name} to HTML ({type(e).__name__}: {e})")
+        return None
+    path.write_text(body, encoding="utf-8")
+    return path
 
 
 def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | str = NOTEBOOKS, only: str | None = None,
@@ -204,7 +219,8 @@ def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: 
     sections = []
     for r in results:
         parts = [f"<section id='{esc(r.name)}'><h2>{esc(r.title)}</h2>",
-                 f"<p class='meta'><a href='{esc(r.name)}'>executed notebook</a> · {r.seconds:.1f} s</p>"]
+                 "<p class='meta'>" + (f"<a href='{esc(r.html.name)}'>executed notebook</a> · " if r.html else "")
+                 + f"<a href='{esc(r.name)}'>.ipynb</a> · {r.seconds:.1f} s</p>"]
         if r.error:
             parts.append(f"<pre>{esc(r.error[-6000:])}</pre>")
         if r.metrics:

@@ -59,6 +59,11 @@ def _raw(name: str) -> str | None:
     return None if value is None else value.strip()
 
 
+def in_force() -> dict[str, str]:
+    """The labkit settings set in this environment, as their raw text."""
+    return {name: os.environ[name] for name in SETTINGS if name in os.environ}
+
+
 def _bad(name: str, value: str, wanted: str) -> SettingError:
     return SettingError(f"{name}={value!r} is not understood: expected {wanted} "
                         f"({SETTINGS[name].help}); unset it for the default")

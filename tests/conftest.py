@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def real_data_dir() -> Path | None:
     """The folder with the reference MNIST files, when the run has one (CI points LABKIT_DATA at it)."""
-    env = os.environ.get("LABKIT_DATA")
-    for cand in ([Path(env)] if env else []) + [ROOT / "data", ROOT.parent / "shared" / "data"]:
+    from labkit import settings
+
+    env = settings.data_dir()
+    for cand in ([env] if env else []) + [ROOT / "data", ROOT.parent / "shared" / "data"]:
         if (cand / "mnist" / "train-labels-idx1-ubyte.gz").exists():
             return cand
     return None

@@ -54,6 +54,7 @@ def test_wall_and_cpu_clocks_tell_waiting_from_working():
         bench.measure(lambda: None, repeat=0)
 
 
+@pytest.mark.gpu
 def test_cuda_clock_needs_a_gpu_or_times_the_gpu():
     from labkit import device
 

@@ -21,20 +21,22 @@ from pathlib import Path
 
 import pytest
 
+from labkit import settings
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_serial_backprop.ipynb"
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def _missing(reason: str):
-    if os.environ.get("LABKIT_REQUIRE_BROWSER") == "1":
+    if settings.require_browser():
         pytest.fail(f"{reason}; LABKIT_REQUIRE_BROWSER=1 says this machine must run the browser test")
     pytest.skip(reason)
 
 
 def _chromium() -> str:
-    named = os.environ.get("LABKIT_CHROMIUM")
-    for candidate in [named] if named else ["chromium", "chromium-browser", "google-chrome"]:
+    named = settings.chromium()
+    for candidate in [str(named)] if named else ["chromium", "chromium-browser", "google-chrome"]:
         found = shutil.which(candidate)
         if found:
             return found

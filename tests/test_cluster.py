@@ -76,11 +76,12 @@ def test_mpi_engines_form_one_world_and_stop():
     import numpy as np
 
     code = (
-        "import os, numpy as np\n"
+        "import numpy as np\n"
         "from mpi4py import MPI\n"
+        "from labkit import settings\n"
         "from labkit.collectives import ring_allreduce\n"
         "c = MPI.COMM_WORLD\n"
-        "result = (c.Get_rank(), ring_allreduce(c, np.arange(4.0) * (c.Get_rank() + 1)), os.environ['LABKIT_MPI_TIMEOUT'])\n"
+        "result = (c.Get_rank(), ring_allreduce(c, np.arange(4.0) * (c.Get_rank() + 1)), settings.mpi_timeout())\n"
     )
 
     with cluster.MPICluster(3, op_timeout=30) as cl:
@@ -91,7 +92,7 @@ def test_mpi_engines_form_one_world_and_stop():
         assert [r for r, _, _ in results] == [0, 1, 2]  # the view is ordered by MPI rank
         for _, value, timeout in results:
             np.testing.assert_array_equal(value, np.arange(4.0) * 6)
-            assert timeout == "30"
+            assert timeout == 30.0
         pids = [pid for _, _, pid in info]
     time.sleep(0.5)
     alive = [pid for pid in pids if subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0]

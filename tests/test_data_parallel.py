@@ -36,6 +36,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.gpu
 @pytest.mark.skipif(not _nccl_ready()[0], reason=_nccl_ready()[1])
 def test_nccl_allreduce_and_data_parallel_on_gpus(n):
     """Against NumPy and the serial run where the machine has n GPUs; the one-GPU-per-rank error where it has fewer."""

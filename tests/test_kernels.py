@@ -14,7 +14,7 @@ pytestmark = needs_cxx
 GPU = gpu_status()[0]
 BACKENDS = [pytest.param("emulator", id="emulator"),
             pytest.param("emulator-checked", id="checked"),
-            pytest.param("cupy", id="cuda", marks=pytest.mark.skipif(not GPU, reason="no usable CUDA GPU"))]
+            pytest.param("cupy", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="no usable CUDA GPU")])]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -177,6 +177,7 @@ def test_misclassified(digits):
     assert (pred != yt[wrong]).all()
 
 
+@pytest.mark.gpu
 def test_runs_on_cupy_when_available():
     from labkit.device import gpu_status
 

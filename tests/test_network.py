@@ -10,7 +10,8 @@ from labkit.kernels.network import MATMULS, DeviceMLP, train_device
 
 pytestmark = needs_cxx
 
-BACKENDS = ["emulator", pytest.param("cupy", marks=pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU"))]
+ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU")]
+BACKENDS = ["emulator", pytest.param("cupy", marks=ON_GPU)]
 
 
 def data(n=23, n_in=13, n_out=5, seed=0):

@@ -8,7 +8,8 @@ from labkit import bench, mlp
 from labkit.device import gpu_status
 from labkit.kernels.offload import MODES, PHASES, OffloadedBackprop, transfer_breakdown
 
-BACKENDS = ["emulator", pytest.param("cupy", marks=pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU"))]
+ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU")]
+BACKENDS = ["emulator", pytest.param("cupy", marks=ON_GPU)]
 
 
 def batch(n=9, n_in=12, n_out=4, seed=0):

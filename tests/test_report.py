@@ -46,6 +46,9 @@ def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     html = page.read_text()
     assert "data:image/png;base64," in html and "deliberate failure in cell 2" in html
     assert "answer: 42 s" in html and "acc: 95.12%" in html and "1/3 notebooks passed" in html
+    exported = (out / "01_good.html").read_text()  # each executed notebook, for a browser, linked from the page
+    assert good.html == out / "01_good.html" and "href='01_good.html'" in html
+    assert "<html" in exported and "data:image/png;base64," in exported and "deliberate" not in exported
     text = report.summary(results, page)
     assert "FAIL 02_bad.ipynb" in text and "ValueError: deliberate failure in cell 2" in text
 

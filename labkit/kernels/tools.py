@@ -1,8 +1,8 @@
 """Looking at kernels without running them: a compile check for real GPUs and the resources each kernel uses.
 
 Both need no GPU: ``nvcc`` compiles for any architecture on a machine without one. Where nvcc is
-missing, the compile check falls back to NVRTC through CuPy (``pip install cupy-cuda12x
-nvidia-cuda-nvrtc-cu12``, which imports without a GPU).
+missing, the compile check falls back to NVRTC through CuPy (``pip install 'cupy-cuda12x[ctk]'``, which imports
+without a GPU).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def compile_check(source: str | Path, arch: str = "sm_90") -> str:
             nvrtc.destroyProgram(prog)
     else:
         raise RuntimeError("no CUDA compiler here: install the CUDA toolkit (nvcc), "
-                           "or pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
+                           "or pip install 'cupy-cuda12x[ctk]'")
     return tool
 
 
