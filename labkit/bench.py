@@ -172,6 +172,19 @@ def interleaved(jobs: dict[str, Callable[[], float]], rounds: int = 3) -> dict[s
     return out
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """Several rounds' results of one benchmark as one: every top-level number is the median over the rounds, with
+    each round's value kept in ``result["rounds"][key]``; everything else (tables, names) comes from the last round."""
+    if not results:
+        raise ValueError("no rounds to merge")
+    out = dict(results[-1])
+    numbers = [k for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    out["rounds"] = {k: [r[k] for r in results if isinstance(r.get(k), (int, float))] for k in numbers}
+    for k in numbers:
+        out[k] = float(np.median(out["rounds"][k]))
+    return out
+
+
 def speedup(t_serial: float, t_parallel) -> np.ndarray:
     """S = T_1 / T_p."""
     return t_serial / np.asarray(t_parallel, dtype=float)

@@ -363,7 +363,7 @@ def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
                 z -= z.max()
                 xp.exp(z, out=z)
                 z /= z.sum()
-            elif sigmoid_hidden or i == last:  # sigma(z) = (tanh(z / 2) + 1) / 2, never overflows
+            elif sigmoid_hidden:  # sigma(z) = (tanh(z / 2) + 1) / 2, never overflows
                 z *= 0.5
                 xp.tanh(z, out=z)
                 z += 1.0
@@ -374,9 +374,12 @@ def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
         delta = a - T[k]  # (n_out, 1)
         if quadratic:
             total += 0.5 * float(xp.vdot(delta, delta))
-            prime = 1.0 - a
-            prime *= a
-            delta *= prime  # (a - y) sigma'(z); the output layer is a sigmoid under the quadratic cost
+            if sigmoid_hidden:  # (a - y) sigma'(z): under the quadratic cost the output layer has the hidden activation
+                prime = 1.0 - a
+                prime *= a
+                delta *= prime
+            else:
+                delta *= a > 0
         else:
             total -= float(xp.log(xp.maximum(a[T[k] > 0], 1e-30)).sum())
         for i in range(last, -1, -1):

@@ -292,48 +292,56 @@ class Scaling:
 
 
 def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, repeat: int, warmup: int,
-             timeout: float, trace: bool, progress: bool | None, options: dict | None) -> Scaling:
+             timeout: float, trace: bool, progress: bool | None, options: dict | None, rounds: int = 1) -> Scaling:
     ranks = sorted({int(p) for p in ranks})
     if not ranks or ranks[0] < 1:
         raise ValueError(f"ranks must be positive rank counts, got {ranks}")
     if 1 not in ranks:
         ranks = [1, *ranks]  # the baseline every speedup is relative to
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     size = default_size(workload, mode) if size is None else int(size)
-    timings, phases, traces, serial = [], [], {}, []
     runs = [(p, p) for p in ranks] + ([(1, p) for p in ranks if p > 1] if mode == "weak" else [])
-    for n, scale in progress_bar(runs, enable=progress, desc=f"{mode} scaling of {workload}", unit="run"):
-        out = launch(workload, mode, n, size, repeat=repeat, warmup=warmup, timeout=timeout,
-                             trace=trace and n > 1, scale=scale, **(options or {}))
-        if n == scale:  # the parallel runs
-            timings.append(Timing(out["times"]))
-            phases.append(out.get("phases", {}))
-            if out.get("trace"):
-                traces[n] = out["trace"]
-        else:  # weak scaling: the p-rank problem on one rank
-            serial.append(Timing(out["times"]))
-    if mode == "weak":
-        serial = [timings[0], *serial]  # ranks are sorted and start at 1
+    times: dict = {run: [] for run in runs}
+    phases_of: dict = {}
+    traces = {}
+    with progress_bar(total=rounds * len(runs), enable=progress, desc=f"{mode} scaling of {workload}", unit="run") as bar:
+        for r in range(rounds):  # interleaved: a slow spell of the machine lands on every rank count of a round
+            k = r % len(runs)
+            for n, scale in runs[k:] + runs[:k]:
+                out = launch(workload, mode, n, size, repeat=repeat, warmup=warmup, timeout=timeout,
+                             trace=trace and n > 1 and n not in traces, scale=scale, **(options or {}))
+                times[(n, scale)] += out["times"]
+                if n == scale:
+                    phases_of.setdefault(n, []).append(out.get("phases", {}))
+                    if out.get("trace"):
+                        traces[n] = out["trace"]
+                bar.update(1)
+    timings = [Timing(times[(p, p)]) for p in ranks]  # the parallel runs, every round's repetitions
+    phases = [{k: float(np.median([ph.get(k, 0.0) for ph in phases_of[p]])) for k in phases_of[p][0]} for p in ranks]
+    serial = [timings[0], *(Timing(times[(1, p)]) for p in ranks if p > 1)] if mode == "weak" else []
     return Scaling(workload, mode, size, ranks, timings, phases, traces, cores=usable_cores(),
                    serial_timings=serial if mode == "weak" else None)
 
 
 def strong_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
                    repeat: int = 5, warmup: int = 1, timeout: float = 120, trace: bool = False,
-                   progress: bool | None = None, options: dict | None = None) -> Scaling:
+                   progress: bool | None = None, options: dict | None = None, rounds: int = 1) -> Scaling:
     """The same total work (``size``) on every rank count in ``ranks`` (1 is always included), each run launched
-    under ``mpiexec`` and timed with the ``"mpi"`` clock. Workloads: :data:`WORKLOADS`.
+    under ``mpiexec`` and timed with the ``"mpi"`` clock. Workloads: :data:`WORKLOADS`. With ``rounds`` > 1 every run
+    is repeated in interleaved rounds and its times pooled.
     ``trace=True`` also records every rank's phases of one step (:attr:`Scaling.traces`). A run that fails or
     passes ``timeout`` seconds raises ``RuntimeError`` with the ranks' error output. ``options`` go to the workload
     (``{"serial": 0.3}`` for ``"synthetic"``)."""
-    return _scaling("strong", workload, ranks, size, repeat, warmup, timeout, trace, progress, options)
+    return _scaling("strong", workload, ranks, size, repeat, warmup, timeout, trace, progress, options, rounds)
 
 
 def weak_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
                  repeat: int = 5, warmup: int = 1, timeout: float = 120, trace: bool = False,
-                 progress: bool | None = None, options: dict | None = None) -> Scaling:
+                 progress: bool | None = None, options: dict | None = None, rounds: int = 1) -> Scaling:
     """The work grows with the ranks (``size`` per rank) and each scaled problem is also timed on one rank, for the
     scaled speedup of Gustafson's law; otherwise as :func:`strong_scaling`."""
-    return _scaling("weak", workload, ranks, size, repeat, warmup, timeout, trace, progress, options)
+    return _scaling("weak", workload, ranks, size, repeat, warmup, timeout, trace, progress, options, rounds)
 
 
 if __name__ == "__main__":

@@ -166,3 +166,38 @@ def test_scaling_survives_json():
                          serial_timings=_timings([1.0, 1.9]))
     back = scaling.Scaling.from_dict(json.loads(json.dumps(weak.to_dict())))
     assert back.to_dict() == weak.to_dict() and back.table() == weak.table()
+
+
+def test_measure_syncs_inside_the_timing():
+    calls = []
+    t = bench.measure(lambda: calls.append("run"), repeat=2, warmup=1, sync=lambda: calls.append("sync"))
+    assert calls == ["run", "sync", "run", "sync", "run", "sync"] and len(t.times) == 2
+
+
+def test_interleaved_rotates_the_order_and_keeps_every_round():
+    order = []
+
+    def job(name, seconds):
+        return lambda: (order.append(name), seconds)[1]
+
+    got = bench.interleaved({"a": job("a", 1.0), "b": job("b", 2.0), "c": job("c", 3.0)}, rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # each job goes first once
+    assert got["b"].times == [2.0, 2.0, 2.0] and got["c"].median == 3.0
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench.interleaved({"a": job("a", 1.0)}, rounds=0)
+
+
+def test_merge_rounds_takes_medians_and_keeps_rounds():
+    merged = bench.merge_rounds([{"x": 1.0, "rows": [1], "ok": True}, {"x": 5.0, "rows": [2], "ok": True},
+                                 {"x": 2.0, "rows": [3], "ok": False}])
+    assert merged["x"] == 2.0 and merged["rounds"]["x"] == [1.0, 5.0, 2.0]
+    assert merged["rows"] == [3] and merged["ok"] is False  # not numbers: the last round's
+    with pytest.raises(ValueError):
+        bench.merge_rounds([])
+
+
+def test_scaling_rounds_pool_every_round():
+    s = scaling.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, rounds=2, progress=False)
+    assert [len(t.times) for t in s.timings] == [4, 4] and s.phases[1]["comm"] >= 0
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        scaling.strong_scaling("synthetic", ranks=(2,), size=40, rounds=0)

@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from ..bench import format_seconds, machine_info
+from ..bench import format_seconds, machine_info, merge_rounds
+from ..progress import progress_bar
 
 TARGETS = {"emulator_matmul256_s": ("<=", 1.0), "sgemm_fraction_of_cublas": (">=", 0.5),
            "elementwise_fraction_of_copy": (">=", 0.75), "mnist_epoch_vs_torch": ("<=", 1.5)}
@@ -169,19 +170,28 @@ def _mnist_epoch(quick: bool) -> dict:
     return res
 
 
-def run(quick: bool = False, progress: bool | None = None) -> dict:
-    """Run the emulator part always, and the GPU part where CuPy has a device."""
+def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
+    """Run the emulator part always, and the GPU part where CuPy has a device, in interleaved rounds (3, 1 with
+    ``quick``): every figure is the median over the rounds, each round's kept under ``rounds``."""
     from ..kernels import backend
 
+    rounds = (1 if quick else 3) if rounds is None else rounds
+    parts = [emulator_part]
     result = {"benchmark": "kernels", "quick": quick, "backend": backend(), "machine": machine_info(),
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    result.update(emulator_part(quick))
     if result["backend"] == "cupy":
         import cupy as cp
 
         result["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-        result.update(gpu_part(quick))       # its arrays are freed before the training runs
-        result.update(_mnist_epoch(quick))
+        parts += [gpu_part, _mnist_epoch]  # gpu_part's arrays are freed before the training runs
+    each = [{} for _ in range(rounds)]
+    with progress_bar(total=rounds * len(parts), enable=progress, desc="kernel bench", unit="part") as bar:
+        for r in range(rounds):
+            k = r % len(parts)
+            for part in parts[k:] + parts[:k]:
+                each[r].update(part(quick))
+                bar.update(1)
+    result.update(merge_rounds(each))
     result["targets_met"] = {k: (result[k] <= v if op == "<=" else result[k] >= v)
                              for k, (op, v) in TARGETS.items() if result.get(k) is not None}
     return result
@@ -189,7 +199,8 @@ def run(quick: bool = False, progress: bool | None = None) -> dict:
 
 def report(result: dict) -> str:
     """A table for people."""
-    lines = [f"kernel benchmark ({'quick' if result['quick'] else 'full'}; back end {result['backend']})", "",
+    lines = [f"kernel benchmark ({'quick' if result['quick'] else 'full'}; back end {result['backend']}; "
+             f"medians of {len(next(iter(result['rounds'].values()), [0]))} interleaved round(s))", "",
              "CPU emulator, 256^3 float32 (for information: the emulator teaches, it does not race):"]
     for r in result["emulator_rows"]:
         lines.append(f"  {r['kernel']:<18} {format_seconds(r['seconds']):>10}  {r['GFLOPs']:8.2f} GFLOP/s")

@@ -9,16 +9,18 @@ from ..machine import machine_info
 from ..scaling import Scaling, strong_scaling, weak_scaling
 
 
-def run(quick: bool = False, progress: bool | None = None) -> dict:
-    """Strong and weak scaling of the data-parallel step, and the synthetic workload's fitted serial fraction."""
+def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
+    """Strong and weak scaling of the data-parallel step, and the synthetic workload's fitted serial fraction; every
+    rank count's runs repeated in interleaved rounds (3, 1 with ``quick``) and their times pooled."""
     ranks = (1, 2) if quick else (1, 2, 3, 4)
     repeat = 5 if quick else 9
-    strong = strong_scaling("backprop", ranks, repeat=repeat, progress=progress)
-    weak = weak_scaling("backprop", ranks, repeat=repeat, progress=progress)
-    synth = strong_scaling("synthetic", (1, 2), repeat=repeat, progress=progress)
+    rounds = (1 if quick else 3) if rounds is None else rounds
+    strong = strong_scaling("backprop", ranks, repeat=repeat, progress=progress, rounds=rounds)
+    weak = weak_scaling("backprop", ranks, repeat=repeat, progress=progress, rounds=rounds)
+    synth = strong_scaling("synthetic", (1, 2), repeat=repeat, progress=progress, rounds=rounds)
     i2 = strong.ranks.index(2)
     return {
-        "benchmark": "scaling", "quick": quick,
+        "benchmark": "scaling", "quick": quick, "rounds": rounds,
         "backprop_strong": strong.to_dict(), "backprop_weak": weak.to_dict(), "synthetic_strong": synth.to_dict(),
         "backprop_strong_speedup_p2": float(strong.speedup[i2]),
         "backprop_weak_scaled_speedup_p2": float(weak.speedup[weak.ranks.index(2)]),
