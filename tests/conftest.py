@@ -39,15 +39,21 @@ def digits():
         return load_mnist(root=real_data_dir())
 
 
-def run_mpi_check(script: str, n: int, expect: str | None = None, timeout: float = 300) -> str:
-    """Run tests/mpi/<script> under the real mpiexec on n ranks; assert it ended well and printed ``expect``
-    (default "OK <n>", which the programs print from rank 0 after all their checks); return its stdout."""
+def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None) -> str:
+    """Run the named cases of tests/mpi/<script> under the real mpiexec on n ranks (``only``: those whose name holds
+    it); assert every case passed, and on failure say which case failed on which rank and why. Returns stdout."""
     from labkit import cluster
 
-    res = cluster.run_mpi([str(ROOT / "tests" / "mpi" / script)], n=n, timeout=timeout)
-    expect = f"OK {n}" if expect is None else expect
-    assert res.returncode == 0 and expect in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
-    return res.stdout
+    args = [str(ROOT / "tests" / "mpi" / script)] + (["-k", only] if only else [])
+    res = cluster.run_mpi(args, n=n, timeout=timeout)
+    if res.returncode == 0 and f"OK {n} (" in res.stdout:
+        return res.stdout
+    failed = [ln for ln in res.stdout.splitlines() if ln.startswith("FAIL case")]
+    started = [ln[5:] for ln in res.stdout.splitlines() if ln.startswith("case ")]
+    head = (res.stdout[res.stdout.index(failed[0]):][:3000] if failed else
+            f"{script} on {n} ranks ended (exit {res.returncode}) in case {started[-1]!r}" if started else
+            f"{script} on {n} ranks ended (exit {res.returncode}) before its first case")
+    pytest.fail(f"{head}\n--- stderr ---\n{res.stderr[-3000:]}", pytrace=False)
 
 
 def run_failing_mpi(tmp_path, source: str, n: int, within: float) -> str:

@@ -127,9 +127,9 @@ def test_timeline_and_chrome_trace(tmp_path):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_mpi_clock_and_timeline_under_mpiexec(n):
-    from conftest import run_mpi_check
+    from conftest import run_mpi_cases
 
-    run_mpi_check("check_bench.py", n)
+    run_mpi_cases("cases_bench.py", n)
 
 
 def test_strong_and_weak_scaling_runners():

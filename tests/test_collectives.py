@@ -1,16 +1,18 @@
 """Collectives under a real mpiexec: every algorithm against the MPI library, with 1 to 6 ranks."""
 
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import run_failing_mpi, run_mpi_check
+from conftest import run_failing_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
 def test_collectives_match_mpi(n):
-    run_mpi_check("check_collectives.py", n)
+    run_mpi_cases("cases_collectives.py", n)
 
 
 def test_rank_raising_inside_collective_ends_job(tmp_path):
@@ -47,5 +49,30 @@ def test_single_process_without_mpiexec():
 
 
 def test_ring_exercise_check_under_mpiexec():
-    out = run_mpi_check("check_ring_exercise.py", 3, expect="OK")
+    out = run_mpi_cases("cases_ring_exercise.py", 3)
     assert "✔ ring allreduce on 1 to 3 ranks" in out
+
+
+@pytest.mark.mpi
+def test_a_failing_mpi_case_is_named_with_its_rank(tmp_path):
+    """The MPI test programs report which case failed on which rank, and stop every rank there."""
+    from labkit import cluster
+
+    prog = tmp_path / "cases_demo.py"
+    prog.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent / 'mpi')!r})\n"
+        "from _cases import case, run_cases\n"
+        "from mpi4py import MPI\n"
+        "@case('fine')\n"
+        "def _(): pass\n"
+        "@case('rank 1 disagrees')\n"
+        "def _(): assert MPI.COMM_WORLD.Get_rank() != 1, 'rank 1 got 3, expected 2'\n"
+        "@case('never reached')\n"
+        "def _(): print('REACHED', flush=True)\n"
+        "run_cases()\n")
+    res = cluster.run_mpi([str(prog)], n=2, timeout=60)
+    assert res.returncode != 0 and "REACHED" not in res.stdout
+    assert "FAIL case 'rank 1 disagrees' on rank 1:" in res.stdout and "rank 1 got 3, expected 2" in res.stdout
+    one = cluster.run_mpi([str(prog), "-k", "fine"], n=2, timeout=60)
+    assert one.returncode == 0 and "OK 2 (1 cases)" in one.stdout

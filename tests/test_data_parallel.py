@@ -3,7 +3,7 @@
 
 import numpy as np
 import pytest
-from conftest import run_mpi_check
+from conftest import run_mpi_cases
 
 from labkit import mlp
 from labkit.data_parallel import DataParallel
@@ -14,7 +14,7 @@ from labkit.shards import flatten, unflatten
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_data_parallel_equals_serial(n):
-    run_mpi_check("check_data_parallel.py", n)
+    run_mpi_cases("cases_data_parallel.py", n)
 
 
 def _nccl_ready() -> tuple[bool, str]:
@@ -40,7 +40,7 @@ def test_nccl_without_a_gpu_is_a_clear_error():
 @pytest.mark.skipif(not _nccl_ready()[0], reason=_nccl_ready()[1])
 def test_nccl_allreduce_and_data_parallel_on_gpus(n):
     """Against NumPy and the serial run where the machine has n GPUs; the one-GPU-per-rank error where it has fewer."""
-    run_mpi_check("check_nccl.py", n)
+    run_mpi_cases("cases_nccl.py", n)
 
 
 def test_flatten_roundtrip_and_extra():
@@ -92,5 +92,5 @@ def test_ring_and_mpi_allreduce_in_place():
 
 @pytest.mark.mpi
 def test_data_parallel_exercise_check_under_mpiexec():
-    out = run_mpi_check("check_dp_exercise.py", 3, expect="OK")
+    out = run_mpi_cases("cases_dp_exercise.py", 3)
     assert "✔ data-parallel step on 1 to 3 ranks" in out

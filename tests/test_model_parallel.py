@@ -1,7 +1,7 @@
 """Model and pipeline parallelism under a real mpiexec, 1 to 4 ranks."""
 
 import pytest
-from conftest import run_mpi_check
+from conftest import run_mpi_cases
 
 from labkit.model_parallel import partition_layers
 
@@ -9,7 +9,7 @@ from labkit.model_parallel import partition_layers
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_model_parallel_equals_serial(n):
-    run_mpi_check("check_model_parallel.py", n)
+    run_mpi_cases("cases_model_parallel.py", n)
 
 
 def test_partition_layers_balances_work():

@@ -2,14 +2,14 @@
 
 
 import pytest
-from conftest import run_failing_mpi, run_mpi_check
+from conftest import run_failing_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_parameter_servers(n):
-    run_mpi_check("check_param_server.py", n)
+    run_mpi_cases("cases_param_server.py", n)
 
 
 def test_stalled_worker_times_out(tmp_path):
@@ -30,4 +30,4 @@ def test_stalled_worker_times_out(tmp_path):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_async_worker_exercise_check(n):
-    run_mpi_check("check_ps_exercise.py", n)
+    run_mpi_cases("cases_ps_exercise.py", n)

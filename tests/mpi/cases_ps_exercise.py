@@ -1,9 +1,10 @@
 """The lab 08 exercise check: passes labkit's worker loop, names typical mistakes, never hangs.
 
-Run: mpiexec -n 3 python -m mpi4py tests/mpi/check_ps_exercise.py   (prints "OK <p>" on rank 0)
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/cases_ps_exercise.py [-k NAME]   (prints "OK <p>" on rank 0)
 """
 
 import numpy as np
+from _cases import case, run_cases
 from mpi4py import MPI
 
 from labkit import check, param_server
@@ -43,31 +44,38 @@ def student(version="reply", done=True, in_place=True, with_version=True, receiv
     return loop
 
 
-def expect_failure(fn, *needles):
-    try:
-        check.async_worker(fn, timeout=3)
-    except check.ExerciseError as e:
-        if rank == 0:
-            for needle in needles:
-                assert needle in str(e), (needle, str(e))
-        return
-    raise AssertionError(f"the check passed a wrong worker; expected {needles}")
+def mistake(name, fn, *needles):
+    """The case ``name``: the check must fail ``fn`` with every one of ``needles`` in rank 0's message."""
+    @case(name)
+    def _():
+        try:
+            check.async_worker(fn, timeout=3)
+        except check.ExerciseError as e:
+            if rank == 0:
+                for needle in needles:
+                    assert needle in str(e), (needle, str(e))
+            return
+        raise AssertionError(f"the check passed a wrong worker; expected {needles}")
 
 
-check.async_worker(param_server.worker_loop, timeout=10)
-check.async_worker(student(), timeout=10)
+@case("labkit's worker loop passes")
+def _():
+    check.async_worker(param_server.worker_loop, timeout=10)
+
+
+@case("a right student loop passes")
+def _():
+    check.async_worker(student(), timeout=10)
 
 
 def unwritten(*args):
     raise NotImplementedError
 
 
-expect_failure(unwritten, "not written yet")
-expect_failure(student(version="zero"), "staleness", "the reply's last entry")
-expect_failure(student(in_place=False), "differ from serial SGD", "in place")
-expect_failure(student(with_version=False), "expected tag GRAD", "followed by one number")
-expect_failure(student(done=False), "never sent DONE", "tell every master you are done")
-expect_failure(student(receive=False), "is it receiving", "Irecv")
-comm.Barrier()
-if rank == 0:
-    print(f"OK {size}", flush=True)
+mistake("not written", unwritten, "not written yet")
+mistake("version not taken from the reply", student(version="zero"), "staleness", "the reply's last entry")
+mistake("weights rebound instead of copied", student(in_place=False), "differ from serial SGD", "in place")
+mistake("no version in the message", student(with_version=False), "expected tag GRAD", "followed by one number")
+mistake("no DONE", student(done=False), "never sent DONE", "tell every master you are done")
+mistake("never receives", student(receive=False), "is it receiving", "Irecv")
+run_cases(comm)

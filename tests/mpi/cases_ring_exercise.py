@@ -1,9 +1,10 @@
 """The ring-allreduce exercise check passes a correct ring and names typical mistakes, on every rank.
 
-Run: mpiexec -n 3 python -m mpi4py tests/mpi/check_ring_exercise.py   (prints "OK" on rank 0)
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/cases_ring_exercise.py [-k NAME]   (prints "OK <p>" on rank 0)
 """
 
 import numpy as np
+from _cases import case, run_cases
 from mpi4py import MPI
 
 from labkit import check, collectives
@@ -12,14 +13,21 @@ from labkit.shards import shard_bounds
 comm = MPI.COMM_WORLD
 
 
-def expect(fn, match):
-    try:
-        check.ring_allreduce(fn, timeout=3)
-    except check.ExerciseError as e:
-        if comm.rank == 0:
-            assert match in str(e), (match, str(e))
-        return
-    raise AssertionError(f"the check passed a wrong function (expected {match!r})")
+def mistake(name, fn, match):
+    """The case ``name``: the check must fail ``fn`` with ``match`` in rank 0's message."""
+    @case(name)
+    def _():
+        try:
+            check.ring_allreduce(fn, timeout=3)
+        except check.ExerciseError as e:
+            if comm.rank == 0:
+                assert match in str(e), (match, str(e))
+            return
+        raise AssertionError(f"the check passed a wrong function (expected {match!r})")
+
+
+def passes(name, fn):
+    case(name)(lambda: check.ring_allreduce(fn))
 
 
 def ring_variant(c, x, op=MPI.SUM, reduce=True, send_offset=0):
@@ -63,14 +71,12 @@ def deadlocks(c, x, op=MPI.SUM):
     return collectives.ring_allreduce(c, x, op)
 
 
-check.ring_allreduce(collectives.ring_allreduce)
-expect(collectives.naive_allreduce, "rank 0 sent")  # 2 ranks: too few messages; 3: to the wrong ranks
-check.ring_allreduce(ring_variant)  # the variant itself is right
-expect(lambda c, x, op=MPI.SUM: ring_variant(c, x, op, reduce=False), "wrong values")
-expect(lambda c, x, op=MPI.SUM: ring_variant(c, x, op, send_offset=-1), "larger than the buffer")
-expect(modifies_x, "x was modified")
-expect(not_written, "not written yet")
-expect(deadlocks, "waited 3 s")
-comm.Barrier()
-if comm.rank == 0:
-    print("OK", flush=True)
+passes("labkit's ring passes", collectives.ring_allreduce)
+mistake("the naive allreduce is no ring", collectives.naive_allreduce, "rank 0 sent")  # 2 ranks: too few messages
+passes("a right student ring passes", ring_variant)
+mistake("no reduction", lambda c, x, op=MPI.SUM: ring_variant(c, x, op, reduce=False), "wrong values")
+mistake("the wrong chunk sent", lambda c, x, op=MPI.SUM: ring_variant(c, x, op, send_offset=-1), "larger than the buffer")
+mistake("x modified", modifies_x, "x was modified")
+mistake("not written", not_written, "not written yet")
+mistake("a deadlock ends in a timeout", deadlocks, "waited 3 s")
+run_cases(comm)

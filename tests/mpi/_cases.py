@@ -1,0 +1,64 @@
+"""Named cases for the MPI test programs (run as scripts, so this folder is on sys.path).
+
+A program registers its cases with ``@case("name")`` and ends with ``run_cases()``. Every rank runs every case in
+order; after each one the ranks share whether it passed (one allgather), so a failure stops every rank at the
+same case, and rank 0 prints which case failed on which ranks and why (``FAIL case 'ring allreduce' on rank 2:
+...``). Rank 0 prints ``case NAME`` before each case, so a case that never returns (a deadlock) is the last one
+named before the job's time limit. ``program.py -k WORD`` runs only the cases whose name contains WORD.
+"""
+
+import sys
+import traceback
+
+from mpi4py import MPI
+
+_CASES: list[tuple[str, object]] = []
+
+
+def case(name: str):
+    """Register the decorated function as the case ``name`` (run in the order registered)."""
+    def register(fn):
+        if any(n == name for n, _ in _CASES):
+            raise ValueError(f"two cases are called {name!r}")
+        _CASES.append((name, fn))
+        return fn
+    return register
+
+
+def refused(call, error, *words: str) -> BaseException:
+    """``call()`` must raise ``error`` (a class or tuple) whose message holds every one of ``words``; returns it."""
+    try:
+        call()
+    except error as e:
+        for w in words:
+            assert w in str(e), f"expected {w!r} in: {e}"
+        return e
+    raise AssertionError(f"expected {error} saying {words!r}")
+
+
+def run_cases(comm=None) -> None:
+    """Run the registered cases (those matching ``-k WORD`` when given); rank 0 ends with ``OK <ranks>``."""
+    comm = comm or MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    word = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv[:-1] else None
+    chosen = [(n, fn) for n, fn in _CASES if word is None or word in n]
+    if not chosen:
+        raise SystemExit(f"no case matches {word!r}; cases: {', '.join(n for n, _ in _CASES)}")
+    for name, fn in chosen:
+        if rank == 0:
+            print(f"case {name}", flush=True)
+        try:
+            fn()
+            error = None
+        except Exception:  # noqa: BLE001 - every failure is reported with its case
+            error = traceback.format_exc(limit=-3)
+        errors = comm.allgather(error)
+        bad = [r for r, e in enumerate(errors) if e]
+        if bad:
+            if rank == 0:
+                print(f"FAIL case {name!r} on rank{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}:\n"
+                      f"{errors[bad[0]]}", flush=True)
+            sys.exit(1)
+    comm.Barrier()
+    if rank == 0:
+        print(f"OK {comm.Get_size()} ({len(chosen)} cases)", flush=True)

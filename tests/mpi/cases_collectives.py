@@ -1,0 +1,170 @@
+"""Every labkit collective against the MPI library's own, on this job's ranks.
+
+Run: mpiexec -n 4 python -m mpi4py tests/mpi/cases_collectives.py [-k NAME]   (prints "OK <p>" on rank 0)
+"""
+
+import numpy as np
+from _cases import case, refused, run_cases
+from mpi4py import MPI
+
+from labkit import collectives as C
+from labkit.collectives import CollectiveError
+from labkit.shards import shard_bounds
+from labkit.traffic import TrafficComm
+
+comm = MPI.COMM_WORLD
+p, r = comm.Get_size(), comm.Get_rank()
+LENGTHS = sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 2 * p + 3, 1000})
+DTYPES = [np.int32, np.int64, np.uint8, np.float32, np.float64, np.complex128]
+OPS = [MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN]
+
+
+def data(dtype, shape, rank, op=MPI.SUM):
+    rng = np.random.default_rng(1000 + rank)
+    lo, hi = (1, 3) if op == MPI.PROD else (-50, 50)
+    if np.dtype(dtype).kind == "u":
+        lo = max(lo, 0)
+    x = rng.integers(lo, hi, size=shape)
+    if np.dtype(dtype).kind == "f":
+        x = x * rng.random(shape) + 0.25
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.integers(lo, hi, size=shape)
+    return np.ascontiguousarray(x.astype(dtype))
+
+
+def same_everywhere(a):
+    """Every rank holds exactly the same bits."""
+    digests = comm.allgather(a.tobytes())
+    assert all(d == digests[0] for d in digests), "ranks disagree"
+
+
+def close(got, want, dtype, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype)
+    if np.dtype(dtype).kind in "fc":
+        tol = 1e-4 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-10
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def _allreduce_case(name, fn):
+    @case(f"allreduce {name}")
+    def _():
+        for dtype in DTYPES:
+            for op in OPS:
+                if np.dtype(dtype).kind == "c" and C.op_name(op) in ("MAX", "MIN"):
+                    continue
+                for n in LENGTHS:
+                    x = data(dtype, n, r, op)
+                    before = x.copy()
+                    want = np.empty_like(x)
+                    comm.Allreduce(x, want, op=op)
+                    got = fn(comm, x, op)
+                    what = f"{name} {np.dtype(dtype)} {C.op_name(op)} n={n}"
+                    close(got, want, dtype, what)
+                    assert np.array_equal(x, before), f"{what}: x was modified"
+                    assert got is not x
+                    same_everywhere(got)
+        x = data(np.float64, (3, 5), r)
+        want = np.empty_like(x)
+        comm.Allreduce(x, want)
+        close(fn(comm, x), want, np.float64, f"{name} 2-D")
+
+
+for _name, _fn in C.ALLREDUCES.items():
+    _allreduce_case(_name, _fn)
+
+
+@case("broadcast")
+def _():
+    for root in range(p):
+        for algorithm in ("linear", "tree"):
+            for n in (0, 1, 7, 1000):
+                x = data(np.float64, n, r)
+                want = x.copy()
+                comm.Bcast(want, root=root)
+                got = C.broadcast(comm, x, root=root, algorithm=algorithm)
+                close(got, want, np.float64, f"broadcast {algorithm} root={root} n={n}")
+
+
+@case("scatter")
+def _():
+    for root in range(p):
+        for rows in (0, 1, p + 1, 10):
+            full = data(np.int64, (rows, 3), 99)
+            got = C.scatter(comm, full if r == root else None, root=root)
+            lo, hi = shard_bounds(rows, p)[r]
+            close(got, full[lo:hi], np.int64, f"scatter root={root} rows={rows}")
+
+
+@case("gather")
+def _():
+    for root in range(p):
+        piece = data(np.float32, (r + 1, 2), r)  # uneven pieces
+        got = C.gather(comm, piece, root=root)
+        if r == root:
+            close(got, np.concatenate([data(np.float32, (k + 1, 2), k) for k in range(p)]), np.float32, "gather")
+        else:
+            assert got is None
+
+
+@case("reduce")
+def _():
+    for root in range(p):
+        for op in OPS:
+            x = data(np.int64, 9, r, op)
+            want = np.empty_like(x) if r == root else None
+            comm.Reduce(x, want, op=op, root=root)
+            got = C.reduce(comm, x, op=op, root=root)
+            if r == root:
+                close(got, want, np.int64, f"reduce root={root} {C.op_name(op)}")
+            else:
+                assert got is None
+
+
+@case("alltoall")
+def _():
+    for rows in (0, p, 2 * p + 1):
+        x = data(np.int32, (rows, 2), r)
+        got = C.alltoall(comm, x)
+        bounds = shard_bounds(rows, p)
+        want = np.concatenate([data(np.int32, (rows, 2), src)[bounds[r][0]:bounds[r][1]] for src in range(p)])
+        close(got, want, np.int32, f"alltoall rows={rows}")
+
+
+@case("traffic: the ring is a ring, the naive one all-to-all")
+def _():
+    if p == 1:
+        return
+    N = 1000
+    for name, rounds, per_rank in (("ring", 2 * (p - 1), None), ("naive", 1, (p - 1) * N * 8)):
+        tc = TrafficComm(comm)
+        C.ALLREDUCES[name](tc, np.ones(N), check=False)
+        log = tc.gather_log(root=0)
+        if r == 0:
+            for src in range(p):
+                mine = log[log[:, 0] == src]
+                assert len(set(mine[:, 3])) == rounds, (name, src, sorted(set(mine[:, 3])))
+                sent = mine[:, 2].sum()
+                if name == "ring":
+                    assert (mine[:, 1] == (src + 1) % p).all(), "ring messages go to the right-hand neighbour only"
+                    assert 2 * (p - 1) * (N // p) * 8 <= sent <= 2 * (p - 1) * -(-N // p) * 8, sent
+                else:
+                    assert sorted(mine[:, 1]) == [d for d in range(p) if d != src] and sent == per_rank
+
+
+@case("bad input: a clear error on every rank, never a hang")
+def _():
+    if p > 1:
+        refused(lambda: C.ring_allreduce(comm, np.ones(5 if r == 0 else 6)), CollectiveError,
+                "every rank must pass the same shape")
+        refused(lambda: C.naive_allreduce(comm, np.ones(4, np.float32 if r else np.float64)), CollectiveError, "rank 1")
+    refused(lambda: C.ring_allreduce(comm, np.ones((4, 4))[:, 1]), ValueError, "not C-contiguous")
+    refused(lambda: C.ring_allreduce(comm, np.ones(3, np.float16)), TypeError, "use float32")
+    refused(lambda: C.ring_allreduce(comm, np.array(["a"], dtype=object)), TypeError, "do not support")
+    refused(lambda: C.ring_allreduce(comm, [1.0, 2.0]), TypeError, "must be a NumPy array")
+    refused(lambda: C.ring_allreduce(comm, np.ones(3, np.complex128), op=MPI.MAX), TypeError, "not defined for complex")
+    refused(lambda: C.ring_allreduce(comm, np.ones(3), op=MPI.LAND), ValueError, "op must be one of")
+
+
+run_cases(comm)
