@@ -186,3 +186,31 @@ def test_gpu_check_plan_and_refusal(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "needs a working CUDA GPU" in out.stderr
     assert not (tmp_path / "g").exists(), "nothing runs, nothing is written, without a GPU"
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_path):
+    """Outside a checkout (a wheel in site-packages): the labs are found inside the package, data goes to the user's
+    cache folder (never site-packages/data), and the student versions can be written."""
+    wheels, site, home = tmp_path / "wheels", tmp_path / "site", tmp_path / "home"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run(pip + ["wheel", "--no-deps", "-w", str(wheels), str(ROOT)], capture_output=True, text=True,
+                           timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next(wheels.glob("labkit-*.whl"))
+    done = subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    code = ("import labkit, labkit.report as r, labkit.data as d, labkit.assign as a\n"
+            "nbs = r.find_notebooks()\n"
+            "print(labkit.__file__, len(nbs), d.REPO_DATA, d.default_dir())\n"
+            f"print(len(a.write_student_versions(nbs[:1], {str(tmp_path / 'student')!r})))\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(site), "HOME": str(home)}
+    env.pop("XDG_CACHE_HOME", None)
+    env.pop("LABKIT_CACHE", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.split("\n")[:2]
+    where, count, repo_data, default = first.split()
+    assert where.startswith(str(site)) and count == "11" and repo_data == "None"
+    assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
