@@ -49,8 +49,6 @@ def default_size(workload: str, mode: str) -> int:
 
 
 def _backprop_step(comm, cfg: dict, timeline):
-    import numpy as np
-
     from . import mlp
     from .data_parallel import DataParallel
 
@@ -79,8 +77,6 @@ def _backprop_step(comm, cfg: dict, timeline):
 
 
 def _synthetic_step(comm, cfg: dict, timeline):
-    import numpy as np
-
     p, rank = comm.Get_size(), comm.Get_rank()
     size, f = cfg["size"], cfg.get("serial", 0.1)
     if not 0 <= f <= 1:
