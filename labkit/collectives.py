@@ -74,21 +74,45 @@ def _check_op(op, dtype) -> np.ufunc:
     return ufunc
 
 
-def check_same(comm, x, what: str) -> None:
-    """Every rank must pass the same shape and dtype; say which rank differs, on every rank."""
-    mine = (x.shape, x.dtype.str)
-    everyone = comm.allgather(mine)
-    bad = [r for r, v in enumerate(everyone) if v != everyone[0]]
+_ERRORS = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+def _raise_first(said: list, what: str) -> None:
+    """``said`` holds, per rank, None or (error class name, message): raise the first rank's error on this rank."""
+    bad = [(r, v) for r, v in enumerate(said) if v is not None]
     if bad:
-        desc = ", ".join(f"rank {r}: shape {s} {np.dtype(d)}" for r, (s, d) in enumerate(everyone))
+        r, (kind, msg) = bad[0]
+        more = f" (ranks {', '.join(str(k) for k, _ in bad)} refused)" if len(bad) > 1 else ""
+        raise _ERRORS.get(kind, CollectiveError)(f"{what}: rank {r}: {msg}{more}")
+
+
+def _problem(e: Exception | None):
+    return None if e is None else (type(e).__name__, str(e))
+
+
+def check_same(comm, x, what: str, problem: Exception | None = None) -> None:
+    """Every rank must pass the same shape and dtype, and none may have refused its own argument (``problem``): one
+    allgather, then every rank raises the same error naming the rank, so no rank waits on one that gave up."""
+    everyone = comm.allgather((_problem(problem), None if problem else (x.shape, x.dtype.str)))
+    _raise_first([said for said, _ in everyone], what)
+    arrays = [a for _, a in everyone]
+    if any(a != arrays[0] for a in arrays):
+        desc = ", ".join(f"rank {r}: shape {s} {np.dtype(d)}" for r, (s, d) in enumerate(arrays))
         raise CollectiveError(f"{what}: every rank must pass the same shape and dtype, but {desc}")
 
 
 def _prepare(comm, x, op, check: bool, what: str):
-    x = _check_array(x)
-    ufunc = _check_op(op, x.dtype) if op is not None else None
+    """Check this rank's array and op; with ``check``, agree with every rank first (see :func:`check_same`)."""
+    problem, ufunc = None, None
+    try:
+        x = _check_array(x)
+        ufunc = _check_op(op, x.dtype) if op is not None else None
+    except (TypeError, ValueError) as e:
+        problem = e
     if check and comm.Get_size() > 1:
-        check_same(comm, x, what)
+        check_same(comm, x, what, problem)
+    elif problem is not None:
+        raise problem
     return x, ufunc
 
 
@@ -187,18 +211,28 @@ def broadcast(comm, x, root: int = 0, algorithm: str = "tree", check: bool = Tru
     return out
 
 
-def scatter(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray:
+def scatter(comm, x, root: int = 0, timeout: float | None = None, check: bool = True) -> np.ndarray:
     """Split root's array along axis 0 into p pieces (floor + remainder rows) and give rank k piece k.
 
-    Only root's ``x`` matters; other ranks pass ``None``. Shape and dtype travel in a small header.
+    Only root's ``x`` matters; other ranks pass ``None``. Shape and dtype travel in a small header. With ``check``
+    root's verdict on its array is broadcast first, so a refused array is the same error on every rank.
     """
     timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "scatter"
+    problem = None
     if r == root:
-        x = _check_array(x)
-        if x.ndim == 0:
-            raise ValueError("scatter needs an array with at least one dimension")
+        try:
+            x = _check_array(x)
+            if x.ndim == 0:
+                raise ValueError("scatter needs an array with at least one dimension")
+        except (TypeError, ValueError) as e:
+            problem = e
+    if check and p > 1:
+        _raise_first([None] * root + [comm.bcast(_problem(problem), root=root)], what)
+    elif problem is not None:
+        raise problem
+    if r == root:
         bounds = shard_bounds(x.shape[0], p)
         for dest, (lo, hi) in enumerate(bounds):
             if dest != root:
@@ -234,15 +268,31 @@ def _from_header(h: np.ndarray):
     return shape, dtype
 
 
-def gather(comm, x, root: int = 0, timeout: float | None = None) -> np.ndarray | None:
+def gather(comm, x, root: int = 0, timeout: float | None = None, check: bool = True) -> np.ndarray | None:
     """Every rank's array, concatenated along axis 0 in rank order, on root (``None`` elsewhere).
 
-    Pieces may have different lengths; their trailing shape and dtype must match root's.
+    Pieces may have different lengths; their trailing shape and dtype must match root's. With ``check`` the ranks
+    agree on that first (one allgather), so a refused piece is the same error on every rank.
     """
-    x = _check_array(x)
     timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "gather"
+    problem = None
+    try:
+        x = _check_array(x)
+    except (TypeError, ValueError) as e:
+        problem = e
+    if check and p > 1:
+        everyone = comm.allgather((_problem(problem), None if problem else (x.shape[1:], x.dtype.str, x.ndim)))
+        _raise_first([said for said, _ in everyone], what)
+        kinds = [k for _, k in everyone]
+        odd = [k for k, v in enumerate(kinds) if v != kinds[root]]
+        if odd:
+            raise CollectiveError(f"{what}: rank {odd[0]} passes trailing shape {kinds[odd[0]][0]} {np.dtype(kinds[odd[0]][1])}, "
+                                  f"root has {kinds[root][0]} {np.dtype(kinds[root][1])}: pieces must agree in dtype "
+                                  "and in every dimension but the first")
+    elif problem is not None:
+        raise problem
     if r != root:
         _send(comm, _header(x), root, timeout, what)
         _send(comm, x, root, timeout, what)

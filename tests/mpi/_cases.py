@@ -36,6 +36,23 @@ def refused(call, error, *words: str) -> BaseException:
     raise AssertionError(f"expected {error} saying {words!r}")
 
 
+def mistake(name: str, run_check, fn, *needles: str) -> None:
+    """The case ``name``: ``run_check(fn)`` (an exercise check) must fail a student's wrong ``fn`` with an
+    ExerciseError whose message on rank 0 holds every one of ``needles``."""
+    from labkit.check import ExerciseError
+
+    @case(name)
+    def _():
+        try:
+            run_check(fn)
+        except ExerciseError as e:
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                for needle in needles:
+                    assert needle in str(e), (needle, str(e))
+            return
+        raise AssertionError(f"the check passed a wrong function; expected {needles}")
+
+
 def run_cases(comm=None) -> None:
     """Run the registered cases (those matching ``-k WORD`` when given); rank 0 ends with ``OK <ranks>``."""
     comm = comm or MPI.COMM_WORLD

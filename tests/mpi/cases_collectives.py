@@ -167,4 +167,25 @@ def _():
     refused(lambda: C.ring_allreduce(comm, np.ones(3), op=MPI.LAND), ValueError, "op must be one of")
 
 
+@case("one rank's refusal is every rank's error, with the same reason")
+def _():
+    if p == 1:
+        return
+    last = p - 1
+    bad = np.ones(4, bool) if r == last else np.ones(4)  # MPI takes bool; labkit's collectives do not
+    for name in ("ring", "naive", "recursive_doubling"):
+        refused(lambda: C.ALLREDUCES[name](comm, bad), TypeError, f"rank {last}", "bool")  # noqa: B023
+    refused(lambda: C.broadcast(comm, bad), TypeError, f"rank {last}", "bool")
+    refused(lambda: C.reduce(comm, bad), TypeError, f"rank {last}", "bool")
+    refused(lambda: C.alltoall(comm, bad), TypeError, f"rank {last}", "bool")
+    for root in (0, last):  # scatter: only root's array matters, and its refusal reaches everyone
+        refused(lambda: C.scatter(comm, np.ones((p, 2), bool) if r == root else None, root=root, timeout=10),  # noqa: B023
+                TypeError, f"rank {root}", "bool")
+        refused(lambda: C.gather(comm, bad, root=root, timeout=10), TypeError, f"rank {last}", "bool")  # noqa: B023
+    mixed = np.ones((2, 3), np.float32 if r == last else np.float64)
+    refused(lambda: C.gather(comm, mixed, root=0, timeout=10), CollectiveError, f"rank {last}")
+    wide = np.ones((2, 4 if r == last else 3))
+    refused(lambda: C.gather(comm, wide, root=0, timeout=10), CollectiveError, f"rank {last}", "trailing shape")
+
+
 run_cases(comm)
