@@ -113,6 +113,17 @@ class _Help(argparse.RawDescriptionHelpFormatter):
     pass
 
 
+def seconds(text: str) -> int:
+    """A time limit in whole seconds: positive (0 or less would switch the limit off, which is never meant here)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the limit must be at least 1 second, got {value}")
+    return value
+
+
 def _sub(sub, name: str, help: str, description: str, fn):
     p = sub.add_parser(name, help=help, description=description, formatter_class=_Help)
     p.set_defaults(fn=fn)
@@ -137,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="report", help="output folder (default: report/)")
     r.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     r.add_argument("--only", default=None, help="run only notebooks whose file name contains this")
-    r.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
+    r.add_argument("--timeout", type=seconds, default=600, help="seconds allowed per cell (default 600)")
 
     lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
                "Start JupyterLab on the notebooks folder. Every option labkit does not know is passed on to\n"
@@ -173,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
              "grades.json and the executed notebooks.", _cmd_grade)
     g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
-    g.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell before it is stopped (default 60)")
+    g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell before it is stopped (default 60)")
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
 
     from .benchmarks import BENCHMARKS

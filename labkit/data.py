@@ -82,6 +82,10 @@ class DataError(ValueError):
     """A data file is missing, truncated, corrupt or of the wrong kind; the message names the fix."""
 
 
+class WrongFileError(DataError):
+    """A valid original file under another file's name (train and test swapped, or the other data set's)."""
+
+
 class EmbeddedDataWarning(UserWarning):
     """No MNIST was found and the small embedded digit set is used instead."""
 
@@ -107,12 +111,28 @@ def _check_dataset(dataset: str) -> None:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
 
 
+def _unreadable(path: Path, e: OSError) -> DataError:
+    """A permission problem as a DataError with the path and the fix."""
+    return DataError(f"{path} cannot be read ({e.strerror or e}): give yourself read access (chmod -R u+rX "
+                     f"{path.parent if path.is_file() else path}), or copy the files to a folder of yours and point "
+                     "LABKIT_DATA at it")
+
+
 def _files_in(folder: Path, dataset: str) -> Path | None:
     """The folder holding the dataset's files under ``folder`` (itself or its sub-folder), if any file is there."""
     for cand in (folder / dataset, folder):
-        if any((cand / name).exists() for name in FILES.values()):
-            return cand
+        try:
+            if any((cand / name).exists() for name in FILES.values()):
+                return cand
+        except PermissionError as e:
+            raise _unreadable(cand, e) from None
     return None
+
+
+def original_with(digest: str) -> tuple[str, str] | None:
+    """(data set, file name) of the original file with this sha256, or None: a file in the wrong place (train and
+    test swapped, MNIST in the Fashion-MNIST folder) is named for what it is instead of being called corrupt."""
+    return next(((ds, name) for ds, sums in SHA256.items() for name, d in sums.items() if d == digest), None)
 
 
 def locate(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Source:
@@ -126,7 +146,10 @@ def locate(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Sou
         candidates.append((env, "LABKIT_DATA", True))
     candidates.append((default_dir(), "data/" if REPO_DATA is not None else "cache", False))
     for folder, how, explicit in candidates:
-        found = _files_in(folder, dataset) if folder.is_dir() else None
+        try:
+            found = _files_in(folder, dataset) if folder.is_dir() else None
+        except PermissionError as e:
+            raise _unreadable(folder, e) from None
         if found is not None:
             missing = [n for n in FILES.values() if not (found / n).exists()]
             if missing:
@@ -164,12 +187,21 @@ def verify_file(path: Path, dataset: str, cached: bool = True) -> None:
     expected = SHA256[dataset].get(path.name)
     if expected is None:
         raise DataError(f"{path.name} is not one of the {dataset} files ({', '.join(FILES.values())})")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if cached and key in _verified:
-        return
-    got = sha256(path)
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if cached and key in _verified:
+            return
+        got = sha256(path)
+    except PermissionError as e:
+        raise _unreadable(path, e) from None
     if got != expected:
+        other = original_with(got)
+        if other is not None:
+            raise WrongFileError(
+                f"{path} is not {path.name} but a valid {other[1]} of {other[0]}: the files are swapped or misnamed. "
+                f"Rename it to {other[1]}" + (f" (in a {other[0]}/ folder)" if other[0] != dataset else "")
+                + ", and put the real " + path.name + " here; nothing was deleted.")
         raise DataError(
             f"{path} is corrupt, truncated or not the original {dataset} file "
             f"(sha256 {got[:16]}..., expected {expected[:16]}...). "
@@ -184,6 +216,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         with gzip.open(path, "rb") as f:
             raw = f.read()
+    except PermissionError as e:
+        raise _unreadable(path, e) from None
     except (OSError, EOFError) as e:
         raise DataError(f"{path} is not a readable gzip file ({e}); delete it and copy or fetch it again") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
@@ -344,8 +378,15 @@ def verify(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Pat
     src = locate(dataset, root)
     if src.kind != "files":
         raise DataError(f"no {dataset} files to verify. " + GET_MNIST_HINT)
+    problems = []
     for name in FILES.values():
-        verify_file(src.path / name, dataset, cached=False)
+        try:
+            verify_file(src.path / name, dataset, cached=False)
+        except DataError as e:
+            problems.append(str(e))
+    if problems:
+        raise DataError(f"{len(problems)} of the {len(FILES)} {dataset} files in {src.path} are not right:\n  - "
+                        + "\n  - ".join(problems))
     _load_files(src.path, dataset, verify=False)  # and their structure: headers, sizes, matching counts
     return src.path
 
@@ -375,8 +416,10 @@ def fetch(
             try:
                 verify_file(target, dataset)
                 continue
+            except WrongFileError:
+                raise  # a valid file in the wrong place: say so, touch nothing
             except DataError:
-                target.unlink()  # a corrupt leftover; fetch it again
+                pass  # corrupt: replaced below, but only by a download that is complete and verified
         errors = []
         for base in mirrors:
             url = base.rstrip("/") + "/" + name
@@ -397,9 +440,10 @@ def fetch(
                 errors.append(f"{url}: {e}")
                 Path(tmp).unlink(missing_ok=True)
         else:
+            kept = f" The damaged {target} was left as it was." if target.exists() else ""
             raise DataError(
                 f"could not download {name} from any mirror:\n  " + "\n  ".join(errors)
-                + f"\nWithout a network, copy the four original files into {folder} by hand."
+                + f"\nWithout a network, copy the four original files into {folder} by hand.{kept}"
             )
     return folder
 

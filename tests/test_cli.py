@@ -79,6 +79,21 @@ def test_unknown_arguments_rejected_except_for_lab(capsys):
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["report", "--timeout", "0"], ["report", "--timeout", "-1"],
+                                  ["grade", "somewhere", "--timeout", "0"], ["report", "--timeout", "2.5"]])
+def test_meaningless_time_limits_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --timeout" in err and ("at least 1 second" in err or "whole number" in err)
+
+
+def test_grading_an_empty_folder_says_so(tmp_path, capsys):
+    assert cli.main(["grade", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no notebooks (*.ipynb) under" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_lab_serves_the_notebooks():
     import os

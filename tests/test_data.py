@@ -4,6 +4,7 @@ import shutil
 import threading
 import warnings
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +198,82 @@ def test_status_lines(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         lines = data.status()
     assert len(lines) == 2 and all("embedded" in line for line in lines)
+
+
+def _swap_train_and_test(src: Path, dest: Path) -> Path:
+    folder = dest / "mnist"
+    folder.mkdir(parents=True)
+    for name in data.FILES.values():
+        shutil.copy(src / "mnist" / name, folder / name)
+    a, b = folder / "train-images-idx3-ubyte.gz", folder / "t10k-images-idx3-ubyte.gz"
+    tmp = folder / "x"
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+    return folder
+
+
+def test_swapped_files_are_named_and_never_deleted(data_dir, tmp_path):
+    folder = _swap_train_and_test(data_dir, tmp_path)
+    before = {p.name: data.sha256(p) for p in folder.iterdir()}
+    with pytest.raises(DataError) as e:  # verify lists every bad file, each named for what it is
+        data.verify("mnist", tmp_path)
+    msg = str(e.value)
+    assert "2 of the 4 mnist files" in msg and "a valid t10k-images-idx3-ubyte.gz of mnist" in msg
+    assert "a valid train-images-idx3-ubyte.gz of mnist" in msg and "corrupt" not in msg and "nothing was deleted" in msg
+    with pytest.raises(data.WrongFileError, match="swapped or misnamed"):  # no network needed to refuse
+        data.fetch("mnist", dest=tmp_path, mirrors=["http://127.0.0.1:9/"], progress=False, timeout=2)
+    assert {p.name: data.sha256(p) for p in folder.iterdir()} == before  # fetch deleted nothing
+
+
+def test_a_failed_fetch_keeps_a_damaged_file_and_a_good_one_replaces_it(serve, data_dir, tmp_path):
+    root, url = serve
+    folder = tmp_path / "dest" / "mnist"
+    folder.mkdir(parents=True)
+    damaged = folder / "train-images-idx3-ubyte.gz"  # the first file fetch tries
+    damaged.write_bytes(b"half a file")
+    with pytest.raises(DataError, match="damaged .* was left as it was"):
+        data.fetch("mnist", dest=tmp_path / "dest", mirrors=["http://127.0.0.1:9/"], progress=False, timeout=2)
+    assert damaged.read_bytes() == b"half a file"
+    for name in data.FILES.values():
+        shutil.copy(data_dir / "mnist" / name, root / name)
+    data.fetch("mnist", dest=tmp_path / "dest", mirrors=[url], progress=False)
+    assert data.verify("mnist", tmp_path / "dest") == folder  # replaced only once the new file was verified
+
+
+def _without_root_file_access():
+    """In a child about to exec: drop the capabilities that let root read any file (CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH) from the bounding set, so the exec'd program meets file permissions as a user does."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_unreadable_data_is_a_data_error_with_the_fix(tmp_path):
+    """As a user without read access (root reads everything, so as root the child drops that power first)."""
+    import os
+    import subprocess
+    import sys
+
+    base = tmp_path
+    try:
+        folder = base / "data" / "mnist"
+        folder.mkdir(parents=True)
+        for name in data.FILES.values():
+            (folder / name).write_bytes(b"x")
+        folder.chmod(0o000)
+        code = ("from labkit import data\n"
+                "for call in (lambda: data.locate('mnist', r), lambda: data.verify('mnist', r),"
+                " lambda: data.load_mnist(root=r)):\n"
+                "    try:\n        call()\n    except data.DataError as e:\n        print('DataError:', e)\n")
+        code = f"r = {str(base / 'data')!r}\n" + code
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             preexec_fn=_without_root_file_access if os.geteuid() == 0 else None)
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("DataError:")]
+        assert len(lines) == 3 and all("cannot be read" in ln and "chmod" in ln for ln in lines), run.stdout
+    finally:
+        folder.chmod(0o755)
