@@ -118,14 +118,14 @@ def check_emulator() -> Finding:
 
 
 def check_mpi(timeout: float = 60) -> list[Finding]:
-    from .cluster import mpiexec_path, run_mpi
+    from .cluster import local_mpiexec_path, run_mpi
 
     v = _version("mpi4py")
     if not v:
         return [Finding("mpi4py", FAIL, "not installed: pip install -e '.[mpi]' (or conda install mpich mpi4py)")]
     out = [Finding("mpi4py", OK, v)]
     try:
-        exe = mpiexec_path()
+        exe = local_mpiexec_path()
     except FileNotFoundError as e:
         return out + [Finding("mpiexec", FAIL, str(e))]
     # rank 0 gathers and prints once: lines printed by several ranks can interleave mid-line

@@ -1,5 +1,7 @@
 """MPI launching under a real mpiexec (the wheel's), with several rank counts."""
 
+import os
+import shutil
 import subprocess
 import time
 
@@ -101,3 +103,56 @@ def test_mpi_engines_form_one_world_and_stop():
         _ = cl.view
     with pytest.raises(ValueError, match="n must be >= 1"):
         cluster.MPICluster(0)
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    found, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """Local addresses of the TCP/UDP sockets that these processes listen on (``ss``)."""
+    out = subprocess.run(["ss", "-ltnupH"], capture_output=True, text=True, timeout=30).stdout
+    return [line.split()[4] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host.startswith("127.") or host == "::1"
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
+    """On one machine nothing labkit starts can be reached from the network: no hydra control port on 0.0.0.0,
+    no MPI network module on the machine's interface, engines and controller on 127.0.0.1."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, subprocess\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
+                     "pids = c.gather(os.getpid())\n"
+                     "if c.Get_rank() == 0:\n"
+                     "    print('SS', subprocess.run(['ss', '-ltnupH'], capture_output=True, text=True).stdout)\n"
+                     "    print('PIDS', pids, os.getppid())\n"
+                     "c.Barrier()\n")
+    res = cluster.run_mpi([str(probe)], n=2, timeout=60)
+    assert res.returncode == 0, res.stderr
+    pids = {int(p) for p in res.stdout.split("PIDS", 1)[1].replace("[", " ").replace("]", " ").replace(",", " ").split()}
+    table = res.stdout.split("SS", 1)[1].split("PIDS", 1)[0]
+    mine = [line.split()[4] for line in table.splitlines() if any(f"pid={p}," in line for p in pids)]
+    assert mine and all(_loopback(a) for a in mine), mine  # the ranks and their launcher
+    with cluster.MPICluster(2, start_timeout=60) as cl:
+        cl.view.execute("x = 1")  # the engines have connected and work
+        addresses = _listening(_descendants(os.getpid()) | {os.getpid()})
+    assert addresses and all(_loopback(a) for a in addresses), addresses
