@@ -24,11 +24,18 @@ def _cmd_report(a) -> int:
 
 
 def _cmd_lab(a) -> int:
+    import os
+
     from .report import NOTEBOOKS
 
     folder = Path(a.notebooks or NOTEBOOKS)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", *a.extra]
-    print("starting:", " ".join(cmd))
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in cmd:
+        cmd.append("--allow-root")  # containers and lab machines run as root; JupyterLab refuses that unless told
+    print("starting:", " ".join(cmd), flush=True)
+    if hasattr(os, "execv") and sys.platform != "win32":
+        # labkit becomes JupyterLab: Ctrl-C and SIGTERM reach the server itself, and nothing is left behind
+        os.execv(sys.executable, cmd)
     return subprocess.call(cmd)
 
 

@@ -1,0 +1,46 @@
+"""Runs last (files run in name order): nothing the test suite started is still running or listening.
+
+A process counts as the suite's when it started after this pytest process and its command line is one of those
+labkit starts (JupyterLab, an ipyparallel controller or engine, mpiexec and its proxies, a labkit job), whether it
+is still a child of pytest or was orphaned when its parent died.
+"""
+
+import os
+import time
+from pathlib import Path
+
+KINDS = ("jupyter", "ipcontroller", "ipengine", "ipyparallel", "mpiexec", "hydra_pmi_proxy", "labkit", "mpi4py")
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _ours() -> list[str]:
+    me, mine = os.getpid(), _start_ticks(os.getpid())
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            started = _start_ticks(int(d))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if state != "Z" and started >= mine and any(k in cmd for k in KINDS) and "pytest" not in cmd:
+            found.append(f"{d}: {cmd[:160]}")
+    return found
+
+
+def test_the_suite_left_no_process_behind():
+    if not Path("/proc/self/stat").exists():
+        import pytest
+
+        pytest.skip("needs /proc (Linux) to list processes")
+    deadline = time.monotonic() + 10  # a cluster stopped by the last test may still be shutting down
+    left = _ours()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _ours()
+    assert not left, "still running after the tests that started them ended:\n" + "\n".join(left)
