@@ -99,6 +99,31 @@ def _cmd_bench(a) -> int:
     return 0
 
 
+def _cmd_cluster(a) -> int:
+    from . import cluster
+
+    running = cluster.running_clusters()
+    if a.action == "list":
+        for c in running:
+            engines = sum(getattr(e, "n", 0) or 0 for e in c.engines.values())
+            print(f"{c.cluster_id}  {engines} engine(s)  {c.cluster_file}")
+        print(f"{len(running)} cluster(s) running" + ("; `labkit cluster stop --all` stops them" if running else ""))
+        return 0
+    if not a.all and not a.id:
+        print("labkit cluster stop: name a cluster id (see `labkit cluster list`) or give --all", file=sys.stderr)
+        return 2
+    chosen = [c for c in running if a.all or c.cluster_id in a.id]
+    missing = set(a.id or ()) - {c.cluster_id for c in running}
+    for c in chosen:
+        c.stop_cluster_sync()
+        print(f"stopped {c.cluster_id}")
+    if missing:
+        print(f"labkit cluster stop: no running cluster {', '.join(sorted(missing))}", file=sys.stderr)
+        return 1
+    print(f"{len(chosen)} cluster(s) stopped")
+    return 0
+
+
 def _cmd_gpu_check(a) -> int:
     from . import gpucheck
 
@@ -203,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--out", default=None, help="also write the JSON to this file")
+
+    cl = _sub(sub, "cluster", "list or stop ipyparallel clusters left running (a notebook killed mid-lab)",
+              "list: every ipyparallel cluster whose files say it is running, in every IPython profile.\n"
+              "stop ID... or stop --all: stop them as `ipcluster stop` does (controller, mpiexec, engines).",
+              _cmd_cluster)
+    cl.add_argument("action", choices=["list", "stop"])
+    cl.add_argument("id", nargs="*", help="cluster ids to stop (from `labkit cluster list`)")
+    cl.add_argument("--all", action="store_true", help="stop every running cluster")
 
     gc = _sub(sub, "gpu-check", "on a CUDA machine: GPU tests, kernel benchmark, labs 03-04 in full, into one folder",
               "Run every check of the GPU half of the course on this machine's GPU: doctor, the tests marked gpu,\n"

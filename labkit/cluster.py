@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import settings
 from .machine import usable_cores
 
 
@@ -33,13 +35,33 @@ def mpiexec_path() -> Path:
     )
 
 
-def local_mpiexec_path() -> Path:
-    """The launcher for jobs on this machine only: MPICH's ``mpiexec.gforker`` beside :func:`mpiexec_path` when there is
-    one, else that ``mpiexec``. gforker starts the ranks as its own children and talks to them over pipes; hydra's
-    ``mpiexec`` listens for its proxies on every network interface (0.0.0.0), which a job on one machine never needs."""
-    hydra = mpiexec_path()
-    gforker = hydra.with_name("mpiexec.gforker")
-    return gforker if gforker.exists() else hydra
+def loopback_preload() -> Path | None:
+    """A small shared library that binds sockets meant for every interface to loopback instead (compiled once from
+    labkit/native/loopback_bind.c into the cache; None where that cannot be: not Linux, or no C compiler).
+
+    Hydra, MPICH's ``mpiexec``, listens for its proxies on 0.0.0.0 and has no option to change that; measured here,
+    ``-iface lo``, ``-localhost 127.0.0.1``, ``-pmi-port`` and ``-launcher fork`` all left it there, and MPICH's
+    other launcher, ``mpiexec.gforker``, cuts its ranks' output at the first byte that is not ASCII. Preloaded into a
+    job on one machine, this keeps the control port on 127.0.0.1."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import hashlib
+
+    src = Path(__file__).resolve().parent / "native" / "loopback_bind.c"
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None or not src.exists():
+        return None
+    out = settings.cache_dir() / "native" / f"loopback_bind-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        r = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", str(tmp), str(src), "-ldl"], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            return None
+        os.replace(tmp, out)  # atomic: two processes compiling at once are harmless
+    return out
 
 
 # The network modules MPICH may pick (UCX, or libfabric's tcp and sockets providers) open a listening socket on the
@@ -59,6 +81,9 @@ def mpi_env(n_ranks: int, heavy_yield: bool | None = None, local: bool = True) -
     if local:
         for k, v in LOOPBACK_ONLY.items():
             env.setdefault(k, v)
+        preload = loopback_preload()
+        if preload is not None:
+            env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD", "")]))
     if heavy_yield is None:
         heavy_yield = n_ranks > usable_cores()
     if heavy_yield:
@@ -73,7 +98,7 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
 
     Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds, with the job killed.
     """
-    cmd = [str(local_mpiexec_path()), "-n", str(n)]
+    cmd = [str(mpiexec_path()), "-n", str(n)]
     cmd += ([sys.executable, "-m", "mpi4py"] if python else []) + list(args)
     # a session of its own, so that a timeout kills mpiexec *and* every rank it started
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -127,6 +152,7 @@ class MPICluster:
         self.cluster = None
         self.client = None
         self._view = None
+        self._watchdog = None  # a detached process that stops the cluster if this one dies first
 
     def _config(self):
         from traitlets.config import Config
@@ -134,16 +160,18 @@ class MPICluster:
         env = {"LABKIT_MPI_TIMEOUT": str(self.op_timeout), "OMP_NUM_THREADS": str(self.blas_threads),
                "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0"}
         env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield).items()
-                    if k.startswith("MPIR_") or k in LOOPBACK_ONLY})
+                    if k.startswith("MPIR_") or k in LOOPBACK_ONLY or k == "LD_PRELOAD"})
         cfg = Config()
-        cfg.MPIEngineSetLauncher.mpi_cmd = [str(local_mpiexec_path())]
+        cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
         cfg.MPIEngineSetLauncher.environment = env
         return cfg
 
     def start(self) -> MPICluster:
-        """Start the controller and the engines, connect, and check that they form one MPI world."""
+        """Start the controller and the engines, connect, and check that they form one MPI world; a detached watchdog
+        stops them if this process dies without stopping them (a killed notebook kernel, an out-of-memory kill)."""
         import ipyparallel as ipp
 
+        before = set(process_tree(os.getpid()))
         self.cluster = ipp.Cluster(engines="mpi", n=self.n, controller_ip="127.0.0.1", config=self._config(),
                                    engine_timeout=self.start_timeout, shutdown_atexit=True, log_level=40)
         try:
@@ -160,6 +188,11 @@ class MPICluster:
         self._view.block = True
         if self.activate and _in_ipython():
             self.view.activate()  # the %px / %%px magics
+        started = {pid: ticks for pid, ticks in process_tree(os.getpid()).items() if pid not in before}
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "labkit.cluster", "watch", str(os.getpid()), self.cluster.cluster_file,
+             json.dumps(started)], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)  # a session of its own: whatever kills this process's group spares it
         return self
 
     @property
@@ -182,6 +215,10 @@ class MPICluster:
     def stop(self) -> None:
         """Stop engines and controller (safe to call twice)."""
         self._view = None
+        if self._watchdog is not None:
+            self._watchdog.kill()  # stopped by its owner: nothing left to watch
+            self._watchdog.wait()
+            self._watchdog = None
         if self.client is not None:
             try:
                 self.client.close()
@@ -199,6 +236,84 @@ class MPICluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# -- clusters whose owner died -----------------------------------------------------------------------
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """Every live descendant of process ``root``, with its start time (clock ticks since boot, from /proc): a pid and
+    its start time name one process even after pids are reused. Empty where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for d in entries:
+        if d.isdigit():
+            try:
+                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(d))
+                ticks[int(d)] = int(fields[19])
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found[c] = ticks[c]
+                todo.append(c)
+    return found
+
+
+def process_alive(pid: int, ticks: int | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie), and is the one that started at ``ticks`` when given."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): the pid alone
+            return ticks is None
+        except OSError:
+            return False
+    return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
+
+
+def watch(owner: int, cluster_file: str, processes: dict[int, int], poll: float = 0.5) -> None:
+    """Wait until process ``owner`` ends; then stop its cluster as ``ipcluster stop`` would (from the cluster file),
+    and kill what is left of ``processes`` (pid -> start time), first with SIGTERM, then SIGKILL."""
+    import time
+
+    while process_alive(owner):
+        time.sleep(poll)
+    if Path(cluster_file).exists():
+        try:
+            import ipyparallel as ipp
+
+            ipp.Cluster.from_file(cluster_file).stop_cluster_sync()
+        except Exception:  # noqa: BLE001 - the processes are killed below in any case
+            pass
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+        left = [pid for pid, ticks in processes.items() if process_alive(pid, ticks)]
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in left if process_alive(pid, processes[pid])]
+    with contextlib.suppress(OSError):
+        Path(cluster_file).unlink()
+
+
+def running_clusters() -> list:
+    """The ipyparallel clusters whose files say they are running, in every IPython profile of this user."""
+    from ipyparallel.cluster import ClusterManager
+
+    return [c for c in ClusterManager().load_clusters().values() if c.controller is not None and c._is_running()]
 
 
 def _in_ipython() -> bool:
@@ -229,3 +344,7 @@ def first_ranks(comm, k: int):
     finally:
         if sub != MPI.COMM_NULL:
             sub.Free()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["watch"]:
+    watch(int(sys.argv[2]), sys.argv[3], {int(k): v for k, v in json.loads(sys.argv[4]).items()})

@@ -118,14 +118,14 @@ def check_emulator() -> Finding:
 
 
 def check_mpi(timeout: float = 60) -> list[Finding]:
-    from .cluster import local_mpiexec_path, run_mpi
+    from .cluster import mpiexec_path, run_mpi
 
     v = _version("mpi4py")
     if not v:
         return [Finding("mpi4py", FAIL, "not installed: pip install -e '.[mpi]' (or conda install mpich mpi4py)")]
     out = [Finding("mpi4py", OK, v)]
     try:
-        exe = local_mpiexec_path()
+        exe = mpiexec_path()
     except FileNotFoundError as e:
         return out + [Finding("mpiexec", FAIL, str(e))]
     # rank 0 gathers and prints once: lines printed by several ranks can interleave mid-line
@@ -167,9 +167,25 @@ def check_data() -> list[Finding]:
     return out
 
 
+def check_clusters() -> list[Finding]:
+    """ipyparallel clusters still running: a notebook's, or one left behind by a kernel that died."""
+    from .cluster import running_clusters
+
+    try:
+        running = running_clusters()
+    except Exception as e:  # noqa: BLE001 - ipyparallel missing or its files unreadable: said, not fatal
+        return [Finding("clusters", MISSING, f"could not list ipyparallel clusters: {type(e).__name__}: {e}")]
+    if not running:
+        return [Finding("clusters", OK, "no ipyparallel cluster running")]
+    ids = ", ".join(c.cluster_id for c in running)
+    return [Finding("clusters", MISSING, f"{len(running)} running ({ids}); if no open notebook uses them, "
+                                         "`labkit cluster stop --all` stops them")]
+
+
 def run_all() -> list[Finding]:
     """Every check, in the order of the labs."""
-    return check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + check_tools()
+    return (check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + check_clusters()
+            + check_tools())
 
 
 def render(findings: list[Finding]) -> str:

@@ -137,8 +137,8 @@ def _loopback(address: str) -> bool:
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
 def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
-    """On one machine nothing labkit starts can be reached from the network: no hydra control port on 0.0.0.0,
-    no MPI network module on the machine's interface, engines and controller on 127.0.0.1."""
+    """On one machine nothing labkit starts can be reached from the network: hydra's control port and the MPI network
+    modules on loopback, engines and controller on 127.0.0.1 (with hydra's defaults this fails: 0.0.0.0 and eth0)."""
     probe = tmp_path / "probe.py"
     probe.write_text("import os, subprocess\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nc.Barrier()\n"
                      "pids = c.gather(os.getpid())\n"
@@ -156,3 +156,78 @@ def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
         cl.view.execute("x = 1")  # the engines have connected and work
         addresses = _listening(_descendants(os.getpid()) | {os.getpid()})
     assert addresses and all(_loopback(a) for a in addresses), addresses
+
+
+@pytest.mark.mpi
+def test_a_cluster_whose_owner_is_killed_is_stopped(tmp_path):
+    """SIGKILL the process that started an MPICluster: its watchdog stops controller, mpiexec, engines and nannies."""
+    import json
+    import signal
+    import sys
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import json, os, time\n"
+         "from labkit.cluster import MPICluster, process_tree\n"
+         "c = MPICluster(2, start_timeout=60).start()\n"
+         "tree = {k: v for k, v in process_tree(os.getpid()).items() if k != c._watchdog.pid}\n"
+         "print('READY', c.cluster.cluster_file, json.dumps(tree), flush=True)\n"
+         "time.sleep(300)\n"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = owner.stdout.readline()
+        assert line.startswith("READY"), line
+        _, cluster_file, tree = line.split(" ", 2)
+        started = {int(k): v for k, v in json.loads(tree).items()}
+        assert len(started) >= 4, started  # controller, mpiexec (and its proxy), two engines
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (any(cluster.process_alive(p, t) for p, t in started.items())
+                                               or os.path.exists(cluster_file)):
+            time.sleep(0.5)
+        left = [p for p, t in started.items() if cluster.process_alive(p, t)]
+        assert not left and not os.path.exists(cluster_file), (left, cluster_file)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+@pytest.mark.mpi
+def test_cluster_list_and_stop_all_find_a_left_behind_cluster(capsys):
+    """A cluster whose owner and watchdog both died: doctor and `labkit cluster list` show it, `stop --all` stops it."""
+    import json
+    import signal
+    import sys
+
+    from labkit import cli, doctor
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import json, os, time\n"
+         "from labkit.cluster import MPICluster, process_tree\n"
+         "c = MPICluster(2, start_timeout=60).start()\n"
+         "c._watchdog.kill()\n"
+         "tree = {k: v for k, v in process_tree(os.getpid()).items() if k != c._watchdog.pid}\n"
+         "print('READY', c.cluster.cluster_id, json.dumps(tree), flush=True)\n"
+         "time.sleep(300)\n"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = owner.stdout.readline()
+        assert line.startswith("READY"), line
+        _, cluster_id, tree = line.split(" ", 2)
+        started = {int(k): v for k, v in json.loads(tree).items()}
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        assert any(cluster.process_alive(p, t) for p, t in started.items())  # left behind
+        assert cluster_id in doctor.check_clusters()[0].detail
+        assert cli.main(["cluster", "list"]) == 0 and cluster_id in capsys.readouterr().out
+        assert cli.main(["cluster", "stop", "--all"]) == 0 and f"stopped {cluster_id}" in capsys.readouterr().out
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(cluster.process_alive(p, t) for p, t in started.items()):
+            time.sleep(0.5)
+        assert not [p for p, t in started.items() if cluster.process_alive(p, t)]
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        for p, t in started.items() if "started" in locals() else ():
+            if cluster.process_alive(p, t):
+                os.kill(p, signal.SIGKILL)
