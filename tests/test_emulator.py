@@ -118,6 +118,45 @@ def test_dynamic_shared_memory_and_constants():
         mod.set_constant("shift", 1.0)
 
 
+def test_kernels_named_like_c_library_functions():
+    """div, abs and exp are C library functions too; as kernel names they must work on the emulator as on a GPU."""
+    src = r"""
+    extern "C" __global__ void div(const float* x, float* y, float d, int n)
+    { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] / d; }
+    extern "C" __global__ void abs(float* y, int n)
+    { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = fabsf(y[i]); }
+    """
+    for checked in (False, True):
+        mod = load(src, backend="emulator", checked=checked)
+        assert sorted(mod.kernel_names) == ["abs", "div"]
+        x = np.arange(-40, 40, dtype=np.float32)
+        y = np.zeros_like(x)
+        mod.div((3,), (32,), (x, y, np.float32(2), i32(80)))
+        mod.get_function("abs")((3,), (32,), (y, i32(80)))
+        np.testing.assert_array_equal(y, np.abs(x / 2))
+
+
+def test_shared_memory_limits_are_a_gpus():
+    src = r"""
+    extern "C" __global__ void fill(float* y)
+    { extern __shared__ float buf[]; buf[threadIdx.x] = 1.0f; __syncthreads(); y[threadIdx.x] = buf[threadIdx.x]; }
+    """
+    mod = load(src, backend="emulator", checked=False)
+    k = mod.get_function("fill")
+    y = np.zeros(32, np.float32)
+    k((1,), (32,), (y,), shared_mem=48 * 1024)  # within a GPU's default 48 KB
+    for too_much in (100 * 1024, 2**45):
+        with pytest.raises(ValueError, match="above 48 KB a GPU needs an opt-in first: kernel.max_dynamic_shared_size"):
+            k((1,), (32,), (y,), shared_mem=too_much)
+    k.max_dynamic_shared_size_bytes = 100 * 1024  # the opt-in, as with CuPy
+    k((1,), (32,), (y,), shared_mem=100 * 1024)
+    assert (y == 1).all()
+    with pytest.raises(ValueError, match="more dynamic shared memory than this launch may use"):
+        k((1,), (32,), (y,), shared_mem=101 * 1024)
+    with pytest.raises(ValueError, match="between 0 and the device's"):
+        k.max_dynamic_shared_size_bytes = 2**45
+
+
 # -- mistakes it reports -------------------------------------------------------------------------
 
 TILED = r"""

@@ -188,7 +188,10 @@ def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[Kernel
         pointers = {p.name for k in kernels for p in k.params if p.pointer and p.ctype != "?"}
         text = _rewrite_params(text, kernels)
         text = _rewrite_subscripts(text, pointers | shared)
-    text = f'#line 1 "{filename}"\n' + text + _glue(kernels, constants, fibered)
+    # every kernel under a name of labkit's, so that one called like a C library function (div, abs, exp) does not
+    # collide with the declaration the emulator's headers bring in; the entry points keep the kernel's own name
+    renames = "".join(f"#define {k.name} labkit_kernel_{k.name}\n" for k in kernels)
+    text = renames + f'#line 1 "{filename}"\n' + text + _glue(kernels, constants, fibered)
     return text, kernels, constants, fibered
 
 

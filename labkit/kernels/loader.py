@@ -39,6 +39,10 @@ __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorU
 KERNEL_DIR = Path(__file__).parent
 BACKENDS = ("cupy", "emulator")
 MAX_THREADS_PER_BLOCK = 1024
+# Shared memory per block, as a GPU allows it: 48 KB unless a kernel opts in (CuPy's max_dynamic_shared_size_bytes),
+# and with the opt-in at most what the device has (the emulator takes an H100's 227 KB).
+SHARED_DEFAULT_LIMIT = 48 * 1024
+SHARED_DEVICE_MAX_EMULATED = 227 * 1024
 
 
 def backend() -> str:
@@ -81,6 +85,36 @@ class Kernel:
         self.name = decl.name
         self.params: tuple[Param, ...] = decl.params
         self._raw = None  # the CuPy RawKernel, fetched on first use
+        self._max_dynamic_shared = 0
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        """Dynamic shared memory this kernel may ask for above 48 KB, as CuPy's attribute of the same name: a launch
+        with ``shared_mem`` over 48 KB is refused unless this opts in, and never above the device's maximum."""
+        return self._max_dynamic_shared
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, nbytes: int) -> None:
+        nbytes = int(nbytes)
+        top = self._device_shared_max()
+        if not 0 <= nbytes <= top:
+            raise ValueError(f"kernel {self.name}: max_dynamic_shared_size_bytes must be between 0 and the device's "
+                             f"{top} bytes, got {nbytes}")
+        if self.module.backend == "cupy":
+            self._cupy_function().max_dynamic_shared_size_bytes = nbytes
+        self._max_dynamic_shared = nbytes
+
+    def _device_shared_max(self) -> int:
+        if self.module.backend == "cupy":
+            import cupy
+
+            return int(cupy.cuda.Device().attributes.get("MaxSharedMemoryPerBlockOptin", SHARED_DEVICE_MAX_EMULATED))
+        return SHARED_DEVICE_MAX_EMULATED
+
+    def _cupy_function(self):
+        if self._raw is None:
+            self._raw = self.module._cupy.get_function(self.name)
+        return self._raw
 
     def __repr__(self):
         sig = ", ".join(p.describe() for p in self.params)
@@ -88,13 +122,11 @@ class Kernel:
 
     def __call__(self, grid, block, args, shared_mem: int = 0, timeout_s: float | None = None):
         grid3, block3 = launch_shape(grid, "grid"), launch_shape(block, "block")
-        _check_launch(self.name, grid3, block3, shared_mem)
+        _check_launch(self.name, grid3, block3, shared_mem, self._max_dynamic_shared)
         args = tuple(args)
         nbytes = self._check_args(args)
         if self.module.backend == "cupy":
-            if self._raw is None:
-                self._raw = self.module._cupy.get_function(self.name)
-            self._raw(grid3, block3, args, shared_mem=int(shared_mem))
+            self._cupy_function()(grid3, block3, args, shared_mem=int(shared_mem))
             return
         if timeout_s is None:
             timeout_s = settings.kernel_timeout() if self.module.checked else 0.0
@@ -148,7 +180,7 @@ def launch_shape(v, what: str) -> tuple[int, int, int]:
     return t
 
 
-def _check_launch(name: str, grid, block, shared_mem) -> None:
+def _check_launch(name: str, grid, block, shared_mem, opted_in: int = 0) -> None:
     threads = block[0] * block[1] * block[2]
     if threads > MAX_THREADS_PER_BLOCK:
         raise ValueError(f"kernel {name}: a block of {block} is {threads} threads; at most {MAX_THREADS_PER_BLOCK} per block")
@@ -158,6 +190,12 @@ def _check_launch(name: str, grid, block, shared_mem) -> None:
         raise ValueError(f"kernel {name}: grid {grid} is too large (x < 2^31, y and z <= 65535)")
     if int(shared_mem) < 0:
         raise ValueError(f"kernel {name}: shared_mem must be >= 0")
+    limit = max(SHARED_DEFAULT_LIMIT, opted_in)
+    if int(shared_mem) > limit:
+        how = ("" if opted_in else "; above 48 KB a GPU needs an opt-in first: kernel.max_dynamic_shared_size_bytes = "
+               f"{int(shared_mem)} (at most the device's maximum)")
+        raise ValueError(f"kernel {name}: shared_mem={int(shared_mem)} bytes is more dynamic shared memory than this "
+                         f"launch may use ({limit} bytes){how}")
 
 
 class Module:
