@@ -157,6 +157,24 @@ def test_shared_memory_limits_are_a_gpus():
         k.max_dynamic_shared_size_bytes = 2**45
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_static_shared_memory_over_48_kb_does_not_compile(checked):
+    big = r"""
+    extern "C" __global__ void big(float* y)
+    {
+        __shared__ float a[64][256];   // 64 KB alone
+        __shared__ int flag[4];
+        a[threadIdx.x][0] = 1.0f; flag[0] = 1; __syncthreads(); y[threadIdx.x] = a[threadIdx.x][0];
+    }
+    """
+    with pytest.raises(KernelCompileError, match=r"kernel big: its __shared__ arrays \(a, flag\) need more than the 48 KB"):
+        load(big, backend="emulator", checked=checked)
+    fits = big.replace("[64][256]", "[32][256]")  # 32 KB + 16 bytes: fine
+    y = np.zeros(32, np.float32)
+    load(fits, backend="emulator", checked=checked).big((1,), (32,), (y,))
+    assert (y == 1).all()
+
+
 # -- mistakes it reports -------------------------------------------------------------------------
 
 TILED = r"""

@@ -35,6 +35,7 @@ from .source import (
     find_constants,
     find_kernels,
     line_of,
+    matching_bracket,
     strip_comments,
     unsupported,
 )
@@ -155,6 +156,30 @@ def _rewrite_subscripts(text: str, names: set[str]) -> str:
     return text
 
 
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static __shared__ memory a GPU gives one block
+_SHARED_DECL = re.compile(r"__shared__\s+((?:(?:unsigned|signed|const|volatile)\s+)*\w+)\s+(\w+)\s*((?:\[[^\[\]]+\])+)\s*;")
+
+
+def _limit_static_shared(text: str) -> str:
+    """After each kernel's last static ``__shared__`` array, a static_assert that all of them fit in the 48 KB a GPU
+    gives a block: too much is a compile error naming the kernel, as nvcc's ptxas reports it, not a silent success."""
+    for k in reversed(find_kernels(text)):
+        start = text.find("{", k.params_span[1])
+        if start < 0:
+            continue
+        end = matching_bracket(text, start, "{", "}")
+        decls = list(_SHARED_DECL.finditer(text, start, end))
+        if not decls:
+            continue
+        total = " + ".join(f"sizeof({d.group(1)}{d.group(3)})" for d in decls)
+        names = ", ".join(d.group(2) for d in decls)
+        check = (f" static_assert({total} <= {STATIC_SHARED_LIMIT}, \"kernel {k.name}: its __shared__ arrays ({names}) "
+                 f"need more than the 48 KB of static shared memory a GPU gives a block; use smaller tiles, or "
+                 f"extern __shared__ with shared_mem= and max_dynamic_shared_size_bytes\");")
+        text = text[:decls[-1].end()] + check + text[decls[-1].end():]  # on the same line: line numbers stay
+    return text
+
+
 def _glue(kernels: list[KernelDecl], constants: list[str], fibered: bool) -> str:
     lines = ["", "// ---- labkit emulator entry points (generated) ----"]
     for k in kernels:
@@ -179,7 +204,7 @@ def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[Kernel
     kernels = find_kernels(clean)
     constants = find_constants(clean)
     fibered = checked or "__syncthreads" in clean
-    text = _rewrite_dynamic_shared(clean, checked)
+    text = _limit_static_shared(_rewrite_dynamic_shared(clean, checked))
     if checked:
         shared = set(re.findall(r"__shared__\s+(?:unsigned\s+|signed\s+)?\w+\s+(\w+)\s*\[", text))
         shared |= set(re.findall(r"dynamic_shared_checked<[^>]*>\(\"(\w+)\"\)", text))
