@@ -344,3 +344,73 @@ def test_unknown_kernel_name():
     mod = load(ARGS, backend="emulator")
     with pytest.raises(KeyError, match=r"has no kernel 'saxpy'; it has \['axpy'\]"):
         mod.get_function("saxpy")
+
+
+# -- kernels that would take the notebook down: run in a child process in checked mode -------------
+
+WILD = {
+    "a pointer made from a number": "((float*)0x10)[0] = 1.0f;",
+    "an index far out of bounds through a pointer of its own": "float* q = &x[0]; q[i + 100000000] = 1.0f;",
+    "unbounded recursion": "y[i] = deep(i);",
+}
+
+
+@pytest.mark.parametrize("what", list(WILD))
+def test_a_wild_kernel_is_an_error_not_a_dead_process(what):
+    src = r"""
+    __device__ float deep(int n) { volatile float pad[64]; pad[0] = n; return pad[0] + deep(n + 1); }
+    extern "C" __global__ void wild(float* x, float* y)
+    { int i = threadIdx.x; BODY }
+    """.replace("BODY", WILD[what])
+    mod = load(src, backend="emulator", checked=True)
+    x, y = np.arange(32, dtype=np.float32), np.full(32, 7.0, np.float32)
+    with pytest.raises(KernelError, match="kernel 'wild' crashed the emulator with a segmentation fault"):
+        mod.wild((1,), (32,), (x, y))
+    assert (y == 7).all() and (x == np.arange(32)).all()  # the arrays are as before the launch
+    ok = load("extern \"C\" __global__ void one(float* y) { y[threadIdx.x] = 1.0f; }", backend="emulator")
+    ok.one((1,), (32,), (y,))  # and this process goes on launching kernels
+    assert (y == 1).all()
+
+
+def test_an_endless_loop_without_arrays_or_barriers_is_stopped_from_outside(monkeypatch):
+    monkeypatch.setenv("LABKIT_KERNEL_TIMEOUT", "1")
+    src = 'extern "C" __global__ void spin(int* out) { int k = 0; while (true) { k++; } out[0] = k; }'
+    mod = load(src, backend="emulator", checked=True)
+    out = np.zeros(1, np.int32)
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(KernelError, match="ran past the 1 s limit"):
+        mod.spin((1,), (1,), (out,))
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_huge_grid_is_stopped_by_the_time_limit(monkeypatch):
+    monkeypatch.setenv("LABKIT_KERNEL_TIMEOUT", "1")
+    src = 'extern "C" __global__ void many(float* y) { if (blockIdx.x == 0 && threadIdx.x == 0) y[0] += 1.0f; }'
+    mod = load(src, backend="emulator", checked=True)
+    y = np.zeros(1, np.float32)
+    with pytest.raises(KernelError, match="limit"):
+        mod.many((2**31 - 1,), (1,), (y,))
+
+
+def test_ctrl_c_stops_a_running_kernel():
+    import signal
+    import time
+
+    src = 'extern "C" __global__ void spin(int* out) { int k = 0; while (true) { k++; } out[0] = k; }'
+    mod = load(src, backend="emulator", checked=True)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mod.spin((1,), (1,), (np.zeros(1, np.int32),), timeout_s=0)  # no limit: only the interrupt ends it
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 5

@@ -12,13 +12,17 @@ knows the array behind it), and ``__shared__ float t[16][17]`` becomes ``labkit:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import mmap
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -270,15 +274,67 @@ def _trim(stderr: str, limit: int = 40) -> str:
 
 
 class KernelError(RuntimeError):
-    """A kernel stopped with an error: out-of-bounds access, barrier divergence, time limit."""
+    """A kernel stopped with an error: out-of-bounds access, barrier divergence, time limit, a crash."""
+
+
+# Where a launch can run in a child process (fork keeps the compiled module and the arguments' copies)
+CAN_ISOLATE = sys.platform.startswith("linux") and hasattr(os, "fork")
+_GRACE_S = 3.0  # past the kernel's own time limit, which reports where it was, before the child is killed
+_SIGNALS = {signal.SIGSEGV: "a segmentation fault: a read or write outside any array (a wild pointer, an index far "
+                            "out of bounds, a pointer computed by hand), or a stack overflow from deep recursion",
+            signal.SIGBUS: "a bus error: a misaligned or unmapped access through a pointer",
+            signal.SIGABRT: "an abort: the C++ runtime gave up, often an allocation that could not be made",
+            signal.SIGFPE: "a floating-point exception: an integer division by zero"}
+
+
+def _run_in_child(call, name: str, timeout_s: float) -> int:
+    """Run ``call()`` (returns 0 on success) in a forked child; its status here. A crash, the time limit (plus a grace
+    period) and Ctrl-C end the child from outside, whatever the kernel does."""
+    import time
+
+    pid = os.fork()
+    if pid == 0:  # the child: only C from here on, then leave without running Python's exit machinery
+        code = 70
+        try:
+            code = 0 if call() == 0 else 3
+        finally:
+            os._exit(code)
+    limit = timeout_s + _GRACE_S if timeout_s and timeout_s > 0 else None
+    start, nap = time.monotonic(), 1e-5
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if limit is not None and time.monotonic() - start > limit:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise KernelError(f"kernel '{name}' ran past the {timeout_s:g} s limit (LABKIT_KERNEL_TIMEOUT) and was "
+                                  "stopped: an endless loop, or a grid far larger than meant?")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.005)
+    except BaseException:  # Ctrl-C in a notebook (KeyboardInterrupt) or anything else: the child goes too
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        why = _SIGNALS.get(sig, signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig))
+        raise KernelError(f"kernel '{name}' crashed the emulator with {why}. The kernel ran in a process of its own, so "
+                          "this notebook and your arrays are unharmed (the arrays are as before the launch). On a GPU "
+                          "this is an 'illegal memory access'. Check the pointer arithmetic and the index bounds.")
+    return os.WEXITSTATUS(status)
 
 
 class EmulatorModule:
     """A compiled module: ``get_function(name)`` gives a launchable kernel."""
 
-    def __init__(self, source: str, filename: str = "kernel.cu", checked: bool = False, options: tuple[str, ...] = ()):
+    def __init__(self, source: str, filename: str = "kernel.cu", checked: bool = False, options: tuple[str, ...] = (),
+                 isolated: bool | None = None):
         self.filename = filename
         self.checked = checked
+        self.isolated = (checked if isolated is None else isolated) and CAN_ISOLATE  # each launch in a child process
         text, self.kernels, self.constants, self.fibered = prepare(source, filename, checked)
         self._lib = build(text, filename, checked, tuple(options))
         self._launchers: dict = {}
@@ -299,16 +355,35 @@ class EmulatorModule:
         addr = fn(ctypes.byref(size))
         return addr, size.value
 
-    def launch(self, name: str, grid, block, args, nbytes, shared_mem: int = 0, timeout_s: float = 0.0) -> None:
-        """Run kernel ``name``; args are already checked numpy arrays and numpy scalars."""
-        fn = self.launcher(name)
-        n = len(args)
+    def launch(self, name: str, grid, block, args, nbytes, shared_mem: int = 0, timeout_s: float = 0.0,
+               writable: list[bool] | None = None, isolated: bool | None = None) -> None:
+        """Run kernel ``name``; args are already checked numpy arrays and numpy scalars.
+
+        ``isolated`` (default: the module's; in checked mode for code that is not labkit's, where a fork exists) runs
+        the kernel in a child process on copies of the arrays in shared memory, copied back into the ``writable`` ones
+        after a clean finish: a wild pointer, a stack overflow or an allocation failure then kills the child, not this
+        process (a notebook's kernel), and is reported as a :class:`KernelError`; the time limit and Ctrl-C are
+        enforced from here, whatever the kernel does (``timeout_s`` 0: no limit)."""
+        if isolated is None:
+            isolated = self.isolated
+        if isolated:
+            return self._launch_isolated(name, grid, block, args, nbytes, shared_mem, timeout_s, writable)
+        err = ctypes.create_string_buffer(_ERRLEN)
         keep = []  # the values ctypes points at must live until the call returns
+        la = self._launch_args(grid, block, args, [a.ctypes.data if isinstance(a, np.ndarray) else 0 for a in args],
+                               nbytes, shared_mem, timeout_s, ctypes.addressof(err), keep)
+        rc = self.launcher(name)(ctypes.byref(la))
+        if rc != 0:
+            raise KernelError(err.value.decode(errors="replace") or f"kernel '{name}' failed")
+
+    @staticmethod
+    def _launch_args(grid, block, args, addresses, nbytes, shared_mem, timeout_s, err_address, keep) -> LaunchArgs:
+        n = len(args)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         sizes = (ctypes.c_uint64 * max(n, 1))()
         for i, a in enumerate(args):
             if isinstance(a, np.ndarray):
-                v = ctypes.c_void_p(a.ctypes.data)
+                v = ctypes.c_void_p(addresses[i])
                 keep.append(v)
                 ptrs[i] = ctypes.addressof(v)
             else:
@@ -316,9 +391,33 @@ class EmulatorModule:
                 keep.append(s)
                 ptrs[i] = s.ctypes.data
             sizes[i] = nbytes[i]
-        err = ctypes.create_string_buffer(_ERRLEN)
-        la = LaunchArgs((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ptrs, sizes, n, workers(),
-                        int(shared_mem), float(timeout_s), ctypes.cast(err, ctypes.c_char_p), _ERRLEN)
-        rc = fn(ctypes.byref(la))
-        if rc != 0:
-            raise KernelError(err.value.decode(errors="replace") or f"kernel '{name}' failed")
+        keep += [ptrs, sizes]
+        return LaunchArgs((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ptrs, sizes, n, workers(),
+                          int(shared_mem), float(timeout_s), ctypes.c_char_p(err_address), _ERRLEN)
+
+    def _launch_isolated(self, name, grid, block, args, nbytes, shared_mem, timeout_s, writable) -> None:
+        fn = self.launcher(name)
+        arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+        offsets, total = {}, _ERRLEN
+        for i in arrays:
+            offsets[i] = total
+            total += (args[i].nbytes + 63) // 64 * 64  # each copy aligned for any dtype
+        shared = mmap.mmap(-1, total)  # anonymous and shared: the child's writes are seen here
+        try:
+            view = np.frombuffer(shared, dtype=np.uint8)
+            base = view.ctypes.data
+            for i in arrays:
+                view[offsets[i]:offsets[i] + args[i].nbytes] = args[i].reshape(-1).view(np.uint8)
+            keep: list = []
+            la = self._launch_args(grid, block, args, [base + offsets.get(i, 0) for i in range(len(args))], nbytes,
+                                   shared_mem, timeout_s, base, keep)
+            status = _run_in_child(lambda: fn(ctypes.byref(la)), name, timeout_s)
+            if status != 0:
+                msg = bytes(view[:_ERRLEN]).split(b"\0", 1)[0].decode(errors="replace")
+                raise KernelError(msg or f"kernel '{name}' failed")
+            for i in arrays:
+                if writable is None or writable[i]:
+                    args[i].reshape(-1).view(np.uint8)[:] = view[offsets[i]:offsets[i] + args[i].nbytes]
+        finally:
+            del view
+            shared.close()

@@ -130,7 +130,8 @@ class Kernel:
             return
         if timeout_s is None:
             timeout_s = settings.kernel_timeout() if self.module.checked else 0.0
-        self.module._emu.launch(self.name, grid3, block3, args, nbytes, shared_mem=int(shared_mem), timeout_s=timeout_s)
+        self.module._emu.launch(self.name, grid3, block3, args, nbytes, shared_mem=int(shared_mem), timeout_s=timeout_s,
+                                writable=[p.pointer and not p.const for p in self.params])
 
     def _check_args(self, args) -> list[int]:
         where = f"kernel {self.name}"
@@ -202,7 +203,7 @@ class Module:
     """Kernels compiled from one source on one back end."""
 
     def __init__(self, source: str, filename: str = "kernel.cu", backend: str | None = None, checked: bool | None = None,
-                 defines: dict | None = None):
+                 defines: dict | None = None, isolated: bool | None = None):
         self.backend = _resolve(backend)
         self.filename = filename
         self.source = source
@@ -218,7 +219,8 @@ class Module:
             self._emu = None
         else:
             self.checked = True if checked is None else bool(checked)
-            self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options)
+            self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options,
+                                                isolated=self.checked if isolated is None else isolated)
             self._cupy = None
         self._kernels: dict[str, Kernel] = {}
 
@@ -296,7 +298,8 @@ def kernel_source(source: str | Path, name: str) -> str:
 @functools.cache
 def _library_module(name: str, which: str, checked: bool, defines: tuple) -> Module:
     path = KERNEL_DIR / f"{name}.cu"
-    return Module(path.read_text(), path.name, backend=which, checked=checked, defines=dict(defines))
+    # labkit's own kernels are trusted: checked (the tests do that) but run in this process, without a fork per launch
+    return Module(path.read_text(), path.name, backend=which, checked=checked, defines=dict(defines), isolated=False)
 
 
 def load_file(name: str, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
