@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include <csignal>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -226,6 +227,32 @@ inline void where(char* buf, size_t n) {
     Worker* w = t_worker;
     std::snprintf(buf, n, "kernel '%s', block (%u,%u,%u), thread (%u,%u,%u)", w && w->launch ? w->launch->kernel : "?",
                   blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+}
+
+// ---- crash reports: only in the child process the loader forks for one launch of a user's kernel ----
+// A fault there (a wild pointer, a stack overflow, an abort) ends the child; before it does, the handler writes
+// which kernel, block and thread were running into the buffer the parent reads. Each worker thread gets an
+// alternate signal stack, since a fiber's overflowing stack cannot run the handler.
+static char* g_crash_buf = nullptr;
+static uint64_t g_crash_len = 0;
+
+inline void crash_handler(int sig) {
+    if (g_crash_buf && t_worker) {
+        char w[256];
+        where(w, sizeof w);
+        std::snprintf(g_crash_buf, g_crash_len, "%s", w);
+    }
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
+
+inline void crash_stack_for_this_thread() {
+    if (!g_crash_buf) return;
+    static thread_local std::vector<char> alt(256 * 1024);
+    stack_t ss{};
+    ss.ss_sp = alt.data();
+    ss.ss_size = alt.size();
+    sigaltstack(&ss, nullptr);
 }
 
 // Record the first error of a launch (later ones are dropped).
@@ -544,6 +571,7 @@ inline void run_block_plain(Worker* w) {
 
 inline void worker_loop(Launch* l) {
     const LaunchArgs* L = l->L;
+    crash_stack_for_this_thread();
     Worker w;
     w.launch = l;
     w.fibered = l->fibered;
@@ -647,3 +675,14 @@ int launch(const char* kernel, void (*fn)(A...), const char* const* names, const
 }
 
 }  // namespace labkit
+
+// Called by the loader in the forked child before the launch: report a fatal signal's whereabouts into `buf`.
+extern "C" __attribute__((visibility("default"))) void labkit_crash_reports(char* buf, unsigned long long len) {
+    ::labkit::g_crash_buf = buf;
+    ::labkit::g_crash_len = len;
+    struct sigaction sa {};
+    sa.sa_handler = ::labkit::crash_handler;
+    sa.sa_flags = SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGABRT}) sigaction(sig, &sa, nullptr);
+}

@@ -287,9 +287,9 @@ _SIGNALS = {signal.SIGSEGV: "a segmentation fault: a read or write outside any a
             signal.SIGFPE: "a floating-point exception: an integer division by zero"}
 
 
-def _run_in_child(call, name: str, timeout_s: float) -> int:
+def _run_in_child(call, name: str, timeout_s: float, crash_site=lambda: "") -> int:
     """Run ``call()`` (returns 0 on success) in a forked child; its status here. A crash, the time limit (plus a grace
-    period) and Ctrl-C end the child from outside, whatever the kernel does."""
+    period) and Ctrl-C end the child from outside, whatever the kernel does; ``crash_site()`` says where a crash was."""
     import time
 
     pid = os.fork()
@@ -321,7 +321,9 @@ def _run_in_child(call, name: str, timeout_s: float) -> int:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         why = _SIGNALS.get(sig, signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig))
-        raise KernelError(f"kernel '{name}' crashed the emulator with {why}. The kernel ran in a process of its own, so "
+        site = crash_site()
+        at = f" ({site.replace(f'kernel {name!r}, ', '')})" if site else ""
+        raise KernelError(f"kernel '{name}' crashed the emulator{at} with {why}. The kernel ran in a process of its own, so "
                           "this notebook and your arrays are unharmed (the arrays are as before the launch). On a GPU "
                           "this is an 'illegal memory access'. Check the pointer arithmetic and the index bounds.")
     return os.WEXITSTATUS(status)
@@ -411,7 +413,17 @@ class EmulatorModule:
             keep: list = []
             la = self._launch_args(grid, block, args, [base + offsets.get(i, 0) for i in range(len(args))], nbytes,
                                    shared_mem, timeout_s, base, keep)
-            status = _run_in_child(lambda: fn(ctypes.byref(la)), name, timeout_s)
+            report = self._lib.labkit_crash_reports
+            report.argtypes, report.restype = [ctypes.c_void_p, ctypes.c_ulonglong], None
+
+            def child() -> int:
+                report(base, _ERRLEN)  # a fatal signal writes the kernel, block and thread here first
+                return fn(ctypes.byref(la))
+
+            def crash_site() -> str:
+                return shared[:_ERRLEN].split(b"\0", 1)[0].decode(errors="replace")
+
+            status = _run_in_child(child, name, timeout_s, crash_site)
             if status != 0:
                 msg = bytes(view[:_ERRLEN]).split(b"\0", 1)[0].decode(errors="replace")
                 raise KernelError(msg or f"kernel '{name}' failed")
