@@ -415,3 +415,24 @@ def test_ctrl_c_stops_a_running_kernel():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert time.monotonic() - t0 < 5
+
+
+def test_checked_mode_follows_pointers_made_from_arguments():
+    """`float* q = x + off;` keeps x's bounds in checked mode: writing past x through q is reported with its line,
+    not a silent write into the neighbouring array."""
+    src = r"""
+    extern "C" __global__ void shifted(float* x, float* y, int n)
+    {
+        int t = threadIdx.x;
+        const float* src = y;
+        float* q = x + 1;
+        q[t] = src[t] * 2.0f;   // line 7: thread n - 1 writes x[n]
+    }
+    """
+    mod = load(src, backend="emulator", checked=True)
+    x, y = np.zeros(8, np.float32), np.arange(8, dtype=np.float32)
+    with pytest.raises(KernelError, match=r"thread \(7,0,0\), line 7: out-of-bounds access x\[8\]: 'x' has 8 elements"):
+        mod.shifted((1,), (8,), (x, y, i32(8)))
+    fine = np.zeros(9, np.float32)
+    mod.shifted((1,), (8,), (fine, y, i32(8)))  # with room for the shift it runs, and computes the same as before
+    np.testing.assert_array_equal(fine[1:], y * 2)

@@ -320,6 +320,15 @@ template <class T> struct cptr {
     operator T*() const { return p; }  // handing it to a __device__ function that takes T* (unchecked there)
 };
 
+// Checked mode: `T* q = expr;` in a kernel becomes `auto q = derive<T>(expr);`, so a pointer made from an argument
+// (q = x, q = x + off) keeps the argument's bounds and its accesses are checked; any other pointer stays as it is.
+template <class T> inline cptr<T> derive(const cptr<T>& c) { return c; }
+template <class T, std::enable_if_t<std::is_const_v<T>, int> = 0>
+inline cptr<T> derive(const cptr<std::remove_const_t<T>>& c) {  // a const view of a writable argument
+    return cptr<T>(c.p, c.base, c.n, c.name);
+}
+template <class T, class X> inline T* derive(X x) { return (T*)x; }
+
 // A __shared__ array in checked mode: indices are checked against its extents.
 template <class T, long long... D> struct sarr;
 template <class T, long long N> struct sarr<T, N> {

@@ -141,6 +141,28 @@ def _rewrite_params(clean: str, kernels: list[KernelDecl]) -> str:
     return out
 
 
+_POINTER_DECL = re.compile(r"(?<![\w.>])((?:const\s+)?(?:(?:unsigned|signed)\s+)?\w+)\s*\*\s*(\w+)\s*=\s*([^;,{}]+);")
+
+
+def _rewrite_derived_pointers(text: str, kernels: list[KernelDecl]) -> tuple[str, set[str]]:
+    """Checked mode: ``T* q = expr;`` in a kernel's body -> ``auto q = ::labkit::derive<T>(expr);``: a pointer made
+    from a checked argument keeps its bounds. Returns the text and the names so declared."""
+    names: set[str] = set()
+    for k in reversed(kernels):
+        start = text.find("{", k.params_span[1])
+        if start < 0:
+            continue
+        end = matching_bracket(text, start, "{", "}")
+        body = text[start:end]
+        for m in reversed(list(_POINTER_DECL.finditer(body))):
+            if m.group(1) in ("return", "else", "case", "goto"):
+                continue
+            names.add(m.group(2))
+            body = body[:m.start()] + f"auto {m.group(2)} = ::labkit::derive<{m.group(1)}>({m.group(3)});" + body[m.end():]
+        text = text[:start] + body + text[end:]
+    return text, names
+
+
 def _rewrite_subscripts(text: str, names: set[str]) -> str:
     """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line."""
     if not names:
@@ -216,7 +238,8 @@ def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[Kernel
         kernels = find_kernels(text)
         pointers = {p.name for k in kernels for p in k.params if p.pointer and p.ctype != "?"}
         text = _rewrite_params(text, kernels)
-        text = _rewrite_subscripts(text, pointers | shared)
+        text, derived = _rewrite_derived_pointers(text, find_kernels(text))
+        text = _rewrite_subscripts(text, pointers | shared | derived)
     # every kernel under a name of labkit's, so that one called like a C library function (div, abs, exp) does not
     # collide with the declaration the emulator's headers bring in; the entry points keep the kernel's own name
     renames = "".join(f"#define {k.name} labkit_kernel_{k.name}\n" for k in kernels)
