@@ -44,3 +44,17 @@ def test_the_suite_left_no_process_behind():
         time.sleep(0.5)
         left = _ours()
     assert not left, "still running after the tests that started them ended:\n" + "\n".join(left)
+
+
+def test_the_suite_left_no_network_namespace_behind():
+    """The several-hosts tests make network namespaces named labkit-*; none may outlive them."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ip") is None:
+        import pytest
+
+        pytest.skip("needs ip (iproute2) to list network namespaces")
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout.split("\n")
+    left = [line.split()[0] for line in listed if line.strip().startswith("labkit")]
+    assert not left, f"network namespaces left behind: {left}"
