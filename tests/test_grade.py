@@ -42,6 +42,33 @@ def test_submissions_by_folder_or_by_file(tmp_path):
         grade.submissions(tmp_path / "missing")
 
 
+RUNAWAY_KERNEL = new_notebook(cells=[
+    new_markdown_cell("# Lab 98"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("import numpy as np\nfrom labkit import check"),
+    new_code_cell('SRC = r"""extern \"C\" __global__ void block_sum(const float* x, float* out, int n)\n'
+                  '{ __shared__ float s[256]; int k = 0; while (true) { k++; } atomicAdd(out, s[0]); }"""'),
+    new_code_cell("check.block_reduction(SRC)"),
+    new_code_cell("print('the next cell runs')"),
+])
+
+
+@pytest.mark.notebooks
+def test_a_runaway_kernel_costs_its_exercise_within_the_cell_limit(tmp_path):
+    """An endless loop in a CUDA C exercise is stopped at the grader's limit (not the emulator's 120 s)."""
+    import time
+
+    (tmp_path / "subs" / "di").mkdir(parents=True)
+    nbformat.write(RUNAWAY_KERNEL, tmp_path / "subs" / "di" / "98_kernel.ipynb")
+    t0 = time.monotonic()
+    results, _, _ = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=8, progress=False)
+    assert time.monotonic() - t0 < 60
+    assert [(r.exercise, r.passed) for r in results] == [("block_reduction", False)]
+    assert "8 s limit" in results[0].message
+    executed = nbformat.read(tmp_path / "out" / "executed" / "di" / "98_kernel.ipynb", as_version=4)
+    assert any("the next cell runs" in o.get("text", "") for o in executed.cells[-1].outputs)
+
+
 @pytest.mark.notebooks
 def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
     (tmp_path / "subs" / "cy").mkdir(parents=True)
