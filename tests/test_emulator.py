@@ -351,6 +351,7 @@ def test_unknown_kernel_name():
 WILD = {
     "a pointer made from a number": "((float*)0x10)[0] = 1.0f;",
     "an index far out of bounds through a pointer of its own": "float* q = &x[0]; q[i + 100000000] = 1.0f;",
+    "an index far out of bounds through an int cast": "float* q = (float*)(long long)x; q[i + 100000000] = 1.0f;",
     "unbounded recursion": "y[i] = deep(i);",
 }
 

@@ -318,6 +318,8 @@ template <class T> struct cptr {
     cptr& operator++() { ++p; return *this; }
     cptr operator++(int) { cptr c = *this; ++p; return c; }
     operator T*() const { return p; }  // handing it to a __device__ function that takes T* (unchecked there)
+    template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+    explicit operator I() const { return (I)(uintptr_t)p; }  // (long long)x, as a kernel may cast a pointer
 };
 
 // Checked mode: `T* q = expr;` in a kernel becomes `auto q = derive<T>(expr);`, so a pointer made from an argument
