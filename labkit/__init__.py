@@ -1,8 +1,9 @@
 """labkit: course labs for parallel and distributed neural-network training.
 
-Modules, in teaching order: ``data``, ``mlp``, ``cpu_parallel``, ``device``, ``cluster``,
-``collectives``, ``costmodel``, ``bench``, ``plots``, ``check``, ``report``. They are imported on first
-use, so ``import labkit`` needs no GPU, no MPI and no running cluster.
+Modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``device``, ``kernels``, ``cluster``,
+``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``bench``, ``scaling``, ``plots``, ``check``,
+``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are imported on first use, so
+``import labkit`` needs no GPU, no MPI and no running cluster.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "check", "cluster", "collectives", "costmodel", "cpu_parallel", "data", "device", "doctor", "kernels",
-               "mlp", "plots", "progress", "report")
+_SUBMODULES = ("bench", "check", "cluster", "collectives", "comm_backends", "costmodel", "cpu_parallel", "data", "device",
+               "doctor", "gpucheck", "kernels", "machine", "mlp", "plots", "progress", "report", "scaling", "settings",
+               "shards", "traffic")
 
 
 def __getattr__(name: str):
