@@ -1,8 +1,12 @@
 """MPI launching under a real mpiexec (the wheel's), with several rank counts."""
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -158,76 +162,62 @@ def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
     assert addresses and all(_loopback(a) for a in addresses), addresses
 
 
-@pytest.mark.mpi
-def test_a_cluster_whose_owner_is_killed_is_stopped(tmp_path):
-    """SIGKILL the process that started an MPICluster: its watchdog stops controller, mpiexec, engines and nannies."""
-    import json
-    import signal
-    import sys
-
+@contextlib.contextmanager
+def _cluster_of_a_killed_owner(with_watchdog: bool):
+    """Start a 2-engine MPICluster in a child process, SIGKILL that child, and yield (cluster file, cluster id,
+    {pid: start time} of the processes the cluster started); whatever is still alive at the end is killed."""
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import json, os, time\n"
          "from labkit.cluster import MPICluster, process_tree\n"
          "c = MPICluster(2, start_timeout=60).start()\n"
+         + ("" if with_watchdog else "c._watchdog.kill()\n") +
          "tree = {k: v for k, v in process_tree(os.getpid()).items() if k != c._watchdog.pid}\n"
-         "print('READY', c.cluster.cluster_file, json.dumps(tree), flush=True)\n"
+         "print('READY', c.cluster.cluster_file, c.cluster.cluster_id, json.dumps(tree), flush=True)\n"
          "time.sleep(300)\n"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    started: dict[int, int] = {}
     try:
         line = owner.stdout.readline()
         assert line.startswith("READY"), line
-        _, cluster_file, tree = line.split(" ", 2)
-        started = {int(k): v for k, v in json.loads(tree).items()}
+        _, cluster_file, cluster_id, tree = line.split(" ", 3)
+        started.update({int(k): v for k, v in json.loads(tree).items()})
         assert len(started) >= 4, started  # controller, mpiexec (and its proxy), two engines
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (any(cluster.process_alive(p, t) for p, t in started.items())
-                                               or os.path.exists(cluster_file)):
-            time.sleep(0.5)
-        left = [p for p, t in started.items() if cluster.process_alive(p, t)]
-        assert not left and not os.path.exists(cluster_file), (left, cluster_file)
+        yield cluster_file, cluster_id, started
     finally:
         if owner.poll() is None:
             owner.kill()
+        for pid, ticks in started.items():
+            if cluster.process_alive(pid, ticks):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _wait_until_gone(started: dict[int, int], seconds: float, also=lambda: False) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (any(cluster.process_alive(p, t) for p, t in started.items()) or also()):
+        time.sleep(0.5)
+    return [p for p, t in started.items() if cluster.process_alive(p, t)]
 
 
 @pytest.mark.mpi
-def test_cluster_list_and_stop_all_find_a_left_behind_cluster(capsys):
-    """A cluster whose owner and watchdog both died: doctor and `labkit cluster list` show it, `stop --all` stops it."""
-    import json
-    import signal
-    import sys
+def test_a_cluster_whose_owner_is_killed_is_stopped():
+    """SIGKILL the process that started an MPICluster: its watchdog stops controller, mpiexec, engines and nannies."""
+    with _cluster_of_a_killed_owner(with_watchdog=True) as (cluster_file, _, started):
+        left = _wait_until_gone(started, 30, also=lambda: os.path.exists(cluster_file))
+        assert not left and not os.path.exists(cluster_file), (left, cluster_file)
 
+
+@pytest.mark.mpi
+def test_cluster_list_and_stop_find_a_left_behind_cluster(capsys):
+    """A cluster whose owner and watchdog both died: doctor and `labkit cluster list` show it, `stop ID` stops it
+    (by its id, so that running the tests never stops a cluster of a notebook that is open meanwhile)."""
     from labkit import cli, doctor
 
-    owner = subprocess.Popen(
-        [sys.executable, "-c",
-         "import json, os, time\n"
-         "from labkit.cluster import MPICluster, process_tree\n"
-         "c = MPICluster(2, start_timeout=60).start()\n"
-         "c._watchdog.kill()\n"
-         "tree = {k: v for k, v in process_tree(os.getpid()).items() if k != c._watchdog.pid}\n"
-         "print('READY', c.cluster.cluster_id, json.dumps(tree), flush=True)\n"
-         "time.sleep(300)\n"], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        line = owner.stdout.readline()
-        assert line.startswith("READY"), line
-        _, cluster_id, tree = line.split(" ", 2)
-        started = {int(k): v for k, v in json.loads(tree).items()}
-        owner.send_signal(signal.SIGKILL)
-        owner.wait(10)
+    with _cluster_of_a_killed_owner(with_watchdog=False) as (_, cluster_id, started):
         assert any(cluster.process_alive(p, t) for p, t in started.items())  # left behind
         assert cluster_id in doctor.check_clusters()[0].detail
         assert cli.main(["cluster", "list"]) == 0 and cluster_id in capsys.readouterr().out
-        assert cli.main(["cluster", "stop", "--all"]) == 0 and f"stopped {cluster_id}" in capsys.readouterr().out
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(cluster.process_alive(p, t) for p, t in started.items()):
-            time.sleep(0.5)
-        assert not [p for p, t in started.items() if cluster.process_alive(p, t)]
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-        for p, t in started.items() if "started" in locals() else ():
-            if cluster.process_alive(p, t):
-                os.kill(p, signal.SIGKILL)
+        assert cli.main(["cluster", "stop", cluster_id]) == 0 and f"stopped {cluster_id}" in capsys.readouterr().out
+        assert cli.main(["cluster", "stop", "no-such-id"]) == 1 and "no running cluster no-such-id" in capsys.readouterr().err
+        assert not _wait_until_gone(started, 20)
