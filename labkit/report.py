@@ -189,6 +189,9 @@ def summary(results: list[NotebookResult], page: Path) -> str:
             last = [ln for ln in (r.error or "").strip().splitlines() if ln.strip()][-1:] or ["(no message)"]
             lines.append(f"     {last[0][:150]}")
     n_ok = sum(r.ok for r in results)
+    from .data import status as data_status
+
+    lines.append("data: " + "; ".join(data_status()))  # the embedded digits or MNIST: the figures depend on it
     lines.append(f"{n_ok}/{len(results)} notebooks passed. Report: {page.resolve()}")
     return "\n".join(lines)
 

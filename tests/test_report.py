@@ -51,6 +51,7 @@ def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     assert "<html" in exported and "data:image/png;base64," in exported and "deliberate" not in exported
     text = report.summary(results, page)
     assert "FAIL 02_bad.ipynb" in text and "ValueError: deliberate failure in cell 2" in text
+    assert "\ndata: mnist: " in text  # which data the numbers came from, in the terminal too
 
 
 @pytest.mark.slow
