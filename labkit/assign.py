@@ -68,11 +68,18 @@ def has_exercises(nb) -> bool:
     return any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells)
 
 
-def write_student_versions(notebooks: list[Path], out_dir: Path | str) -> list[Path]:
-    """Write the student version of each notebook into ``out_dir`` (same file names); return the paths."""
+class WouldOverwrite(FileExistsError):
+    """A student file in the output folder differs from the version labkit would write (it may hold their work)."""
+
+
+def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bool = False) -> list[Path]:
+    """Write the student version of each notebook into ``out_dir`` (same file names); return the paths.
+
+    A file already there that differs from the version about to be written (a student's edits, or an older release)
+    is never replaced silently: nothing is written and :class:`WouldOverwrite` names the files, unless ``force``.
+    """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    versions = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
         try:
@@ -83,10 +90,17 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str) -> list[P
         if target.resolve() == Path(path).resolve():
             raise ValueError(f"writing the student version of {path} would overwrite the instructor's notebook: "
                              "choose another output folder")
-        nbformat.write(student, target)
-        written.append(target)
-    return written
+        versions.append((target, nbformat.writes(student) + "\n"))
+    differ = [t for t, text in versions if t.exists() and t.read_text(encoding="utf-8") != text]
+    if differ and not force:
+        raise WouldOverwrite(f"{len(differ)} file(s) in {out_dir} differ from the student versions and may hold "
+                             f"students' work: {', '.join(t.name for t in differ)}. Nothing was written. Choose another "
+                             "folder, or overwrite them on purpose with --force (labkit assign) / force=True.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for target, text in versions:
+        target.write_text(text, encoding="utf-8")
+    return [t for t, _ in versions]
 
 
-__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "student_source", "student_notebook", "has_exercises",
-           "write_student_versions"]
+__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "WouldOverwrite", "student_source", "student_notebook",
+           "has_exercises", "write_student_versions"]

@@ -67,7 +67,7 @@ def _cmd_assign(a) -> int:
     from . import assign, report
 
     notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
-    written = assign.write_student_versions(notebooks, a.out)
+    written = assign.write_student_versions(notebooks, a.out, force=a.force)
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--out", default="student", help="output folder (default: student/)")
     asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
+    asg.add_argument("--force", action="store_true", help="overwrite student files that differ (they may hold work)")
 
     g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
              "Run every student's notebook top to bottom on the quick profile; a cell that errs or runs past the\n"
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         print(f"labkit {args.command}: error: {e}", file=sys.stderr)
         return 2
 
