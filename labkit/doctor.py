@@ -167,6 +167,17 @@ def check_data() -> list[Finding]:
     return out
 
 
+def check_loopback() -> Finding:
+    """Whether jobs on this machine keep hydra's control port on loopback (see cluster.loopback_preload)."""
+    from .cluster import loopback_preload
+
+    if loopback_preload() is not None:
+        return Finding("MPI on loopback", OK, "jobs on this machine listen on 127.0.0.1 only")
+    return Finding("MPI on loopback", MISSING, "hydra's control port listens on every interface while a job runs: "
+                                               "install a C compiler (Debian: apt install gcc) so labkit can keep it "
+                                               "on 127.0.0.1")
+
+
 def check_clusters() -> list[Finding]:
     """ipyparallel clusters still running: a notebook's, or one left behind by a kernel that died."""
     from .cluster import running_clusters
@@ -184,8 +195,8 @@ def check_clusters() -> list[Finding]:
 
 def run_all() -> list[Finding]:
     """Every check, in the order of the labs."""
-    return (check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + check_clusters()
-            + check_tools())
+    return (check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + [check_loopback()]
+            + check_clusters() + check_tools())
 
 
 def render(findings: list[Finding]) -> str:

@@ -140,6 +140,8 @@ def _loopback(address: str) -> bool:
 
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+@pytest.mark.skipif(cluster.loopback_preload() is None,
+                    reason="no C compiler (cc) to build the library that keeps hydra's port on loopback")
 def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
     """On one machine nothing labkit starts can be reached from the network: hydra's control port and the MPI network
     modules on loopback, engines and controller on 127.0.0.1 (with hydra's defaults this fails: 0.0.0.0 and eth0)."""
