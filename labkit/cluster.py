@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ def mpiexec_path() -> Path:
     )
 
 
+@functools.cache
 def loopback_preload() -> Path | None:
     """A small shared library that binds sockets meant for every interface to loopback instead (compiled once from
     labkit/native/loopback_bind.c into the cache; None where that cannot be: not Linux, or no C compiler).

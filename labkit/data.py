@@ -113,9 +113,9 @@ def _check_dataset(dataset: str) -> None:
 
 def _unreadable(path: Path, e: OSError) -> DataError:
     """A permission problem as a DataError with the path and the fix."""
+    folder = path.parent if path.suffix else path  # no stat here: it would be refused too
     return DataError(f"{path} cannot be read ({e.strerror or e}): give yourself read access (chmod -R u+rX "
-                     f"{path.parent if path.is_file() else path}), or copy the files to a folder of yours and point "
-                     "LABKIT_DATA at it")
+                     f"{folder}), or copy the files to a folder of yours and point LABKIT_DATA at it")
 
 
 def _files_in(folder: Path, dataset: str) -> Path | None:
@@ -409,7 +409,7 @@ def fetch(
     folder = Path(dest).expanduser() if dest is not None else default_dir()
     folder = folder / dataset
     folder.mkdir(parents=True, exist_ok=True)
-    mirrors = mirrors or ([settings.mirror()] if settings.mirror() else MIRRORS[dataset])
+    mirrors = mirrors or ([settings.mirror()] if settings.mirror() is not None else MIRRORS[dataset])
     for name in FILES.values():
         target = folder / name
         if target.exists():

@@ -68,7 +68,7 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> Non
         hint = ("" if multiple else "this size is not a multiple of the tile: load 0.0 for elements outside A or B, keep every "
                 "thread going through every __syncthreads(), and write C only where row < M and col < N")
         run_student_kernel(ex, k, (-(-N // tile), -(-M // tile)), (tile, tile),
-                            (a, b, c, np.int32(M), np.int32(N), np.int32(K)), hint)
+                           (a, b, c, np.int32(M), np.int32(N), np.int32(K)), hint)
         want = a @ b
         bad = ~np.isclose(c, want, rtol=1e-4, atol=1e-4)
         if bad.any():
@@ -96,7 +96,7 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
         x = rng.random(n).astype(np.float32)
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
-                            "every thread must reach each __syncthreads() of the tree; guard the additions, not the barrier")
+                           "every thread must reach each __syncthreads() of the tree; guard the additions, not the barrier")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
             hint = "add the values of a grid-stride loop first: for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; " \
