@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -227,6 +228,25 @@ def fit_gustafson(p: Sequence[float], s: Sequence[float]) -> float:
         raise ValueError("need at least one measurement with more than one worker")
     a = p[keep] - 1
     return float(np.sum((p[keep] - s[keep]) * a) / np.sum(a * a))
+
+
+def serial_fraction_reading(f: float, law: str = "Amdahl") -> str:
+    """A fitted serial fraction in words, for headlines: outside [0, 1) it is not a fraction of anything.
+
+    ``law`` is "Amdahl" (strong scaling: at most 1/f on any number of workers) or "Gustafson" (weak scaling).
+    """
+    if not math.isfinite(f):
+        return "not measurable: no parallel run within the cores to fit"
+    if f >= 1:
+        return f"parallel runs slower than serial: overhead dominates (the fit gives {f:.2f}, above 1)"
+    if f < 0:
+        return (f"faster than linear: the runs beat p times serial (cache effects or noise; the fit gives {f:.3f}, "
+                "below 0), so no serial part is measurable")
+    if law == "Amdahl":
+        if f == 0:
+            return "0 %: no serial part measurable"
+        return f"{f:.1%} of the work (Amdahl: at most {1 / f:.0f}x on any number of workers)"
+    return f"{f:.1%} of the parallel run's time"
 
 
 def karp_flatt(p, s) -> np.ndarray:

@@ -18,7 +18,7 @@ def _cmd_report(a) -> int:
     from . import report
 
     results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or report.NOTEBOOKS,
-                                only=a.only, timeout=a.timeout)
+                                only=a.only, timeout=a.timeout, fetch=a.fetch)
     print(report.summary(results, page))
     return 0 if all(r.ok for r in results) else 1
 
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     r.add_argument("--only", default=None, help="run only notebooks whose file name contains this")
     r.add_argument("--timeout", type=seconds, default=600, help="seconds allowed per cell (default 600)")
+    r.add_argument("--no-fetch", dest="fetch", action="store_false",
+                   help="without the full MNIST, do not try `labkit data fetch` first: run on the shipped subset")
 
     lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
                "Start JupyterLab on the notebooks folder. Every option labkit does not know is passed on to\n"

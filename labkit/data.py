@@ -3,8 +3,9 @@
 Search order for the four original ``.gz`` files of a data set:
 explicit ``root`` argument, then ``$LABKIT_DATA``, then the repository's ``data/`` folder.
 A root may hold ``mnist/`` and ``fashion-mnist/`` sub-folders or the four files directly.
-When none is found, a small real handwritten-digit set (the 8x8 digits bundled with
-scikit-learn, resampled to 28x28) is used instead, with a warning saying how to get MNIST.
+When MNIST is found nowhere, the subset of it shipped inside labkit (``labkit/mnist_subset/``: the first
+10,000 training images and every fifth test image of the original files, gzip IDX, checksummed) is used
+instead, with a warning saying how to get the rest. Fashion-MNIST has no such subset.
 
 Files are parsed as raw IDX bytes; nothing is ever unpickled.
 """
@@ -86,23 +87,40 @@ class WrongFileError(DataError):
     """A valid original file under another file's name (train and test swapped, or the other data set's)."""
 
 
-class EmbeddedDataWarning(UserWarning):
-    """No MNIST was found and the small embedded digit set is used instead."""
+class SubsetDataWarning(UserWarning):
+    """No full MNIST was found and the subset shipped with labkit is used instead."""
+
+
+# The MNIST subset shipped inside the package: the original files' first SUBSET_TRAIN training images and every
+# SUBSET_TEST_STEP-th test image (both halves of the test set's writers), written by :func:`write_subset`.
+SUBSET_DIR = Path(__file__).resolve().parent / "mnist_subset"
+SUBSET_TRAIN = 10_000
+SUBSET_TEST_STEP = 5
+SUBSET_SHA256 = {
+    "train-images-idx3-ubyte.gz": "11a772a6dc925b05dd399880865d80fdc378f1482a27072a7fe2c10be2367eda",
+    "train-labels-idx1-ubyte.gz": "4e8b4ac90e302aa725dd50c14268e8630d3941e30cf889ea15dfa1a6dedf8665",
+    "t10k-images-idx3-ubyte.gz": "21975b872a7f02dcad2075e764a44f64c147020929d92cd0fb8da555a730017a",
+    "t10k-labels-idx1-ubyte.gz": "6fb827417518d943611b31c7b601f2180323466786e2fc4cc87d2705a9af3fa7",
+}
+SUBSET_DESCRIPTION = (f"the MNIST subset shipped with labkit ({SUBSET_TRAIN:,} training images, "
+                      f"{10_000 // SUBSET_TEST_STEP:,} test images of the original files)")
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a data set comes from: ``kind`` is ``"files"`` or ``"embedded"``."""
+    """Where a data set comes from: ``kind`` is ``"files"``, ``"subset"`` (MNIST's shipped subset) or ``"absent"``."""
 
     dataset: str
     kind: str
     path: Path | None
-    found_by: str  # "argument", "LABKIT_DATA", "data/" or "embedded"
+    found_by: str  # "argument", "LABKIT_DATA", "data/", "cache", "subset" or "absent"
 
     def describe(self) -> str:
         """One line for people: which data and where from."""
-        if self.kind == "embedded":
-            return f"{self.dataset}: embedded 8x8 digits from scikit-learn, resampled to 28x28 (no MNIST files found)"
+        if self.kind == "subset":
+            return f"{self.dataset}: {SUBSET_DESCRIPTION}; full MNIST not found (labkit data fetch)"
+        if self.kind == "absent":
+            return f"{self.dataset}: not found (labkit data fetch --dataset {self.dataset})"
         return f"{self.dataset}: {self.path} (found by {self.found_by})"
 
 
@@ -164,7 +182,9 @@ def locate(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Sou
                 f"{what} ({folder}) holds no {dataset} files: expected {folder / dataset}/ or {folder}/ "
                 f"with {', '.join(FILES.values())}. " + GET_MNIST_HINT
             )
-    return Source(dataset, "embedded", None, "embedded")
+    if dataset == "mnist":
+        return Source(dataset, "subset", SUBSET_DIR, "subset")
+    return Source(dataset, "absent", None, "absent")
 
 
 def sha256(path: str | os.PathLike) -> str:
@@ -255,26 +275,37 @@ def _load_files(folder: Path, dataset: str, verify: bool):
     return arrays
 
 
-def _embedded_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1,797 real 8x8 handwritten digits, resampled to MNIST's 28x28 layout."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise DataError(
-            "No MNIST files were found and scikit-learn (which ships the embedded digits) is not installed. "
-            "Install it (`pip install scikit-learn`) or: " + GET_MNIST_HINT
-        ) from e
-    d = load_digits()
-    img = d.images.astype(np.float32) / 16.0  # (n, 8, 8) in [0, 1]
-    # Bilinear resample 8x8 -> 20x20, then pad to 28x28: MNIST centres digits in a 20x20 box.
-    pos = np.linspace(0, 7, 20)
-    lo = np.clip(np.floor(pos).astype(int), 0, 6)
-    frac = (pos - lo).astype(np.float32)
-    rows = img[:, lo, :] * (1 - frac)[None, :, None] + img[:, lo + 1, :] * frac[None, :, None]
-    big = rows[:, :, lo] * (1 - frac)[None, None, :] + rows[:, :, lo + 1] * frac[None, None, :]
-    out = np.zeros((img.shape[0], 28, 28), dtype=np.float32)
-    out[:, 4:24, 4:24] = big
-    return out, d.target.astype(np.int64)
+def _write_idx_gz(path: Path, array: np.ndarray) -> None:
+    """An unsigned-byte IDX file, gzip-compressed with no name or time in its header (the same bytes every time)."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(gzip.compress(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes(), 9, mtime=0))
+
+
+def write_subset(source: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the shipped subset from the four original MNIST files in ``source`` into ``out`` (how
+    ``labkit/mnist_subset/`` was made): the first ``SUBSET_TRAIN`` training images and every
+    ``SUBSET_TEST_STEP``-th test image, with their labels, in the original gzip IDX format."""
+    source, out = Path(source), Path(out)
+    a = _load_files(source, "mnist", verify=True)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {"train": slice(0, SUBSET_TRAIN), "test": slice(None, None, SUBSET_TEST_STEP)}
+    for key, name in FILES.items():
+        _write_idx_gz(out / name, a[key][parts[key.split("_")[0]]])
+    return out
+
+
+def _load_subset(verify: bool):
+    if verify:
+        for name, expected in SUBSET_SHA256.items():
+            path = SUBSET_DIR / name
+            try:
+                got = sha256(path)
+            except FileNotFoundError:
+                got = None
+            if got != expected:
+                raise DataError(f"{path}, part of the MNIST subset shipped with labkit, is missing or damaged: "
+                                "reinstall labkit (or git checkout labkit/mnist_subset), or " + GET_MNIST_HINT)
+    return _load_files(SUBSET_DIR, "mnist", verify=False)
 
 
 def load_mnist(
@@ -291,25 +322,18 @@ def load_mnist(
     ``flatten=False`` keeps images as (n, 28, 28).
     """
     src = locate(dataset, root)
-    if src.kind == "files":
-        a = _load_files(src.path, dataset, verify)
-        x_tr = a["train_images"].astype(np.float32) / 255.0
-        x_te = a["test_images"].astype(np.float32) / 255.0
-        y_tr = a["train_labels"].astype(np.int64)
-        y_te = a["test_labels"].astype(np.int64)
+    if src.kind == "absent":
+        raise DataError(f"No {dataset} files found (labkit ships a subset of MNIST only). " + GET_MNIST_HINT)
+    if src.kind == "subset":
+        warnings.warn(f"No full MNIST found; using {SUBSET_DESCRIPTION}. " + GET_MNIST_HINT,
+                      SubsetDataWarning, stacklevel=2)
+        a = _load_subset(verify)
     else:
-        warnings.warn(
-            f"No {dataset} files found; using the small embedded digit set "
-            f"(1,797 scikit-learn 8x8 digits resampled to 28x28; accuracies are not comparable with MNIST). "
-            + GET_MNIST_HINT,
-            EmbeddedDataWarning,
-            stacklevel=2,
-        )
-        x, y = _embedded_digits()
-        order = np.random.default_rng(1234).permutation(len(y))  # fixed split, same on every machine
-        x, y = x[order], y[order]
-        n_test = 300
-        x_tr, y_tr, x_te, y_te = x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:]
+        a = _load_files(src.path, dataset, verify)
+    x_tr = a["train_images"].astype(np.float32) / 255.0
+    x_te = a["test_images"].astype(np.float32) / 255.0
+    y_tr = a["train_labels"].astype(np.int64)
+    y_te = a["test_labels"].astype(np.int64)
     if flatten:
         x_tr = x_tr.reshape(len(x_tr), -1)
         x_te = x_te.reshape(len(x_te), -1)
@@ -376,6 +400,9 @@ def status(root: str | os.PathLike | None = None) -> list[str]:
 def verify(dataset: str = "mnist", root: str | os.PathLike | None = None) -> Path:
     """Verify all four files of a data set (checksums and IDX structure); return their folder."""
     src = locate(dataset, root)
+    if src.kind == "subset":
+        _load_subset(verify=True)
+        return SUBSET_DIR
     if src.kind != "files":
         raise DataError(f"no {dataset} files to verify. " + GET_MNIST_HINT)
     problems = []

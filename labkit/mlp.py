@@ -210,6 +210,17 @@ def predict(params: Params, x, activation: str = "sigmoid", cost: str = "quadrat
     return xp.concatenate(out) if out else xp.zeros(0, dtype=np.int64)
 
 
+def largest_difference(params, reference, relative: bool = False) -> float:
+    """The largest absolute difference between two networks' weights and biases, over all their arrays; with
+    ``relative=True`` each array's difference is divided by the largest magnitude in ``reference``'s array."""
+    worst = 0.0
+    for pair, ref_pair in zip(params, reference):
+        for a, b in zip(pair, ref_pair):
+            d = float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
+            worst = max(worst, d / float(np.abs(b).max()) if relative else d)
+    return worst
+
+
 def accuracy(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic") -> float:
     """Fraction of samples classified correctly; y are integer labels."""
     xp = array_module(x, params[0][0])

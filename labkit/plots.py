@@ -113,10 +113,11 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
     for (name, s), c in zip(speedups.items(), colours(speedups)):
         ax.plot(p, s, "o-", color=c, label=name)
     grid = np.linspace(p.min(), p.max(), 100)
-    if ideal:
-        ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
+    if ideal:  # on top of a fitted curve that may run along it
+        ax.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, zorder=4, label="ideal (S = p)")
     if amdahl_f is not None and 0 <= amdahl_f <= 1:
-        ax.plot(grid, amdahl(grid, amdahl_f), ":", color=COLOURS["amdahl"], lw=2, label=f"Amdahl, serial fraction {amdahl_f:.2f}")
+        ax.plot(grid, amdahl(grid, amdahl_f), ":", color=COLOURS["amdahl"], lw=2, zorder=1,
+                label=f"Amdahl, serial fraction {amdahl_f:.2f}")
     _mark_cores(ax, cores)
     ax.axhline(1, color="grey", lw=0.8, alpha=0.5)
     _integer_ticks(ax, p)
@@ -128,10 +129,9 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
 
 
 def _mark_cores(ax, cores: int | None) -> None:
+    """A vertical line at the core count, named in the legend (a text on the plot would cover a line)."""
     if cores:
-        ax.axvline(cores, color="grey", lw=1, alpha=0.6)
-        lo, hi = ax.get_ylim()
-        ax.text(cores, lo + 0.03 * (hi - lo), f" {cores} cores", color="grey", va="bottom", fontsize=9)
+        ax.axvline(cores, color="grey", lw=1, alpha=0.6, ls="-.", label=f"{cores} cores")
 
 
 def _integer_ticks(ax, x) -> None:
@@ -175,19 +175,21 @@ def plot_scaling(*results, title: str | None = None):
     names = [f"{r.workload}, size {r.size}{' per rank' if weak else ''}" for r in results]
     law, curve = ("Gustafson", gustafson) if weak else ("Amdahl", amdahl)
     grid = np.linspace(1, max(ranks), 100)
-    a1.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, label="ideal (S = p)")
+    # the ideal line on top: a fit with a small serial fraction runs along it and would hide it
+    a1.plot(grid, grid, "--", color=COLOURS["ideal"], lw=1, zorder=4, label="ideal (S = p)")
     for name, r, c in zip(names, results, colours(names)):
-        a1.plot(r.ranks, r.speedup, "o-", color=c, label=name)
+        a1.plot(r.ranks, r.speedup, "o-", color=c, label=name, zorder=3)
         f = r.serial_fraction
         if 0 <= f <= 1:
-            a1.plot(grid, curve(grid, f), ":", color=c, lw=2, label=f"{law} fit, serial fraction {f:.2f}")
+            a1.plot(grid, curve(grid, f), ":", color=c, lw=2.5, alpha=0.6, zorder=1,
+                    label=f"{law} fit, serial fraction {f:.2f}")
     a1.axhline(1, color="grey", lw=0.8, alpha=0.5)
     _integer_ticks(a1, ranks)
     a1.set(xlabel="ranks", ylabel="scaled speedup (one rank's time / p ranks' time, same problem)" if weak else
            "speedup (T1 / Tp)", title="scaled speedup (weak scaling)" if weak else "speedup (strong scaling)")
     a1.grid(alpha=0.3)
-    a1.legend(fontsize=8)
     _mark_cores(a1, cores)
+    a1.legend(fontsize=8)
     plot_efficiency(ranks, {n: r.efficiency for n, r in zip(names, results)}, ax=a2, cores=cores)
     if title:
         fig.suptitle(title)
@@ -222,12 +224,20 @@ def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colou
 
 
 def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: str, ylabel: str,
-               logx: bool = False, logy: bool = False, title: str | None = None, hline: float | None = None):
-    """Several measured series against one x axis (for sweeps: width, threads, batch size)."""
+               logx: bool = False, logy: bool = False, title: str | None = None, hline: float | None = None,
+               formulas: Mapping[str, Sequence[float]] | None = None):
+    """Several measured series against one x axis (for sweeps: width, threads, batch size).
+
+    ``formulas`` are predictions drawn as dashed lines under the measured markers, the i-th formula in the colour
+    of the i-th measured series, so a measurement that equals its formula stays visible on it.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (name, y), c in zip(ys.items(), colours(ys)):
-        ax.plot(x, y, "o-", color=c, label=name)
+    cols = colours(ys)
+    for (name, y), c in zip(ys.items(), cols):
+        ax.plot(x, y, "o" if formulas else "o-", color=c, ms=8 if formulas else 6, zorder=3, label=name)
+    for i, (name, y) in enumerate((formulas or {}).items()):
+        ax.plot(x, y, "--", color=cols[i] if i < len(cols) else None, lw=1.5, zorder=2, label=name)
     if hline is not None:
         ax.axhline(hline, color="grey", lw=1, ls="--")
     if not logx:
@@ -314,7 +324,8 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
         ax.axvline(line, color="grey", ls="--", lw=1)
         if line_label:
             ax.text(line, -0.55, f" {line_label}", color="grey", fontsize=8, va="bottom")
-    ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.35), title=title or "")
+    ax.set(xlabel=xlabel, xlim=(0, max(vals.max(), line or 0) * 1.35))
+    ax.set_title(title or "", pad=14 if line_label else None)  # room for the reference line's label
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -323,7 +334,7 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
 def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "staleness of the applied updates"):
     """One histogram per run of how many updates old each applied gradient was (0 = computed on the newest)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
     series = {k: np.asarray(v, dtype=int) for k, v in staleness.items()}
     top = max((int(s.max()) for s in series.values() if s.size), default=0)
     width = 0.8 / max(len(series), 1)
@@ -332,8 +343,9 @@ def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "stalene
         ax.bar(np.arange(top + 1) + (i - (len(series) - 1) / 2) * width, counts, width, color=c,
                label=f"{name} (mean {s.mean():.1f}, max {s.max()})" if s.size else name)
     ax.set(xlabel="staleness (updates applied since the weights were read)", ylabel="fraction of updates", title=title)
+    ax.set_xticks(range(top + 1)) if top <= 12 else _integer_ticks(ax, [0, top])  # whole updates only
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over the tallest
     fig.tight_layout()
     return fig
 
@@ -365,10 +377,11 @@ def plot_tradeoff(points: Mapping[str, tuple[float, float]], xlabel: str, ylabel
                   title: str | None = None, hline: float | None = None):
     """One labelled point per method: what it costs (x) against what it gives (y), e.g. bytes against accuracy."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for (name, (x, y)), c in zip(points.items(), colours(points)):
         ax.plot([x], [y], "o", color=c, ms=8, label=name)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    # named in a legend beside the axes: labels next to points overlap where points crowd and run past the edge
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if hline is not None:
         ax.axhline(hline, color="grey", lw=1, ls="--")
     if logx:

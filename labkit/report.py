@@ -21,6 +21,7 @@ from pathlib import Path
 from .progress import progress_bar
 
 METRIC_MIME = "application/vnd.labkit.metric+json"
+CLAIM_MIME = "application/vnd.labkit.claim+json"
 # the lab notebooks: notebooks/ of a checkout, else the copy a wheel ships inside the package
 NOTEBOOKS = next((d for d in (Path(__file__).resolve().parent.parent / "notebooks", Path(__file__).resolve().parent / "notebooks")
                   if d.is_dir()), Path(__file__).resolve().parent.parent / "notebooks")
@@ -37,11 +38,28 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
     display({METRIC_MIME: {"name": name, "value": value, "unit": unit, "note": note}, "text/plain": text}, raw=True)
 
 
+def claim(statement: str, holds, reading: str) -> bool:
+    """Check a sentence of the lab's text against this run's measurement and show whether it held.
+
+    ``statement`` is the lesson as the text puts it ("error feedback closes the top-k gap"), ``holds`` the test
+    of it on the numbers just measured, ``reading`` those numbers in words. A claim that does not hold is
+    shown, not raised: the notebook goes on, the report lists it, and the notebook tests fail on it.
+    """
+    from IPython.display import display
+
+    holds = bool(holds)
+    text = f"{'✔ holds' if holds else '✘ does not hold in this run'}: {statement} ({reading})"
+    display({CLAIM_MIME: {"statement": statement, "holds": holds, "reading": reading}, "text/plain": text}, raw=True)
+    return holds
+
+
 def _format_metric(name: str, value, unit: str) -> str:
     if unit == "%" and isinstance(value, float):
         return f"{name}: {value:.2%}"
     if unit == "x" and isinstance(value, float):
         return f"{name}: {value:.2f}x"
+    if unit == "points" and isinstance(value, float):
+        return f"{name}: {value:.2f} percentage points"
     if isinstance(value, float):
         text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
         return f"{name}: {text} {unit}".rstrip()
@@ -59,6 +77,7 @@ class NotebookResult:
     error: str | None = None
     figures: list[str] = field(default_factory=list)  # base64 PNGs
     metrics: list[dict] = field(default_factory=list)
+    claims: list[dict] = field(default_factory=list)  # {"statement", "holds", "reading"} from report.claim
     executed: Path | None = None
     html: Path | None = None  # the executed notebook exported to HTML, for a browser
 
@@ -105,12 +124,19 @@ def collect(nb, result: NotebookResult) -> None:
             if METRIC_MIME in data:
                 m = data[METRIC_MIME]
                 result.metrics.append(json.loads(m) if isinstance(m, str) else dict(m))
+            elif CLAIM_MIME in data:
+                m = data[CLAIM_MIME]
+                result.claims.append(json.loads(m) if isinstance(m, str) else dict(m))
             elif "image/png" in data:
                 result.figures.append(data["image/png"].replace("\n", ""))
 
 
-def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progress: bool | None = None) -> NotebookResult:
-    """Execute one notebook into ``out_dir`` and return what it produced (never raises for notebook errors)."""
+def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progress: bool | None = None,
+            env: dict[str, str | None] | None = None) -> NotebookResult:
+    """Execute one notebook into ``out_dir`` and return what it produced (never raises for notebook errors).
+
+    ``env`` changes the kernel's environment: a value of None removes the variable (e.g. ``{"LABKIT_DATA": None}``
+    runs the lab on the default data)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -126,7 +152,8 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_executed=lambda **kw: bar.update(1) if kw["cell"].cell_type == "code" else None)
     # the kernel's environment: inline figures, no progress widgets in the saved notebooks
-    env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline", "LABKIT_PROGRESS": "0"}
+    changes = {"MPLBACKEND": "module://matplotlib_inline.backend_inline", "LABKIT_PROGRESS": "0", **(env or {})}
+    env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
     t0 = time.perf_counter()
     try:
         client.execute(env=env)
@@ -163,13 +190,38 @@ def export_html(nb, path: Path) -> Path | None:
     return path
 
 
+def try_fetch_once(progress: bool | None = None, timeout: float = 10.0) -> bool:
+    """Without the full MNIST, try ``labkit data fetch`` once, giving each mirror ``timeout`` seconds: the labs then
+    run on MNIST where there is a network, and on the shipped subset, after a line saying so, where there is none."""
+    from . import data
+
+    try:
+        if data.locate("mnist").kind != "subset":
+            return False  # MNIST is here (or LABKIT_DATA names a place without it: the labs say so themselves)
+    except data.DataError:
+        return False
+    print(f"No full MNIST found: trying `labkit data fetch` once ({timeout:.0f} s per mirror)...", flush=True)
+    try:
+        folder = data.fetch("mnist", progress=progress, timeout=timeout)
+    except data.DataError as e:
+        reason = next((ln.strip() for ln in str(e).splitlines()[1:2]), str(e))
+        print(f"  no download ({reason[:160]}).\n  The labs run on {data.SUBSET_DESCRIPTION}.", flush=True)
+        return False
+    print(f"  fetched and verified MNIST into {folder}", flush=True)
+    return True
+
+
 def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | str = NOTEBOOKS, only: str | None = None,
-        timeout: int = 600, progress: bool | None = None) -> tuple[list[NotebookResult], Path]:
-    """Execute every lab notebook and write ``out/index.html``; return the results and the page's path."""
+        timeout: int = 600, progress: bool | None = None, fetch: bool = True) -> tuple[list[NotebookResult], Path]:
+    """Execute every lab notebook and write ``out/index.html``; return the results and the page's path.
+
+    ``fetch``: without the full MNIST, first try to download it once (:func:`try_fetch_once`)."""
     if profile not in ("quick", "full"):
         raise ValueError(f"profile must be 'quick' or 'full', got {profile!r}")
     out = Path(out)
     paths = find_notebooks(notebooks, only)
+    if fetch:
+        try_fetch_once(progress)
     results = []
     t0 = time.perf_counter()
     for path in progress_bar(paths, enable=progress, desc="notebooks", unit="nb"):
@@ -191,7 +243,12 @@ def summary(results: list[NotebookResult], page: Path) -> str:
     n_ok = sum(r.ok for r in results)
     from .data import status as data_status
 
-    lines.append("data: " + "; ".join(data_status()))  # the embedded digits or MNIST: the figures depend on it
+    claims = [(r.name, c) for r in results for c in r.claims]
+    if claims:
+        lines.append(f"claims of the labs' text checked on this run: {sum(c['holds'] for _, c in claims)} of "
+                     f"{len(claims)} held" + "".join(f"\n     not held: {name[:2]}: {c['statement']} ({c['reading']})"
+                                                  for name, c in claims if not c["holds"]))
+    lines.append("data: " + data_status()[0])  # the shipped subset or the full MNIST: the figures depend on it
     lines.append(f"{n_ok}/{len(results)} notebooks passed. Report: {page.resolve()}")
     return "\n".join(lines)
 
@@ -228,6 +285,10 @@ def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: 
                  + f"<a href='{esc(r.name)}'>.ipynb</a> · {r.seconds:.1f} s</p>"]
         if r.error:
             parts.append(f"<pre>{esc(r.error[-6000:])}</pre>")
+        if r.claims:
+            parts.append("<ul class='claims'>" + "".join(
+                f"<li class='{'ok' if c['holds'] else 'fail'}'>{'✔' if c['holds'] else '✘ not in this run:'} "
+                f"{esc(c['statement'])} <span class='meta'>({esc(c['reading'])})</span></li>" for c in r.claims) + "</ul>")
         if r.metrics:
             parts.append("<table class='metrics'>" + "".join(
                 f"<tr><td>{esc(m['name'])}</td><td>{esc(_format_metric('', m['value'], m.get('unit', ''))[2:])}</td>"
@@ -242,7 +303,7 @@ def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: 
 <p class="meta">{time.strftime('%Y-%m-%d %H:%M')} · profile <b>{esc(profile)}</b> ·
 {n_ok}/{len(results)} notebooks passed in {seconds:.0f} s ·
 labkit {__version__} · Python {info['python']}, NumPy {info['numpy']}, {esc(str(info.get('blas', '?')))} · {info['cpus']} CPUs<br>
-data: {esc('; '.join(data_status()))}</p>
+data: {esc(data_status()[0])}</p>
 <table><tr><th>lab</th><th>status</th><th>time</th><th>figures</th><th>key numbers</th></tr>{''.join(rows)}</table>
 {''.join(sections)}
 </body></html>"""

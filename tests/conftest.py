@@ -31,11 +31,11 @@ def data_dir():
 
 @pytest.fixture(scope="session")
 def digits():
-    """MNIST when available, else the embedded digit set: ((x_train, y_train), (x_test, y_test))."""
-    from labkit.data import EmbeddedDataWarning, load_mnist
+    """MNIST when available, else the subset shipped with labkit: ((x_train, y_train), (x_test, y_test))."""
+    from labkit.data import SubsetDataWarning, load_mnist
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EmbeddedDataWarning)
+        warnings.simplefilter("ignore", SubsetDataWarning)
         return load_mnist(root=real_data_dir())
 
 

@@ -2,6 +2,7 @@ import gzip
 import http.server
 import shutil
 import threading
+import time
 import warnings
 from functools import partial
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from labkit import data
-from labkit.data import DataError, EmbeddedDataWarning
+from labkit.data import DataError, SubsetDataWarning
 
 
 def write_idx(path, arr):
@@ -95,21 +96,54 @@ def test_partial_folder_lists_missing_files(tmp_path):
         data.locate("mnist", tmp_path)
 
 
-def test_embedded_fallback_warns_and_is_usable(tmp_path, monkeypatch):
+def test_without_mnist_the_shipped_subset_is_used(tmp_path, monkeypatch):
     monkeypatch.delenv("LABKIT_DATA", raising=False)
     monkeypatch.setattr(data, "REPO_DATA", tmp_path)
-    assert data.locate().kind == "embedded"
-    with pytest.warns(EmbeddedDataWarning, match="labkit data fetch"):
+    assert data.locate().kind == "subset" and "10,000 training images" in data.locate().describe()
+    with pytest.warns(SubsetDataWarning, match="labkit data fetch"):
         (xtr, ytr), (xte, yte) = data.load_mnist()
-    assert xtr.shape == (1497, 784) and xte.shape == (300, 784)
-    assert xtr.dtype == np.float32 and ytr.dtype == np.int64
-    assert 0.0 <= xtr.min() and xtr.max() <= 1.0
-    assert set(np.unique(ytr)) == set(range(10))
-    img = xtr[0].reshape(28, 28)
-    assert img[:4].sum() == 0 and img[:, :4].sum() == 0  # digits centred in a 20x20 box, like MNIST
-    with pytest.warns(EmbeddedDataWarning):
-        tr, va, te = data.load_mnist(validation=200)
-    assert len(tr[0]) == 1297 and len(va[0]) == 200
+    assert xtr.shape == (10_000, 784) and xte.shape == (2_000, 784)
+    assert xtr.dtype == np.float32 and ytr.dtype == np.int64 and 0.0 <= xtr.min() and xtr.max() == 1.0
+    assert np.bincount(ytr).tolist() == [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]
+    assert np.bincount(yte).tolist() == [189, 222, 212, 242, 196, 186, 158, 215, 193, 187]
+    with pytest.warns(SubsetDataWarning):
+        tr, va, te = data.load_mnist(validation=1000)
+    assert len(tr[0]) == 9000 and len(va[0]) == 1000
+    assert data.verify() == data.SUBSET_DIR
+    assert all(p.stat().st_size < 2 << 20 for p in data.SUBSET_DIR.glob("*.gz")), "well under the 4 MB file guard"
+
+
+def test_fashion_mnist_has_no_subset(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path)
+    assert "not found" in data.locate("fashion-mnist").describe()
+    with pytest.raises(DataError, match="labkit data fetch"):
+        data.load_mnist(dataset="fashion-mnist")  # digits under Fashion-MNIST's name would be wrong data
+
+
+def test_the_subset_is_the_original_files_images(data_dir, tmp_path):
+    """Rebuilt from the originals, the subset holds the same pixels and labels as the shipped files."""
+    rebuilt = data.write_subset(data_dir / "mnist", tmp_path)
+    full = {k: data.read_idx(data_dir / "mnist" / n) for k, n in data.FILES.items()}
+    for key, name in data.FILES.items():
+        shipped = data.read_idx(data.SUBSET_DIR / name)
+        np.testing.assert_array_equal(shipped, data.read_idx(rebuilt / name))
+        part = slice(0, data.SUBSET_TRAIN) if key.startswith("train") else slice(None, None, data.SUBSET_TEST_STEP)
+        np.testing.assert_array_equal(shipped, full[key][part])
+
+
+def test_a_damaged_subset_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path)
+    copy = tmp_path / "subset"
+    copy.mkdir()
+    for p in data.SUBSET_DIR.glob("*.gz"):
+        copy.joinpath(p.name).write_bytes(p.read_bytes())
+    victim = copy / "t10k-labels-idx1-ubyte.gz"
+    victim.write_bytes(victim.read_bytes()[:-10])
+    monkeypatch.setattr(data, "SUBSET_DIR", copy)
+    with pytest.warns(SubsetDataWarning), pytest.raises(DataError, match="t10k-labels.*missing or damaged.*reinstall"):
+        data.load_mnist()
 
 
 def test_real_mnist(data_dir):
@@ -191,13 +225,42 @@ def test_fetch_bad_download_leaves_nothing(serve, tmp_path):
     assert list((dest / "mnist").iterdir()) == []  # no partial or corrupt file is left behind
 
 
+def test_report_tries_fetch_once_and_moves_on_without_a_network(tmp_path, monkeypatch, capsys):
+    from labkit import report
+
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path)
+    monkeypatch.setenv("LABKIT_MIRROR", "http://127.0.0.1:9/")  # nothing listens there: refused at once
+    t0 = time.perf_counter()
+    assert report.try_fetch_once(progress=False) is False
+    assert time.perf_counter() - t0 < 10
+    out = capsys.readouterr().out
+    assert "trying `labkit data fetch` once" in out and "no download" in out and "MNIST subset shipped" in out
+    assert not any(p.is_file() for p in tmp_path.rglob("*")), "a failed try leaves no file behind"
+    assert data.locate().kind == "subset"
+
+
+def test_report_fetches_mnist_when_it_can(serve, data_dir, tmp_path, monkeypatch, capsys):
+    from labkit import report
+
+    root, url = serve
+    for name in data.FILES.values():
+        shutil.copy(data_dir / "mnist" / name, root / name)
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path / "data")
+    monkeypatch.setenv("LABKIT_MIRROR", url)
+    assert report.try_fetch_once(progress=False) is True
+    assert data.locate().kind == "files" and "fetched and verified" in capsys.readouterr().out
+    assert report.try_fetch_once(progress=False) is False, "once MNIST is here, nothing is tried again"
+
+
 def test_status_lines(tmp_path, monkeypatch):
     monkeypatch.delenv("LABKIT_DATA", raising=False)
     monkeypatch.setattr(data, "REPO_DATA", tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lines = data.status()
-    assert len(lines) == 2 and all("embedded" in line for line in lines)
+    assert len(lines) == 2 and "subset" in lines[0] and "not found" in lines[1]
 
 
 def _swap_train_and_test(src: Path, dest: Path) -> Path:

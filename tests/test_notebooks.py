@@ -4,12 +4,87 @@ import json
 
 import nbformat
 import pytest
+from conftest import real_data_dir
 
 from labkit import assign, report
 
 NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
 WITH_EXERCISES = [p for p in NOTEBOOKS if "### BEGIN SOLUTION" in p.read_text()]
+
+# What each lab's text says its measurements show, as the notebook checks it with report.claim. On the quick
+# profile every listed claim must be made and hold, on the default data (the MNIST subset shipped with labkit) and
+# on the full MNIST; a claim that depends on the hardware (a GPU, the number of cores) is listed in MAY_BE_ABSENT.
+CLAIMS = {
+    "01_serial_backprop.ipynb": [
+        "per-sample and vectorised backprop end the first epoch at the same accuracy",
+        "the vectorised epoch is faster",
+        "a larger batch makes the epoch faster, up to a point",
+        "the better network learns faster and further",
+    ],
+    "02_cpu_threads.ipynb": [
+        "threads do not speed up the per-sample backprop of [784,30,10]",
+        "two processes gain more on the widest layer than on the narrowest",
+        "the process pool reaches the serial run's accuracy",
+        "vectorising on one core was worth more than any number of these cores",
+    ],
+    "03_gpu_offload.ipynb": [
+        "on the emulator offloading only adds work: no crossover",
+        "offloading gains on wider layers",
+        "batching on the device is faster than offloading per sample",
+        "host and device training end in the same place",
+    ],
+    "04_cuda_kernels.ipynb": [
+        "on a GPU the order is naive < tiled < register-blocked",
+        "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
+    ],
+    "05_mpi_collectives.ipynb": [
+        "the tree broadcast needs fewer rounds than the linear one, with the same p - 1 messages",
+    ],
+    "06_ring_allreduce.ipynb": [
+        "the naive allreduce sends p(p-1)N elements in total and the ring 2(p-1)N, on every number of ranks",
+        "at the largest size the ring, moving less data, is faster than the naive allreduce",
+    ],
+    "07_data_parallel_sgd.ipynb": [
+        "data parallelism trains as the serial run does: same accuracy, the same weights on every rank",
+        "the synchronous runs train as one rank does",
+        "no 2-process design beats the yardstick by more than the update it shares",
+    ],
+    "08_parameter_servers.ipynb": [
+        "one worker still handles lr 0.6",
+        "at lr 0.6 the accuracy collapses with the most workers",
+        "at lr 0.1 every configuration trains",
+        "the staleness grows with the workers, about W - 1",
+        "a learning rate scaled by 1/W recovers the accuracy",
+        "synchronous averaging trains at lr 0.6",
+        "bounding the staleness alone does not shrink the step; with the step scaled it trains",
+    ],
+    "09_gradient_compression.ipynb": [
+        "float16 and int8 cost almost no accuracy",
+        "error feedback closes the top-k gap",
+        "your top-k with error feedback trains as labkit's does",
+    ],
+    "10_model_pipeline_parallel.ipynb": [
+        "neuron parallelism computes the serial epoch",
+        "the bubble falls with more micro-batches but stays above the formula",
+        "the pipeline computes the serial step (up to float32 rounding)",
+    ],
+    "11_speedup_plots.ipynb": [
+        "a small batch gains less from a second rank than a large one",
+        "beyond the number of cores the Karp-Flatt metric jumps",
+        "the fits land near the serial fraction set",
+    ],
+}
+MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more ranks than cores (or one core)
+    "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",
+    "on a GPU the order is naive < tiled < register-blocked",
+    "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
+    "beyond the number of cores the Karp-Flatt metric jumps", "the fits land near the serial fraction set",
+}
+# the default data (no LABKIT_DATA: the shipped subset unless data/ holds MNIST), and the full MNIST where it is here
+DATA = {"default-data": {"LABKIT_DATA": None}}
+if real_data_dir() is not None:
+    DATA["full-mnist"] = {"LABKIT_DATA": str(real_data_dir())}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -27,14 +102,29 @@ def test_committed_without_outputs_and_structured(path):
         assert "check." in sources[i + 1], "an exercise cell is followed by its check"
 
 
+def test_every_lab_lists_its_claims():
+    assert sorted(CLAIMS) == IDS and all(CLAIMS.values())
+    for path in NOTEBOOKS:
+        made = [ln for ln in path.read_text().splitlines() if "claim(" in ln]
+        assert made, f"{path.name} checks no claim of its text"
+
+
 @pytest.mark.notebooks
+@pytest.mark.parametrize("env", DATA.values(), ids=DATA.keys())
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_quick_profile(path, tmp_path):
-    result = report.execute(path, tmp_path, {"PROFILE": "quick"}, timeout=300, progress=False)
+def test_notebook_runs_quick_profile_and_its_claims_hold(path, env, tmp_path):
+    result = report.execute(path, tmp_path, {"PROFILE": "quick"}, timeout=300, progress=False, env=env)
     assert result.ok, result.error
     assert result.figures, "every lab draws at least one figure"
     assert result.metrics, "every lab records its key numbers for the report"
     assert result.seconds < 120, f"quick profile took {result.seconds:.0f} s"
+    made = {c["statement"]: c for c in result.claims}
+    unlisted = set(made) - set(CLAIMS[path.name])
+    assert not unlisted, f"claims not listed in CLAIMS: {unlisted}"
+    missing = set(CLAIMS[path.name]) - set(made) - MAY_BE_ABSENT
+    assert not missing, f"claims the notebook no longer checks: {missing}"
+    failed = [f"{c['statement']} ({c['reading']})" for c in made.values() if not c["holds"]]
+    assert not failed, "claims of the text that did not hold: " + "; ".join(failed)
 
 
 @pytest.mark.notebooks

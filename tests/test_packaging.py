@@ -204,13 +204,17 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
     code = ("import labkit, labkit.report as r, labkit.data as d, labkit.assign as a\n"
             "nbs = r.find_notebooks()\n"
             "print(labkit.__file__, len(nbs), d.REPO_DATA, d.default_dir())\n"
-            f"print(len(a.write_student_versions(nbs[:1], {str(tmp_path / 'student')!r})))\n")
+            f"print(len(a.write_student_versions(nbs[:1], {str(tmp_path / 'student')!r})))\n"
+            "print(d.locate().kind, d.verify(), d.load_mnist(verify=False)[0][0].shape)\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(site), "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
     env.pop("LABKIT_CACHE", None)
+    env.pop("LABKIT_DATA", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, second = out.stdout.split("\n")[:2]
+    first, second, third = out.stdout.split("\n")[:3]
     where, count, repo_data, default = first.split()
     assert where.startswith(str(site)) and count == "11" and repo_data == "None"
     assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
+    kind, subset, shape = third.split(" ", 2)
+    assert kind == "subset" and subset.startswith(str(site)) and shape == "(10000, 784)", "the MNIST subset ships too"

@@ -72,7 +72,7 @@ def test_scaling_figure_has_speedup_with_its_law_and_efficiency():
     assert np.allclose(measured.get_ydata(), _scaling("strong").speedup)
     eff = [ln for ln in a2.lines if ln.get_label().startswith("backprop")][0]
     assert np.allclose(eff.get_ydata(), 100 * _scaling("strong").efficiency)  # in percent
-    assert "efficiency" in a2.get_ylabel() and any("2 cores" in t.get_text() for t in a2.texts)
+    assert "efficiency" in a2.get_ylabel() and any(ln.get_label() == "2 cores" for ln in a2.lines)
     fig = plots.plot_scaling(_scaling("weak"))
     assert "Gustafson fit, serial fraction 0.20" in [ln.get_label() for ln in fig.axes[0].lines]
     with pytest.raises(ValueError, match="separately"):
@@ -91,3 +91,20 @@ def test_rank_timeline_one_lane_per_rank():
     assert ax.get_xlabel() == "time (ms)"
     with pytest.raises(ValueError, match="no events"):
         plots.plot_rank_timeline([])
+
+
+def test_figures_keep_every_series_visible_and_ticks_whole():
+    """Review findings: a measurement equal to its formula stays visible on it, the ideal line stays above a fit
+    that runs along it, staleness has whole-number ticks, legends and labels sit beside the data."""
+    fig = plots.plot_lines([2, 3, 4], {"ring (measured)": [1, 2, 3]}, "p", "MB", formulas={"ring (formula)": [1, 2, 3]})
+    measured, formula = fig.axes[0].lines[:2]
+    assert measured.get_marker() == "o" and measured.get_linestyle() == "None" and formula.get_linestyle() == "--"
+    assert measured.get_zorder() > formula.get_zorder() and measured.get_color() == formula.get_color()
+    fig = plots.plot_staleness({"sync": [0, 0, 0]})
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0"]
+    fig = plots.plot_speedup([1, 2, 4], {"x": [1, 2, 3.9]}, amdahl_f=0.001, cores=2)
+    ideal = next(ln for ln in fig.axes[0].lines if ln.get_label().startswith("ideal"))
+    fit = next(ln for ln in fig.axes[0].lines if ln.get_label().startswith("Amdahl"))
+    assert ideal.get_zorder() > fit.get_zorder() and not fig.axes[0].texts  # "2 cores" is in the legend
+    fig = plots.plot_tradeoff({"dense": (100, 93.0), "int8": (25, 93.1)}, "bytes", "accuracy", logx=True)
+    assert not fig.axes[0].texts and fig.axes[0].get_legend() is not None

@@ -33,7 +33,7 @@ def nbdir(tmp_path):
 @pytest.mark.slow
 def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     out = tmp_path / "out"
-    results, page = report.run(profile="full", out=out, notebooks=nbdir, timeout=5, progress=False)
+    results, page = report.run(profile="full", out=out, notebooks=nbdir, timeout=5, progress=False, fetch=False)
     good, bad, slow = results
     assert [r.name for r in results] == ["01_good.ipynb", "02_bad.ipynb", "03_slow.ipynb"]
     assert good.ok and len(good.figures) == 1 and good.title == "Title of 01_good"

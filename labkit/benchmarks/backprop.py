@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import mlp
 from ..bench import format_seconds, interleaved, machine_info, measure
-from ..data import EmbeddedDataWarning, load_mnist, locate
+from ..data import SubsetDataWarning, load_mnist, locate
 from ..progress import progress_bar
 
 TARGETS = {"speedup_batch10": (">=", 10.0), "speedup_batch100": (">=", 20.0), "gemm_ratio": ("<=", 2.0),
@@ -116,9 +116,9 @@ def bare_matmul_epoch(sizes, batch: int, n: int, dtype=np.float32, repeat: int =
 
 
 def _data(n: int):
-    """n training samples and the test set: MNIST when present, else the embedded digits tiled to n."""
+    """n training samples and the test set: MNIST when present, else the shipped subset tiled to n."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EmbeddedDataWarning)
+        warnings.simplefilter("ignore", SubsetDataWarning)
         (x, y), test = load_mnist()
     if len(x) < n:
         reps = -(-n // len(x))

@@ -44,15 +44,15 @@ def worker(cfg: dict) -> None:
     from mpi4py import MPI
 
     from .. import compression, mlp
-    from ..data import EmbeddedDataWarning, load_mnist
+    from ..data import SubsetDataWarning, load_mnist
     from ..data_parallel import DataParallel
 
     comm = MPI.COMM_WORLD
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EmbeddedDataWarning)
+        warnings.simplefilter("ignore", SubsetDataWarning)
         (x, y), (xt, yt) = load_mnist()
     x, y = x[: cfg["samples"]], y[: cfg["samples"]]
-    out = {"p": comm.Get_size(), "samples": len(x)}  # fewer than asked for on the embedded digits
+    out = {"p": comm.Get_size(), "samples": len(x)}  # at most the 10,000 of the shipped subset
     if cfg["part"] == "dp" and cfg.get("independent"):  # the bound with no communication at all: see the docstring
         params = mlp.init_params([784, 256, 10], seed=0, init="he")
         r, p = comm.Get_rank(), comm.Get_size()

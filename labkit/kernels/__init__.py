@@ -26,7 +26,7 @@ from .loader import (
     load,
     load_file,
 )
-from .matmul import matmul
+from .matmul import library_gflops, matmul
 from .optim import sgd_momentum
 from .reduce import accuracy_count, sse_reduce, sum_reduce
 from .softmax import softmax_xent_backward, softmax_xent_forward
@@ -37,6 +37,6 @@ LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", 
 
 __all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
            "kernel_source", "load", "load_file", "LAUNCHERS", "synchronize", "time_kernel",
-           "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
+           "library_gflops", "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
            "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
            "conv2d_relu_forward", "conv2d_relu_backward"]

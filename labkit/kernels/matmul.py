@@ -12,6 +12,24 @@ TILE = 16          # matmul_tiled's tile (matmul.cu's default)
 BM = BN = 128      # matmul_regblock's block tile
 
 
+def library_gflops(xp=np, repeat: int = 5, min_seconds: float = 2e-3, max_n: int = 16384) -> tuple[float, int]:
+    """The library's float32 matmul rate (``xp.matmul``: BLAS or cuBLAS) in GFLOP/s and the size n it was timed at.
+
+    n doubles from 256 until one n x n x n product takes ``min_seconds``, so the rate is not one call of a few
+    microseconds dominated by its start-up (and a clock's resolution): the roofline's compute ceiling.
+    """
+    from ._launch import time_kernel
+
+    n = 256
+    while True:
+        a = xp.ones((n, n), dtype=np.float32)
+        c = xp.empty_like(a)
+        seconds = time_kernel(lambda a=a, c=c: xp.matmul(a, a, out=c), repeat)
+        if seconds >= min_seconds or 2 * n > max_n:
+            return 2 * n**3 / seconds / 1e9, n
+        n *= 2
+
+
 def matmul(a, b, out=None, *, variant: str = "regblock", trans_a: bool = False, trans_b: bool = False,
            backend: str | None = None):
     """op(a) @ op(b) in float32: a (M, K) or, with trans_a, (K, M); b (K, N) or, with trans_b, (N, K)."""
