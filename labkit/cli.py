@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +24,35 @@ def _cmd_report(a) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def work_copies(notebooks: Path, work: Path) -> list[str]:
+    """Copy the lab notebooks into ``work`` for ``labkit lab``; a notebook already there is the user's work and is
+    never overwritten. Returns one line per notebook saying what happened."""
+    from .report import find_notebooks
+
+    work.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for src in find_notebooks(notebooks):
+        dest = work / src.name
+        if not dest.exists():
+            shutil.copyfile(src, dest)
+            lines.append(f"copied {src.name}")
+        elif dest.read_bytes() != src.read_bytes():
+            lines.append(f"kept your {dest.name} (delete it to start again from the course's version)")
+    return lines
+
+
 def _cmd_lab(a) -> int:
     import os
 
     from .report import NOTEBOOKS
 
-    folder = Path(a.notebooks or NOTEBOOKS)
+    if a.notebooks:  # an instructor editing the course's notebooks themselves
+        folder = Path(a.notebooks)
+    else:  # everyone else works on copies: autosave never touches the course's notebooks
+        folder = Path(a.work).resolve()
+        for line in work_copies(NOTEBOOKS, folder):
+            print(line)
+        print(f"working on copies in {folder}; the course's notebooks in {NOTEBOOKS} stay as they are")
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", *a.extra]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in cmd:
         cmd.append("--allow-root")  # containers and lab machines run as root; JupyterLab refuses that unless told
@@ -185,10 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="without the full MNIST, do not try `labkit data fetch` first: run on the shipped subset")
 
     lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
-               "Start JupyterLab on the notebooks folder. Every option labkit does not know is passed on to\n"
+               "Copy the lab notebooks into a work folder (once: your edits there are never overwritten) and start\n"
+               "JupyterLab on it, so autosave never changes the course's notebooks. JupyterLab keeps its token\n"
+               "(the URL it prints holds it); as root labkit adds --allow-root. Every option labkit does not know is passed on to\n"
                "JupyterLab unchanged, e.g. `labkit lab --no-browser --port 8899`; `jupyter lab --help-all` lists them.",
                _cmd_lab)
-    lab.add_argument("--notebooks", default=None, help="folder to open (default: the repository's notebooks/)")
+    lab.add_argument("--work", default="labkit-work",
+                     help="folder for your copies of the labs, made on first use and never overwritten (default: "
+                          "./labkit-work)")
+    lab.add_argument("--notebooks", default=None,
+                     help="open this folder itself instead of copies (instructors editing the course's notebooks)")
 
     d = _sub(sub, "data", "where the data comes from; fetch or verify MNIST",
              "status: which data set each lab will use, and from where.\n"

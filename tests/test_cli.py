@@ -95,7 +95,20 @@ def test_grading_an_empty_folder_says_so(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_lab_serves_the_notebooks():
+def test_lab_works_on_copies_and_never_overwrites_them(tmp_path):
+    from labkit.report import NOTEBOOKS
+
+    work = tmp_path / "work"
+    lines = cli.work_copies(NOTEBOOKS, work)
+    assert len(lines) == 11 and all(ln.startswith("copied ") for ln in lines)
+    mine = work / "01_serial_backprop.ipynb"
+    mine.write_text(mine.read_text().replace("Serial backpropagation", "My backpropagation"))
+    again = cli.work_copies(NOTEBOOKS, work)
+    assert again == ["kept your 01_serial_backprop.ipynb (delete it to start again from the course's version)"]
+    assert "My backpropagation" in mine.read_text()
+
+
+def test_lab_serves_the_notebooks(tmp_path):
     import socket
     import time
 
@@ -104,7 +117,7 @@ def test_lab_serves_the_notebooks():
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "labkit", "lab", "--no-browser", f"--ServerApp.port={port}",
            "--ServerApp.open_browser=False"]  # as root too: labkit adds --allow-root itself
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
         seen, deadline = [], time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -115,7 +128,8 @@ def test_lab_serves_the_notebooks():
             if "token=" in line or "is running at" in "".join(seen[:-3]):  # the URL follows that line
                 break
         text = "".join(seen)
-        assert "Serving notebooks from local directory" in text and "notebooks" in text, text
+        assert f"Serving notebooks from local directory: {tmp_path / 'labkit-work'}" in text, text  # the copies
+        assert len(list((tmp_path / "labkit-work").glob("[0-9][0-9]_*.ipynb"))) == 11
         assert "is running at" in text and "token=" in text, text  # never a server without a token
     finally:
         proc.terminate()  # SIGTERM reaches JupyterLab itself (labkit execs it), which shuts down

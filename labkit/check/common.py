@@ -9,7 +9,14 @@ from .. import mlp
 
 
 class ExerciseError(AssertionError):
-    """A student's function gave a wrong answer; the message says what and suggests why."""
+    """A student's function gave a wrong answer; the message says what and suggests why.
+
+    IPython (a notebook, and each MPI engine of a ``%%px`` cell) shows it as its message alone: the frames of the
+    check's own code would only bury what went wrong and the hint.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"ExerciseError: {self}"]
 
 
 def fail(exercise: str, what: str, hint: str = "") -> None:

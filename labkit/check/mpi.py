@@ -54,11 +54,94 @@ def collective_check(comm, ex: str, cases) -> None:
                         break
         error = first_cause(comm.allgather(error))
         if error:
-            if rank == 0:
+            if rank == 0:  # one message for the student: the other ranks return quietly, rank 0's error fails the cell
                 raise ExerciseError(error)
-            raise ExerciseError(f"{ex}: failed (rank 0 shows what went wrong)")
+            return
     if rank == 0:
         passed(f"{ex} on 1 to {p} ranks", n_checks)
+
+
+class RingMistake(Exception):
+    """A student's ring did something no ring does (the message says what); raised at once, not after a timeout."""
+
+
+def _ring_comm(comm, timeout):
+    """A TrafficComm for the ring check that stops a student's function at once, naming the mistake, when it sends to
+    or receives from a rank other than its ring neighbours, or calls one of the library's own collectives."""
+    from mpi4py import MPI
+
+    from ..traffic import TrafficComm
+
+    r, k = comm.Get_rank(), comm.Get_size()
+    right, left = (r + 1) % k, (r - 1) % k
+    neighbours = (f"a ring sends only to the right-hand neighbour (r + 1) mod p = {right} and receives only from "
+                  f"the left-hand one (r - 1) mod p = {left}")
+
+    def peer(verb: str, other, want: int) -> None:
+        if other != want and other != MPI.ANY_SOURCE:
+            raise RingMistake(f"rank {r} {verb} rank {other}, but {neighbours}")
+
+    def library(name: str):
+        return RingMistake(f"your function called comm.{name}, the library's own collective. The exercise builds the "
+                           "allreduce from point-to-point messages: 2 (p - 1) steps of comm.Sendrecv, each sending one "
+                           "chunk to the right-hand neighbour and receiving one from the left-hand one")
+
+    class RingComm(TrafficComm):
+        def Send(self, buf, dest, tag=0):  # noqa: N802
+            peer("sent to", dest, right)
+            return super().Send(buf, dest, tag)
+
+        def Isend(self, buf, dest, tag=0):  # noqa: N802
+            peer("sent to", dest, right)
+            return super().Isend(buf, dest, tag)
+
+        def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):  # noqa: N802
+            peer("received from", source, left)
+            return super().Recv(buf, source, tag, status)
+
+        def Irecv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):  # noqa: N802
+            peer("received from", source, left)
+            return comm.Irecv(buf, source, tag)
+
+        def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE,  # noqa: N802
+                     recvtag=MPI.ANY_TAG, status=None):
+            peer("sent to", dest, right)
+            peer("received from", source, left)
+            return super().Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+
+        # the library's reductions: TrafficComm's own timed ones, and through __getattr__ the others
+        def Allreduce(self, *args, **kwargs):  # noqa: N802
+            raise library("Allreduce")
+
+        def Reduce(self, *args, **kwargs):  # noqa: N802
+            raise library("Reduce")
+
+        def __getattr__(self, name):
+            if name.lower().removeprefix("i") in _LIBRARY_COLLECTIVES:
+                raise library(name)
+            return super().__getattr__(name)
+
+    return RingComm(comm, timeout=timeout)
+
+
+# the reductions the ring replaces (agreeing on arguments with allgather, as labkit's own ring does, is allowed)
+_LIBRARY_COLLECTIVES = {"allreduce", "reduce", "reduce_scatter", "reduce_scatter_block", "scan", "exscan"}
+
+
+def _wrong_values_hint(got, want, n, k, r, sent_messages) -> str:
+    """What a ring that returns wrong values most likely got wrong, from which chunks are right."""
+    if k > 1 and sent_messages == k - 1:
+        return ("you sent p - 1 messages: the reduce-scatter ran, but the allgather phase is missing. After the "
+                "reduce-scatter rank r holds the full result only in chunk (r + 1) mod p; p - 1 more steps pass the "
+                "finished chunks around (send chunk (r - s + 1) mod p, store the received chunk (r - s) mod p)")
+    chunks = shard_bounds(n, k)
+    right = [bool(np.allclose(got[lo:hi], want[lo:hi], rtol=1e-5)) for lo, hi in chunks]
+    finished = chunks[(r + 1) % k]
+    if k > 1 and finished[1] > finished[0] and right[(r + 1) % k] and not all(right):
+        return ("chunk (r + 1) mod p is right, so the reduce-scatter works; the allgather phase is wrong: in step s "
+                "send chunk (r - s + 1) mod p and store (do not combine) the received chunk (r - s) mod p")
+    return ("check which chunk you send and receive at each step: in the reduce-scatter, step s, rank r sends chunk "
+            "(r - s) mod p and receives chunk (r - s - 1) mod p, and combines it with its own copy")
 
 
 def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
@@ -66,7 +149,6 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     from mpi4py import MPI
 
     from ..collectives import op_name
-    from ..traffic import TrafficComm
 
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
@@ -76,11 +158,13 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     want = np.empty_like(x)
     sub.Allreduce(x, want, op=op)
     work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
-    tc = TrafficComm(work, timeout=timeout)
+    tc = _ring_comm(work, timeout)
     try:
         got = fn(tc, x, op)
     except NotImplementedError:
         return not_written(ex)
+    except RingMistake as e:
+        return f"{ex} ({where}): {e}"
     except TimeoutError as e:
         return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
     except MPI.Exception as e:
@@ -97,9 +181,9 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
         return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and return it"
     if not np.allclose(got, want, rtol=1e-5):
         bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-5))
+        hint = _wrong_values_hint(got, want, n, k, r, sum(row[0] == r for row in tc.log))
         return (f"{ex} ({where}): wrong values at {len(bad)} of {n} positions, first at index {bad[0]}: "
-                f"got {got[bad[0]]}, expected {want[bad[0]]}\nHint: check which chunk you send and receive "
-                "at each step: in step s rank r sends chunk (r - s) mod p and receives chunk (r - s - 1) mod p")
+                f"got {got[bad[0]]}, expected {want[bad[0]]}\nHint: {hint}")
     if k > 1 and n >= k:
         sent = [row for row in tc.log if row[0] == r]
         if not sent:

@@ -37,20 +37,22 @@ def refused(call, error, *words: str) -> BaseException:
 
 
 def mistake(name: str, run_check, fn, *needles: str) -> None:
-    """The case ``name``: ``run_check(fn)`` (an exercise check) must fail a student's wrong ``fn`` with an
-    ExerciseError whose message on rank 0 holds every one of ``needles``."""
+    """The case ``name``: ``run_check(fn)`` (an exercise check) must fail a student's wrong ``fn`` with one
+    ExerciseError, on rank 0, whose message holds every one of ``needles``; the other ranks return quietly, so a
+    ``%%px`` cell shows the student one message."""
     from labkit.check import ExerciseError
 
     @case(name)
     def _():
+        rank = MPI.COMM_WORLD.Get_rank()
         try:
             run_check(fn)
         except ExerciseError as e:
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                for needle in needles:
-                    assert needle in str(e), (needle, str(e))
+            assert rank == 0, f"rank {rank} raised too ({e}): the student should see one message, rank 0's"
+            for needle in needles:
+                assert needle in str(e), (needle, str(e))
             return
-        raise AssertionError(f"the check passed a wrong function; expected {needles}")
+        assert rank != 0, f"the check passed a wrong function; expected {needles}"
 
 
 def run_cases(comm=None) -> None:
