@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
                "Copy the lab notebooks into a work folder (once: your edits there are never overwritten) and start\n"
                "JupyterLab on it, so autosave never changes the course's notebooks. JupyterLab keeps its token\n"
-               "(the URL it prints holds it); as root labkit adds --allow-root. Every option labkit does not know is passed on to\n"
-               "JupyterLab unchanged, e.g. `labkit lab --no-browser --port 8899`; `jupyter lab --help-all` lists them.",
+               "(the URL it prints holds it); as root labkit adds --allow-root. Every option labkit does not know\n"
+               "is passed on to JupyterLab unchanged, e.g. `labkit lab --no-browser --port 8899`;\n"
+               "`jupyter lab --help-all` lists them.",
                _cmd_lab)
     lab.add_argument("--work", default="labkit-work",
                      help="folder for your copies of the labs, made on first use and never overwritten (default: "
