@@ -1,8 +1,8 @@
 """labkit: course labs for parallel and distributed neural-network training.
 
-Modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``device``, ``kernels``, ``cluster``,
-``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``bench``, ``scaling``, ``plots``, ``check``,
-``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are imported on first use, so
+Modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``, ``device``,
+``kernels``, ``cluster``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``bench``, ``scaling``,
+``plots``, ``check``, ``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are imported on first use, so
 ``import labkit`` needs no GPU, no MPI and no running cluster.
 """
 
@@ -13,8 +13,8 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("bench", "check", "cluster", "collectives", "comm_backends", "costmodel", "cpu_parallel", "data", "device",
-               "doctor", "gpucheck", "kernels", "machine", "mlp", "plots", "progress", "report", "scaling", "settings",
-               "shards", "traffic")
+               "doctor", "gpucheck", "hostc", "kernels", "machine", "mlp", "openmp", "plots", "progress", "report",
+               "scaling", "settings", "shards", "traffic")
 
 
 def __getattr__(name: str):

@@ -88,3 +88,16 @@ def _have_cxx() -> bool:
 
 
 needs_cxx = pytest.mark.skipif(not _have_cxx(), reason="no C++ compiler here for the CUDA emulator (apt install g++)")
+
+
+def _have_cc() -> bool:
+    from labkit.hostc import CompilerMissing, compiler
+
+    try:
+        compiler()
+        return True
+    except CompilerMissing:
+        return False
+
+
+needs_cc = pytest.mark.skipif(not _have_cc(), reason="no C compiler here for labkit.hostc (apt install gcc)")

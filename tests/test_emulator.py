@@ -326,7 +326,7 @@ def test_launch_argument_errors(axpy, args, err, match):
 def test_read_only_array_for_a_written_pointer(axpy):
     x, y = np.ones(10, np.float32), np.ones(10, np.float32)
     y.flags.writeable = False
-    with pytest.raises(ValueError, match=r"argument 1 \(float\* y\) is written by the kernel, but the array is read-only"):
+    with pytest.raises(ValueError, match=r"argument 1 \(float\* y\) is written by the function, but the array is read-only"):
         axpy((1,), (32,), (x, y, np.float32(1), i32(10)))
 
 

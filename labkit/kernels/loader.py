@@ -27,6 +27,7 @@ from .source import (
     KernelDecl,
     Param,
     UnsupportedFeature,
+    check_args,
     find_constants,
     find_kernels,
     matching_bracket,
@@ -134,40 +135,7 @@ class Kernel:
                                 writable=[p.pointer and not p.const for p in self.params])
 
     def _check_args(self, args) -> list[int]:
-        where = f"kernel {self.name}"
-        if len(args) != len(self.params):
-            sig = ", ".join(p.describe() for p in self.params)
-            raise TypeError(f"{where} takes {len(self.params)} arguments ({sig}), got {len(args)}")
-        on_gpu = self.module.backend == "cupy"
-        nbytes = []
-        for i, (p, a) in enumerate(zip(self.params, args)):
-            what = f"{where}: argument {i} ({p.describe()})"
-            is_cupy = type(a).__module__.startswith("cupy")
-            if p.pointer:
-                if isinstance(a, np.ndarray) and on_gpu:
-                    raise TypeError(f"{what} is a NumPy array, but this kernel runs on the GPU: pass cupy.asarray(...)")
-                if is_cupy and not on_gpu:
-                    raise TypeError(f"{what} is a CuPy array, but this kernel runs on the CPU emulator: pass .get()")
-                if not (isinstance(a, np.ndarray) or is_cupy):
-                    raise TypeError(f"{what} must be an array, got {type(a).__name__}")
-                if not a.flags.c_contiguous:
-                    raise ValueError(f"{what} is not C-contiguous: a kernel indexes flat memory; pass an ascontiguousarray copy")
-                if not p.accepts_dtype(a.dtype):
-                    raise TypeError(f"{what} points to {p.ctype}, but the array's dtype is {a.dtype}")
-                if not p.const and isinstance(a, np.ndarray) and not a.flags.writeable:
-                    raise ValueError(f"{what} is written by the kernel, but the array is read-only")
-                nbytes.append(int(a.nbytes))
-            else:
-                if isinstance(a, np.ndarray | list | tuple) or is_cupy:
-                    raise TypeError(f"{what} takes a single value, got an array")
-                want = p.numpy_type()
-                if want is not None and type(a) is not want:
-                    raise TypeError(f"{what} needs a {want.__name__} (the kernel reads exactly those bytes), "
-                                    f"got {type(a).__name__}: pass {want.__name__}({a!r})")
-                if want is None and not isinstance(a, np.generic):
-                    raise TypeError(f"{what} needs a NumPy scalar of the parameter's type, got {type(a).__name__}")
-                nbytes.append(0)
-        return nbytes
+        return check_args(self.params, args, f"kernel {self.name}", self.module.backend == "cupy")
 
 
 def launch_shape(v, what: str) -> tuple[int, int, int]:

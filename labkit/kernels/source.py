@@ -207,3 +207,43 @@ def unsupported(clean: str) -> list[str]:
 
 def brace_depth_at(clean: str, pos: int) -> int:
     return clean.count("{", 0, pos) - clean.count("}", 0, pos)
+
+
+def check_args(params: tuple[Param, ...], args, where: str, on_gpu: bool = False) -> list[int]:
+    """Check call arguments against a C parameter list, as a compiler would not: array or value, the pointee's dtype,
+    C-contiguity, writeable unless ``const``, and scalars of exactly the parameter's type (the callee reads exactly
+    those bytes). Returns each argument's size in bytes (0 for values); raises TypeError/ValueError naming the
+    argument, the parameter and the fix. ``where`` names the callee ("kernel matmul", "C function backprop")."""
+    if len(args) != len(params):
+        sig = ", ".join(p.describe() for p in params)
+        raise TypeError(f"{where} takes {len(params)} arguments ({sig}), got {len(args)}")
+    device = "the GPU" if on_gpu else "the CPU"
+    nbytes = []
+    for i, (p, a) in enumerate(zip(params, args)):
+        what = f"{where}: argument {i} ({p.describe()})"
+        is_cupy = type(a).__module__.startswith("cupy")
+        if p.pointer:
+            if isinstance(a, np.ndarray) and on_gpu:
+                raise TypeError(f"{what} is a NumPy array, but this kernel runs on the GPU: pass cupy.asarray(...)")
+            if is_cupy and not on_gpu:
+                raise TypeError(f"{what} is a CuPy array, but this code runs on {device}: pass .get()")
+            if not (isinstance(a, np.ndarray) or is_cupy):
+                raise TypeError(f"{what} must be an array, got {type(a).__name__}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{what} is not C-contiguous: C indexes flat memory; pass an ascontiguousarray copy")
+            if not p.accepts_dtype(a.dtype):
+                raise TypeError(f"{what} points to {p.ctype}, but the array's dtype is {a.dtype}")
+            if not p.const and isinstance(a, np.ndarray) and not a.flags.writeable:
+                raise ValueError(f"{what} is written by the function, but the array is read-only")
+            nbytes.append(int(a.nbytes))
+        else:
+            if isinstance(a, np.ndarray | list | tuple) or is_cupy:
+                raise TypeError(f"{what} takes a single value, got an array")
+            want = p.numpy_type()
+            if want is not None and type(a) is not want:
+                raise TypeError(f"{what} needs a {want.__name__} (the function reads exactly those bytes), "
+                                f"got {type(a).__name__}: pass {want.__name__}({a!r})")
+            if want is None and not isinstance(a, np.generic):
+                raise TypeError(f"{what} needs a NumPy scalar of the parameter's type, got {type(a).__name__}")
+            nbytes.append(0)
+    return nbytes

@@ -1,0 +1,52 @@
+"""network.py's per-sample backprop in C (``labkit/c/backprop.c``), single-threaded in the versions the course's C
+program went through, and over OpenMP threads in three ways of combining the gradients.
+
+    loss, grads = openmp.backprop_c(params, x, Y, version="fused", opt="-O2")
+    loss, grads = openmp.backprop_c(params, x, Y, version="omp_reduction", threads=2)
+
+Like :func:`labkit.mlp.loss_and_grads_per_sample` with a sigmoid network of one hidden layer and the quadratic
+cost, but the loss and gradients are *summed* over the batch, as network.py's ``update_mini_batch`` sums them.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from . import hostc
+
+SOURCE = Path(__file__).resolve().parent / "c" / "backprop.c"
+VERSIONS = ("naive", "interchanged", "hoisted", "fused", "simd")  # one single-thread optimisation at a time
+OMP_VERSIONS = ("omp_atomic", "omp_critical", "omp_reduction")    # OpenMP over samples: how the gradients combine
+
+
+@functools.cache
+def module(opt: str = "-O2", native: bool = False) -> hostc.CModule:
+    """backprop.c compiled with OpenMP at one optimisation level (cached per process and on disk)."""
+    return hostc.load(SOURCE, opt=opt, openmp=True, native=native)
+
+
+def backprop_c(params, x, Y, version: str = "fused", opt: str = "-O2", threads: int | None = None,
+               native: bool = False) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
+    """Summed quadratic cost and summed gradients of a [n_in, n_hid, n_out] sigmoid network over the batch, by one
+    of the C versions (:data:`VERSIONS`, :data:`OMP_VERSIONS`); ``threads`` for the OpenMP ones."""
+    if version not in VERSIONS + OMP_VERSIONS:
+        raise ValueError(f"version must be one of {', '.join(VERSIONS + OMP_VERSIONS)}, got {version!r}")
+    if len(params) != 2:
+        raise ValueError(f"the C backprop takes a network with one hidden layer ([n_in, n_hid, n_out]), "
+                         f"got {len(params)} layers")
+    (W1, b1), (W2, b2) = params
+    arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (W1, b1, W2, b2, x, Y)]
+    (W1, b1, W2, b2, x, Y) = arrays
+    n_hid, n_in = W1.shape
+    n_out = W2.shape[0]
+    if x.ndim != 2 or x.shape[1] != n_in or Y.shape != (x.shape[0], n_out) or W2.shape != (n_out, n_hid):
+        raise ValueError(f"shapes do not fit a [{n_in}, {n_hid}, {n_out}] network: x {x.shape}, Y {Y.shape}, "
+                         f"W2 {W2.shape}")
+    grads = [(np.empty_like(W1), np.empty_like(b1)), (np.empty_like(W2), np.empty_like(b2))]
+    fn = module(opt, native).get_function(f"bp_{version}")
+    loss = fn(W1, b1, W2, b2, x, Y, np.int32(x.shape[0]), np.int32(n_in), np.int32(n_hid), np.int32(n_out),
+              grads[0][0], grads[0][1], grads[1][0], grads[1][1], threads=threads)
+    return float(loss), grads

@@ -1,0 +1,122 @@
+"""C on the host (labkit.hostc) and network.py's backprop in C (labkit.openmp), against the NumPy reference."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import needs_cc
+
+from labkit import hostc, mlp, openmp
+
+pytestmark = needs_cc
+
+SRC = r"""
+void axpy(float a, const float* x, float* y, int n) {
+    #pragma omp parallel for
+    for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+double dot(const double* x, const double* y, long long n) {
+    double s = 0.0;
+    for (long long i = 0; i < n; ++i) s += x[i] * y[i];
+    return s;
+}
+static int helper(int k) { return k; }
+void one_past_the_end(float* y, int n) {
+    for (int i = 0; i <= n; ++i) y[i] = 1.0f;
+}
+int overflows(int a) { return a + 2147483647; }
+void null_write(float* y, int n) { float* p = 0; if (n > 0) p[n] = y[0]; }
+void forever(float* y) { volatile int k = 1; while (k) y[0] += 1.0f; }
+"""
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(3)
+    x = rng.random((13, 784), dtype=np.float32)
+    return x, mlp.targets(rng.integers(0, 10, 13), 10, np.float32)
+
+
+@pytest.mark.parametrize("width", [30, 100])
+@pytest.mark.parametrize("opt", ["-O0", "-O2"])
+@pytest.mark.parametrize("version", openmp.VERSIONS + openmp.OMP_VERSIONS)
+def test_every_c_version_matches_numpy_per_sample_backprop(version, opt, width, batch):
+    x, Y = batch
+    params = mlp.init_params([784, width, 10], seed=1)
+    want_loss, want = mlp.loss_and_grads_per_sample(params, x, Y)  # the mean over the batch
+    for threads in ([1, 2, 4] if version.startswith("omp") else [None]):
+        loss, got = openmp.backprop_c(params, x, Y, version, opt, threads=threads)
+        assert loss / len(x) == pytest.approx(want_loss, rel=1e-5)
+        for (gW, gb), (wW, wb) in zip(got, want):
+            np.testing.assert_allclose(gW / len(x), wW, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(gb / len(x), wb, rtol=1e-4, atol=1e-6)
+
+
+def test_functions_are_found_called_and_their_threads_counted():
+    m = hostc.load(SRC, openmp=True)
+    assert set(m.functions) == {"axpy", "dot", "one_past_the_end", "overflows", "null_write", "forever"}  # no static
+    x, y = np.arange(5, dtype=np.float32), np.ones(5, np.float32)
+    m.axpy(np.float32(0), x, y, np.int32(5))
+    default = m.axpy.threads_used  # OMP_NUM_THREADS, else one per core
+    m.axpy(np.float32(2), x, y, np.int32(5), threads=default + 1)
+    np.testing.assert_array_equal(y, 1 + 2 * x)
+    assert m.axpy.threads_used == default + 1
+    m.axpy(np.float32(0), x, y, np.int32(5))  # per call: the next call is back to the run's setting
+    assert m.axpy.threads_used == default
+    assert m.dot(np.ones(3), np.full(3, 2.0), np.int64(3)) == 6.0
+    with pytest.raises(AttributeError, match="defines no callable function 'helper'"):
+        m.get_function("helper")
+
+
+def test_every_call_is_checked_against_the_c_signature():
+    m = hostc.load(SRC)
+    x, y = np.arange(5, dtype=np.float32), np.ones(5, np.float32)
+    with pytest.raises(TypeError, match=r"argument 0 \(float a\) needs a float32.*pass float32\(2.0\)"):
+        m.axpy(2.0, x, y, np.int32(5))
+    with pytest.raises(TypeError, match=r"argument 1 \(const float\* x\) points to float, but the array's dtype is float64"):
+        m.axpy(np.float32(2), x.astype(np.float64), y, np.int32(5))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        m.axpy(np.float32(2), np.ones(10, np.float32)[::2], y, np.int32(5))
+    ro = np.ones(5, np.float32)
+    ro.flags.writeable = False
+    m.axpy(np.float32(2), ro, y, np.int32(5))  # const: read-only is fine
+    with pytest.raises(ValueError, match=r"argument 2 \(float\* y\) is written by the function, but the array is read-only"):
+        m.axpy(np.float32(2), x, ro, np.int32(5))
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        m.axpy(np.float32(2), x, y)
+
+
+def test_checked_mode_names_the_fault_and_the_line_and_the_notebook_survives():
+    m = hostc.load(SRC, checked=True)
+    y = np.zeros(7, np.float32)
+    with pytest.raises(hostc.CError, match=r"outside an array.*a write of 4 bytes in one_past_the_end, line 13 of code.c"):
+        m.one_past_the_end(y, np.int32(7))
+    assert not y.any(), "a failed checked call leaves the arrays as they were"
+    with pytest.raises(hostc.CError, match=r"undefined behaviour \(line 15 of code.c\): signed integer overflow"):
+        m.overflows(np.int32(5))
+    with pytest.raises(hostc.CError, match=r"segmentation fault.*null_write, line 16"):
+        m.null_write(y, np.int32(3))
+    t0 = time.monotonic()
+    with pytest.raises(hostc.CError, match="ran past the 2 s limit"):
+        m.forever(y, timeout_s=2)
+    assert time.monotonic() - t0 < 10
+    x, out = np.arange(5, dtype=np.float32), np.ones(5, np.float32)
+    hostc.load(SRC, checked=True, openmp=True).axpy(np.float32(3), x, out, np.int32(5), threads=2)
+    np.testing.assert_array_equal(out, 1 + 3 * x)  # a clean checked call writes its results back
+
+
+def test_a_compile_error_names_the_line():
+    with pytest.raises(hostc.CCompileError, match=r"code.c:2:.*error"):
+        hostc.load("void f(float* y) {\n    y[0] = undeclared;\n}\n")
+    with pytest.raises(ValueError, match="opt must be one of"):
+        hostc.load(SRC, opt="-O9")
+
+
+def test_without_a_compiler_the_message_says_how_to_get_one(tmp_path):
+    code = "from labkit import hostc\ntry:\n    hostc.compiler()\nexcept hostc.CompilerMissing as e:\n    print(e)\n"
+    env = {**os.environ, "PATH": str(tmp_path), "CC": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "none was found" in out and "apt install gcc" in out
