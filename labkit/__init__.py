@@ -2,8 +2,8 @@
 
 Modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``, ``device``,
 ``kernels``, ``cluster``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``bench``, ``scaling``,
-``plots``, ``check``, ``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are imported on first use, so
-``import labkit`` needs no GPU, no MPI and no running cluster.
+``plots``, ``check``, ``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are
+imported on first use, so ``import labkit`` needs no GPU, no MPI and no running cluster.
 """
 
 from __future__ import annotations

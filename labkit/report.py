@@ -287,7 +287,7 @@ def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: 
             parts.append(f"<pre>{esc(r.error[-6000:])}</pre>")
         if r.claims:
             parts.append("<ul class='claims'>" + "".join(
-                f"<li class='{'ok' if c['holds'] else 'fail'}'>{'✔' if c['holds'] else '✘ not in this run:'} "
+                f"<li><span class='{'ok' if c['holds'] else 'fail'}'>{'✔' if c['holds'] else '✘ not in this run:'}</span> "
                 f"{esc(c['statement'])} <span class='meta'>({esc(c['reading'])})</span></li>" for c in r.claims) + "</ul>")
         if r.metrics:
             parts.append("<table class='metrics'>" + "".join(

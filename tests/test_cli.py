@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import needs_cxx
+from conftest import needs_cc, needs_cxx
 
 from labkit import cli
 from labkit.benchmarks import backprop
@@ -177,6 +177,17 @@ def test_bench_kernels_quick_json(capsys):
     if result["backend"] == "cupy":
         assert 0 < result["sgemm_fraction_of_cublas"] and 0 < result["elementwise_fraction_of_copy"]
         assert result["copy_d2d_GBs"] > 0
+
+
+@needs_cc
+def test_bench_openmp_quick_json(capsys):
+    assert cli.main(["bench", "openmp", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in ("c_per_sample_vs_numpy_per_sample", "loop_interchange_speedup", "omp_speedup_2threads",
+                "atomic_over_reduction"):
+        assert 0 < result[key] < 1000, key
+    assert set(result["targets_met"]) == {"c_per_sample_vs_numpy_per_sample", "omp_speedup_2threads"}
+    assert {"naive -O2", "simd -O2", "fused -O0", "reduction, 2 threads, wide"} <= set(result["seconds"])
 
 
 def test_assign_writes_student_versions(tmp_path, capsys):

@@ -23,7 +23,9 @@ def nbdir(tmp_path):
     d.mkdir()
     make_nb(d / "01_good.ipynb",
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.title(PROFILE)\nplt.show()",
-            "from labkit.report import record\nrecord('answer', 42.0, 's', 'a note')\nrecord('acc', 0.9512, '%')")
+            "from labkit.report import record\nrecord('answer', 42.0, 's', 'a note')\nrecord('acc', 0.9512, '%')",
+            "from labkit.report import claim\nclaim('two is more than one', 2 > 1, '2 and 1')\n"
+            "claim('the text is right here', 1 > 2, '1 and 2')")
     make_nb(d / "02_bad.ipynb", "raise ValueError('deliberate failure in cell 2')", "print('never runs')")
     make_nb(d / "03_slow.ipynb", "import time\ntime.sleep(60)")
     (d / "scratch.ipynb").write_text("{}")  # not a numbered lab: ignored
@@ -38,6 +40,8 @@ def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     assert [r.name for r in results] == ["01_good.ipynb", "02_bad.ipynb", "03_slow.ipynb"]
     assert good.ok and len(good.figures) == 1 and good.title == "Title of 01_good"
     assert [m["name"] for m in good.metrics] == ["answer", "acc"] and good.metrics[0]["value"] == 42.0
+    assert [(c["statement"], c["holds"]) for c in good.claims] == [("two is more than one", True),
+                                                                   ("the text is right here", False)]
     assert not bad.ok and "deliberate failure in cell 2" in bad.error
     assert not slow.ok and "longer than the 5 s limit" in slow.error
     executed = nbformat.read(out / "01_good.ipynb", as_version=4)
@@ -52,6 +56,9 @@ def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     text = report.summary(results, page)
     assert "FAIL 02_bad.ipynb" in text and "ValueError: deliberate failure in cell 2" in text
     assert "\ndata: mnist: " in text  # which data the numbers came from, in the terminal too
+    assert "claims of the labs' text checked on this run: 1 of 2 held" in text
+    assert "not held: 01: the text is right here (1 and 2)" in text
+    assert "✘ not in this run:</span> the text is right here" in html
 
 
 @pytest.mark.slow
