@@ -28,25 +28,45 @@ def module(opt: str = "-O2", native: bool = False) -> hostc.CModule:
     return hostc.load(SOURCE, opt=opt, openmp=True, native=native)
 
 
+def _arrays(params, x, Y):
+    """float32 C-contiguous arrays of a one-hidden-layer network and a batch, with its sizes, checked."""
+    if len(params) != 2:
+        raise ValueError(f"the C backprop takes a network with one hidden layer ([n_in, n_hid, n_out]), "
+                         f"got {len(params)} layers")
+    (W1, b1), (W2, b2) = params
+    W1, b1, W2, b2, x, Y = (np.ascontiguousarray(a, dtype=np.float32) for a in (W1, b1, W2, b2, x, Y))
+    n_hid, n_in = W1.shape
+    n_out = W2.shape[0]
+    if x.ndim != 2 or x.shape[1] != n_in or Y.shape != (x.shape[0], n_out) or W2.shape != (n_out, n_hid):
+        raise ValueError(f"shapes do not fit a [{n_in}, {n_hid}, {n_out}] network: x {x.shape}, Y {Y.shape}, "
+                         f"W2 {W2.shape}")
+    return (W1, b1, W2, b2, x, Y), (np.int32(n_in), np.int32(n_hid), np.int32(n_out))
+
+
+def train_epoch_c(params, x, Y, batch_size: int = 10, lr: float = 3.0, opt: str = "-O3", native: bool = True) -> float:
+    """One epoch of mini-batch SGD entirely in C (``epoch_simd``: batches in order, no shuffling), updating the
+    float32 ``params`` in place; returns the mean cost. The same steps as ``mlp.SGD`` on per-sample gradients."""
+    for W, b in params:
+        if W.dtype != np.float32 or b.dtype != np.float32 or not (W.flags.c_contiguous and b.flags.c_contiguous):
+            raise TypeError("train_epoch_c updates the weights in place: they must be C-contiguous float32 arrays")
+    (W1, b1, W2, b2, x, Y), (n_in, n_hid, n_out) = _arrays(params, x, Y)
+    grads = [np.empty_like(a) for a in (W1, b1, W2, b2)]
+    fn = module(opt, native).get_function("epoch_simd")
+    (pW1, pb1), (pW2, pb2) = params
+    cost = fn(pW1, pb1, pW2, pb2, x, Y, np.int32(len(x)), n_in, n_hid, n_out, np.int32(batch_size), np.float32(lr),
+              *grads)
+    return float(cost) / len(x)
+
+
 def backprop_c(params, x, Y, version: str = "fused", opt: str = "-O2", threads: int | None = None,
                native: bool = False) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
     """Summed quadratic cost and summed gradients of a [n_in, n_hid, n_out] sigmoid network over the batch, by one
     of the C versions (:data:`VERSIONS`, :data:`OMP_VERSIONS`); ``threads`` for the OpenMP ones."""
     if version not in VERSIONS + OMP_VERSIONS:
         raise ValueError(f"version must be one of {', '.join(VERSIONS + OMP_VERSIONS)}, got {version!r}")
-    if len(params) != 2:
-        raise ValueError(f"the C backprop takes a network with one hidden layer ([n_in, n_hid, n_out]), "
-                         f"got {len(params)} layers")
-    (W1, b1), (W2, b2) = params
-    arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in (W1, b1, W2, b2, x, Y)]
-    (W1, b1, W2, b2, x, Y) = arrays
-    n_hid, n_in = W1.shape
-    n_out = W2.shape[0]
-    if x.ndim != 2 or x.shape[1] != n_in or Y.shape != (x.shape[0], n_out) or W2.shape != (n_out, n_hid):
-        raise ValueError(f"shapes do not fit a [{n_in}, {n_hid}, {n_out}] network: x {x.shape}, Y {Y.shape}, "
-                         f"W2 {W2.shape}")
+    (W1, b1, W2, b2, x, Y), (n_in, n_hid, n_out) = _arrays(params, x, Y)
     grads = [(np.empty_like(W1), np.empty_like(b1)), (np.empty_like(W2), np.empty_like(b2))]
     fn = module(opt, native).get_function(f"bp_{version}")
-    loss = fn(W1, b1, W2, b2, x, Y, np.int32(x.shape[0]), np.int32(n_in), np.int32(n_hid), np.int32(n_out),
+    loss = fn(W1, b1, W2, b2, x, Y, np.int32(x.shape[0]), n_in, n_hid, n_out,
               grads[0][0], grads[0][1], grads[1][0], grads[1][1], threads=threads)
     return float(loss), grads

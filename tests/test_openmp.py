@@ -120,3 +120,25 @@ def test_without_a_compiler_the_message_says_how_to_get_one(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path), "CC": ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
     assert "none was found" in out and "apt install gcc" in out
+
+
+def test_a_whole_epoch_in_c_takes_numpys_sgd_steps():
+    rng = np.random.default_rng(5)
+    x = rng.random((95, 784), dtype=np.float32)  # the last batch is short
+    Y = mlp.targets(rng.integers(0, 10, 95), 10, np.float32)
+    in_c = mlp.init_params([784, 30, 10], seed=2)
+    in_numpy = [(W.copy(), b.copy()) for W, b in in_c]
+    cost = openmp.train_epoch_c(in_c, x, Y, batch_size=10, lr=3.0)
+    total = 0.0
+    for lo in range(0, len(x), 10):
+        loss, grads = mlp.loss_and_grads_per_sample(in_numpy, x[lo:lo + 10], Y[lo:lo + 10])
+        total += loss * len(x[lo:lo + 10])
+        for (W, b), (gW, gb) in zip(in_numpy, grads):
+            W -= 3.0 * gW
+            b -= 3.0 * gb
+    assert cost == pytest.approx(total / len(x), rel=1e-4)
+    for (Wc, bc), (Wn, bn) in zip(in_c, in_numpy):
+        np.testing.assert_allclose(Wc, Wn, atol=1e-5)
+        np.testing.assert_allclose(bc, bn, atol=1e-5)
+    with pytest.raises(TypeError, match="C-contiguous float32"):
+        openmp.train_epoch_c(mlp.init_params([784, 30, 10], dtype=np.float64), x, Y)

@@ -5,8 +5,10 @@ Run: ``labkit bench openmp [--quick] [--json]``
 
 Keys:
   ``c_per_sample_vs_numpy_per_sample``  one epoch of [784,30,10] at batch 10 (gradients and the SGD update):
-                                        labkit's NumPy per-sample loop / the optimised single-thread C (bp_simd, -O3)
-  ``loop_interchange_speedup``          bp_naive / bp_interchanged, [784,100,10], a batch of 100, -O2
+                                        labkit's NumPy per-sample loop / the optimised single-thread C program
+                                        (epoch_simd: the whole epoch in C, -O3 -march=native)
+  ``loop_interchange_speedup``          bp_naive / bp_interchanged, [784,100,10], a batch of 100, -O2; and
+                                        ``loop_interchange_by_width`` the same at widths 30 to 3000
   ``omp_speedup_2threads``              bp_omp_reduction on 1 thread / on 2, wide layer [784,1000,10], batch 100
   ``atomic_over_reduction``             bp_omp_atomic / bp_omp_reduction, 2 threads, same batch
 and ``versions``: seconds per batch of every single-thread version (with -O0 and -O3 for the fused one).
@@ -57,11 +59,10 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
                     b -= 3.0 * gb
         return measure(steps, repeat=1, warmup=0).median
 
-    def c_mean(version, opt):
-        def grads(params, xs, Ys):
-            _, g = openmp.backprop_c(params, xs, Ys, version, opt)
-            return [(gW / len(xs), gb / len(xs)) for gW, gb in g]
-        return grads
+    def c_epoch() -> float:
+        params = [(W.copy(), b.copy()) for W, b in narrow]
+        return measure(lambda: openmp.train_epoch_c(params, x, Y, 10, 3.0, "-O3", native=True), repeat=1,
+                       warmup=0).median
 
     def per_batch(params, version, opt="-O2", threads=None):
         return lambda: measure(lambda: openmp.backprop_c(params, xb, Yb, version, opt, threads=threads),
@@ -69,7 +70,7 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
 
     jobs = {
         "numpy per-sample epoch": lambda: epoch(lambda p, xs, Ys: mlp.loss_and_grads_per_sample(p, xs, Ys)[1]),
-        "C per-sample epoch (simd, -O3)": lambda: epoch(c_mean("simd", "-O3")),
+        "C per-sample epoch (-O3, native)": c_epoch,
         **{f"{v} -O2": per_batch(mid, v) for v in openmp.VERSIONS},
         "fused -O0": per_batch(mid, "fused", "-O0"),
         "fused -O3": per_batch(mid, "fused", "-O3"),
@@ -82,14 +83,21 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
         openmp.module("-O2").get_function(f"bp_{v}")
     for opt in ("-O0", "-O3"):
         openmp.module(opt)
+    openmp.module("-O3", native=True)
+    widths = (30, 1000) if quick else (30, 100, 300, 1000, 3000)
+    for w in widths:  # the loop interchange where the weights fit in the caches and where they do not
+        p = mlp.init_params([784, w, 10], seed=0)
+        jobs[f"naive -O2, width {w}"] = per_batch(p, "naive")
+        jobs[f"interchanged -O2, width {w}"] = per_batch(p, "interchanged")
     t = {k: v.median for k, v in interleaved(jobs, rounds).items()}
-    ratios = {"c_per_sample_vs_numpy_per_sample": t["numpy per-sample epoch"] / t["C per-sample epoch (simd, -O3)"],
+    ratios = {"c_per_sample_vs_numpy_per_sample": t["numpy per-sample epoch"] / t["C per-sample epoch (-O3, native)"],
               "loop_interchange_speedup": t["naive -O2"] / t["interchanged -O2"],
               "omp_speedup_2threads": t["reduction, 1 thread, wide"] / t["reduction, 2 threads, wide"],
               "atomic_over_reduction": t["atomic, 2 threads, wide"] / t["reduction, 2 threads, wide"]}
     return {
         "quick": quick, "rounds": rounds, "samples_per_epoch": len(x), "data": source, "machine": machine_info(),
         **ratios, "seconds": t,
+        "loop_interchange_by_width": {w: t[f"naive -O2, width {w}"] / t[f"interchanged -O2, width {w}"] for w in widths},
         "targets_met": {k: (ratios[k] >= bound) if op == ">=" else (ratios[k] <= bound) for k, (op, bound) in TARGETS.items()},
     }
 
@@ -102,6 +110,8 @@ def report(result: dict) -> str:
              f"data: {result['data']}", ""]
     for name, s in result["seconds"].items():
         lines.append(f"  {name:<34}{format_seconds(s):>12}")
+    lines.append("\nloop interchange (naive / interchanged) by hidden width: " + ", ".join(
+        f"{w}: {s:.2f}x" for w, s in result["loop_interchange_by_width"].items()))
     lines.append("")
     for key in ("c_per_sample_vs_numpy_per_sample", "loop_interchange_speedup", "omp_speedup_2threads",
                 "atomic_over_reduction"):

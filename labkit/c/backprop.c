@@ -19,6 +19,7 @@
  *   bp_omp_atomic    `omp atomic` on every addition into the shared gradient;
  *   bp_omp_critical  a private per-sample gradient, added to the shared one inside `omp critical`;
  *   bp_omp_reduction per-thread accumulators, summed by OpenMP at the end (`reduction(+: ...)` on array sections).
+ * epoch_simd runs a whole epoch of mini-batch SGD in C (bp_simd and the update), as the course's program did.
  * labkit.openmp calls them; tests compare every one with labkit's NumPy per-sample backprop. */
 
 #include <math.h>
@@ -338,4 +339,26 @@ double bp_omp_atomic(const float* W1, const float* b1, const float* W2, const fl
         free(work);
     }
     return total;
+}
+
+/* One epoch of network.py's training entirely in C, as the course's C program ran it: mini-batches in order,
+ * bp_simd's summed gradients, then the SGD step W -= (lr / B) gW in place. Returns the summed cost. */
+double epoch_simd(float* W1, float* b1, float* W2, float* b2, const float* x, const float* y, int N, int n_in, int n_hid,
+                  int n_out, int batch, float lr, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid;
+    double cost = 0.0;
+    for (int lo = 0; lo < N; lo += batch) {
+        const int B = N - lo < batch ? N - lo : batch;
+        cost += bp_simd(W1, b1, W2, b2, x + (size_t)lo * n_in, y + (size_t)lo * n_out, B, n_in, n_hid, n_out,
+                        gW1, gb1, gW2, gb2);
+        const float step = lr / (float)B;
+        #pragma omp simd
+        for (size_t t = 0; t < nW1; ++t) W1[t] -= step * gW1[t];
+        #pragma omp simd
+        for (size_t t = 0; t < nW2; ++t) W2[t] -= step * gW2[t];
+        for (int t = 0; t < n_hid; ++t) b1[t] -= step * gb1[t];
+        for (int t = 0; t < n_out; ++t) b2[t] -= step * gb2[t];
+    }
+    return cost;
 }
