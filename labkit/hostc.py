@@ -129,7 +129,8 @@ def find_functions(clean: str) -> list[CDecl]:
 def _flags(opt: str, openmp: bool, native: bool, checked: bool, extra: tuple[str, ...]) -> list[str]:
     if opt not in ("-O0", "-O1", "-O2", "-O3", "-Os", "-Ofast"):
         raise ValueError(f"opt must be one of -O0, -O1, -O2, -O3, -Os, -Ofast, got {opt!r}")
-    flags = ["-std=gnu11", opt, "-g", "-fPIC", "-shared"]
+    # size_t and the fixed-width integers without an #include, as in a CUDA kernel
+    flags = ["-std=gnu11", opt, "-g", "-fPIC", "-shared", "-include", "stddef.h", "-include", "stdint.h"]
     if openmp:
         flags.append("-fopenmp")
     if native:

@@ -18,14 +18,21 @@ import numpy as np
 from . import hostc
 
 SOURCE = Path(__file__).resolve().parent / "c" / "backprop.c"
+HELPERS = Path(__file__).resolve().parent / "c" / "sample.h"  # add_sample and zero_grads, for labkit's code and yours
 VERSIONS = ("naive", "interchanged", "hoisted", "fused", "simd")  # one single-thread optimisation at a time
 OMP_VERSIONS = ("omp_atomic", "omp_critical", "omp_reduction")    # OpenMP over samples: how the gradients combine
+
+
+def with_helpers(source: str, filename: str) -> str:
+    """C source preceded by sample.h (add_sample, add_sample_plain, zero_grads); a #line directive keeps the
+    compiler's and the sanitizers' line numbers those of ``source`` itself."""
+    return f'#line 1 "{HELPERS.name}"\n' + HELPERS.read_text() + f'\n#line 1 "{filename}"\n' + source
 
 
 @functools.cache
 def module(opt: str = "-O2", native: bool = False) -> hostc.CModule:
     """backprop.c compiled with OpenMP at one optimisation level (cached per process and on disk)."""
-    return hostc.load(SOURCE, opt=opt, openmp=True, native=native)
+    return hostc.CModule(with_helpers(SOURCE.read_text(), SOURCE.name), SOURCE.name, opt=opt, openmp=True, native=native)
 
 
 def _arrays(params, x, Y):

@@ -142,3 +142,67 @@ def test_a_whole_epoch_in_c_takes_numpys_sgd_steps():
         np.testing.assert_allclose(bc, bn, atol=1e-5)
     with pytest.raises(TypeError, match="C-contiguous float32"):
         openmp.train_epoch_c(mlp.init_params([784, 30, 10], dtype=np.float64), x, Y)
+
+
+GOOD_OUTER = r"""
+void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n_in)
+{
+    for (int i = 0; i < n_out; ++i) {
+        float* gi = g + (size_t)i * n_in;
+        for (int s = 0; s < B; ++s) {
+            const float di = d[(size_t)s * n_out + i];
+            const float* xs = x + (size_t)s * n_in;
+            for (int j = 0; j < n_in; ++j) gi[j] += di * xs[j];
+        }
+    }
+}
+"""
+GOOD_OMP = r"""
+double my_bp_omp(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
+                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid;
+    double cost = 0.0;
+    #pragma omp parallel reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])
+    {
+        float* work = malloc(sizeof(float) * 2 * n_hid);
+        #pragma omp for
+        for (int s = 0; s < B; ++s)
+            cost += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                               gW1, gb1, gW2, gb2);
+        free(work);
+    }
+    return cost;
+}
+"""
+REDUCTION = "reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])"
+
+
+def test_the_loop_interchange_check_passes_a_right_order_and_names_mistakes(capsys):
+    from labkit import check
+
+    check.loop_interchange(GOOD_OUTER)
+    assert "loop interchange" in capsys.readouterr().out
+    for source, words in ((GOOD_OUTER.replace("j < n_in", "j <= n_in"), "outside an array.*line 9 of yours.c"),
+                          (check.openmp.NAIVE_OUTER, "not faster than the naive one"),
+                          (GOOD_OUTER.replace("+= di", "= di"), r"g\[0\]\[0\] is .* expected"),
+                          (GOOD_OUTER.replace("{\n    for", "{\n    // " + check.KERNEL_TODO + "\n    for"), "not written yet")):
+        with pytest.raises(check.ExerciseError, match=f"(?s){words}"):
+            check.loop_interchange(source)
+
+
+def test_the_omp_reduction_check_names_a_race_a_bad_write_and_no_openmp(capsys):
+    from labkit import check
+
+    check.omp_reduction(GOOD_OMP)
+    assert "OpenMP reduction at 1, 2" in capsys.readouterr().out
+    race = GOOD_OMP.replace(REDUCTION, "reduction(+ : cost)")
+    too_small = GOOD_OMP.replace("sizeof(float) * 2 * n_hid", "sizeof(float) * n_hid")
+    serial = GOOD_OMP.replace("#pragma omp parallel " + REDUCTION, "").replace("#pragma omp for", "")
+    lost = GOOD_OMP.replace(REDUCTION, "firstprivate(cost)")  # every thread's share is dropped
+    for source, words in ((race, "runs differ from each other: a race"),
+                          (too_small, "outside an array.*in my_bp_omp, line 8 of yours.c"),
+                          (serial, "no OpenMP directive"), (lost, "wrong gradient or cost")):
+        with pytest.raises(check.ExerciseError, match=f"(?s){words}"):
+            check.omp_reduction(source)

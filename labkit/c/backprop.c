@@ -20,21 +20,7 @@
  *   bp_omp_critical  a private per-sample gradient, added to the shared one inside `omp critical`;
  *   bp_omp_reduction per-thread accumulators, summed by OpenMP at the end (`reduction(+: ...)` on array sections).
  * epoch_simd runs a whole epoch of mini-batch SGD in C (bp_simd and the update), as the course's program did.
- * labkit.openmp calls them; tests compare every one with labkit's NumPy per-sample backprop. */
-
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-static float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-
-static void zero_grads(int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
-{
-    memset(gW1, 0, sizeof(float) * (size_t)n_hid * n_in);
-    memset(gb1, 0, sizeof(float) * (size_t)n_hid);
-    memset(gW2, 0, sizeof(float) * (size_t)n_out * n_hid);
-    memset(gb2, 0, sizeof(float) * (size_t)n_out);
-}
+ * Compiled after sample.h (zero_grads, add_sample). labkit.openmp calls them; tests compare every one with labkit's NumPy per-sample backprop. */
 
 double bp_naive(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
@@ -163,51 +149,15 @@ double bp_hoisted(const float* W1, const float* b1, const float* W2, const float
     return cost;
 }
 
-/* One sample of the fused version: forward and backward, the gradients added into gW1.. (the accumulators).
- * SIMD is a compile-time switch so bp_fused and bp_simd share this code. */
-#define SAMPLE_BODY(SIMD_REDUCE, SIMD)                                                                           \
-    for (int i = 0; i < n_hid; ++i) {              /* bias, dot product and sigmoid in one pass */            \
-        const float* w = W1 + (size_t)i * n_in;                                                                  \
-        float acc = 0.0f;                                                                                        \
-        SIMD_REDUCE                                                                                              \
-        for (int j = 0; j < n_in; ++j) acc += w[j] * xs[j];                                                      \
-        a1[i] = sigmoid(acc + b1[i]);                                                                            \
-        d1[i] = 0.0f;                                                                                            \
-    }                                                                                                            \
-    for (int k = 0; k < n_out; ++k) {                                                                            \
-        const float* w = W2 + (size_t)k * n_hid;                                                                 \
-        float acc = 0.0f;                                                                                        \
-        SIMD_REDUCE                                                                                              \
-        for (int i = 0; i < n_hid; ++i) acc += w[i] * a1[i];                                                     \
-        const float a = sigmoid(acc + b2[k]), e = a - ys[k], dk = e * a * (1.0f - a);                            \
-        cost += 0.5 * e * e;                       /* output error, its gradients, the error sent back */     \
-        float* g = gW2 + (size_t)k * n_hid;                                                                      \
-        SIMD                                                                                                     \
-        for (int i = 0; i < n_hid; ++i) { g[i] += dk * a1[i]; d1[i] += w[i] * dk; }                             \
-        gb2[k] += dk;                                                                                            \
-    }                                                                                                            \
-    for (int i = 0; i < n_hid; ++i) {                                                                            \
-        const float di = d1[i] * a1[i] * (1.0f - a1[i]);                                                         \
-        float* g = gW1 + (size_t)i * n_in;                                                                       \
-        SIMD                                                                                                     \
-        for (int j = 0; j < n_in; ++j) g[j] += di * xs[j];                                                       \
-        gb1[i] += di;                                                                                            \
-    }
-
-#define PRAGMA(x) _Pragma(#x)
-
 double bp_fused(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
 {
     zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
     float* work = malloc(sizeof(float) * (size_t)(2 * n_hid));
-    float *a1 = work, *d1 = work + n_hid;
     double cost = 0.0;
-    for (int s = 0; s < B; ++s) {
-        const float* xs = x + (size_t)s * n_in;
-        const float* ys = y + (size_t)s * n_out;
-        SAMPLE_BODY(, )
-    }
+    for (int s = 0; s < B; ++s)
+        cost += add_sample_plain(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                                 gW1, gb1, gW2, gb2);
     free(work);
     return cost;
 }
@@ -217,15 +167,23 @@ double bp_simd(const float* W1, const float* b1, const float* W2, const float* b
 {
     zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
     float* work = malloc(sizeof(float) * (size_t)(2 * n_hid));
-    float *a1 = work, *d1 = work + n_hid;
     double cost = 0.0;
-    for (int s = 0; s < B; ++s) {
-        const float* xs = x + (size_t)s * n_in;
-        const float* ys = y + (size_t)s * n_out;
-        SAMPLE_BODY(PRAGMA(omp simd reduction(+ : acc)), PRAGMA(omp simd))
-    }
+    for (int s = 0; s < B; ++s)
+        cost += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                           gW1, gb1, gW2, gb2);
     free(work);
     return cost;
+}
+
+/* The OpenMP versions' loop schedule: schedule(runtime), set here (kind 1 static, 2 dynamic, 3 guided; chunk 0 =
+ * the default), so one build measures them all. */
+void set_schedule(int kind, int chunk)
+{
+#ifdef _OPENMP
+    omp_set_schedule((omp_sched_t)kind, chunk);
+#else
+    (void)kind; (void)chunk;
+#endif
 }
 
 double bp_omp_reduction(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
@@ -238,13 +196,10 @@ double bp_omp_reduction(const float* W1, const float* b1, const float* W2, const
     #pragma omp parallel reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])
     {
         float* work = malloc(sizeof(float) * (size_t)(2 * n_hid));
-        float *a1 = work, *d1 = work + n_hid;
-        #pragma omp for schedule(static)
-        for (int s = 0; s < B; ++s) {
-            const float* xs = x + (size_t)s * n_in;
-            const float* ys = y + (size_t)s * n_out;
-            SAMPLE_BODY(PRAGMA(omp simd reduction(+ : acc)), PRAGMA(omp simd))
-        }
+        #pragma omp for schedule(runtime)
+        for (int s = 0; s < B; ++s)
+            cost += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                               gW1, gb1, gW2, gb2);
         free(work);
     }
     return cost;
@@ -254,23 +209,18 @@ double bp_omp_critical(const float* W1, const float* b1, const float* W2, const 
                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
 {
     zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
-    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid;
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid, n = nW1 + nW2 + (size_t)(n_hid + n_out);
     double total = 0.0;
     #pragma omp parallel
     {
         /* one sample's gradient, private to the thread, added to the shared one under a lock */
-        float* mine = malloc(sizeof(float) * (nW1 + nW2 + (size_t)(3 * n_hid + n_out)));
-        float *pW1 = mine, *pW2 = mine + nW1, *pb1 = pW2 + nW2, *pb2 = pb1 + n_hid, *a1 = pb2 + n_out, *d1 = a1 + n_hid;
-        #pragma omp for schedule(static)
+        float* mine = malloc(sizeof(float) * (n + (size_t)(2 * n_hid)));
+        float *pW1 = mine, *pW2 = mine + nW1, *pb1 = pW2 + nW2, *pb2 = pb1 + n_hid, *work = pb2 + n_out;
+        #pragma omp for schedule(runtime)
         for (int s = 0; s < B; ++s) {
-            const float* xs = x + (size_t)s * n_in;
-            const float* ys = y + (size_t)s * n_out;
-            double cost = 0.0;
-            memset(mine, 0, sizeof(float) * (nW1 + nW2 + (size_t)(n_hid + n_out)));
-            {   /* the sample's gradients go to the private copies: the names below shadow the shared ones */
-                float *gW1 = pW1, *gW2 = pW2, *gb1 = pb1, *gb2 = pb2;
-                SAMPLE_BODY(PRAGMA(omp simd reduction(+ : acc)), PRAGMA(omp simd))
-            }
+            memset(mine, 0, sizeof(float) * n);
+            const double cost = add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid,
+                                           n_out, work, pW1, pb1, pW2, pb2);
             #pragma omp critical
             {
                 for (size_t t = 0; t < nW1; ++t) gW1[t] += pW1[t];
@@ -294,7 +244,7 @@ double bp_omp_atomic(const float* W1, const float* b1, const float* W2, const fl
     {
         float* work = malloc(sizeof(float) * (size_t)(2 * n_hid + n_out));
         float *a1 = work, *d1 = work + n_hid, *d2 = d1 + n_hid;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(runtime)
         for (int s = 0; s < B; ++s) {
             const float* xs = x + (size_t)s * n_in;
             const float* ys = y + (size_t)s * n_out;

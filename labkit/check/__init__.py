@@ -3,7 +3,7 @@
 Each check prints one line when everything passes and otherwise raises :class:`ExerciseError`
 with what was tested, what was expected against what came back, and a hint.
 
-One module per family, each named for what it checks: :mod:`.serial` (labs 01-02), :mod:`.kernels` (labs 03-04),
+One module per family, each named for what it checks: :mod:`.serial` (labs 01-02), :mod:`.openmp` (C and OpenMP), :mod:`.kernels` (labs 03-04),
 :mod:`.mpi` (labs 06-08, on every MPI rank), :mod:`.compression` (lab 09), :mod:`.speedup` (lab 11); the notebooks
 call them as ``check.<name>``.
 """
@@ -14,8 +14,10 @@ from .common import ExerciseError
 from .compression import topk_feedback
 from .kernels import KERNEL_TODO, block_reduction, tiled_matmul
 from .mpi import async_worker, data_parallel_step, ring_allreduce
+from .openmp import loop_interchange, omp_reduction
 from .serial import accumulate, backprop
 from .speedup import karp_flatt, scaled_speedup
 
 __all__ = ["ExerciseError", "KERNEL_TODO", "accumulate", "async_worker", "backprop", "block_reduction",
-           "data_parallel_step", "karp_flatt", "ring_allreduce", "scaled_speedup", "tiled_matmul", "topk_feedback"]
+           "data_parallel_step", "karp_flatt", "loop_interchange", "omp_reduction", "ring_allreduce", "scaled_speedup",
+           "tiled_matmul", "topk_feedback"]
