@@ -18,7 +18,7 @@ help:
 	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
-	@echo "make gpu-check  on a CUDA machine: install the GPU extra, run the GPU tests, kernel benchmark, labs 03-04 (full)"
+	@echo "make gpu-check  on a CUDA machine: install the GPU extra, run the GPU tests, kernel benchmark, labs 04-05 (full)"
 	@echo "make lock     refresh constraints.txt, the semester's exact versions"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/labkit bench backprop
 	$(BIN)/labkit bench allreduce
 	$(BIN)/labkit bench kernels
+	$(BIN)/labkit bench openmp
 	$(BIN)/labkit bench scaling
 
 doctor: $(STAMP)

@@ -271,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("id", nargs="*", help="cluster ids to stop (from `labkit cluster list`)")
     cl.add_argument("--all", action="store_true", help="stop every running cluster")
 
-    gc = _sub(sub, "gpu-check", "on a CUDA machine: GPU tests, kernel benchmark, labs 03-04 in full, into one folder",
+    gc = _sub(sub, "gpu-check", "on a CUDA machine: GPU tests, kernel benchmark, labs 04-05 in full, into one folder",
               "Run every check of the GPU half of the course on this machine's GPU: doctor, the tests marked gpu,\n"
-              "`labkit bench kernels --json`, and labs 03 and 04 on the full profile; every log, the JSON and the\n"
+              "`labkit bench kernels --json`, and labs 04 and 05 on the full profile; every log, the JSON and the\n"
               "executed notebooks go into one folder with summary.json. `make gpu-check` installs the GPU extra\n"
               "first. Without a usable GPU it refuses and says why.", _cmd_gpu_check)
     gc.add_argument("--out", default="gpu-check", help="output folder (default: gpu-check/)")

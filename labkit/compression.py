@@ -146,7 +146,7 @@ class CompressedAllreduce:
 
     ``method``: "float16", "int8", "topk" (with ``ratio``) or "threshold" (with ``tau``).
     ``error_feedback`` keeps each rank's dropped part and adds it to its next gradient.
-    ``sparsify``, a function ``(g, residual, ratio) -> (indices, values, new residual)`` (the lab 09 exercise),
+    ``sparsify``, a function ``(g, residual, ratio) -> (indices, values, new residual)`` (the lab 10 exercise),
     replaces top-k and error feedback; its residual is kept between steps.
     :attr:`bytes_sent` and :attr:`bytes_dense` count what this rank sent and would have sent uncompressed.
     """

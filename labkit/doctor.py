@@ -117,6 +117,33 @@ def check_emulator() -> Finding:
         return Finding("kernel emulator", FAIL, f"{type(e).__name__}: {e}")
 
 
+def check_c() -> list[Finding]:
+    """Lab 03's C: the C compiler with OpenMP (a function compiled and run on 2 threads), and the sanitizers that the
+    exercise checks run students' code under."""
+    try:
+        import numpy as np
+
+        from . import hostc
+
+        cc, version = hostc.compiler()
+        src = "void twice(float* x, int n)\n{\n#pragma omp parallel for\n for (int i = 0; i < n; ++i) x[i] *= 2.0f;\n}\n"
+        x = np.arange(4, dtype=np.float32)
+        mod = hostc.load(src, openmp=True)
+        mod.twice(x, np.int32(4), threads=2)
+        good = x.tolist() == [0.0, 2.0, 4.0, 6.0]
+        out = [Finding("C and OpenMP", OK if good else FAIL, f"{cc} ({version}); an OpenMP test function ran on "
+                       f"{mod.twice.threads_used} threads" + ("" if good else " and gave a wrong result"))]
+    except Exception as e:  # no compiler, no OpenMP: say which
+        return [Finding("C and OpenMP", FAIL, f"{type(e).__name__}: {e}")]
+    try:
+        y = np.zeros(4, np.float32)
+        hostc.load(src, openmp=True, checked=True).twice(y, np.int32(4), threads=2)
+        out.append(Finding("C checked mode", OK, "AddressSanitizer and UBSan run students' C in a child process"))
+    except Exception as e:
+        out.append(Finding("C checked mode", MISSING, f"{type(e).__name__}: {e} (lab 03's checks need it)"))
+    return out
+
+
 def check_mpi(timeout: float = 60) -> list[Finding]:
     from .cluster import mpiexec_path, run_mpi
 
@@ -195,7 +222,7 @@ def check_clusters() -> list[Finding]:
 
 def run_all() -> list[Finding]:
     """Every check, in the order of the labs."""
-    return (check_python() + check_settings() + check_data() + check_gpu() + check_mpi() + [check_loopback()]
+    return (check_python() + check_settings() + check_data() + check_c() + check_gpu() + check_mpi() + [check_loopback()]
             + check_clusters() + check_tools())
 
 

@@ -2,7 +2,7 @@
 
 Lab machines with GPUs are lent for minutes, so those minutes go to running, not preparing: ``make gpu-check``
 installs the GPU extra and calls this, which runs, one after another, each step of :func:`plan` (doctor, every
-test marked ``gpu``, the kernel benchmark, labs 03 and 04 on the full profile), keeps going when one fails, and
+test marked ``gpu``, the kernel benchmark, labs 04 and 05 on the full profile), keeps going when one fails, and
 writes every log, the benchmark JSON, the executed notebooks and ``summary.json`` into one folder. Without a
 usable GPU it refuses, saying why, before running anything; ``--plan`` prints the steps anywhere.
 """
@@ -37,10 +37,10 @@ def plan(out: Path) -> list[Step]:
     steps += [
         Step("bench-kernels", [py, "-m", "labkit", "bench", "kernels", "--json", "--out", str(out / "bench-kernels.json")],
              1200),
-        Step("lab03-full", [py, "-m", "labkit", "report", "--profile", "full", "--only", "03_",
-                            "--out", str(out / "lab03")], 1800),
         Step("lab04-full", [py, "-m", "labkit", "report", "--profile", "full", "--only", "04_",
                             "--out", str(out / "lab04")], 1800),
+        Step("lab05-full", [py, "-m", "labkit", "report", "--profile", "full", "--only", "05_",
+                            "--out", str(out / "lab05")], 1800),
     ]
     return steps
 

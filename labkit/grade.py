@@ -2,7 +2,7 @@
 
     labkit grade submissions/ --out grades/
 
-``submissions/`` holds one folder per student (``alice/04_cuda_kernels.ipynb``...) or the notebooks
+``submissions/`` holds one folder per student (``alice/05_cuda_kernels.ipynb``...) or the notebooks
 themselves (the file name then names the student). Every notebook runs from top to bottom on the quick
 profile; a cell that errs or runs past ``timeout`` seconds is stopped and the notebook goes on, so one
 endless loop costs one exercise, never the rest of the notebook or the other students. An exercise is a

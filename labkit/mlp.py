@@ -314,7 +314,7 @@ def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "qua
 def backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, wt_delta=None):
     """One sample as column vectors: x (n_in, 1), y (n_out, 1) -> (loss, [(nabla_W, nabla_b)]).
 
-    ``outer(i, delta, a)`` and ``wt_delta(i, delta)`` replace the two products of layer i (lab 03 runs them as
+    ``outer(i, delta, a)`` and ``wt_delta(i, delta)`` replace the two products of layer i (lab 04 runs them as
     kernels); both take and return column vectors or matrices, as the NumPy expressions they replace.
     """
     xp = array_module(x)

@@ -65,15 +65,31 @@ def train_epoch_c(params, x, Y, batch_size: int = 10, lr: float = 3.0, opt: str 
     return float(cost) / len(x)
 
 
+def load_exercise(source: str, opt: str = "-O2", checked: bool = False) -> hostc.CModule:
+    """Your C (the lab's exercise) compiled after sample.h, with OpenMP: its functions take backprop_c's ``function=``."""
+    return hostc.CModule(with_helpers(source, "yours.c"), "yours.c", opt=opt, openmp=True, checked=checked)
+
+
+def set_schedule(kind: str = "static", chunk: int = 0, opt: str = "-O2") -> None:
+    """The loop schedule of the OpenMP versions (``schedule(runtime)``): static, dynamic or guided, with a chunk size
+    (0: OpenMP's default for the kind). Applies to calls from this thread until set again."""
+    kinds = {"static": 1, "dynamic": 2, "guided": 3}
+    if kind not in kinds or not isinstance(chunk, int) or chunk < 0:
+        raise ValueError(f"schedule must be one of {', '.join(kinds)} with a chunk >= 0, got {kind!r}, {chunk!r}")
+    module(opt).get_function("set_schedule")(np.int32(kinds[kind]), np.int32(chunk))
+
+
 def backprop_c(params, x, Y, version: str = "fused", opt: str = "-O2", threads: int | None = None,
-               native: bool = False) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
+               native: bool = False, function: hostc.CFunction | None = None
+               ) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
     """Summed quadratic cost and summed gradients of a [n_in, n_hid, n_out] sigmoid network over the batch, by one
-    of the C versions (:data:`VERSIONS`, :data:`OMP_VERSIONS`); ``threads`` for the OpenMP ones."""
-    if version not in VERSIONS + OMP_VERSIONS:
+    of the C versions (:data:`VERSIONS`, :data:`OMP_VERSIONS`), or by ``function``, a C function with the same
+    parameters (yours, from :func:`load_exercise`); ``threads`` for the OpenMP ones."""
+    if function is None and version not in VERSIONS + OMP_VERSIONS:
         raise ValueError(f"version must be one of {', '.join(VERSIONS + OMP_VERSIONS)}, got {version!r}")
     (W1, b1, W2, b2, x, Y), (n_in, n_hid, n_out) = _arrays(params, x, Y)
     grads = [(np.empty_like(W1), np.empty_like(b1)), (np.empty_like(W2), np.empty_like(b2))]
-    fn = module(opt, native).get_function(f"bp_{version}")
+    fn = function or module(opt, native).get_function(f"bp_{version}")
     loss = fn(W1, b1, W2, b2, x, Y, np.int32(x.shape[0]), n_in, n_hid, n_out,
               grads[0][0], grads[0][1], grads[1][0], grads[1][1], threads=threads)
     return float(loss), grads

@@ -170,7 +170,7 @@ def worker_loop(comm, grad, flat, bounds, batches, timeout=None) -> None:
     returns the flat gradient; ``bounds[m] = (lo, hi)`` is master m's slice; ``batches`` yields (x, Y).
     The message to master m is ``gradient[lo:hi]`` followed by one number, the version of that slice these
     weights came from (0 at the start); the reply has the same layout: the new slice, then its version.
-    At the end every master is told DONE. (The reference for the lab 08 exercise.)
+    At the end every master is told DONE. (The reference for the lab 09 exercise.)
     """
     from .collectives import wait_all
 
@@ -262,7 +262,7 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
 
     ``masters`` ranks serve, the others work (at least one of each). One epoch is one pass of every
     worker over its own shard of the data, so all workers together see the data once per epoch.
-    ``worker`` replaces :func:`worker_loop` (same signature): the lab 08 exercise plugs in here.
+    ``worker`` replaces :func:`worker_loop` (same signature): the lab 09 exercise plugs in here.
     If any rank fails (a worker stalls, a message is malformed), every rank raises :class:`ParameterServerError`
     naming the first cause; a rank that is gone or stuck makes the others raise within about 3 ``timeout``.
     """

@@ -38,7 +38,7 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
     display({METRIC_MIME: {"name": name, "value": value, "unit": unit, "note": note}, "text/plain": text}, raw=True)
 
 
-def claim(statement: str, holds, reading: str) -> bool:
+def claim(statement: str, holds, reading: str) -> None:
     """Check a sentence of the lab's text against this run's measurement and show whether it held.
 
     ``statement`` is the lesson as the text puts it ("error feedback closes the top-k gap"), ``holds`` the test
@@ -50,7 +50,6 @@ def claim(statement: str, holds, reading: str) -> bool:
     holds = bool(holds)
     text = f"{'✔ holds' if holds else '✘ does not hold in this run'}: {statement} ({reading})"
     display({CLAIM_MIME: {"statement": statement, "holds": holds, "reading": reading}, "text/plain": text}, raw=True)
-    return holds
 
 
 def _format_metric(name: str, value, unit: str) -> str:

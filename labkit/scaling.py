@@ -1,11 +1,11 @@
 """Strong and weak scaling of the labs' workloads on 1..N MPI ranks: :func:`strong_scaling`, :func:`weak_scaling`,
 and their results, :class:`Scaling` (speedups, efficiencies, Karp-Flatt, serial fractions fitted with Amdahl's or
-Gustafson's law). ``labkit bench scaling`` and lab 11 use them.
+Gustafson's law). ``labkit bench scaling`` and lab 12 use them.
 
 Workloads (``size`` is the whole problem in strong scaling; in weak scaling the problem is scaled by ``scale``,
 the rank count unless given, so that each rank's share stays ``size``):
 
-* ``"backprop"``: one synchronous data-parallel SGD step of [784,256,10] (the step of lab 07): every rank
+* ``"backprop"``: one synchronous data-parallel SGD step of [784,256,10] (the step of lab 08): every rank
   backprops its shard of a batch of ``size`` samples, the gradients are summed with ``MPI_Allreduce``
   (:class:`labkit.data_parallel.DataParallel`) and every rank updates its weights; one BLAS thread per rank.
 * ``"synthetic"``: a known serial fraction: rank 0 alone does ``serial`` (default 0.1) of ``size`` units of
@@ -33,7 +33,7 @@ from .machine import usable_cores
 from .progress import progress_bar
 
 WORKLOADS = {
-    "backprop": "one data-parallel SGD step of [784,256,10] (lab 07): shard backprop, MPI_Allreduce, update",
+    "backprop": "one data-parallel SGD step of [784,256,10] (lab 08): shard backprop, MPI_Allreduce, update",
     "synthetic": "a known serial fraction: rank 0 alone does `serial` of the work, then all ranks share the rest",
 }
 _OPTIONS = {"backprop": set(), "synthetic": {"serial"}}

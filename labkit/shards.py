@@ -1,6 +1,6 @@
 """Splitting work and parameters among workers: contiguous shards, and a network's parameters as one flat vector.
 
-Threads (lab 02), MPI ranks (labs 05-10) and parameter-server masters all split the same way: ``n`` items into
+Threads (lab 02), MPI ranks (labs 06-11) and parameter-server masters all split the same way: ``n`` items into
 ``parts`` contiguous pieces of floor(n/parts), the first n % parts one longer. Collectives, data parallelism and
 the parameter servers move a network's parameters as one contiguous vector (:func:`flatten`) and read it back as
 params-shaped views (:func:`unflatten`).

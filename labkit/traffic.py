@@ -1,6 +1,6 @@
 """Instrumentation: a communicator that records every point-to-point message, to count and draw traffic.
 
-Labs 05 and 06 draw who sent how much to whom and when (:func:`labkit.plots.plot_traffic`); the ring exercise's
+Labs 06 and 07 draw who sent how much to whom and when (:func:`labkit.plots.plot_traffic`); the ring exercise's
 check counts a student's messages and bytes with it.
 """
 

@@ -141,7 +141,7 @@ def test_topk_feedback_check_not_written():
         check.topk_feedback(stub)
 
 
-# -- the kernel exercises (labs 03/04): checked on the emulator --------------------------------------
+# -- the kernel exercises (labs 04/05): checked on the emulator --------------------------------------
 
 from conftest import needs_cxx  # noqa: E402
 

@@ -86,14 +86,14 @@ def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
 
 @pytest.mark.notebooks
 def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_path, capsys):
-    lab = report.find_notebooks(only="04_")[0]
+    lab = report.find_notebooks(only="05_")[0]
     (tmp_path / "subs" / "teacher").mkdir(parents=True)
     nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "subs" / "teacher" / lab.name)
     assign.write_student_versions([lab], tmp_path / "subs" / "blank")
     assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "teacher  04_cuda_kernels.ipynb: 2/2 exercises passed" in out
-    assert "blank  04_cuda_kernels.ipynb: 0/2 exercises passed" in out
+    assert "teacher  05_cuda_kernels.ipynb: 2/2 exercises passed" in out
+    assert "blank  05_cuda_kernels.ipynb: 0/2 exercises passed" in out
     data = json.loads((tmp_path / "out" / "grades.json").read_text())["students"]
     for r in data["blank"][lab.name]["results"]:
         assert "not written yet" in r["message"]

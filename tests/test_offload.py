@@ -1,4 +1,4 @@
-"""Lab 03's offloaded per-sample backprop against labkit.mlp, and the transfer breakdown."""
+"""Lab 04's offloaded per-sample backprop against labkit.mlp, and the transfer breakdown."""
 
 import numpy as np
 import pytest

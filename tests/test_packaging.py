@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import gpucheck, machine, progress, settings
+from labkit import gpucheck, machine, progress, report, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "labkit"
@@ -127,7 +127,7 @@ def test_environment_yml_and_pyproject_list_the_same_packages():
     lines = (ROOT / "environment.yml").read_text().split("dependencies:", 1)[1].splitlines()
     conda = _requirement_names(ln.split("#")[0].strip()[2:] for ln in lines
                                if ln.startswith("  - ") and not ln.strip().startswith("- pip:"))
-    conda -= {"python", "pip", "cxx-compiler"}  # the environment itself, and the emulator's compiler
+    conda -= {"python", "pip", "cxx-compiler", "c-compiler"}  # the environment itself, the emulator's and lab 03's compilers
     assert pip_side == conda, {"only in pyproject": pip_side - conda, "only in environment.yml": conda - pip_side}
     assert not any("mpich" in r for r in project["dependencies"]), "PyPI's mpich belongs in the [mpi] extra"
 
@@ -174,9 +174,9 @@ def test_usable_cores_read_the_cgroup_quota(tmp_path):
 def test_gpu_check_plan_and_refusal(tmp_path):
     steps = gpucheck.plan(tmp_path)
     names = [s.name for s in steps]
-    assert names == ["doctor", "gpu-tests", "bench-kernels", "lab03-full", "lab04-full"]
+    assert names == ["doctor", "gpu-tests", "bench-kernels", "lab04-full", "lab05-full"]
     text = gpucheck.describe(steps)
-    assert "-m gpu" in text and "bench kernels --json" in text and "--profile full --only 03_" in text
+    assert "-m gpu" in text and "bench kernels --json" in text and "--profile full --only 04_" in text
     assert all(str(tmp_path) in " ".join(s.argv) for s in steps[1:])  # everything is written into one folder
     from labkit.device import gpu_status
 
@@ -194,7 +194,14 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
     cache folder (never site-packages/data), and the student versions can be written."""
     wheels, site, home = tmp_path / "wheels", tmp_path / "site", tmp_path / "home"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run(pip + ["wheel", "--no-deps", "-w", str(wheels), str(ROOT)], capture_output=True, text=True,
+    # from a copy of the checkout's own files: a build/ folder left by an earlier build would add stale files
+    source = tmp_path / "source"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True)
+    for name in listed.stdout.split():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            (source / name).write_bytes((ROOT / name).read_bytes())
+    built = subprocess.run(pip + ["wheel", "--no-deps", "-w", str(wheels), str(source)], capture_output=True, text=True,
                            timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next(wheels.glob("labkit-*.whl"))
@@ -205,16 +212,18 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
             "nbs = r.find_notebooks()\n"
             "print(labkit.__file__, len(nbs), d.REPO_DATA, d.default_dir())\n"
             f"print(len(a.write_student_versions(nbs[:1], {str(tmp_path / 'student')!r})))\n"
-            "print(d.locate().kind, d.verify(), d.load_mnist(verify=False)[0][0].shape)\n")
+            "print(d.locate().kind, d.verify(), d.load_mnist(verify=False)[0][0].shape)\n"
+            "import labkit.openmp as o\nprint(o.SOURCE.is_file(), o.HELPERS.is_file())\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(site), "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
     env.pop("LABKIT_CACHE", None)
     env.pop("LABKIT_DATA", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, second, third = out.stdout.split("\n")[:3]
+    first, second, third, fourth = out.stdout.split("\n")[:4]
     where, count, repo_data, default = first.split()
-    assert where.startswith(str(site)) and count == "11" and repo_data == "None"
+    assert where.startswith(str(site)) and count == str(len(report.find_notebooks())) and repo_data == "None"
     assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
     kind, subset, shape = third.split(" ", 2)
     assert kind == "subset" and subset.startswith(str(site)) and shape == "(10000, 784)", "the MNIST subset ships too"
+    assert fourth == "True True", "the C sources of the OpenMP lab ship too"

@@ -3,9 +3,9 @@
 Each check prints one line when everything passes and otherwise raises :class:`ExerciseError`
 with what was tested, what was expected against what came back, and a hint.
 
-One module per family, each named for what it checks: :mod:`.serial` (labs 01-02), :mod:`.openmp` (C and OpenMP), :mod:`.kernels` (labs 03-04),
-:mod:`.mpi` (labs 06-08, on every MPI rank), :mod:`.compression` (lab 09), :mod:`.speedup` (lab 11); the notebooks
-call them as ``check.<name>``.
+One module per family, each named for what it checks: :mod:`.serial` (labs 01-02), :mod:`.openmp` (lab 03),
+:mod:`.kernels` (labs 04-05), :mod:`.mpi` (labs 07-09, on every MPI rank), :mod:`.compression` (lab 10),
+:mod:`.speedup` (lab 12); the notebooks call them as ``check.<name>``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Check of lab 09: top-k sparsification with error feedback."""
+"""Check of lab 10: top-k sparsification with error feedback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .common import call, fail, passed
 
 
 def topk_feedback(fn) -> None:
-    """Exercise (lab 09): ``fn(g, residual, ratio) -> (indices, values, new_residual)``, top-k with error feedback.
+    """Exercise (lab 10): ``fn(g, residual, ratio) -> (indices, values, new_residual)``, top-k with error feedback.
 
     Sends the k = ceil(ratio * n) (at least 1) entries of largest magnitude of ``g + residual``; the new
     residual is ``g + residual`` with the sent entries zeroed. Checked on several sizes, ratios and

@@ -1,4 +1,4 @@
-"""Checks of the CUDA C exercises (labs 03-04): the student's source runs on the CPU emulator in checked mode, so
+"""Checks of the CUDA C exercises (labs 04-05): the student's source runs on the CPU emulator in checked mode, so
 an out-of-bounds access or a barrier some threads miss is reported with the kernel, block, thread and line."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
 
 
 def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> None:
-    """Lab 04: C = A B with tile x tile blocks staged in shared memory.
+    """Lab 05: C = A B with tile x tile blocks staged in shared memory.
 
     Signature (const float* A, const float* B, float* C, int M, int N, int K); launched with block
     (tile, tile) and grid (ceil(N/tile), ceil(M/tile)).
@@ -83,7 +83,7 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> Non
 
 
 def block_reduction(source: str, name: str = "block_sum", threads: int = 256) -> None:
-    """Lab 04: *out += sum(x) with a shared-memory tree in each block and one atomicAdd per block;
+    """Lab 05: *out += sum(x) with a shared-memory tree in each block and one atomicAdd per block;
     signature (const float* x, float* out, int n), launched with `threads` per block over a grid-stride loop."""
     ex = "block reduction"
     k = load_student_kernel(ex, source, name, {

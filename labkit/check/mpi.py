@@ -1,4 +1,4 @@
-"""Checks of labs 06-08, run on every MPI rank (``%%px``): the ring allreduce, the data-parallel step and the
+"""Checks of labs 07-09, run on every MPI rank (``%%px``): the ring allreduce, the data-parallel step and the
 asynchronous parameter-server worker. Each runs the student's function on sub-communicators of 1..p ranks; the
 ranks agree after every case, so all raise together and none waits on a peer that gave up."""
 
@@ -12,7 +12,7 @@ from .common import ExerciseError, compare_grads, not_written, passed
 
 
 def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
-    """Exercise (lab 06): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
+    """Exercise (lab 07): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
 
     Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and
     not divisible by the rank count, several dtypes and ops; compares with ``MPI_Allreduce``, checks that
@@ -206,7 +206,7 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
 
 
 def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
-    """Exercise (lab 07): ``fn(comm, params, x, Y) -> grads`` on every rank (``%%px``).
+    """Exercise (lab 08): ``fn(comm, params, x, Y) -> grads`` on every rank (``%%px``).
 
     Every rank passes the same global batch; the result must be the gradient of the mean quadratic cost
     over the *whole* batch (sigmoid network), on every rank, computed from this rank's shard only: on each rank the
@@ -274,7 +274,7 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
 
 
 def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
-    """Exercise (lab 08): ``fn(comm, grad, flat, bounds, batches, timeout)``, the asynchronous worker loop.
+    """Exercise (lab 09): ``fn(comm, grad, flat, bounds, batches, timeout)``, the asynchronous worker loop.
 
     Run as the workers of :func:`labkit.param_server.train` (labkit's masters) on 2..p ranks with 1..p-1
     masters. With one worker nothing can be stale, so the weights must equal serial SGD over the same

@@ -1,4 +1,4 @@
-"""Checks of lab 11: the Karp-Flatt metric and Gustafson's scaled speedup."""
+"""Checks of lab 12: the Karp-Flatt metric and Gustafson's scaled speedup."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from .common import call, compare_series, passed
 
 
 def karp_flatt(fn) -> None:
-    """Exercise (lab 11): ``fn(p, s) -> e``, the Karp-Flatt metric e = (1/S - 1/p) / (1 - 1/p) for arrays of worker
+    """Exercise (lab 12): ``fn(p, s) -> e``, the Karp-Flatt metric e = (1/S - 1/p) / (1 - 1/p) for arrays of worker
     counts p > 1 and measured speedups S, the serial fraction that would explain each measurement by Amdahl's law."""
     ex = "Karp-Flatt metric"
     cases = [(np.array([2.0, 4.0, 8.0]), np.array([1.8, 3.1, 4.4])),
@@ -28,7 +28,7 @@ def karp_flatt(fn) -> None:
 
 
 def scaled_speedup(fn) -> None:
-    """Exercise (lab 11): ``fn(t_one_rank, t_p_ranks) -> S``, Gustafson's scaled speedup from weak scaling: for each
+    """Exercise (lab 12): ``fn(t_one_rank, t_p_ranks) -> S``, Gustafson's scaled speedup from weak scaling: for each
     rank count, the time one rank needs for the scaled problem divided by the time p ranks need for it."""
     ex = "scaled speedup"
     cases = [(np.array([1.0, 1.9, 3.7]), np.array([1.0, 1.0, 1.0])),

@@ -1,4 +1,4 @@
-"""Lab 03: the course's offload experiment. Per-sample backprop (lab 01's loop) with its two products,
+"""Lab 04: the course's offload experiment. Per-sample backprop (lab 01's loop) with its two products,
 ``W^T delta`` and ``delta a^T``, run as kernels on the device.
 
     grad_fn = OffloadedBackprop("copy")        # every product: allocate, copy in, launch, copy out, free

@@ -1,4 +1,4 @@
-"""The lab 08 exercise check: passes labkit's worker loop, names typical mistakes, never hangs.
+"""The lab 09 exercise check: passes labkit's worker loop, names typical mistakes, never hangs.
 
 Run: mpiexec -n 3 python -m mpi4py tests/mpi/cases_ps_exercise.py [-k NAME]   (prints "OK <p>" on rank 0)
 """
