@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .kernels.source import Param, check_args, line_of, matching_bracket, parse_param, split_params, strip_comments
+from .machine import find_compiler
 
 
 class CompilerMissing(RuntimeError):
@@ -82,14 +82,9 @@ _loaded: dict[str, ctypes.CDLL] = {}
 @functools.cache
 def compiler() -> tuple[str, str]:
     """(path, version line) of the host C compiler: $CC, else cc, gcc or clang."""
-    for name in [os.environ.get("CC"), "cc", "gcc", "clang"]:
-        if name and shutil.which(name):
-            path = shutil.which(name)
-            try:
-                version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-            except (OSError, subprocess.SubprocessError):
-                continue
-            return path, version.splitlines()[0] if version else "?"
+    found = find_compiler([os.environ.get("CC"), "cc", "gcc", "clang"])
+    if found:
+        return found
     raise CompilerMissing("compiling C needs a C compiler and none was found ($CC, cc, gcc, clang). Install one "
                           "(Debian/Ubuntu: apt install gcc; Fedora: dnf install gcc; macOS: xcode-select --install; "
                           "Windows: use WSL), then run this cell again.")

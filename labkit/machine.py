@@ -73,3 +73,21 @@ def machine_info() -> dict:
     except ImportError:
         pass
     return info
+
+
+def find_compiler(names) -> tuple[str, str] | None:
+    """(path, first line of ``--version``) of the first of ``names`` (None entries skipped) that is on the PATH and
+    runs, or None: the emulator looks for a C++ compiler this way, lab 03 for a C one."""
+    import shutil
+    import subprocess
+
+    for name in names:
+        path = shutil.which(name) if name else None
+        if not path:
+            continue
+        try:
+            version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return path, version.splitlines()[0] if version else "?"
+    return None

@@ -19,7 +19,6 @@ import hashlib
 import mmap
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import settings
-from ..machine import usable_cores
+from ..machine import find_compiler, usable_cores
 from .source import (
     KernelCompileError,
     KernelDecl,
@@ -72,14 +71,9 @@ class LaunchArgs(ctypes.Structure):
 @functools.cache
 def compiler() -> tuple[str, str]:
     """(path, version line) of the host C++ compiler: $CXX, else c++, g++ or clang++."""
-    for name in [os.environ.get("CXX"), "c++", "g++", "clang++"]:
-        if name and shutil.which(name):
-            path = shutil.which(name)
-            try:
-                version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-            except (OSError, subprocess.SubprocessError):
-                continue
-            return path, version.splitlines()[0] if version else "?"
+    found = find_compiler([os.environ.get("CXX"), "c++", "g++", "clang++"])
+    if found:
+        return found
     raise EmulatorUnavailable(
         "the CPU emulator needs a C++ compiler and none was found ($CXX, c++, g++, clang++). "
         "Install one (Debian/Ubuntu: apt install g++; macOS: xcode-select --install; Windows: use WSL), "
