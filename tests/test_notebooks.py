@@ -23,7 +23,6 @@ CLAIMS = {
         "the better network learns faster and further",
     ],
     "02_cpu_threads.ipynb": [
-        "threads do not speed up the per-sample backprop of [784,30,10]",
         "two threads gain more on the widest layer than on the narrowest (NumPy releases the GIL in large products)",
         "the process pool reaches the serial run's accuracy",
         "vectorising on one core was worth more than any number of these cores",

@@ -88,8 +88,8 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
                      for k, f in (("naive", naive), ("yours", yours))}, rounds=3)
     speedup = t["naive"].median / t["yours"].median
     print(f"naive order {t['naive'].median * 1e3:.2f} ms, yours {t['yours'].median * 1e3:.2f} ms: {speedup:.2f}x")
-    if speedup <= 1.0:
-        fail(ex, f"your loop order is not faster than the naive one ({speedup:.2f}x)",
+    if speedup < 1.2:  # clearly faster: the right order measured 1.6-2.7x here, the formula's own order about 1.0x
+        fail(ex, f"your loop order is not clearly faster than the naive one ({speedup:.2f}x; at least 1.2x expected)",
              "make j (along a row of g and of x) the inner loop, and keep d[s][i] and the row pointers in local "
              "variables outside it, so the compiler can vectorise the inner loop")
     passed(f"{ex} ({speedup:.1f}x faster than the naive order)", n + 1)
