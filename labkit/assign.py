@@ -8,6 +8,7 @@ kernel checks (``labkit.check.tiled_matmul``...) report as "not written yet". Th
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -64,6 +65,36 @@ def student_notebook(nb):
     return nb
 
 
+def lock_given_cells(nb) -> None:
+    """Mark every code cell without a solution region (the checks and the given code) read-only and not deletable,
+    through the cell metadata JupyterLab honours; the parameters cell (PROFILE) stays editable."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "parameters" in cell.get("metadata", {}).get("tags", []):
+            continue
+        if C_STUB in cell.source or PY_STUB in cell.source:
+            continue  # an exercise: the student writes here
+        cell.metadata["editable"] = False
+        cell.metadata["deletable"] = False
+
+
+def release_entry(student) -> dict:
+    """What the grader needs of one handed-out notebook: its hash and, per exercise, the check cell (id, source)."""
+    import hashlib
+
+    from .grade import exercises_in
+
+    text = nbformat.writes(student)
+    exercises = []
+    for i, name in exercises_in(student):
+        cell = student.cells[i]
+        exercises.append({"name": name, "check_cell_id": cell.get("id"), "check_source": cell.source,
+                          "check_sha256": hashlib.sha256(cell.source.encode()).hexdigest()})
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises}
+
+
+RELEASE_FILE = "release.json"
+
+
 def has_exercises(nb) -> bool:
     return any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells)
 
@@ -72,11 +103,15 @@ class WouldOverwrite(FileExistsError):
     """A student file in the output folder differs from the version labkit would write (it may hold their work)."""
 
 
-def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bool = False) -> list[Path]:
+def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bool = False,
+                           release_dir: Path | str | None = None) -> list[Path]:
     """Write the student version of each notebook into ``out_dir`` (same file names); return the paths.
 
     A file already there that differs from the version about to be written (a student's edits, or an older release)
     is never replaced silently: nothing is written and :class:`WouldOverwrite` names the files, unless ``force``.
+    With ``release_dir`` (the instructor's side, never the students' folder) the release record goes there as
+    ``release.json``: every notebook handed out, its hash, and each exercise's check cell, which ``labkit grade``
+    runs and compares with what comes back.
     """
     out_dir = Path(out_dir)
     versions = []
@@ -90,17 +125,32 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
         if target.resolve() == Path(path).resolve():
             raise ValueError(f"writing the student version of {path} would overwrite the instructor's notebook: "
                              "choose another output folder")
-        versions.append((target, nbformat.writes(student) + "\n"))
-    differ = [t for t, text in versions if t.exists() and t.read_text(encoding="utf-8") != text]
+        lock_given_cells(student)
+        versions.append((target, nbformat.writes(student) + "\n", student))
+    differ = [t for t, text, _ in versions if t.exists() and t.read_text(encoding="utf-8") != text]
     if differ and not force:
         raise WouldOverwrite(f"{len(differ)} file(s) in {out_dir} differ from the student versions and may hold "
                              f"students' work: {', '.join(t.name for t in differ)}. Nothing was written. Choose another "
                              "folder, or overwrite them on purpose with --force (labkit assign) / force=True.")
+    if release_dir is not None:
+        release_dir = Path(release_dir)
+        if release_dir.resolve() == out_dir.resolve() or out_dir.resolve() in release_dir.resolve().parents:
+            raise ValueError(f"the release record belongs with the instructor's files, not in the students' folder "
+                             f"{out_dir}: choose another --release folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for target, text in versions:
+    for target, text, _ in versions:
         target.write_text(text, encoding="utf-8")
-    return [t for t, _ in versions]
+    if release_dir is not None:
+        import time
+
+        from . import __version__
+
+        record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "notebooks": {t.name: release_entry(student) for t, _, student in versions}}
+        release_dir.mkdir(parents=True, exist_ok=True)
+        (release_dir / RELEASE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return [t for t, _, _ in versions]
 
 
-__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "WouldOverwrite", "student_source", "student_notebook",
-           "has_exercises", "write_student_versions"]
+__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "RELEASE_FILE", "WouldOverwrite", "student_source",
+           "student_notebook", "lock_given_cells", "release_entry", "has_exercises", "write_student_versions"]

@@ -91,18 +91,19 @@ def _cmd_assign(a) -> int:
     from . import assign, report
 
     notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
-    written = assign.write_student_versions(notebooks, a.out, force=a.force)
+    written = assign.write_student_versions(notebooks, a.out, force=a.force, release_dir=a.release)
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
-          "checks kept")
+          "checks and given code read-only")
+    print(f"release record: {(Path(a.release) / assign.RELEASE_FILE).resolve()} (keep it; labkit grade uses it)")
     return 0
 
 
 def _cmd_grade(a) -> int:
     from . import grade
 
-    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile)
+    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release)
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     return 0
@@ -243,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
     asg.add_argument("--force", action="store_true", help="overwrite student files that differ (they may hold work)")
+    asg.add_argument("--release", default="release",
+                     help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 
     g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
              "Run every student's notebook top to bottom on the quick profile; a cell that errs or runs past the\n"
@@ -252,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
     g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell before it is stopped (default 60)")
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
+    g.add_argument("--release", default=None,
+                   help="the release record (release.json or its folder) from labkit assign (default: release/ if there)")
 
     from .benchmarks import BENCHMARKS
 

@@ -82,7 +82,55 @@ def _engine_error(cell) -> str | None:
     return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)} (on the MPI engines)"
 
 
-def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick") -> list[ExerciseResult]:
+def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
+    """The release record written by ``labkit assign --release DIR`` and its sha256: from ``release`` (the
+    release.json or its folder), else ./release/release.json when it exists, else (None, None)."""
+    import hashlib
+
+    from .assign import RELEASE_FILE
+
+    if release is None:
+        default = Path("release") / RELEASE_FILE
+        if not default.is_file():
+            return None, None
+        release = default
+    path = Path(release)
+    if path.is_dir():
+        path = path / RELEASE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no release record at {path}: `labkit assign --release DIR` writes DIR/{RELEASE_FILE}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        record = json.loads(text)
+        record["notebooks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a release record written by labkit assign ({e})") from None
+    return record, hashlib.sha256(text.encode()).hexdigest()
+
+
+def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[str, str]]:
+    """The released exercises found in a submission by their check cells' ids, each check cell put back as it was
+    handed out; and, per exercise, what was wrong with its cell (missing, turned into markdown, edited)."""
+    by_id = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    found, problems = [], {}
+    for ex in released["exercises"]:
+        i = by_id.get(ex["check_cell_id"])
+        if i is None:
+            problems[ex["name"]] = "its check cell is missing from the notebook (deleted?)"
+            continue
+        cell = nb.cells[i]
+        if cell.cell_type != "code":
+            problems[ex["name"]] = f"its check cell was turned into a {cell.cell_type} cell"
+            continue
+        if cell.source != ex["check_source"]:
+            problems[ex["name"]] = "its check cell was edited (the cell as handed out was run instead)"
+            cell.source = ex["check_source"]
+        found.append((i, ex["name"]))
+    return found, problems
+
+
+def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
+                   released: dict | None = None) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
     student's errors)."""
     import nbformat
@@ -90,7 +138,7 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
 
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, {"PROFILE": profile})
-    exercises = exercises_in(nb)
+    exercises, problems = _released_checks(nb, released) if released else (exercises_in(nb), {})
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(path.parent)}})
@@ -102,11 +150,18 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
         stopped = f"the notebook's kernel stopped: {type(e).__name__}: {ANSI_ESCAPES.sub('', str(e)).strip()[:300]}"
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
-    results = []
+    outcomes = {}
     for i, name in exercises:
         passed, message = _outcome(nb.cells[i], timeout)
         if stopped and not passed and message.startswith("not run"):
             message = stopped
+        outcomes[name] = (passed, message)
+    names = [ex["name"] for ex in released["exercises"]] if released else [name for _, name in exercises]
+    results = []
+    for name in names:  # every released exercise gets a row, in the release's order
+        passed, message = outcomes.get(name, (False, ""))
+        if name in problems:
+            passed, message = False, problems[name] + (f"; when run: {message}" if name in outcomes else "")
         results.append(ExerciseResult(student, path.name, name, passed, message))
     return results
 
@@ -127,18 +182,58 @@ def submissions(folder: Path) -> list[tuple[str, Path]]:
     return found
 
 
+def _match(path: Path, record: dict) -> str | None:
+    """The released notebook a submission is: by file name, else (a flat folder named by students) the one whose
+    check cells' ids it holds most of."""
+    import nbformat
+
+    if path.name in record["notebooks"]:
+        return path.name
+    try:
+        ids = {c.get("id") for c in nbformat.read(path, as_version=4).cells}
+    except Exception:  # noqa: BLE001 - an unreadable file is reported when it is run
+        return None
+    score = {name: sum(ex["check_cell_id"] in ids for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
+    best = max(score, key=score.get, default=None)
+    return best if best is not None and score[best] > 0 else None
+
+
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
-          progress: bool | None = None) -> tuple[list[ExerciseResult], Path, Path]:
-    """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``."""
+          progress: bool | None = None, release: Path | str | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+    """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
+
+    With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
+    graded for every student, by the check cells as handed out: a missing, edited or converted check cell fails and
+    says so, and a notebook a student did not hand in fails all its exercises."""
+    import hashlib
+
+    from . import __version__
+
     if timeout < 1:
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
+    record, release_sha = load_release(release)
+    if record is None:
+        print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
+              "each submission, so a deleted or edited check cell goes unnoticed")
     out = Path(out)
     results: list[ExerciseResult] = []
-    seconds = {}
-    for student, path in progress_bar(submissions(Path(folder)), enable=progress, desc="grading", unit="nb"):
+    seconds, hashes = {}, {}
+    found = submissions(Path(folder))
+    for student, path in progress_bar(found, enable=progress, desc="grading", unit="nb"):
         t0 = time.perf_counter()
-        results += grade_notebook(path, student, out / "executed" / student, timeout, profile)
+        name = _match(path, record) if record else None
+        released = record["notebooks"][name] if name else None
+        results += grade_notebook(path, student, out / "executed" / student, timeout, profile, released)
         seconds[(student, path.name)] = time.perf_counter() - t0
+        hashes[(student, path.name)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    if record:
+        handed_in = {(s, _match(p, record)) for s, p in found}
+        for student in sorted({s for s, _ in found}):
+            for name, entry in record["notebooks"].items():
+                if (student, name) not in handed_in:
+                    results += [ExerciseResult(student, name, ex["name"], False, "notebook not handed in")
+                                for ex in entry["exercises"]]
+                    seconds[(student, name)] = 0.0
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out / "grades.csv", out / "grades.json"
     with open(csv_path, "w", newline="") as f:
@@ -152,7 +247,11 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         summary.setdefault(student, {})[nb_name] = {
             "passed": sum(r.passed for r in mine), "exercises": len(mine), "seconds": round(secs, 1),
             "results": [asdict(r) for r in mine]}
-    json_path.write_text(json.dumps({"profile": profile, "timeout_s": timeout, "students": summary}, indent=2) + "\n")
+    for (student, nb_name), digest in hashes.items():
+        summary[student][nb_name]["sha256"] = digest
+    meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__,
+            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha}
+    json_path.write_text(json.dumps({**meta, "students": summary}, indent=2) + "\n")
     return results, csv_path, json_path
 
 
@@ -167,4 +266,5 @@ def summary(results: list[ExerciseResult]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "grade_notebook", "submissions", "grade", "summary"]
+__all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "load_release", "grade_notebook", "submissions", "grade",
+           "summary"]

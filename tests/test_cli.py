@@ -191,26 +191,27 @@ def test_bench_openmp_quick_json(capsys):
 
 
 def test_assign_writes_student_versions(tmp_path, capsys):
-    assert cli.main(["assign", "--out", str(tmp_path / "student"), "--only", "05_"]) == 0
+    release = ["--release", str(tmp_path / "release")]
+    assert cli.main(["assign", "--out", str(tmp_path / "student"), *release, "--only", "05_"]) == 0
     out = capsys.readouterr().out
     assert "1 student notebook(s)" in out
     text = (tmp_path / "student" / "05_cuda_kernels.ipynb").read_text()
     assert "BEGIN SOLUTION" not in text and "YOUR CODE HERE" in text and "check.tiled_matmul" in text
-    assert cli.main(["assign", "--out", str(tmp_path / "s2"), "--only", "no-such-lab"]) == 2
+    assert cli.main(["assign", "--out", str(tmp_path / "s2"), *release, "--only", "no-such-lab"]) == 2
     assert "no lab notebooks" in capsys.readouterr().err
 
 
 def test_assign_never_overwrites_a_students_edits_silently(tmp_path, capsys):
-    out = tmp_path / "student"
-    assert cli.main(["assign", "--out", str(out), "--only", "01_"]) == 0
-    assert cli.main(["assign", "--out", str(out), "--only", "01_"]) == 0  # the same version again: nothing lost
+    out, release = tmp_path / "student", ["--release", str(tmp_path / "release")]
+    assert cli.main(["assign", "--out", str(out), *release, "--only", "01_"]) == 0
+    assert cli.main(["assign", "--out", str(out), *release, "--only", "01_"]) == 0  # the same version again: nothing lost
     mine = out / "01_serial_backprop.ipynb"
     edited = mine.read_text().replace("raise NotImplementedError", "return 42  # my work", 1)
     mine.write_text(edited)
     capsys.readouterr()
-    assert cli.main(["assign", "--out", str(out), "--only", "01_"]) == 2
+    assert cli.main(["assign", "--out", str(out), *release, "--only", "01_"]) == 2
     err = capsys.readouterr().err
     assert "01_serial_backprop.ipynb" in err and "may hold students' work" in err and "--force" in err
     assert mine.read_text() == edited  # untouched
-    assert cli.main(["assign", "--out", str(out), "--only", "01_", "--force"]) == 0
+    assert cli.main(["assign", "--out", str(out), *release, "--only", "01_", "--force"]) == 0
     assert "my work" not in mine.read_text()

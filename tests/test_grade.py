@@ -85,7 +85,8 @@ def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
 
 
 @pytest.mark.notebooks
-def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_path, capsys):
+def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no release/ folder here: the exercises are the submissions' own check cells
     lab = report.find_notebooks(only="05_")[0]
     (tmp_path / "subs" / "teacher").mkdir(parents=True)
     nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "subs" / "teacher" / lab.name)
@@ -120,3 +121,63 @@ def test_a_px_cell_is_graded_by_the_engines_own_error():
     assert message == "ExerciseError: ring allreduce: 2 ranks, n=5: rank 1 got [3. 3.], expected [2. 2.] (on the MPI engines)"
     cell.outputs = cell.outputs[-1:]  # nothing printed by the engines: the error itself
     assert grade._outcome(cell, 60) == (False, "AlreadyDisplayedError: 2 errors")
+
+
+def test_assign_records_the_release_and_locks_the_given_cells(tmp_path):
+    lab = report.find_notebooks(only="01_")[0]
+    assign.write_student_versions([lab], tmp_path / "student", release_dir=tmp_path / "release")
+    record = json.loads((tmp_path / "release" / assign.RELEASE_FILE).read_text())
+    entry = record["notebooks"][lab.name]
+    student = nbformat.read(tmp_path / "student" / lab.name, as_version=4)
+    by_id = {c.id: c for c in student.cells}
+    assert [e["name"] for e in entry["exercises"]] == ["backprop"] and record["labkit_version"]
+    check_cell = by_id[entry["exercises"][0]["check_cell_id"]]
+    assert check_cell.source == entry["exercises"][0]["check_source"] == "check.backprop(my_backprop)"
+    assert check_cell.metadata["editable"] is False and check_cell.metadata["deletable"] is False
+    exercise = next(c for c in student.cells if "raise NotImplementedError" in c.source)
+    params = next(c for c in student.cells if "parameters" in c.metadata.get("tags", []))
+    assert "editable" not in exercise.metadata and "editable" not in params.metadata  # the student writes there
+    with pytest.raises(ValueError, match="not in the students' folder"):
+        assign.write_student_versions([lab], tmp_path / "student", release_dir=tmp_path / "student" / "release")
+
+
+@pytest.mark.notebooks
+def test_grading_by_the_release_names_deleted_edited_and_converted_check_cells(tmp_path):
+    lab = report.find_notebooks(only="01_")[0]
+    assign.write_student_versions([lab], tmp_path / "handout", release_dir=tmp_path / "release")
+    teacher = nbformat.read(lab, as_version=4)
+    solution = next(c for c in teacher.cells if assign.BEGIN in c.source)
+    check_id = json.loads((tmp_path / "release" / assign.RELEASE_FILE).read_text())["notebooks"][lab.name][
+        "exercises"][0]["check_cell_id"]
+
+    def submit(student, change):
+        nb = nbformat.read(tmp_path / "handout" / lab.name, as_version=4)
+        change(nb)
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / lab.name)
+
+    def solve(nb):
+        next(c for c in nb.cells if c.id == solution.id).source = solution.source
+
+    def cell(nb):
+        return next(c for c in nb.cells if c.id == check_id)
+
+    submit("honest", solve)
+    submit("deleter", lambda nb: (solve(nb), nb.cells.remove(cell(nb))))
+    wrapped = "try:\n    check.backprop(my_backprop)\nexcept Exception:\n    pass"
+    submit("wrapper", lambda nb: setattr(cell(nb), "source", wrapped))
+    submit("converter", lambda nb: nb.cells.__setitem__(nb.cells.index(cell(nb)), new_markdown_cell("check", id=check_id)))
+    (tmp_path / "subs" / "absent").mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell("print('my notes')")]), tmp_path / "subs" / "absent" / "notes.ipynb")
+    results, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=60, progress=False,
+                                        release=tmp_path / "release")
+    got = {(r.student, r.notebook): (r.passed, r.message) for r in results}
+    assert got[("honest", lab.name)] == (True, "passed")
+    assert got[("deleter", lab.name)] == (False, "its check cell is missing from the notebook (deleted?)")
+    passed, message = got[("wrapper", lab.name)]
+    assert not passed and message.startswith("its check cell was edited") and "not written yet" in message
+    assert got[("converter", lab.name)] == (False, "its check cell was turned into a markdown cell")
+    assert got[("absent", lab.name)] == (False, "notebook not handed in")
+    data = json.loads(json_path.read_text())
+    assert len(data["release_sha256"]) == 64 and data["labkit_version"] and data["graded_at"]
+    assert len(data["students"]["honest"][lab.name]["sha256"]) == 64
