@@ -103,7 +103,8 @@ def _cmd_assign(a) -> int:
 def _cmd_grade(a) -> int:
     from . import grade
 
-    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release)
+    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release,
+                                               jobs=a.jobs)
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     return 0
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
     g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell before it is stopped (default 60)")
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
+    g.add_argument("--jobs", type=int, default=1, help="grade this many submissions at once (default 1; try the core count)")
     g.add_argument("--release", default=None,
                    help="the release record (release.json or its folder) from labkit assign (default: release/ if there)")
 

@@ -17,6 +17,7 @@ import csv
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
 
 
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
-                   released: dict | None = None) -> list[ExerciseResult]:
+                   released: dict | None = None, threads: int | None = None) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
     student's errors)."""
     import nbformat
@@ -143,6 +144,8 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(path.parent)}})
     env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0"}
+    if threads:  # several notebooks at once: each kernel's BLAS and OpenMP get their share of the cores
+        env.update({k: str(threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     stopped = None
     try:
         client.execute(env=env)
@@ -198,34 +201,64 @@ def _match(path: Path, record: dict) -> str | None:
     return best if best is not None and score[best] > 0 else None
 
 
+def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
+    """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
+    import hashlib
+
+    path, student, out_dir, timeout, profile, released, threads = args
+    t0 = time.perf_counter()
+    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads)
+    return results, time.perf_counter() - t0, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
-          progress: bool | None = None, release: Path | str | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+          progress: bool | None = None, release: Path | str | None = None,
+          jobs: int = 1) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
     With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
     graded for every student, by the check cells as handed out: a missing, edited or converted check cell fails and
-    says so, and a notebook a student did not hand in fails all its exercises."""
-    import hashlib
+    says so, and a notebook a student did not hand in fails all its exercises.
+
+    ``jobs`` > 1 grades that many submissions at once (worker processes), each kernel's BLAS and OpenMP threads set
+    to its share of the cores; the results are the same, in the same order."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
 
     from . import __version__
+    from .machine import usable_cores
 
     if timeout < 1:
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
     record, release_sha = load_release(release)
     if record is None:
         print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
-              "each submission, so a deleted or edited check cell goes unnoticed")
+              "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
     out = Path(out)
     results: list[ExerciseResult] = []
     seconds, hashes = {}, {}
     found = submissions(Path(folder))
-    for student, path in progress_bar(found, enable=progress, desc="grading", unit="nb"):
-        t0 = time.perf_counter()
-        name = _match(path, record) if record else None
-        released = record["notebooks"][name] if name else None
-        results += grade_notebook(path, student, out / "executed" / student, timeout, profile, released)
-        seconds[(student, path.name)] = time.perf_counter() - t0
-        hashes[(student, path.name)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    threads = max(1, usable_cores() // jobs) if jobs > 1 else None
+    work = [(path, student, out / "executed" / student, timeout, profile,
+             record["notebooks"][name] if record and (name := _match(path, record)) else None, threads)
+            for student, path in found]
+    done = []
+    with progress_bar(total=len(work), enable=progress, desc="grading", unit="nb") as bar:
+        if jobs == 1:
+            for args in work:
+                done.append(_grade_one(args))
+                bar.update(1)
+        else:  # worker processes (spawned: no copy of this process's threads or state); map keeps the order
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+                for item in pool.map(_grade_one, work):
+                    done.append(item)
+                    bar.update(1)
+    for (student, path), (mine, secs, digest) in zip(found, done):
+        results += mine
+        seconds[(student, path.name)] = secs
+        hashes[(student, path.name)] = digest
     if record:
         handed_in = {(s, _match(p, record)) for s, p in found}
         for student in sorted({s for s, _ in found}):

@@ -190,6 +190,14 @@ def test_bench_openmp_quick_json(capsys):
     assert {"naive -O2", "simd -O2", "fused -O0", "reduction, 2 threads, wide"} <= set(result["seconds"])
 
 
+@pytest.mark.notebooks
+def test_bench_grading_quick_json(capsys):
+    assert cli.main(["bench", "grading", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout
+    assert result["passed"] == {"1": [2, 2], str(result["cores"]): [2, 2]}  # the reference passes either way
+    assert result["grading_notebooks_per_minute_jobs1"] > 0 and result["grading_parallel_speedup"] > 0
+
+
 def test_assign_writes_student_versions(tmp_path, capsys):
     release = ["--release", str(tmp_path / "release")]
     assert cli.main(["assign", "--out", str(tmp_path / "student"), *release, "--only", "05_"]) == 0

@@ -181,3 +181,31 @@ def test_grading_by_the_release_names_deleted_edited_and_converted_check_cells(t
     data = json.loads(json_path.read_text())
     assert len(data["release_sha256"]) == 64 and data["labkit_version"] and data["graded_at"]
     assert len(data["students"]["honest"][lab.name]["sha256"]) == 64
+
+
+QUICK = new_notebook(cells=[
+    new_markdown_cell("# Lab 97"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("import os\nfrom labkit import check"),
+    new_code_cell("check.karp_flatt(lambda p, s: (1 / s - 1 / p) / (1 - 1 / p))"),
+    new_code_cell("check.karp_flatt(None)"),
+    new_code_cell("print('threads', os.environ.get('OMP_NUM_THREADS'))"),
+])
+
+
+@pytest.mark.notebooks
+def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path, capsys):
+    for student in ("ana", "ben", "cy"):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(QUICK, tmp_path / "subs" / student / "97_quick.ipynb")
+    one, _, _ = grade.grade(tmp_path / "subs", tmp_path / "out1", timeout=60, progress=False, jobs=1)
+    two, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out2", timeout=60, progress=False, jobs=2)
+    assert [(r.student, r.exercise, r.passed) for r in two] == [(r.student, r.exercise, r.passed) for r in one]
+    assert [r.passed for r in two[:2]] == [True, False]
+    executed = nbformat.read(tmp_path / "out2" / "executed" / "ben" / "97_quick.ipynb", as_version=4)
+    from labkit.machine import usable_cores
+
+    assert f"threads {max(1, usable_cores() // 2)}" in executed.cells[-1].outputs[0]["text"]  # a share of the cores
+    with pytest.raises(ValueError, match="jobs must be a positive int"):
+        grade.grade(tmp_path / "subs", tmp_path / "out3", jobs=0)
+    assert "no release record" in capsys.readouterr().err  # a warning on stderr, never in the JSON on stdout

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "kernels": "labkit's CUDA kernels against cuBLAS/CuPy and the copy bandwidth on a GPU; the emulator's matmul",
     "training": "data-parallel speedup on 2 ranks and the accuracy cost of top-k 1 % compression",
     "scaling": "strong and weak scaling of the data-parallel step on 1..4 ranks, with fitted serial fractions",
+    "grading": "labkit grade on lab 01 copies: notebooks per minute with 1 job and with one job per core",
     "openmp": "network.py's backprop in C against NumPy per-sample, its single-thread versions, OpenMP on 1-2 threads",
 }
 

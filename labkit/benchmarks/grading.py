@@ -1,0 +1,66 @@
+"""How fast a class is graded: ``labkit grade`` on one core against ``--jobs`` equal to the core count.
+
+Run: ``labkit bench grading [--quick] [--json]``
+
+The submissions are copies of lab 01 as the instructor wrote it (every exercise passes), graded on the quick profile.
+Keys: ``grading_notebooks_per_minute_jobs1``, ``grading_notebooks_per_minute_jobsN`` (N = the usable cores) and
+their ratio ``grading_parallel_speedup``. The two configurations alternate over the rounds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..bench import interleaved, machine_info
+from ..machine import usable_cores
+
+TARGETS = {"grading_parallel_speedup": (">=", 1.7)}
+
+
+def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
+    """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
+    from .. import grade, report
+
+    rounds = (1 if quick else 2) if rounds is None else rounds
+    cores = usable_cores()
+    n = 2 if quick else 2 * max(cores, 2)
+    lab = report.find_notebooks(only="01_")[0]
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
+        subs = Path(tmp) / "subs"
+        for i in range(n):
+            (subs / f"student{i:02d}").mkdir(parents=True)
+            shutil.copy(lab, subs / f"student{i:02d}" / lab.name)
+        passed = {}
+
+        def job(jobs: int):
+            def timed() -> float:
+                t0 = time.perf_counter()
+                results, _, _ = grade.grade(subs, Path(tmp) / f"out{jobs}", timeout=120, progress=False, jobs=jobs)
+                passed[jobs] = sum(r.passed for r in results), len(results)
+                return time.perf_counter() - t0
+            return timed
+
+        timings = interleaved({1: job(1), cores: job(cores)}, rounds)
+    per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
+    result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
+              "machine": machine_info(), "passed": {str(k): list(v) for k, v in passed.items()},
+              "grading_notebooks_per_minute_jobs1": per_minute[1],
+              "grading_notebooks_per_minute_jobsN": per_minute[cores],
+              "grading_parallel_speedup": per_minute[cores] / per_minute[1],
+              "seconds": {str(k): t.times for k, t in timings.items()}}
+    result["targets_met"] = {"grading_parallel_speedup": result["grading_parallel_speedup"] >= 1.7}
+    return result
+
+
+def report(result: dict) -> str:
+    """A few lines for people."""
+    return "\n".join([
+        f"grading benchmark: {result['notebooks']} copies of {result['lab']} (quick profile), {result['cores']} cores, "
+        f"median of {result['rounds']} round(s)",
+        f"  --jobs 1: {result['grading_notebooks_per_minute_jobs1']:.1f} notebooks per minute",
+        f"  --jobs {result['cores']}: {result['grading_notebooks_per_minute_jobsN']:.1f} notebooks per minute",
+        f"grading_parallel_speedup: {result['grading_parallel_speedup']:.2f} (target >= 1.7: "
+        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})"])
