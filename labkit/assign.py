@@ -65,6 +65,21 @@ def student_notebook(nb):
     return nb
 
 
+CHECK_CALL = re.compile(r"^\s*check\.(\w+)\(", re.M)
+
+
+def exercises_in(nb) -> list[tuple[int, str]]:
+    """(cell index, exercise name) of every check cell; a name that repeats gets #2, #3..."""
+    found, seen = [], {}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for name in CHECK_CALL.findall(cell.source):
+            seen[name] = seen.get(name, 0) + 1
+            found.append((i, name if seen[name] == 1 else f"{name}#{seen[name]}"))
+    return found
+
+
 def lock_given_cells(nb) -> None:
     """Mark every code cell without a solution region (the checks and the given code) read-only and not deletable,
     through the cell metadata JupyterLab honours; the parameters cell (PROFILE) stays editable."""
@@ -80,8 +95,6 @@ def lock_given_cells(nb) -> None:
 def release_entry(student) -> dict:
     """What the grader needs of one handed-out notebook: its hash and, per exercise, the check cell (id, source)."""
     import hashlib
-
-    from .grade import exercises_in
 
     text = nbformat.writes(student)
     exercises = []
@@ -152,5 +165,6 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
     return [t for t, _, _ in versions]
 
 
-__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "RELEASE_FILE", "WouldOverwrite", "student_source",
+__all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
+           "student_source",
            "student_notebook", "lock_given_cells", "release_entry", "has_exercises", "write_student_versions"]

@@ -22,10 +22,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
 from .progress import progress_bar
 from .report import ANSI_ESCAPES, inject_parameters
-
-CHECK_CALL = re.compile(r"^\s*check\.(\w+)\(", re.M)
 
 
 @dataclass
@@ -35,18 +34,6 @@ class ExerciseResult:
     exercise: str
     passed: bool
     message: str
-
-
-def exercises_in(nb) -> list[tuple[int, str]]:
-    """(cell index, exercise name) of every check cell; a name that repeats gets #2, #3..."""
-    found, seen = [], {}
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        for name in CHECK_CALL.findall(cell.source):
-            seen[name] = seen.get(name, 0) + 1
-            found.append((i, name if seen[name] == 1 else f"{name}#{seen[name]}"))
-    return found
 
 
 def _outcome(cell, timeout: int) -> tuple[bool, str]:
@@ -87,8 +74,6 @@ def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
     """The release record written by ``labkit assign --release DIR`` and its sha256: from ``release`` (the
     release.json or its folder), else ./release/release.json when it exists, else (None, None)."""
     import hashlib
-
-    from .assign import RELEASE_FILE
 
     if release is None:
         default = Path("release") / RELEASE_FILE

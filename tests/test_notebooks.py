@@ -75,16 +75,13 @@ CLAIMS = {
         "the bubble falls with more micro-batches but stays above the formula",
         "the pipeline computes the serial step (up to float32 rounding)",
     ],
-    "12_speedup_plots.ipynb": [
-        "a small batch gains less from a second rank than a large one",
-        "beyond the number of cores the Karp-Flatt metric jumps",
-    ],
+    "12_speedup_plots.ipynb": [],  # every statement there is a timing on few shared cores: printed as readings
+
 }
 MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more ranks than cores (or one core)
     "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",
     "on a GPU the order is naive < tiled < register-blocked",
     "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
-    "beyond the number of cores the Karp-Flatt metric jumps", "a small batch gains less from a second rank than a large one",
 }
 # the default data (no LABKIT_DATA: the shipped subset unless data/ holds MNIST), and the full MNIST where it is here
 DATA = {"default-data": {"LABKIT_DATA": None}}
@@ -108,10 +105,10 @@ def test_committed_without_outputs_and_structured(path):
 
 
 def test_every_lab_lists_its_claims():
-    assert sorted(CLAIMS) == IDS and all(CLAIMS.values())
+    assert sorted(CLAIMS) == IDS
     for path in NOTEBOOKS:
         made = [ln for ln in path.read_text().splitlines() if "claim(" in ln]
-        assert made, f"{path.name} checks no claim of its text"
+        assert bool(made) == bool(CLAIMS[path.name]), f"{path.name}: the claims it checks and CLAIMS disagree"
 
 
 @pytest.mark.notebooks
