@@ -78,8 +78,10 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
                   f"{want[tuple(bad)]:.5g}", "g[i * n_in + j] += d[s * n_out + i] * x[s * n_in + j], summed over "
                   "every sample s; g is added to, not overwritten")
         n += 1
-    yours = _compile(ex, source, name, helpers=False, opt="-O2")
-    naive = hostc.load(NAIVE_OUTER, opt="-O2").get_function("outer_acc")
+    # timed at -O3: -O2's cheap vectoriser leaves the row loop scalar, and the two orders then differ by 0.95-2.2x from
+    # round to round; at -O3 the row order measured 3.5-6.8x faster in every round, the formula's order 1.0x
+    yours = _compile(ex, source, name, helpers=False, opt="-O3")
+    naive = hostc.load(NAIVE_OUTER, opt="-O3").get_function("outer_acc")
     B, n_out, n_in = 32, 100, 784
     d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
     g = np.zeros((n_out, n_in), np.float32)
@@ -88,8 +90,8 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
                      for k, f in (("naive", naive), ("yours", yours))}, rounds=3)
     speedup = t["naive"].median / t["yours"].median
     print(f"naive order {t['naive'].median * 1e3:.2f} ms, yours {t['yours'].median * 1e3:.2f} ms: {speedup:.2f}x")
-    if speedup < 1.2:  # clearly faster: the right order measured 1.6-2.7x here, the formula's own order about 1.0x
-        fail(ex, f"your loop order is not clearly faster than the naive one ({speedup:.2f}x; at least 1.2x expected)",
+    if speedup < 1.5:  # clearly faster
+        fail(ex, f"your loop order is not clearly faster than the naive one ({speedup:.2f}x; at least 1.5x expected)",
              "make j (along a row of g and of x) the inner loop, and keep d[s][i] and the row pointers in local "
              "variables outside it, so the compiler can vectorise the inner loop")
     passed(f"{ex} ({speedup:.1f}x faster than the naive order)", n + 1)
