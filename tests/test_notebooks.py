@@ -58,7 +58,7 @@ CLAIMS = {
     ],
     "09_parameter_servers.ipynb": [
         "one worker still handles lr 0.6",
-        "at lr 0.6 the accuracy collapses with the most workers",
+        "at lr 0.6 the accuracy falls with the most workers",
         "at lr 0.1 every configuration trains",
         "the staleness grows with the workers, about W - 1",
         "a learning rate scaled by 1/W recovers the accuracy",
