@@ -102,9 +102,11 @@ def _cmd_assign(a) -> int:
 
 def _cmd_grade(a) -> int:
     from . import grade
+    from .sandbox import Limits
 
+    limits = Limits(memory_mb=a.memory, processes=a.processes, cpu_seconds=a.cpu_seconds)
     results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release,
-                                               jobs=a.jobs)
+                                               jobs=a.jobs, isolate=False if a.no_sandbox else None, limits=limits)
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     return 0
@@ -249,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 
     g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
-             "Run every student's notebook top to bottom on the quick profile; a cell that errs or runs past the\n"
-             "limit is stopped and the notebook goes on. Each check cell is one exercise. Writes grades.csv,\n"
-             "grades.json and the executed notebooks.", _cmd_grade)
+             "Run every student's notebook top to bottom on the quick profile, each in a sandbox of its own\n"
+             "(bubblewrap: only its own files, no network, limits on memory, processes and CPU time). A cell that\n"
+             "errs or runs past the limit is stopped and the notebook goes on; one that ignores the interrupt\n"
+             "has its kernel killed. Each check cell is one exercise, judged by replaying the check on what the\n"
+             "student's function returned. Writes grades.csv, grades.json and the executed notebooks.", _cmd_grade)
     g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
     g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell before it is stopped (default 60)")
@@ -259,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=int, default=1, help="grade this many submissions at once (default 1; try the core count)")
     g.add_argument("--release", default=None,
                    help="the release record (release.json or its folder) from labkit assign (default: release/ if there)")
+    g.add_argument("--memory", type=int, default=4096, metavar="MB", help="memory per notebook, all its processes (default 4096)")
+    g.add_argument("--processes", type=int, default=256, help="processes per notebook (default 256)")
+    g.add_argument("--cpu-seconds", type=int, default=1800, help="CPU seconds per process (default 1800)")
+    g.add_argument("--no-sandbox", action="store_true",
+                   help="run the notebooks without isolation (their code gets your rights): for debugging only")
 
     from .benchmarks import BENCHMARKS
 

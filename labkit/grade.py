@@ -17,6 +17,8 @@ import csv
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,6 +27,7 @@ from pathlib import Path
 from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
 from .progress import progress_bar
 from .report import ANSI_ESCAPES, inject_parameters
+from .sandbox import Limits
 
 
 @dataclass
@@ -115,35 +118,167 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
     return found, problems
 
 
+def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
+    """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
+    from . import capture
+    from .cluster import run_mpi
+
+    files = capture.records(folder, check_name)
+    if len(files) <= 1 and check_name not in MPI_CHECKS:
+        return capture.replay(check_name, folder, seed)
+    if capture.recorded_reference(folder, check_name):
+        return capture.replay(check_name, folder, seed)  # says which reference, without starting ranks
+    try:
+        done = run_mpi(["-m", "labkit.capture", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
+                       timeout=max(60, 2 * timeout))
+    except subprocess.TimeoutExpired:
+        return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s"
+    for line in reversed(done.stdout.strip().splitlines()):
+        try:
+            verdict = json.loads(line)
+            return bool(verdict["passed"]), str(verdict["message"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}"
+
+
+MPI_CHECKS = ("ring_allreduce", "data_parallel_step", "async_worker")
+
+
+def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None) -> tuple[bool, str]:
+    """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record."""
+    from . import capture
+
+    ran, message = _outcome(cell, timeout)
+    if stopped and not ran and message.startswith("not run"):
+        return False, stopped
+    if not ran and (message.startswith("not run") or message.startswith("stopped after")):
+        return False, message
+    if not capture.records(folder, check_name):
+        if not ran:
+            return False, message
+        return False, ("the check cell ran but recorded nothing of your function (was labkit's check replaced or "
+                       "its call changed?)")
+    passed, message = _replay(check_name, folder, seed, timeout)
+    return passed, "passed" if passed else message
+
+
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
-                   released: dict | None = None, threads: int | None = None) -> list[ExerciseResult]:
+                   released: dict | None = None, threads: int | None = None, isolate: bool | None = None,
+                   limits: Limits | None = None) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
-    student's errors)."""
+    student's errors).
+
+    The notebook runs in a sandbox of its own (:mod:`labkit.sandbox`; ``isolate=None`` where one can be made) and in
+    record mode (:mod:`labkit.capture`) on inputs drawn afresh: right after each check cell, what it recorded of the
+    student's functions is moved out of the notebook's reach, and the check is replayed on it in the grader's own
+    processes, which give the verdict. A cell over ``timeout`` is interrupted; one that does not stop within
+    :data:`GRACE` more seconds has its kernel killed with everything it started."""
+    import secrets
+    import shutil
+    import tempfile
+    import threading
+
     import nbformat
     from nbclient import NotebookClient
+
+    from . import capture, sandbox
 
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, {"PROFILE": profile})
     exercises, problems = _released_checks(nb, released) if released else (exercises_in(nb), {})
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-                            resources={"metadata": {"path": str(path.parent)}})
-    env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0"}
+    by_cell: dict[int, list[str]] = {}
+    for i, name in exercises:
+        by_cell.setdefault(i, []).append(name)
+    seed = secrets.randbelow(1_000_000) + 1
+    isolate = sandbox.available()[0] if isolate is None else isolate
+    limits = limits or Limits()
+    private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
+    work = Path(tempfile.mkdtemp(prefix="labkit-sandbox-"))  # the notebook's scratch folder
+    inbox = work / ".labkit-capture"
+    state: dict = {"cell": None, "t0": 0.0, "killed": None}
+    cgroups = sandbox.make_cgroup(limits) if isolate else []
+
+    def start(cell, cell_index, **kw):
+        if cell_index in by_cell:  # what earlier cells recorded never counts
+            shutil.rmtree(inbox, ignore_errors=True)
+            inbox.mkdir()
+        state["cell"], state["t0"] = cell_index, time.monotonic()
+
+    def executed(cell, cell_index, **kw):
+        state["cell"] = None
+        for name in by_cell.get(cell_index, []):
+            target = private / "records" / name
+            target.mkdir(parents=True, exist_ok=True)
+            check_name = name.split("#")[0]
+            for f in list(inbox.glob(f"{check_name}.r*.json")) + list(inbox.glob(f"{check_name}.r*.npz")):
+                if f.is_file() and not f.is_symlink():
+                    shutil.copyfile(f, target / f.name)
+        shutil.rmtree(inbox, ignore_errors=True)
+
+    env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(inbox),
+           capture.SEED_ENV: str(seed)}
     if threads:  # several notebooks at once: each kernel's BLAS and OpenMP get their share of the cores
         env.update({k: str(threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    options = dict(timeout=timeout, allow_errors=True, interrupt_on_timeout=True,
+                   extra_arguments=["--IPKernelApp.log_level=ERROR"], on_cell_start=start, on_cell_executed=executed)
+    if isolate:
+        client = NotebookClient(nb, km=_sandboxed_kernel(work, private, limits, cgroups, sandbox.environment(work, env)),
+                                resources={"metadata": {"path": str(work)}}, **options)
+    else:
+        client = NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, **options)
+
+    def kill() -> None:
+        sandbox.kill_cgroup(cgroups)
+        proc = getattr(getattr(client.km, "provisioner", None), "process", None) if client.km else None
+        if proc is not None and proc.poll() is None:
+            try:
+                pgid = os.getpgid(proc.pid)
+                os.killpg(pgid, signal.SIGKILL) if pgid != os.getpgid(0) else proc.kill()
+            except OSError:
+                pass
+
+    finished = threading.Event()
+
+    def watchdog() -> None:  # from outside the kernel: a cell that ignores the interrupt is killed with its kernel
+        while not finished.wait(0.25):
+            cell = state["cell"]
+            if cell is not None and time.monotonic() - state["t0"] > timeout + GRACE:
+                state["killed"] = cell
+                kill()
+                return
+
+    guard = threading.Thread(target=watchdog, daemon=True, name="labkit-grade-watchdog")
+    guard.start()
     stopped = None
     try:
-        client.execute(env=env)
-    except Exception as e:  # the kernel died (a crash in compiled code, memory): the cells not reached fail
-        stopped = f"the notebook's kernel stopped: {type(e).__name__}: {ANSI_ESCAPES.sub('', str(e)).strip()[:300]}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, out_dir / path.name)
-    outcomes = {}
-    for i, name in exercises:
-        passed, message = _outcome(nb.cells[i], timeout)
-        if stopped and not passed and message.startswith("not run"):
-            message = stopped
-        outcomes[name] = (passed, message)
+        try:
+            client.execute(env=env)
+        except Exception as e:  # the kernel died (a crash in compiled code, memory, the watchdog): cells not reached fail
+            stopped = f"the notebook's kernel stopped: {type(e).__name__}: {ANSI_ESCAPES.sub('', str(e)).strip()[:300]}"
+        finally:
+            finished.set()
+            guard.join()
+        if state["killed"] is not None:
+            stopped = (f"not run: cell {state['killed']} ran past the {timeout} s limit and did not stop when "
+                       "interrupted, so the kernel and everything it started were killed")
+        elif cgroups and sandbox.oom_killed(cgroups):
+            stopped = f"the notebook went over its memory limit ({limits.memory_mb} MB) and its kernel was killed"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out_dir / path.name)
+        outcomes = {}
+        for i, name in exercises:
+            if i == state["killed"]:
+                outcomes[name] = (False, f"stopped after the {timeout} s limit per cell; it ignored the interrupt, so "
+                                         "the kernel and everything it started (engines, MPI ranks) were killed")
+                continue
+            outcomes[name] = _verdict(nb.cells[i], name.split("#")[0], private / "records" / name, seed, timeout,
+                                      stopped)
+    finally:
+        finished.set()
+        sandbox.remove_cgroup(cgroups)
+        shutil.rmtree(private, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     names = [ex["name"] for ex in released["exercises"]] if released else [name for _, name in exercises]
     results = []
     for name in names:  # every released exercise gets a row, in the release's order
@@ -152,6 +287,30 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
             passed, message = False, problems[name] + (f"; when run: {message}" if name in outcomes else "")
         results.append(ExerciseResult(student, path.name, name, passed, message))
     return results
+
+
+GRACE = 10  # seconds a cell has, after the interrupt, to stop before its kernel is killed
+
+
+def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict):
+    """A kernel manager whose kernel starts in the sandbox, talking over Unix sockets in the scratch folder (the
+    sandbox has no network of its own beyond its loopback)."""
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from . import sandbox
+
+    ipc = work / ".ipc"
+    ipc.mkdir()
+    spec_dir = private / "kernels" / "labkit-sandbox"
+    spec_dir.mkdir(parents=True)
+    argv = sandbox.command([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], work, limits,
+                           cgroups, env, log=private / "kernel.log")
+    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "labkit sandbox",
+                                                      "language": "python", "interrupt_mode": "message"}))
+    ksm = KernelSpecManager(kernel_dirs=[str(private / "kernels")], ensure_native_kernel=False)
+    return AsyncKernelManager(kernel_name="labkit-sandbox", kernel_spec_manager=ksm, transport="ipc", ip=str(ipc / "k"),
+                         connection_file=str(ipc / "kernel.json"))
 
 
 def submissions(folder: Path) -> list[tuple[str, Path]]:
@@ -171,17 +330,22 @@ def submissions(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _match(path: Path, record: dict) -> str | None:
-    """The released notebook a submission is: by file name, else (a flat folder named by students) the one whose
-    check cells' ids it holds most of."""
+    """The released notebook a submission is: by file name, else (a flat folder named by students) the one most of
+    whose check cells it holds, by id and by the check they call (ids alone repeat from notebook to notebook)."""
     import nbformat
 
     if path.name in record["notebooks"]:
         return path.name
     try:
-        ids = {c.get("id") for c in nbformat.read(path, as_version=4).cells}
+        cells = {c.get("id"): c.get("source", "") for c in nbformat.read(path, as_version=4).cells}
     except Exception:  # noqa: BLE001 - an unreadable file is reported when it is run
         return None
-    score = {name: sum(ex["check_cell_id"] in ids for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
+
+    def holds(ex: dict) -> bool:
+        source = cells.get(ex["check_cell_id"])
+        return source is not None and f"check.{ex['name'].split('#')[0]}(" in source
+
+    score = {name: sum(holds(ex) for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
     best = max(score, key=score.get, default=None)
     return best if best is not None and score[best] > 0 else None
 
@@ -190,15 +354,16 @@ def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
     """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
     import hashlib
 
-    path, student, out_dir, timeout, profile, released, threads = args
+    path, student, out_dir, timeout, profile, released, threads, isolate, limits = args
     t0 = time.perf_counter()
-    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads)
+    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads, isolate, limits)
     return results, time.perf_counter() - t0, hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
-          jobs: int = 1) -> tuple[list[ExerciseResult], Path, Path]:
+          jobs: int = 1, isolate: bool | None = None,
+          limits: Limits | None = None) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
     With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
@@ -206,7 +371,11 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     says so, and a notebook a student did not hand in fails all its exercises.
 
     ``jobs`` > 1 grades that many submissions at once (worker processes), each kernel's BLAS and OpenMP threads set
-    to its share of the cores; the results are the same, in the same order."""
+    to its share of the cores; the results are the same, in the same order.
+
+    Each notebook runs in a sandbox of its own under ``limits`` (:mod:`labkit.sandbox`) where one can be made here
+    (``isolate=None``); where none can (or with ``isolate=False``) grading goes on after a warning that the
+    submissions' code runs with the grader's rights."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -217,6 +386,19 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    from . import sandbox
+
+    if isolate is None or isolate:
+        ok, why = sandbox.available()
+        if not ok and isolate:
+            raise RuntimeError(f"labkit grade: cannot isolate the submissions: {why}")
+        isolate = ok
+        if not ok:
+            print(f"labkit grade: WARNING: submissions are NOT isolated ({why}): their code runs with your rights and "
+                  "can read and write what you can", file=sys.stderr)
+    else:
+        print("labkit grade: WARNING: isolation turned off: the submissions' code runs with your rights",
+              file=sys.stderr)
     record, release_sha = load_release(release)
     if record is None:
         print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
@@ -227,7 +409,8 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     found = submissions(Path(folder))
     threads = max(1, usable_cores() // jobs) if jobs > 1 else None
     work = [(path, student, out / "executed" / student, timeout, profile,
-             record["notebooks"][name] if record and (name := _match(path, record)) else None, threads)
+             record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,
+             limits)
             for student, path in found]
     done = []
     with progress_bar(total=len(work), enable=progress, desc="grading", unit="nb") as bar:
@@ -267,7 +450,8 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
             "results": [asdict(r) for r in mine]}
     for (student, nb_name), digest in hashes.items():
         summary[student][nb_name]["sha256"] = digest
-    meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__,
+    meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
+            "limits": asdict(limits or Limits()),
             "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha}
     json_path.write_text(json.dumps({**meta, "students": summary}, indent=2) + "\n")
     return results, csv_path, json_path

@@ -3,9 +3,11 @@ and comparing gradients with a message that names the first wrong layer."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .. import mlp
+from .. import capture, mlp
 
 
 class ExerciseError(AssertionError):
@@ -17,6 +19,17 @@ class ExerciseError(AssertionError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"ExerciseError: {self}"]
+
+
+def recorded(check):
+    """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.capture`)."""
+
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        with capture.session(check.__name__):
+            return check(*args, **kwargs)
+
+    return wrapper
 
 
 def fail(exercise: str, what: str, hint: str = "") -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import ExerciseError, fail, passed
+from .. import capture
+from .common import ExerciseError, fail, passed, recorded
 
 KERNEL_TODO = "YOUR CODE HERE"
 
@@ -19,19 +20,24 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
     if KERNEL_TODO in source:
         raise ExerciseError(f"{ex}: not written yet (the kernel still says {KERNEL_TODO})\nHint: write the kernel's body in "
                             "place of the comment, run the cell, then run this check again")
-    try:
-        mod = kernels.load(source, backend="emulator", checked=True)
-    except kernels.KernelCompileError as e:
-        fail(ex, f"your kernel does not compile:\n{e}", "the first error is usually the one to fix; the line numbers are "
-              "lines of your source")
-    if name not in mod.kernel_names:
-        fail(ex, f"no kernel called {name!r} in your source (found {mod.kernel_names or 'none'})",
-              f'declare it as extern "C" __global__ void {name}(...)')
+
+    def compile_():
+        try:
+            mod = kernels.load(source, backend="emulator", checked=True)
+        except kernels.KernelCompileError as e:
+            fail(ex, f"your kernel does not compile:\n{e}", "the first error is usually the one to fix; the line numbers "
+                  "are lines of your source")
+        if name not in mod.kernel_names:
+            fail(ex, f"no kernel called {name!r} in your source (found {mod.kernel_names or 'none'})",
+                  f'declare it as extern "C" __global__ void {name}(...)')
+        return mod.get_function(name)
+
+    kernel = capture.build("kernel", compile_, ex)
     code = strip_comments(source)
     for needle, hint in must_have.items():
         if needle not in code:
             fail(ex, f"your kernel does not use {needle}", hint)
-    return mod.get_function(name)
+    return kernel
 
 
 def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
@@ -46,6 +52,7 @@ def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
               "keep the signature given in the exercise: the check launches it with exactly those arguments")
 
 
+@recorded
 def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> None:
     """Lab 05: C = A B with tile x tile blocks staged in shared memory.
 
@@ -53,11 +60,12 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> Non
     (tile, tile) and grid (ceil(N/tile), ceil(M/tile)).
     """
     ex = "tiled matmul"
+    source = capture.source(source)
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "
                          "next load overwrites it)"})
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(capture.seed(0))
     checks = 0
     for M, N, K in [(tile, tile, tile), (2 * tile, 3 * tile, 4 * tile), (1, 1, 1), (tile + 1, 2 * tile + 1, tile + 3),
                     (37, 5, 70)]:
@@ -82,15 +90,17 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> Non
     passed(ex, checks)
 
 
+@recorded
 def block_reduction(source: str, name: str = "block_sum", threads: int = 256) -> None:
     """Lab 05: *out += sum(x) with a shared-memory tree in each block and one atomicAdd per block;
     signature (const float* x, float* out, int n), launched with `threads` per block over a grid-stride loop."""
     ex = "block reduction"
+    source = capture.source(source)
     k = load_student_kernel(ex, source, name, {
         "__shared__": "each block sums its values in a __shared__ array, halving the active threads each step",
         "atomicAdd": "finish with atomicAdd(out, block_total) from one thread of each block: blocks cannot see each other's "
                      "shared memory"})
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(capture.seed(1))
     checks = 0
     for n, blocks in [(1, 1), (threads, 1), (threads + 1, 2), (10_000, 8), (100_003, 16)]:
         x = rng.random(n).astype(np.float32)

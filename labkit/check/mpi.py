@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import mlp
+from .. import capture, mlp
 from ..shards import shard_bounds
-from .common import ExerciseError, compare_grads, not_written, passed
+from .common import ExerciseError, compare_grads, not_written, passed, recorded
 
 
+@recorded
 def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
     """Exercise (lab 07): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
 
@@ -23,6 +24,7 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "ring allreduce"
+    fn = capture.student(fn, ex=ex)
     cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
 
     def run(sub, k):
@@ -152,7 +154,7 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
 
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
-    rng = np.random.default_rng(100 * k + r)
+    rng = np.random.default_rng(capture.seed(100 * k + r))
     x = (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
     before = x.copy()
     want = np.empty_like(x)
@@ -165,6 +167,8 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
         return not_written(ex)
     except RingMistake as e:
         return f"{ex} ({where}): {e}"
+    except (ExerciseError, capture.NotRecorded) as e:
+        return f"{e} ({where})"
     except TimeoutError as e:
         return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
     except MPI.Exception as e:
@@ -205,6 +209,7 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     return None
 
 
+@recorded
 def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
     """Exercise (lab 08): ``fn(comm, params, x, Y) -> grads`` on every rank (``%%px``).
 
@@ -219,12 +224,13 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "data-parallel step"
+    fn = capture.student(fn, ex=ex)
 
     def case(sub, k, batch):
         r = sub.Get_rank()
         where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
-        rng = np.random.default_rng(batch)
-        params = mlp.init_params([6, 5, 3], seed=batch, dtype=np.float64)
+        rng = np.random.default_rng(capture.seed(batch))
+        params = mlp.init_params([6, 5, 3], seed=capture.seed(batch), dtype=np.float64)
         x = rng.random((batch, 6))
         Y = mlp.targets(rng.integers(0, 3, batch), 3, np.float64)
         want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
@@ -239,6 +245,8 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
             got = fn(TrafficComm(work, timeout=timeout), params, mine_x, mine_Y)
         except NotImplementedError:
             error = not_written(ex)
+        except (ExerciseError, capture.NotRecorded) as e:
+            error = f"{e} ({where})"
         except Exception as e:
             hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
                     "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
@@ -273,6 +281,7 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
     collective_check(comm, ex, run)
 
 
+@recorded
 def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
     """Exercise (lab 09): ``fn(comm, grad, flat, bounds, batches, timeout)``, the asynchronous worker loop.
 
@@ -286,8 +295,9 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "asynchronous worker"
+    fn = capture.watched(fn)  # it runs live among labkit's masters: the training run as a whole is recorded
     sizes, lr, batch, epochs = [6, 5, 3], 0.1, 5, 2
-    rng = np.random.default_rng(8)
+    rng = np.random.default_rng(capture.seed(8))
     x, y = rng.random((23, 6)), rng.integers(0, 3, 23)
     hints = {
         "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
@@ -313,8 +323,9 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
         workers = k - masters
         where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
         try:
-            res = param_server.train(sub, sizes, (x, y), masters=masters, mode="async", epochs=epochs,
-                                     batch_size=batch, lr=lr, seed=k, timeout=timeout, dtype=np.float64, worker=fn)
+            res = capture.step("train", lambda: param_server.train(
+                sub, sizes, (x, y), masters=masters, mode="async", epochs=epochs, batch_size=batch, lr=lr,
+                seed=capture.seed(k), timeout=timeout, dtype=np.float64, worker=fn), key=f"{k},{masters}")
         except param_server.ParameterServerError as e:
             msg = str(e)
             if "NotImplementedError" in msg:
@@ -331,7 +342,7 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
             return (f"{ex} ({where}): the masters applied {res.master_updates.tolist()} updates, expected "
                     f"{sum(steps_each)} each\nHint: send every master its slice after every batch")
         if workers == 1:
-            want = reference(k)
+            want = reference(capture.seed(k))
             if (res.staleness != 0).any():
                 return (f"{ex} ({where}): with one worker every gradient is computed on the newest weights, but "
                         f"the masters saw staleness up to {res.staleness.max()}\nHint: {hints['was computed on version']}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import ExerciseError, fail, passed
+from .. import capture
+from .common import ExerciseError, fail, passed, recorded
 from .kernels import KERNEL_TODO
 
 # the loop order of the formula g_ij = sum_s d_si x_sj: the inner loop strides through memory and is a dependent sum
@@ -20,7 +21,7 @@ void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n
 """
 
 
-def _compile(ex: str, source: str, name: str, helpers: bool, **options):
+def _compile(ex: str, source: str, name: str, helpers: bool, label: str, **options):
     from .. import hostc, openmp
 
     if not isinstance(source, str):
@@ -29,17 +30,21 @@ def _compile(ex: str, source: str, name: str, helpers: bool, **options):
         raise ExerciseError(f"{ex}: not written yet (the function still says {KERNEL_TODO})\nHint: write the code in "
                             "place of the comment, run the cell, then run this check again")
     text = openmp.with_helpers(source, "yours.c") if helpers else source
-    try:
-        module = hostc.CModule(text, "yours.c", **options)
-    except hostc.CompilerMissing as e:
-        raise ExerciseError(f"{ex}: {e}") from None
-    except hostc.CCompileError as e:
-        fail(ex, f"your code does not compile:\n{e}", "the first error is usually the one to fix; the line numbers are "
-              "lines of your source")
-    if name not in module.functions:
-        fail(ex, f"no function called {name!r} in your source (found {', '.join(module.functions) or 'none'})",
-              "keep the name and the signature given in the exercise")
-    return module.get_function(name)
+
+    def compile_():
+        try:
+            module = hostc.CModule(text, "yours.c", **options)
+        except hostc.CompilerMissing as e:
+            raise ExerciseError(f"{ex}: {e}") from None
+        except hostc.CCompileError as e:
+            fail(ex, f"your code does not compile:\n{e}", "the first error is usually the one to fix; the line numbers "
+                  "are lines of your source")
+        if name not in module.functions:
+            fail(ex, f"no function called {name!r} in your source (found {', '.join(module.functions) or 'none'})",
+                  "keep the name and the signature given in the exercise")
+        return module.get_function(name)
+
+    return capture.build(label, compile_, ex)
 
 
 def _call(ex: str, fn, args, hint: str, **kw):
@@ -53,6 +58,7 @@ def _call(ex: str, fn, args, hint: str, **kw):
         fail(ex, f"your function's parameters do not fit: {e}", "keep the signature given in the exercise")
 
 
+@recorded
 def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> None:
     """Lab 03: ``outer_acc(d, x, g, B, n_out, n_in)`` adds sum_s d_s x_s^T into g (n_out, n_in), with loops in an order
     whose inner loop walks along a row. Checked for values (with the sanitizers) and for speed against the naive order."""
@@ -60,8 +66,9 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     from ..bench import interleaved, measure
 
     ex = "loop interchange"
-    checked = _compile(ex, source, name, helpers=False, opt="-O1", checked=True)
-    rng = np.random.default_rng(0)
+    source = capture.source(source)
+    checked = _compile(ex, source, name, helpers=False, label="checked", opt="-O1", checked=True)
+    rng = np.random.default_rng(capture.seed(0))
     n = 0
     for B, n_out, n_in in ((1, 1, 1), (3, 5, 7), (10, 30, 784)):
         d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
@@ -80,16 +87,22 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
         n += 1
     # timed at -O3: -O2's cheap vectoriser leaves the row loop scalar, and the two orders then differ by 0.95-2.2x from
     # round to round; at -O3 the row order measured 3.5-6.8x faster in every round, the formula's order 1.0x
-    yours = _compile(ex, source, name, helpers=False, opt="-O3")
-    naive = hostc.load(NAIVE_OUTER, opt="-O3").get_function("outer_acc")
-    B, n_out, n_in = 32, 100, 784
-    d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
-    g = np.zeros((n_out, n_in), np.float32)
-    args = (d, x, g, np.int32(B), np.int32(n_out), np.int32(n_in))
-    t = interleaved({k: (lambda f=f: measure(lambda: f(*args), repeat=repeat).median)
-                     for k, f in (("naive", naive), ("yours", yours))}, rounds=3)
-    speedup = t["naive"].median / t["yours"].median
-    print(f"naive order {t['naive'].median * 1e3:.2f} ms, yours {t['yours'].median * 1e3:.2f} ms: {speedup:.2f}x")
+    yours = _compile(ex, source, name, helpers=False, label="O3", opt="-O3")
+
+    def timed():  # the student's process measures; the grader reads the two medians
+        naive = hostc.load(NAIVE_OUTER, opt="-O3").get_function("outer_acc")
+        mine = getattr(yours, "unrecorded", yours)  # timing calls are not recorded one by one
+        B, n_out, n_in = 32, 100, 784
+        d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
+        g = np.zeros((n_out, n_in), np.float32)
+        args = (d, x, g, np.int32(B), np.int32(n_out), np.int32(n_in))
+        t = interleaved({k: (lambda f=f: measure(lambda: f(*args), repeat=repeat).median)
+                         for k, f in (("naive", naive), ("yours", mine))}, rounds=3)
+        return float(t["naive"].median), float(t["yours"].median)
+
+    t_naive, t_yours = capture.step("timing", timed)
+    speedup = t_naive / t_yours
+    print(f"naive order {t_naive * 1e3:.2f} ms, yours {t_yours * 1e3:.2f} ms: {speedup:.2f}x")
     if speedup < 1.5:  # clearly faster
         fail(ex, f"your loop order is not clearly faster than the naive one ({speedup:.2f}x; at least 1.5x expected)",
              "make j (along a row of g and of x) the inner loop, and keep d[s][i] and the row pointers in local "
@@ -97,6 +110,7 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     passed(f"{ex} ({speedup:.1f}x faster than the naive order)", n + 1)
 
 
+@recorded
 def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 4) -> None:
     """Lab 03: ``my_bp_omp`` (the signature of labkit's bp_* functions) parallelises network.py's per-sample backprop
     over the samples with OpenMP, combining the gradients without a race. Run with the sanitizers first, then at 1 to
@@ -105,12 +119,13 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 4) -> None:
     from ..machine import usable_cores
 
     ex = "OpenMP reduction"
+    source = capture.source(source)
     if isinstance(source, str) and KERNEL_TODO not in source and "#pragma omp" not in source:
         fail(ex, "your code has no OpenMP directive", "parallelise the loop over the samples with #pragma omp parallel "
               "(and omp for), and combine the gradients with a reduction")
-    checked = _compile(ex, source, name, helpers=True, opt="-O1", openmp=True, checked=True)
-    fast = _compile(ex, source, name, helpers=True, opt="-O2", openmp=True)
-    rng = np.random.default_rng(1)
+    checked = _compile(ex, source, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
+    fast = _compile(ex, source, name, helpers=True, label="O2", opt="-O2", openmp=True)
+    rng = np.random.default_rng(capture.seed(1))
     params = mlp.init_params([784, 30, 10], seed=3)
     B = 37
     x = rng.random((B, 784), dtype=np.float32)
@@ -127,7 +142,7 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 4) -> None:
         return cost, out
 
     call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
-    threads = sorted({1, 2, usable_cores(), 2 * usable_cores()})
+    threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
     n = 1
     for p in threads:
         results = [call(fast, p) for _ in range(runs)]

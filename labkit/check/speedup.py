@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import call, compare_series, passed
+from .. import capture
+from .common import call, compare_series, passed, recorded
 
 
+@recorded
 def karp_flatt(fn) -> None:
     """Exercise (lab 12): ``fn(p, s) -> e``, the Karp-Flatt metric e = (1/S - 1/p) / (1 - 1/p) for arrays of worker
     counts p > 1 and measured speedups S, the serial fraction that would explain each measurement by Amdahl's law."""
@@ -15,6 +17,10 @@ def karp_flatt(fn) -> None:
              (np.array([2.0, 3.0]), np.array([2.0, 3.0])),  # ideal: no serial work
              (np.array([2.0, 4.0, 16.0]), np.array([1.0, 1.0, 1.0])),  # no speedup at all: all serial
              (np.array([2.0, 4.0]), np.array([0.8, 0.5]))]  # slower than serial: overhead, e > 1
+    rng = np.random.default_rng(capture.seed(12))  # and one drawn afresh whenever a notebook is graded
+    p = np.sort(rng.choice(np.arange(2, 65), 4, replace=False)).astype(float)
+    cases.append((p, np.round(rng.uniform(1.0, p), 3)))
+    fn = capture.student(fn, ex=ex)
     for p, s in cases:
         where = f"p = {p.tolist()}, S = {s.tolist()}"
         got = call(ex, fn, p.copy(), s.copy())
@@ -27,6 +33,7 @@ def karp_flatt(fn) -> None:
     passed(ex, len(cases))
 
 
+@recorded
 def scaled_speedup(fn) -> None:
     """Exercise (lab 12): ``fn(t_one_rank, t_p_ranks) -> S``, Gustafson's scaled speedup from weak scaling: for each
     rank count, the time one rank needs for the scaled problem divided by the time p ranks need for it."""
@@ -34,6 +41,10 @@ def scaled_speedup(fn) -> None:
     cases = [(np.array([1.0, 1.9, 3.7]), np.array([1.0, 1.0, 1.0])),
              (np.array([2.0, 3.8, 7.4, 14.2]), np.array([2.0, 2.1, 2.2, 2.6])),
              (np.array([0.5]), np.array([0.5]))]
+    rng = np.random.default_rng(capture.seed(13))
+    t1 = np.round(np.cumsum(rng.uniform(0.5, 2.0, 4)), 3)
+    cases.append((t1, np.round(t1[0] * rng.uniform(1.0, 1.5, 4), 3)))
+    fn = capture.student(fn, ex=ex)
     for t1, tp in cases:
         where = f"t_one_rank = {t1.tolist()}, t_p_ranks = {tp.tolist()}"
         got = call(ex, fn, t1.copy(), tp.copy())

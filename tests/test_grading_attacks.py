@@ -1,0 +1,298 @@
+"""Grading against students who try to fool it: every attack fails, honest work passes, wrong work fails with the
+check's message, and nothing a submission starts outlives it.
+
+On lab 01 (serial), lab 07 (MPI engines, ``%%px``) and lab 05 (CUDA C on the emulator), each trimmed to the cells
+its exercise needs (the instructor's versions, released with ``labkit assign``), so that a class of attacks grades
+in a few minutes. Each attack is one student's notebook; one ``labkit grade`` run per lab grades them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from labkit import assign, grade, report, sandbox
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+
+ISOLATED, WHY = sandbox.available()
+needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"no sandbox here: {WHY}")
+
+
+def _lab(prefix: str, keep: list[str], out: Path) -> Path:
+    """The instructor's notebook ``prefix*`` with only the cells of ids ``keep``, written into ``out``."""
+    path = report.find_notebooks(only=prefix)[0]
+    nb = nbformat.read(path, as_version=4)
+    nb.cells = [c for c in nb.cells if c.get("id") in keep]
+    out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out / path.name)
+    return out / path.name
+
+
+def _solution(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if "### BEGIN SOLUTION" not in line and
+                     "### END SOLUTION" not in line)
+
+
+def _cell(nb, cell_id: str):
+    return next(c for c in nb.cells if c.get("id") == cell_id)
+
+
+def _before(nb, cell_id: str, source: str) -> None:
+    """A cell of the student's own, just before cell ``cell_id``."""
+    nb.cells.insert(nb.cells.index(_cell(nb, cell_id)), new_code_cell(source))
+
+
+def _grade(tmp: Path, lab: Path, students: dict, **kw):
+    """Release ``lab``, hand each student its version changed by their function, grade all; {student: (passed,
+    message)} for the lab's first exercise, and the results."""
+    assign.write_student_versions([lab], tmp / "blank", release_dir=tmp / "release")
+    subs = tmp / "subs"
+    for name, change in students.items():
+        nb = nbformat.read(tmp / "blank" / lab.name, as_version=4)
+        change(nb)
+        (subs / name).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, subs / name / lab.name)
+    results, csv_path, json_path = grade.grade(subs, tmp / "out", progress=False, release=tmp / "release", **kw)
+    first = {}
+    for r in results:
+        first.setdefault(r.student, (r.passed, r.message))
+    return first, results, json_path
+
+
+def _no_process_mentions(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+# ---- lab 01: serial -------------------------------------------------------------------------------------------------
+
+SERIAL_KEEP = ["c01", "c02", "c11", "c12"]
+
+
+@pytest.fixture(scope="module")
+def lab01(tmp_path_factory):
+    """Lab 01's attacks, graded once for the module's tests."""
+    tmp = tmp_path_factory.mktemp("lab01")
+    lab = _lab("01_", SERIAL_KEEP, tmp / "instructor")
+    solution = _solution(_cell(nbformat.read(lab, as_version=4), "c11").source)
+    wrong = solution.replace("delta.sum(axis=0))", "2 * delta.sum(axis=0))")
+    assert wrong != solution
+    grades_file = tmp / "out" / "grades.json"
+    other = tmp / "subs" / "honest" / lab.name
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def solve(nb, source=solution):
+        _cell(nb, "c11").source = source
+
+    def probe(nb):  # what a submission can reach: printed into its executed notebook
+        solve(nb)
+        paths = {"other": str(other), "instructor": str(lab), "release": str(tmp / "release" / "release.json"),
+                 "repo_notebooks": str(report.find_notebooks(only="01_")[0])}
+        _before(nb, "c12", "import json, os, socket\nseen = {}\n"
+                f"for k, p in {paths!r}.items():\n"
+                "    try:\n        open(p).read(1)\n        seen[k] = 'read'\n    except OSError as e:\n"
+                "        seen[k] = type(e).__name__\n"
+                "try:\n    open(os.path.join(os.path.dirname(" + repr(str(other)) + "), 'x.txt'), 'w').write('x')\n"
+                "    seen['write_other'] = 'written'\nexcept OSError as e:\n    seen['write_other'] = type(e).__name__\n"
+                "s = socket.socket()\ns.settimeout(3)\ntry:\n"
+                f"    s.connect(('127.0.0.1', {port}))\n    seen['grader_port'] = 'connected'\n"
+                "except OSError as e:\n    seen['grader_port'] = type(e).__name__\n"
+                "print('PROBE', json.dumps(seen))")
+
+    students = {
+        "honest": solve,
+        "wrong": lambda nb: solve(nb, wrong),
+        "blank": lambda nb: None,
+        "patch_check": lambda nb: _before(nb, "c12", "import labkit.check\nlabkit.check.backprop = lambda *a, **k: "
+                                                    "print('✔ vectorised backprop: all 3 checks passed')"),
+        "patch_numpy": lambda nb: (solve(nb, wrong), _before(nb, "c12", "np.allclose = lambda *a, **k: True\n"
+                                                                       "np.isclose = lambda a, b, **k: a == a")),
+        "redefine_check": lambda nb: _before(nb, "c12", "class check:\n    @staticmethod\n    def backprop(fn):\n"
+                                                       "        print('✔ vectorised backprop: all 3 checks passed')"),
+        "swallow_errors": lambda nb: (solve(nb, wrong), _before(
+            nb, "c12", "get_ipython().set_custom_exc((Exception,), lambda *a, **k: print('✔ all checks passed'))")),
+        "fake_print": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    print('✔ vectorised backprop: all 3 "
+                                           "checks passed')\n    return [(W * 0, b * 0) for W, b in params]"),
+        "forge_record": lambda nb: _before(nb, "c12", (
+            "import os, json, threading, time\nd = os.environ.get('LABKIT_CAPTURE', '/tmp/none')\n"
+            "def forge():\n    while True:\n        os.makedirs(d, exist_ok=True)\n"
+            "        open(os.path.join(d, 'backprop.r0.json'), 'w').write(json.dumps({'labkit_capture': 1, "
+            "'check': 'backprop', 'rank': 0, 'entries': []}))\n        time.sleep(0.01)\n"
+            "threading.Thread(target=forge, daemon=True).start()")),
+        "write_grades": lambda nb: (solve(nb), _before(nb, "c12", (
+            "import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time, os\\n"
+            f"p = {str(grades_file)!r}\\nmarker = \"labkit-detached-marker\"\\n"
+            "while True:\\n    try:\\n        open(p, \"w\").write(\"{}\")\\n    except OSError:\\n        pass\\n"
+            "    time.sleep(0.2)', 'labkit-detached-marker'], start_new_session=True)"))),
+        "alias_reference": lambda nb: solve(nb, "my_backprop = mlp.backprop"),
+        "call_reference": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    return mlp.backprop(params, x, Y)"),
+        "probe": probe,
+    }
+    try:
+        first, results, json_path = _grade(tmp, lab, students, timeout=60)
+    finally:
+        server.close()
+    time.sleep(1.0)  # a detached writer, had it survived, would have rewritten grades.json by now
+    return {"first": first, "results": results, "json": json_path, "tmp": tmp, "lab": lab}
+
+
+@needs_sandbox
+def test_honest_work_passes_and_wrong_work_fails_with_the_checks_message(lab01):
+    first = lab01["first"]
+    assert first["honest"] == (True, "passed")
+    assert not first["wrong"][0] and "db differs from the reference" in first["wrong"][1]
+    assert not first["blank"][0] and "not written yet" in first["blank"][1]
+
+
+@needs_sandbox
+@pytest.mark.parametrize("student", ["patch_check", "patch_numpy", "redefine_check", "swallow_errors", "fake_print",
+                                     "forge_record", "alias_reference", "call_reference"])
+def test_every_attack_on_the_verdict_fails(lab01, student):
+    passed, message = lab01["first"][student]
+    assert not passed, message
+    assert message, "an attack gets a message an instructor can read"
+
+
+@needs_sandbox
+def test_the_messages_say_what_happened(lab01):
+    first = lab01["first"]
+    assert "recorded nothing" in first["patch_check"][1]
+    assert "recorded nothing" in first["redefine_check"][1]
+    assert "db differs" in first["patch_numpy"][1]  # the comparison is the grader's, not the patched NumPy's
+    assert "db differs" in first["swallow_errors"][1]
+    assert "uses labkit's reference (labkit.mlp.backprop)" in first["alias_reference"][1]
+    assert "uses labkit's reference (labkit.mlp.backprop)" in first["call_reference"][1]
+
+
+@needs_sandbox
+def test_a_submission_reads_and_writes_only_its_own_files_and_has_no_network(lab01):
+    executed = nbformat.read(lab01["tmp"] / "out" / "executed" / "probe" / lab01["lab"].name, as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    seen = json.loads(text.split("PROBE ", 1)[1].splitlines()[0])
+    assert seen == {"other": "FileNotFoundError", "instructor": "FileNotFoundError", "release": "FileNotFoundError",
+                    "repo_notebooks": "FileNotFoundError", "write_other": "FileNotFoundError",
+                    "grader_port": "ConnectionRefusedError"}, seen
+    assert lab01["first"]["probe"] == (True, "passed")
+
+
+@needs_sandbox
+def test_a_detached_process_does_not_outlive_its_notebook(lab01):
+    assert lab01["first"]["write_grades"] == (True, "passed")
+    assert not _no_process_mentions("labkit-detached-marker")
+    data = json.loads(lab01["json"].read_text())  # whole and the grader's
+    assert data["isolated"] is True and "honest" in data["students"]
+
+
+# ---- limits enforced from outside -----------------------------------------------------------------------------------
+
+@needs_sandbox
+def test_endless_loops_bombs_and_ignored_interrupts_cost_one_submission(tmp_path):
+    lab = _lab("01_", SERIAL_KEEP, tmp_path / "instructor")
+    solution = _solution(_cell(nbformat.read(lab, as_version=4), "c11").source)
+
+    def solve(nb):
+        _cell(nb, "c11").source = solution
+
+    students = {
+        "loop": lambda nb: _cell(nb, "c11").__setitem__("source", "def my_backprop(params, x, Y):\n    while True:\n"
+                                                                   "        pass"),
+        "deaf": lambda nb: (solve(nb), _before(nb, "c12", "import signal, time\n"
+                                                          "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                                          "while True:\n    time.sleep(0.1)")),
+        "memory": lambda nb: (solve(nb), _before(nb, "c12", "hog = []\nwhile True:\n"
+                                                            "    hog.append(bytearray(64 << 20))")),
+        "forks": lambda nb: (solve(nb), _before(nb, "c12", "import os, time\nkids = 0\nwhile True:\n"
+                                                           "    if os.fork() == 0:\n        time.sleep(600)\n"
+                                                           "        os._exit(0)\n    kids += 1")),
+        "honest": solve,
+    }
+    t0 = time.monotonic()
+    first, results, _ = _grade(tmp_path, lab, students, timeout=8, limits=sandbox.Limits(memory_mb=600, processes=64))
+    took = time.monotonic() - t0
+    assert first["honest"] == (True, "passed")
+    assert not first["loop"][0] and "8 s limit" in first["loop"][1]
+    assert not first["deaf"][0] and "killed" in first["deaf"][1], first["deaf"]
+    assert not first["memory"][0] and ("memory" in first["memory"][1] or "MemoryError" in first["memory"][1]), first["memory"]
+    assert not first["forks"][0], first["forks"]
+    assert took < 240, took
+    assert not _no_process_mentions("labkit-sandbox-")
+
+
+# ---- lab 07: the MPI engines ----------------------------------------------------------------------------------------
+
+MPI_KEEP = ["c01", "c02", "c03", "c10", "c11", "c22"]
+
+
+@needs_sandbox
+@pytest.mark.mpi
+def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path):
+    lab = _lab("07_", MPI_KEEP, tmp_path / "instructor")
+    solution = _solution(_cell(nbformat.read(lab, as_version=4), "c10").source)
+    students = {
+        "honest": lambda nb: _cell(nb, "c10").__setitem__("source", solution),
+        "library": lambda nb: _cell(nb, "c10").__setitem__("source", solution.replace(
+            "    combine = {", "    return C.ring_allreduce(comm, x, op)\n    combine = {")),
+        "patch_check": lambda nb: _before(nb, "c11", "%%px\ncheck.ring_allreduce = lambda *a, **k: None"),
+        "endless": lambda nb: _cell(nb, "c10").__setitem__(
+            "source", "%%px\ndef my_ring_allreduce(comm, x, op=None):\n    while True:\n        pass"),
+        "died": lambda nb: _before(nb, "c11", "import os\nos._exit(1)"),
+    }
+    first, results, _ = _grade(tmp_path, lab, students, timeout=20)
+    assert first["honest"] == (True, "passed")
+    assert not first["library"][0] and "uses labkit's reference (labkit.collectives.ring_allreduce)" in first["library"][1]
+    assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]
+    assert not first["endless"][0], first["endless"]
+    assert not first["died"][0] and "kernel" in first["died"][1], first["died"]
+    assert not _no_process_mentions("ipengine") and not _no_process_mentions("ipcontroller")
+    assert not _no_process_mentions("labkit-sandbox-")
+
+
+# ---- lab 05: CUDA C on the emulator ---------------------------------------------------------------------------------
+
+CUDA_KEEP = ["c01", "c02", "c06", "c07"]
+
+
+@needs_sandbox
+def test_cuda_exercise_attacks_fail(tmp_path):
+    lab = _lab("05_", CUDA_KEEP, tmp_path / "instructor")
+    solution = _solution(_cell(nbformat.read(lab, as_version=4), "c06").source)
+    wrong = solution.replace("acc += As[ty][k] * Bs[k][tx];", "acc += As[ty][k] * Bs[k][tx] + 0.5f;")
+    assert wrong != solution
+    students = {
+        "honest": lambda nb: _cell(nb, "c06").__setitem__("source", solution),
+        "wrong": lambda nb: _cell(nb, "c06").__setitem__("source", wrong),
+        "library_source": lambda nb: _cell(nb, "c06").__setitem__(
+            "source", "import labkit, pathlib\nTILED_MATMUL = (pathlib.Path(labkit.__file__).parent / 'kernels' / "
+                      "'matmul.cu').read_text()"),
+        "patch_check": lambda nb: (_cell(nb, "c06").__setitem__("source", wrong),
+                                   _before(nb, "c07", "check.tiled_matmul = lambda *a, **k: None")),
+        "patch_numpy": lambda nb: (_cell(nb, "c06").__setitem__("source", wrong),
+                                   _before(nb, "c07", "np.isclose = lambda a, b, **k: np.ones(np.shape(a), bool)")),
+    }
+    first, results, _ = _grade(tmp_path, lab, students, timeout=60)
+    assert first["honest"] == (True, "passed")
+    assert not first["wrong"][0] and "(spec)" in first["wrong"][1]
+    assert not first["library_source"][0] and "uses labkit's reference (labkit/kernels/matmul.cu" in first["library_source"][1]
+    assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]
+    assert not first["patch_numpy"][0] and "(spec)" in first["patch_numpy"][1]
+
+
+def test_without_a_sandbox_grading_warns_that_submissions_are_not_isolated(tmp_path, capsys):
+    (tmp_path / "subs" / "ana").mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=[new_code_cell("print(1)")]), tmp_path / "subs" / "ana" / "a.ipynb")
+    grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, isolate=False)
+    assert "isolation turned off: the submissions' code runs with your rights" in capsys.readouterr().err
