@@ -105,6 +105,61 @@ def release_entry(student) -> dict:
     return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises}
 
 
+def nbgrader_source(nb, points: int = 1):
+    """The instructor's notebook (solutions in it) as an nbgrader source notebook: each cell with a solution region a
+    solution cell, each check cell a locked graded test cell worth ``points``, the given code locked, the parameters
+    cell and the markdown left as they are. nbgrader's ``generate_assignment`` stubs the solution regions itself:
+    in Python with ``raise NotImplementedError()``, and inside a CUDA C or C string its stub's first line,
+    ``# YOUR CODE HERE``, is what labkit's C and kernel checks report as not written yet."""
+    nb = nbformat.from_dict(nb)
+    checks = dict(exercises_in(nb))
+    seen_ids = set()
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            if BEGIN in cell.source:
+                raise ValueError(f"cell {i} is {cell.cell_type}: nbgrader takes solution regions in code cells only")
+            continue
+        cell.outputs, cell.execution_count = [], None
+        student_source(cell.source)  # the markers pair up (raises otherwise)
+        base = str(cell.get("id") or f"cell-{i}")
+        meta = {"schema_version": 3, "task": False}
+        if BEGIN in cell.source:
+            meta.update(grade=False, solution=True, locked=False, grade_id=f"{base}-solution")
+        elif i in checks:
+            meta.update(grade=True, solution=False, locked=True, points=points,
+                        grade_id="check-" + checks[i].replace("#", "-"))
+        elif "parameters" in cell.get("metadata", {}).get("tags", []):
+            continue
+        else:
+            meta.update(grade=False, solution=False, locked=True, grade_id=f"{base}-given")
+        if meta["grade_id"] in seen_ids:
+            raise ValueError(f"cell {i}: nbgrader needs unique grade ids, {meta['grade_id']!r} repeats")
+        seen_ids.add(meta["grade_id"])
+        cell.metadata["nbgrader"] = meta
+    return nb
+
+
+def write_nbgrader_sources(notebooks: list[Path], out_dir: Path | str, force: bool = False) -> list[Path]:
+    """nbgrader's ``source/<assignment>/`` folder: each notebook with nbgrader's cell metadata (:func:`nbgrader_source`).
+    These hold the solutions: they are the instructor's, never the students'."""
+    out_dir = Path(out_dir)
+    versions = []
+    for path in notebooks:
+        try:
+            nb = nbgrader_source(nbformat.read(path, as_version=4))
+        except ValueError as e:
+            raise ValueError(f"{Path(path).name}: {e}") from None
+        versions.append((out_dir / Path(path).name, nbformat.writes(nb) + "\n"))
+    differ = [t for t, text in versions if t.exists() and t.read_text(encoding="utf-8") != text]
+    if differ and not force:
+        raise WouldOverwrite(f"{len(differ)} file(s) in {out_dir} differ from what would be written: "
+                             f"{', '.join(t.name for t in differ)}. Nothing was written; use --force to replace them.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for target, text in versions:
+        target.write_text(text, encoding="utf-8")
+    return [t for t, _ in versions]
+
+
 RELEASE_FILE = "release.json"
 
 
@@ -167,4 +222,5 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
 
 __all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
            "student_source",
-           "student_notebook", "lock_given_cells", "release_entry", "has_exercises", "write_student_versions"]
+           "student_notebook", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
+           "has_exercises", "write_student_versions"]

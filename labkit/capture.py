@@ -142,7 +142,8 @@ def _decode(v, arrays):
             raise NotRecorded(f"the record names an unknown result type {v['dataclass']}")
         return cls(**{k: _decode(x, arrays) for k, x in v["fields"].items()})
     if "object" in v:  # a value that is not plain data: the checks see its type's name, nothing else
-        return type(str(v["object"]), (), {"__repr__": lambda self, r=v.get("repr", ""): r})()
+        text = str(v.get("repr", ""))
+        return type(str(v["object"]), (), {"__repr__": lambda self: text})()
     raise NotRecorded(f"the record holds a value it cannot read: {sorted(v)}")
 
 

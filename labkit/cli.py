@@ -91,6 +91,14 @@ def _cmd_assign(a) -> int:
     from . import assign, report
 
     notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
+    if a.format == "nbgrader":
+        notebooks = [p for p in notebooks if assign.has_exercises(assign.nbformat.read(p, as_version=4))]
+        written = assign.write_nbgrader_sources(notebooks, a.out, force=a.force)
+        for path in written:
+            print(f"wrote {path}")
+        print(f"{len(written)} nbgrader source notebook(s) in {Path(a.out).resolve()} (with the solutions: put them in "
+              "nbgrader's source/<assignment>/ and run nbgrader generate_assignment)")
+        return 0
     written = assign.write_student_versions(notebooks, a.out, force=a.force, release_dir=a.release)
     for path in written:
         print(f"wrote {path}")
@@ -104,9 +112,24 @@ def _cmd_grade(a) -> int:
     from . import grade
     from .sandbox import Limits
 
+    if a.merge:
+        results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
+        print(grade.summary(results))
+        print(f"\nmerged {1 + len(a.more)} part(s) into {csv_path} and {json_path}")
+        return 0
+    if a.more:
+        raise SystemExit(f"labkit grade: one submissions folder, got {1 + len(a.more)} (several only with --merge)")
+    part = None
+    if a.part:
+        k, _, n = a.part.partition("/")
+        if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+            raise SystemExit(f"labkit grade: --part takes K/N with 0 <= K < N (a SLURM array: "
+                             f"--part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), got {a.part!r}")
+        part = (int(k), int(n))
     limits = Limits(memory_mb=a.memory, processes=a.processes, cpu_seconds=a.cpu_seconds)
     results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release,
-                                               jobs=a.jobs, isolate=False if a.no_sandbox else None, limits=limits)
+                                               jobs=a.jobs, isolate=False if a.no_sandbox else None, limits=limits,
+                                               part=part)
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     return 0
@@ -247,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
     asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
     asg.add_argument("--force", action="store_true", help="overwrite student files that differ (they may hold work)")
+    asg.add_argument("--format", choices=["labkit", "nbgrader"], default="labkit",
+                     help="labkit: student versions and a release record; nbgrader: source notebooks with nbgrader's "
+                          "cell metadata (solutions kept, for nbgrader generate_assignment)")
     asg.add_argument("--release", default="release",
                      help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 
@@ -256,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
              "errs or runs past the limit is stopped and the notebook goes on; one that ignores the interrupt\n"
              "has its kernel killed. Each check cell is one exercise, judged by replaying the check on what the\n"
              "student's function returned. Writes grades.csv, grades.json and the executed notebooks.", _cmd_grade)
-    g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
+    g.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves "
+                                  "(with --merge: the output folders of the parts)")
+    g.add_argument("more", nargs="*", help=argparse.SUPPRESS)
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
     g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell before it is stopped (default 60)")
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
@@ -266,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--memory", type=int, default=4096, metavar="MB", help="memory per notebook, all its processes (default 4096)")
     g.add_argument("--processes", type=int, default=256, help="processes per notebook (default 256)")
     g.add_argument("--cpu-seconds", type=int, default=1800, help="CPU seconds per process (default 1800)")
+    g.add_argument("--part", metavar="K/N", help="grade only the K-th of N shares of the students (K = 0..N-1), e.g. "
+                                               "one task of a SLURM array")
+    g.add_argument("--merge", action="store_true", help="merge the grades of the --part runs whose output folders "
+                                                      "are given into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
 

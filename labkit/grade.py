@@ -145,7 +145,18 @@ def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[boo
 MPI_CHECKS = ("ring_allreduce", "data_parallel_step", "async_worker")
 
 
-def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None) -> tuple[bool, str]:
+def _earlier_error(nb, index: int) -> str | None:
+    """The first error of a code cell above ``index``: why a name the check needs was never defined."""
+    for j, cell in enumerate(nb.cells[:index]):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error" and out.get("ename") != "KeyboardInterrupt":
+                first = ANSI_ESCAPES.sub("", str(out.get("evalue", ""))).strip().splitlines()
+                return f"an earlier cell (cell {j}) failed: {out.get('ename')}: {first[0] if first else ''}".strip()
+    return None
+
+
+def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None,
+             earlier: str | None = None) -> tuple[bool, str]:
     """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record."""
     from . import capture
 
@@ -156,7 +167,7 @@ def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopp
         return False, message
     if not capture.records(folder, check_name):
         if not ran:
-            return False, message
+            return False, message + (f"; {earlier}" if earlier and "NameError" in message else "")
         return False, ("the check cell ran but recorded nothing of your function (was labkit's check replaced or "
                        "its call changed?)")
     passed, message = _replay(check_name, folder, seed, timeout)
@@ -264,6 +275,7 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
                        "interrupted, so the kernel and everything it started were killed")
         elif cgroups and sandbox.oom_killed(cgroups):
             stopped = f"the notebook went over its memory limit ({limits.memory_mb} MB) and its kernel was killed"
+        forks = bool(cgroups) and sandbox.hit_process_limit(cgroups)
         out_dir.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out_dir / path.name)
         outcomes = {}
@@ -272,8 +284,11 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
                 outcomes[name] = (False, f"stopped after the {timeout} s limit per cell; it ignored the interrupt, so "
                                          "the kernel and everything it started (engines, MPI ranks) were killed")
                 continue
-            outcomes[name] = _verdict(nb.cells[i], name.split("#")[0], private / "records" / name, seed, timeout,
-                                      stopped)
+            passed, message = _verdict(nb.cells[i], name.split("#")[0], private / "records" / name, seed, timeout,
+                                       stopped, _earlier_error(nb, i))
+            if forks and not passed:
+                message += f" (the notebook hit its limit of {limits.processes} processes and threads)"
+            outcomes[name] = (passed, message)
     finally:
         finished.set()
         sandbox.remove_cgroup(cgroups)
@@ -362,8 +377,8 @@ def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
 
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
-          jobs: int = 1, isolate: bool | None = None,
-          limits: Limits | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+          jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
+          part: tuple[int, int] | None = None) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
     With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
@@ -375,7 +390,10 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
 
     Each notebook runs in a sandbox of its own under ``limits`` (:mod:`labkit.sandbox`) where one can be made here
     (``isolate=None``); where none can (or with ``isolate=False``) grading goes on after a warning that the
-    submissions' code runs with the grader's rights."""
+    submissions' code runs with the grader's rights.
+
+    ``part=(k, n)`` grades only the k-th of n shares of the students (k = 0 .. n-1, every n-th student in name order):
+    one share per task of a SLURM array, say, each into its own ``out``, put together by :func:`merge`."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -407,6 +425,13 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     results: list[ExerciseResult] = []
     seconds, hashes = {}, {}
     found = submissions(Path(folder))
+    if part is not None:
+        k, n_parts = part
+        if not (isinstance(k, int) and isinstance(n_parts, int) and 0 <= k < n_parts):
+            raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part!r}")
+        names = sorted({s for s, _ in found})
+        mine = set(names[k::n_parts])
+        found = [(s, p) for s, p in found if s in mine]
     threads = max(1, usable_cores() // jobs) if jobs > 1 else None
     work = [(path, student, out / "executed" / student, timeout, profile,
              record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,
@@ -435,13 +460,6 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
                     results += [ExerciseResult(student, name, ex["name"], False, "notebook not handed in")
                                 for ex in entry["exercises"]]
                     seconds[(student, name)] = 0.0
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out / "grades.csv", out / "grades.json"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "exercise", "passed", "message"])
-        for r in results:
-            w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
     summary: dict = {}
     for (student, nb_name), secs in seconds.items():
         mine = [r for r in results if r.student == student and r.notebook == nb_name]
@@ -452,8 +470,61 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         summary[student][nb_name]["sha256"] = digest
     meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
             "limits": asdict(limits or Limits()),
-            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha}
-    json_path.write_text(json.dumps({**meta, "students": summary}, indent=2) + "\n")
+            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha,
+            "part": list(part) if part else None}
+    csv_path, json_path = _write(out, results, {**meta, "students": summary})
+    return results, csv_path, json_path
+
+
+def _write(out: Path, results: list[ExerciseResult], data: dict) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out / "grades.csv", out / "grades.json"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "notebook", "exercise", "passed", "message"])
+        for r in results:
+            w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    return csv_path, json_path
+
+
+def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult], Path, Path]:
+    """Put the grades of several ``labkit grade --part`` runs (their output folders, or grades.json files) into one
+    grades.csv and grades.json in ``out``. The parts must come from the same release and labkit version, and no
+    student may be graded in two of them."""
+    loaded = []
+    for p in parts:
+        path = Path(p) / "grades.json" if Path(p).is_dir() else Path(p)
+        if not path.is_file():
+            raise FileNotFoundError(f"no grades.json at {path}: give the --out folders of the labkit grade runs")
+        try:
+            data = json.loads(path.read_text())
+            data["students"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a grades.json written by labkit grade ({e})") from None
+        loaded.append((path, data))
+    if not loaded:
+        raise ValueError("nothing to merge: give the output folders of the labkit grade runs")
+    for key in ("release_sha256", "labkit_version", "profile", "timeout_s"):
+        values = {json.dumps(d.get(key)) for _, d in loaded}
+        if len(values) > 1:
+            raise ValueError(f"the parts differ in {key} ({', '.join(sorted(values))}): grade every part with the "
+                             "same release, labkit version and options")
+    students: dict = {}
+    owner: dict = {}
+    for path, data in loaded:
+        for student, notebooks in data["students"].items():
+            if student in students:
+                raise ValueError(f"{student} was graded in two parts: {owner[student]} and {path}")
+            students[student], owner[student] = notebooks, path
+    results = [ExerciseResult(**r) for student in sorted(students) for nb in students[student].values()
+               for r in nb.get("results", [])]
+    first = loaded[0][1]
+    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "isolated", "limits")}
+    meta["isolated"] = all(d.get("isolated") for _, d in loaded)
+    meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
+    meta["parts"] = [{"grades": str(p), "part": d.get("part"), "graded_at": d.get("graded_at")} for p, d in loaded]
+    csv_path, json_path = _write(Path(out), results, {**meta, "students": {s: students[s] for s in sorted(students)}})
     return results, csv_path, json_path
 
 
@@ -469,4 +540,4 @@ def summary(results: list[ExerciseResult]) -> str:
 
 
 __all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "load_release", "grade_notebook", "submissions", "grade",
-           "summary"]
+           "merge", "summary"]

@@ -201,6 +201,11 @@ def remove_cgroup(cgroups: list[Path]) -> None:
                 break
             except OSError:
                 time.sleep(0.1)
+    if cgroups and cgroups[0].parent.name == "labkit-grade":  # v2's parent, when no other grading uses it
+        try:
+            cgroups[0].parent.rmdir()
+        except OSError:
+            pass
 
 
 def peak_memory_mb(cgroups: list[Path]) -> float | None:
@@ -211,6 +216,19 @@ def peak_memory_mb(cgroups: list[Path]) -> float | None:
             except (OSError, ValueError):
                 continue
     return None
+
+
+def hit_process_limit(cgroups: list[Path]) -> bool:
+    """Whether a fork or a new thread of the notebook was refused by its process limit."""
+    for d in cgroups:
+        try:
+            for line in (d / "pids.events").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max" and int(v) > 0:
+                    return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def oom_killed(cgroups: list[Path]) -> bool:

@@ -209,3 +209,56 @@ def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path
     with pytest.raises(ValueError, match="jobs must be a positive int"):
         grade.grade(tmp_path / "subs", tmp_path / "out3", jobs=0)
     assert "no release record" in capsys.readouterr().err  # a warning on stderr, never in the JSON on stdout
+
+
+@pytest.mark.notebooks
+@pytest.mark.slow
+def test_every_lab_as_written_passes_when_graded_by_replay_in_the_sandbox(tmp_path):
+    """Every check's record and replay hold on the instructor's own solutions: all exercises of all labs pass, each
+    notebook within the 60 s a class can afford, and the blank versions fail every exercise."""
+    from labkit import sandbox
+
+    labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
+    assign.write_student_versions(labs, tmp_path / "blank", release_dir=tmp_path / "release")
+    (tmp_path / "subs" / "teacher").mkdir(parents=True)
+    for lab in labs:
+        nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "subs" / "teacher" / lab.name)
+    results, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, jobs=2,
+                                        release=tmp_path / "release")
+    failed = [(r.notebook, r.exercise, r.message) for r in results if not r.passed]
+    assert not failed
+    assert len(results) == sum(len(e["exercises"]) for e in json.loads((tmp_path / "release" / "release.json")
+                                                                        .read_text())["notebooks"].values())
+    data = json.loads(json_path.read_text())
+    assert data["isolated"] == sandbox.available()[0]
+    slow = {nb: v["seconds"] for nb, v in data["students"]["teacher"].items() if v["seconds"] >= 60}
+    assert not slow, slow
+
+
+KARP_FLATT = "def karp_flatt(p, s):\n    return (1 / s - 1 / p) / (1 - 1 / p)"
+
+
+@pytest.mark.notebooks
+def test_parts_of_a_class_merge_into_the_grades_of_one_run(tmp_path, capsys):
+    """What a SLURM array does: each task grades --part K/N of the students; --merge puts the parts together."""
+    for student, body in (("ana", KARP_FLATT), ("ben", KARP_FLATT.replace("1 / s - 1 / p", "1 / p - 1 / s")),
+                          ("cy", KARP_FLATT)):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(new_notebook(cells=[new_code_cell("from labkit import check"), new_code_cell(body),
+                                           new_code_cell("check.karp_flatt(karp_flatt)")]),
+                       tmp_path / "subs" / student / "12_x.ipynb")
+    for k in range(2):
+        assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / f"part{k}"), "--part", f"{k}/2"]) == 0
+    assert cli.main(["grade", "--merge", str(tmp_path / "part0"), str(tmp_path / "part1"),
+                     "--out", str(tmp_path / "all")]) == 0
+    whole, _, _ = grade.grade(tmp_path / "subs", tmp_path / "whole", progress=False)
+    merged = list(csv.DictReader(open(tmp_path / "all" / "grades.csv")))
+    assert [(r["student"], r["passed"]) for r in merged] == [(r.student, str(int(r.passed))) for r in whole] == [
+        ("ana", "1"), ("ben", "0"), ("cy", "1")]
+    data = json.loads((tmp_path / "all" / "grades.json").read_text())
+    assert [p["part"] for p in data["parts"]] == [[0, 2], [1, 2]]
+    assert "ben" in json.loads((tmp_path / "part1" / "grades.json").read_text())["students"]
+    with pytest.raises(ValueError, match="graded in two parts"):
+        grade.merge([tmp_path / "part0", tmp_path / "whole"], tmp_path / "bad")
+    with pytest.raises(SystemExit, match="K/N"):
+        cli.main(["grade", str(tmp_path / "subs"), "--part", "2/2"])

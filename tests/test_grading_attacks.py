@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from labkit import assign, grade, report, sandbox
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
 ISOLATED, WHY = sandbox.available()
+if not ISOLATED and os.environ.get("LABKIT_REQUIRE_SANDBOX"):  # CI installs bubblewrap: these tests must run there
+    raise RuntimeError(f"LABKIT_REQUIRE_SANDBOX is set but no sandbox can be made: {WHY}")
 needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"no sandbox here: {WHY}")
 
 
@@ -141,6 +142,11 @@ def lab01(tmp_path_factory):
         "alias_reference": lambda nb: solve(nb, "my_backprop = mlp.backprop"),
         "call_reference": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    return mlp.backprop(params, x, Y)"),
         "probe": probe,
+        # accidents: each gets one readable row
+        "unbalanced": lambda nb: solve(nb, solution.replace("acts[-1] @ W.T + b))", "acts[-1] @ W.T + b)", 1)),
+        "renamed": lambda nb: solve(nb, solution.replace("def my_backprop(", "def my_backprop_v2(")),
+        "saved_mid_run": lambda nb: _cell(nb, "c12").update(execution_count=3, outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text="✔ vectorised backprop: all 3 checks passed\n")]),
     }
     try:
         first, results, json_path = _grade(tmp, lab, students, timeout=60)
@@ -176,6 +182,19 @@ def test_the_messages_say_what_happened(lab01):
     assert "db differs" in first["swallow_errors"][1]
     assert "uses labkit's reference (labkit.mlp.backprop)" in first["alias_reference"][1]
     assert "uses labkit's reference (labkit.mlp.backprop)" in first["call_reference"][1]
+
+
+@needs_sandbox
+def test_accidents_get_one_readable_row_each(lab01):
+    first = lab01["first"]
+    passed, message = first["unbalanced"]
+    assert not passed and "NameError: name 'my_backprop' is not defined" in message and "SyntaxError" in message, message
+    passed, message = first["renamed"]
+    assert not passed and message == "NameError: name 'my_backprop' is not defined", message
+    passed, message = first["saved_mid_run"]  # the stale pass in the saved outputs counts for nothing: it is run again
+    assert not passed and "not written yet" in message, message
+    rows = [r for r in lab01["results"] if r.student in ("unbalanced", "renamed", "saved_mid_run")]
+    assert len(rows) == 3
 
 
 @needs_sandbox
@@ -227,7 +246,7 @@ def test_endless_loops_bombs_and_ignored_interrupts_cost_one_submission(tmp_path
     assert not first["loop"][0] and "8 s limit" in first["loop"][1]
     assert not first["deaf"][0] and "killed" in first["deaf"][1], first["deaf"]
     assert not first["memory"][0] and ("memory" in first["memory"][1] or "MemoryError" in first["memory"][1]), first["memory"]
-    assert not first["forks"][0], first["forks"]
+    assert not first["forks"][0] and "limit of 64 processes" in first["forks"][1], first["forks"]
     assert took < 240, took
     assert not _no_process_mentions("labkit-sandbox-")
 
@@ -249,6 +268,8 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
         "patch_check": lambda nb: _before(nb, "c11", "%%px\ncheck.ring_allreduce = lambda *a, **k: None"),
         "endless": lambda nb: _cell(nb, "c10").__setitem__(
             "source", "%%px\ndef my_ring_allreduce(comm, x, op=None):\n    while True:\n        pass"),
+        "raises": lambda nb: _cell(nb, "c10").__setitem__(
+            "source", "%%px\ndef my_ring_allreduce(comm, x, op=None):\n    raise ValueError('chunk sizes differ')"),
         "died": lambda nb: _before(nb, "c11", "import os\nos._exit(1)"),
     }
     first, results, _ = _grade(tmp_path, lab, students, timeout=20)
@@ -256,6 +277,7 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
     assert not first["library"][0] and "uses labkit's reference (labkit.collectives.ring_allreduce)" in first["library"][1]
     assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]
     assert not first["endless"][0], first["endless"]
+    assert not first["raises"][0] and "your function raised ValueError: chunk sizes differ" in first["raises"][1]
     assert not first["died"][0] and "kernel" in first["died"][1], first["died"]
     assert not _no_process_mentions("ipengine") and not _no_process_mentions("ipcontroller")
     assert not _no_process_mentions("labkit-sandbox-")

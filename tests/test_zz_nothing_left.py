@@ -58,3 +58,22 @@ def test_the_suite_left_no_network_namespace_behind():
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout.split("\n")
     left = [line.split()[0] for line in listed if line.strip().startswith("labkit")]
     assert not left, f"network namespaces left behind: {left}"
+
+
+def test_the_suite_left_no_sandbox_behind():
+    """Grading makes a cgroup and two temporary folders per notebook (labkit.sandbox, labkit.grade); none may outlive it."""
+    import glob
+    import tempfile
+
+    if not Path("/proc/stat").exists():
+        import pytest
+
+        pytest.skip("needs /proc (Linux)")
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    mine = boot + _start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")  # when this pytest started
+    cgroups = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
+    assert not cgroups, f"cgroups left behind: {cgroups}"
+    tmp = tempfile.gettempdir()
+    folders = [p for p in glob.glob(f"{tmp}/labkit-grader-*") + glob.glob(f"{tmp}/labkit-sandbox-*")
+               if os.stat(p).st_mtime >= mine]
+    assert not folders, f"grading folders left behind: {folders}"

@@ -4,7 +4,9 @@ Run: ``labkit bench grading [--quick] [--json]``
 
 The submissions are copies of lab 01 as the instructor wrote it (every exercise passes), graded on the quick profile.
 Keys: ``grading_notebooks_per_minute_jobs1``, ``grading_notebooks_per_minute_jobsN`` (N = the usable cores) and
-their ratio ``grading_parallel_speedup``. The two configurations alternate over the rounds.
+their ratio ``grading_parallel_speedup``, each notebook in its sandbox; and, where a sandbox can be made,
+``grading_sandbox_overhead_s``: the seconds the sandbox adds per notebook (one job with it against one job without).
+The configurations alternate over the rounds.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from pathlib import Path
 from ..bench import interleaved, machine_info
 from ..machine import usable_cores
 
-TARGETS = {"grading_parallel_speedup": (">=", 1.7)}
+TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s": ("<=", 2.0)}
 
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
-    from .. import grade, report
+    from .. import grade, report, sandbox
 
     rounds = (1 if quick else 2) if rounds is None else rounds
     cores = usable_cores()
@@ -35,23 +37,32 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
             shutil.copy(lab, subs / f"student{i:02d}" / lab.name)
         passed = {}
 
-        def job(jobs: int):
+        isolated = sandbox.available()[0]
+
+        def job(jobs: int, isolate: bool):
             def timed() -> float:
                 t0 = time.perf_counter()
-                results, _, _ = grade.grade(subs, Path(tmp) / f"out{jobs}", timeout=120, progress=False, jobs=jobs)
-                passed[jobs] = sum(r.passed for r in results), len(results)
+                results, _, _ = grade.grade(subs, Path(tmp) / f"out{jobs}{isolate}", timeout=120, progress=False,
+                                            jobs=jobs, isolate=isolate)
+                passed[f"{jobs}{'' if isolate else ' unisolated'}"] = sum(r.passed for r in results), len(results)
                 return time.perf_counter() - t0
             return timed
 
-        timings = interleaved({1: job(1), cores: job(cores)}, rounds)
+        configs = {1: job(1, isolated), cores: job(cores, isolated)}
+        if isolated:
+            configs["plain"] = job(1, False)
+        timings = interleaved(configs, rounds)
     per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
     result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
               "machine": machine_info(), "passed": {str(k): list(v) for k, v in passed.items()},
               "grading_notebooks_per_minute_jobs1": per_minute[1],
               "grading_notebooks_per_minute_jobsN": per_minute[cores],
               "grading_parallel_speedup": per_minute[cores] / per_minute[1],
-              "seconds": {str(k): t.times for k, t in timings.items()}}
+              "isolated": isolated, "seconds": {str(k): t.times for k, t in timings.items()}}
     result["targets_met"] = {"grading_parallel_speedup": result["grading_parallel_speedup"] >= 1.7}
+    if isolated:
+        result["grading_sandbox_overhead_s"] = (timings[1].median - timings["plain"].median) / n
+        result["targets_met"]["grading_sandbox_overhead_s"] = result["grading_sandbox_overhead_s"] <= 2.0
     return result
 
 
@@ -63,4 +74,8 @@ def report(result: dict) -> str:
         f"  --jobs 1: {result['grading_notebooks_per_minute_jobs1']:.1f} notebooks per minute",
         f"  --jobs {result['cores']}: {result['grading_notebooks_per_minute_jobsN']:.1f} notebooks per minute",
         f"grading_parallel_speedup: {result['grading_parallel_speedup']:.2f} (target >= 1.7: "
-        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})"])
+        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})"]
+        + ([f"grading_sandbox_overhead_s: {result['grading_sandbox_overhead_s']:.2f} s per notebook (target <= 2: "
+            f"{'met' if result['targets_met']['grading_sandbox_overhead_s'] else 'NOT met'})"]
+           if "grading_sandbox_overhead_s" in result else
+           ["sandbox: none could be made here, so the notebooks ran without isolation"]))

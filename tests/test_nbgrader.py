@@ -1,0 +1,85 @@
+"""labkit assign --format nbgrader, through the real nbgrader: generate_assignment, then autograde a right, a wrong and
+a blank submission of lab 01 (Python) and lab 05 (CUDA C inside a Python string), and read the scores nbgrader gives."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import assign, cli
+
+nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is in the test extra: pip install -e '.[test]'")
+from test_grading_attacks import CUDA_KEEP, SERIAL_KEEP, _lab, _solution  # noqa: E402
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+
+
+def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    bin_dir = str(Path(sys.executable).parent)  # nbgrader runs alembic, which sits beside it
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    done = subprocess.run([str(Path(bin_dir) / "nbgrader"), *args], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+def test_nbgrader_generates_and_autogrades_labkit_labs(tmp_path):
+    _lab("01_", SERIAL_KEEP, tmp_path / "instructor")
+    _lab("05_", CUDA_KEEP, tmp_path / "instructor")
+    course = tmp_path / "course"
+    assert cli.main(["assign", "--format", "nbgrader", "--notebooks", str(tmp_path / "instructor"),
+                     "--out", str(course / "source" / "labs")]) == 0
+    (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "labkit"\n'
+                                               "c.ExecutePreprocessor.timeout = 120\n")
+    source = {p.name: nbformat.read(p, as_version=4) for p in sorted((course / "source" / "labs").glob("*.ipynb"))}
+    for nb in source.values():  # solution cells hold every marker; check cells are locked graded tests
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader")
+            if "### BEGIN SOLUTION" in cell.source:
+                assert meta["solution"] and not meta["grade"]
+            if cell.source.startswith("check."):
+                assert meta["grade"] and meta["locked"] and meta["points"] == 1 and meta["grade_id"].startswith("check-")
+    _nbgrader(course, "generate_assignment", "labs", "--force")
+    released = {name: nbformat.read(course / "release" / "labs" / name, as_version=4) for name in source}
+    kernel_cell = next(c for c in released["05_cuda_kernels.ipynb"].cells if "TILED_MATMUL = " in c.source)
+    assert "YOUR CODE HERE" in kernel_cell.source and "__syncthreads" not in kernel_cell.source
+
+    def hand_in(student: str, change) -> None:
+        folder = course / "submitted" / student / "labs"
+        folder.mkdir(parents=True)
+        for name, nb in released.items():
+            nb = copy.deepcopy(nb)
+            for cell, src in zip(nb.cells, source[name].cells):
+                if cell.metadata.get("nbgrader", {}).get("solution"):
+                    cell.source = change(_solution(src.source))
+            nbformat.write(nb, folder / name)
+
+    hand_in("right", lambda s: s)
+    hand_in("wrong", lambda s: s.replace("delta.sum(axis=0))", "2 * delta.sum(axis=0))")
+            .replace("acc += As[ty][k] * Bs[k][tx];", "acc += As[ty][k] * Bs[k][tx] + 0.5f;"))
+    shutil.copytree(course / "release" / "labs", course / "submitted" / "blank" / "labs")
+    _nbgrader(course, "autograde", "labs", "--create", "--force")
+    _nbgrader(course, "export")
+    scores = {row["student_id"]: (float(row["score"]), float(row["max_score"]))
+              for row in csv.DictReader(open(course / "grades.csv"))}
+    assert scores == {"right": (2.0, 2.0), "wrong": (0.0, 2.0), "blank": (0.0, 2.0)}
+    graded = nbformat.read(course / "autograded" / "blank" / "labs" / "05_cuda_kernels.ipynb", as_version=4)
+    check = next(c for c in graded.cells if c.source.startswith("check.tiled_matmul"))
+    assert "not written yet" in "".join(o.get("evalue", "") + o.get("text", "") for o in check.outputs)
+
+
+def test_nbgrader_sources_refuse_unpaired_markers_and_markdown_regions():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1\n### BEGIN SOLUTION\ny = 2")])
+    with pytest.raises(ValueError, match="unpaired"):
+        assign.nbgrader_source(nb)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("### BEGIN SOLUTION\n### END SOLUTION")])
+    with pytest.raises(ValueError, match="code cells only"):
+        assign.nbgrader_source(nb)
