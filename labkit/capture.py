@@ -136,8 +136,8 @@ def _decode(v, arrays):
     if "dict" in v:
         return {k: _decode(x, arrays) for k, x in v["dict"].items()}
     if "dataclass" in v:
-        module, name = v["dataclass"].split(":")
-        cls = getattr(importlib.import_module(module), name, None) if module.startswith("labkit.") else None
+        module, _, name = str(v["dataclass"]).partition(":")
+        cls = getattr(_known_module(module), name, None)
         if cls is None or not dataclasses.is_dataclass(cls):
             raise NotRecorded(f"the record names an unknown result type {v['dataclass']}")
         return cls(**{k: _decode(x, arrays) for k, x in v["fields"].items()})
@@ -157,16 +157,28 @@ def _encode_error(e: BaseException) -> dict:
     return out
 
 
+# the modules whose exceptions and results the checks catch and read: a record may name these, and only these are
+# imported for it (a record is the student's file: importing what it names could run anything, labkit.__main__ say)
+KNOWN_MODULES = ("labkit.check.common", "labkit.check.mpi", "labkit.capture", "labkit.hostc", "labkit.kernels.emulator",
+                 "labkit.kernels.source", "labkit.param_server", "labkit.collectives", "labkit.mlp", "labkit.data")
+
+
+def _known_module(module: str):
+    if module not in KNOWN_MODULES:
+        return None
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
 def _decode_error(d: dict) -> BaseException:
     module, name, message = str(d.get("module", "")), str(d.get("type", "Exception")), str(d.get("message", ""))
     cls = None
     if module == "builtins":
         cls = getattr(builtins, name, None)
     elif module.startswith("labkit."):
-        try:
-            cls = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            cls = None
+        cls = getattr(_known_module(module), name, None)
     elif module == "mpi4py.MPI" and "mpi_error" in d:
         from mpi4py import MPI
 

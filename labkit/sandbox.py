@@ -90,6 +90,14 @@ def environment(scratch: Path, env: dict | None = None) -> dict:
     in the scratch folder."""
     env = os.environ if env is None else env
     keep = {k: v for k, v in env.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+    if "LABKIT_DATA" not in keep:  # the data set in the grader's cache (bound read-only), where labkit looks by HOME
+        from . import data
+
+        try:
+            if data.locate("mnist").found_by == "cache":
+                keep["LABKIT_DATA"] = str(data.default_dir())
+        except data.DataError:
+            pass
     keep.update({"HOME": str(scratch), "TMPDIR": "/tmp", "LABKIT_CACHE": str(scratch / ".cache" / "labkit"),
                  "XDG_CACHE_HOME": str(scratch / ".cache"), "MPLCONFIGDIR": str(scratch / ".config" / "matplotlib"),
                  "IPYTHONDIR": str(scratch / ".ipython"), "JUPYTER_RUNTIME_DIR": str(scratch / ".runtime")})

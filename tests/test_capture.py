@@ -1,0 +1,127 @@
+"""labkit.capture: a check recorded in the student's process and replayed in the grader's gives the plain check's
+verdict and message; a record cannot stand in for other inputs, name labkit's reference, or make the grader import or
+unpickle anything."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from labkit import capture, check, mlp
+
+SEED = 4242
+
+
+def _record(monkeypatch, folder, name, fn, seed=SEED):
+    monkeypatch.setenv(capture.ENV, str(folder))
+    monkeypatch.setenv(capture.SEED_ENV, str(seed))
+    try:
+        getattr(check, name)(fn)
+        plain = (True, "")
+    except check.ExerciseError as e:
+        plain = (False, f"ExerciseError: {e}")
+    finally:
+        monkeypatch.delenv(capture.ENV)
+        monkeypatch.delenv(capture.SEED_ENV)
+    return plain
+
+
+def right_backprop(params, x, Y):
+    acts = [x]
+    for W, b in params:
+        acts.append(mlp.sigmoid(acts[-1] @ W.T + b))
+    delta = (acts[-1] - Y) * acts[-1] * (1 - acts[-1]) / x.shape[0]
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        grads[i] = (delta.T @ acts[i], delta.sum(axis=0))
+        if i:
+            delta = (delta @ params[i][0]) * acts[i] * (1 - acts[i])
+    return grads
+
+
+def right_topk(g, residual, ratio):
+    import math
+
+    corrected = g + residual
+    n = corrected.size
+    k = min(n, max(1, math.ceil(ratio * n)))
+    idx = np.argpartition(np.abs(corrected), n - k)[n - k:]
+    new = corrected.copy()
+    new[idx] = 0
+    return idx, corrected[idx], new
+
+
+def right_accumulate(params, x, Y, acc):
+    total = 0.0
+    for k in range(x.shape[0]):
+        loss, grads = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])
+        total += loss
+        for (aW, ab), (dW, db) in zip(acc, grads):
+            aW += dW
+            ab += db
+    return total
+
+
+CASES = {
+    "backprop": (right_backprop, lambda p, x, Y: [(a, 2 * b) for a, b in right_backprop(p, x, Y)]),
+    "accumulate": (right_accumulate, lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2),
+    "topk_feedback": (right_topk, lambda g, r, ratio: right_topk(g, 0 * r, ratio)),
+    "karp_flatt": (lambda p, s: (1 / s - 1 / p) / (1 - 1 / p), lambda p, s: 1 / s - 1 / p),
+    "scaled_speedup": (lambda t1, tp: t1 / tp, lambda t1, tp: tp / t1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_replay_gives_the_checks_own_verdict_and_message(tmp_path, monkeypatch, name):
+    right, wrong = CASES[name]
+    assert _record(monkeypatch, tmp_path / "right", name, right) == (True, "")
+    assert capture.replay(name, tmp_path / "right", SEED)[0] is True
+    plain = _record(monkeypatch, tmp_path / "wrong", name, wrong)
+    assert plain[0] is False
+    assert capture.replay(name, tmp_path / "wrong", SEED) == plain  # word for word the message the student saw
+    # the grader's inputs are its own draw: a record made on other inputs answers nothing
+    passed, message = capture.replay(name, tmp_path / "right", SEED + 1)
+    assert not passed and "was not recorded" in message
+
+
+def test_plain_mode_records_nothing_and_draws_the_usual_inputs(tmp_path, monkeypatch):
+    monkeypatch.delenv(capture.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    check.backprop(right_backprop)
+    assert not list(tmp_path.iterdir())
+    assert capture.seed(7) == 7 and capture.mode() == "plain"
+
+
+@pytest.mark.parametrize("fn", [mlp.backprop, lambda p, x, Y: mlp.backprop(p, x, Y),
+                                lambda p, x, Y: mlp.loss_and_grads(p, x, Y)[1]])
+def test_labkits_reference_as_or_in_the_students_function_is_named(tmp_path, monkeypatch, fn):
+    assert _record(monkeypatch, tmp_path, "backprop", fn) == (True, "")  # it passes in the notebook...
+    passed, message = capture.replay("backprop", tmp_path, SEED)  # ...but not in the grade
+    assert not passed and "uses labkit's reference (labkit.mlp." in message
+
+
+def test_helpers_of_labkit_that_are_not_the_reference_are_allowed(tmp_path, monkeypatch):
+    """Lab 02's accumulator calls mlp.loss_and_grads_per_sample, which calls the per-sample sum inside labkit."""
+    assert _record(monkeypatch, tmp_path, "accumulate", right_accumulate) == (True, "")
+    assert capture.replay("accumulate", tmp_path, SEED)[0] is True
+
+
+def test_a_forged_record_makes_the_grader_import_and_unpickle_nothing(tmp_path, monkeypatch):
+    _record(monkeypatch, tmp_path, "karp_flatt", CASES["karp_flatt"][0])
+    path = tmp_path / "karp_flatt.r0.json"
+    record = json.loads(path.read_text())
+    for entry in record["entries"]:
+        entry.pop("result", None)
+        entry["raised"] = {"type": "SystemExit", "module": "labkit.__main__", "message": "forged"}
+    path.write_text(json.dumps(record))
+    sys.modules.pop("labkit.__main__", None)
+    passed, message = capture.replay("karp_flatt", tmp_path, SEED)
+    assert not passed and "SystemExit: forged" in message and "labkit.__main__" not in sys.modules
+    np.savez(tmp_path / "karp_flatt.r0.npz", a0=np.array([object()], dtype=object))  # an array only pickle can read
+    passed, message = capture.replay("karp_flatt", tmp_path, SEED)
+    assert not passed and "no readable record" in message
+    assert capture.replay("no_such_check", tmp_path, SEED) == (False, f"no_such_check: no such check in labkit "
+                                                                         f"{__import__('labkit').__version__}")
