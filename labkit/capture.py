@@ -86,10 +86,9 @@ def seed(base: int) -> int:
     """The seed of a check's inputs: ``base`` when a student runs the check, shifted by the grader's draw when graded."""
     if isinstance(_session, Replay):
         return base + _session.seed
-    try:
-        return base + int(os.environ.get(SEED_ENV, "0") or 0)
-    except ValueError:
-        return base
+    from . import settings
+
+    return base + (settings.get(SEED_ENV) or 0)
 
 
 # ---- plain data: JSON with arrays beside it ------------------------------------------------------------------------
@@ -468,7 +467,9 @@ def session(check: str):
     if _session is not None:  # replaying, or a check inside a check
         yield _session
         return
-    folder = os.environ.get(ENV)
+    from . import settings
+
+    folder = settings.get(ENV)
     if not folder:
         yield None
         return

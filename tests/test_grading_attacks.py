@@ -9,7 +9,6 @@ in a few minutes. Each attack is one student's notebook; one ``labkit grade`` ru
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -19,12 +18,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from labkit import assign, grade, report, sandbox
+from labkit import assign, grade, report, sandbox, settings
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
 ISOLATED, WHY = sandbox.available()
-if not ISOLATED and os.environ.get("LABKIT_REQUIRE_SANDBOX"):  # CI installs bubblewrap: these tests must run there
+if not ISOLATED and settings.get("LABKIT_REQUIRE_SANDBOX"):  # CI installs bubblewrap: these tests must run there
     raise RuntimeError(f"LABKIT_REQUIRE_SANDBOX is set but no sandbox can be made: {WHY}")
 needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"no sandbox here: {WHY}")
 
