@@ -16,8 +16,7 @@ The checks (:mod:`labkit.check`) run in three modes:
   check's inputs, which the grader draws afresh for every submission (``LABKIT_CHECK_SEED``).
 
 What the record cannot prove: a student who rewrites this module inside their own kernel can hide a call of the
-reference, and a timing is what their process measured. ``labkit grade`` also reports such edits of library code
-that it finds in the notebook's cells.
+reference, and a timing is what their process measured. The grader's side is :mod:`labkit.replay`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import numpy as np
 ENV = "LABKIT_CAPTURE"
 SEED_ENV = "LABKIT_CHECK_SEED"
 FORMAT = 1
-LABKIT_DIR = str(Path(__file__).resolve().parent)
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 # each exercise's reference in labkit: the functions (module:qualname; a class means all its methods) whose use, by
 # the student's function or as it, fails the exercise with "uses labkit's reference"
@@ -314,7 +313,7 @@ def source_reference(check: str, source) -> str | None:
         return None
     mine = _normalise_c(source)
     for rel, name in SOURCE_REFERENCES.get(check, []):
-        path = Path(LABKIT_DIR) / rel
+        path = Path(PACKAGE_DIR) / rel
         try:
             body = _normalise_c(_c_function(path.read_text(), name))
         except OSError:
@@ -348,7 +347,7 @@ class Record:
         def hook(frame, event, arg):
             if event == "call" and self.active and frame.f_code in self.watch:
                 caller = frame.f_back
-                if caller is None or not caller.f_code.co_filename.startswith(LABKIT_DIR):
+                if caller is None or not caller.f_code.co_filename.startswith(PACKAGE_DIR):
                     self.reference = self.reference or self.watch[frame.f_code]
 
         sys.setprofile(hook)
@@ -456,6 +455,22 @@ def _replayed_call(session: Replay, label: str, ex: str):
         return _decode(entry.get("result"), session.arrays)
 
     return replayed
+
+
+def replayed(session: Replay, label: str = "fn", ex: str = ""):
+    """A stand-in for the student's function that answers from ``session``'s record."""
+    return _replayed_call(session, label, ex or session.check)
+
+
+def begin(session: Replay) -> None:
+    """Replay the next check on ``session`` (:mod:`labkit.replay`); :func:`end` after it."""
+    global _session
+    _session = session
+
+
+def end() -> None:
+    global _session
+    _session = None
 
 
 # ---- what the checks call ------------------------------------------------------------------------------------------
@@ -601,76 +616,3 @@ def recorded_source(folder: Path | str, check: str):
         except (OSError, ValueError):
             continue
     return None
-
-
-def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str]:
-    """Run ``check`` on its record (this rank's, from ``folder``) in this process; (passed, message) on rank 0.
-
-    The student's function is the record: each call answers with what the student's function returned there for the
-    same inputs. The comparisons, and so the verdict, are the check's own, made here."""
-    global _session
-    import contextlib
-    import io
-
-    from . import check as checks
-    from .check.common import ExerciseError
-
-    rank = comm.Get_rank() if comm is not None else 0
-    fn = getattr(checks, check, None)
-    if fn is None or check not in checks.__all__ or check in ("ExerciseError", "KERNEL_TODO"):
-        return False, f"{check}: no such check in labkit {_version()}"
-    reference = recorded_reference(folder, check)
-    if reference:
-        return False, (f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself")
-    try:
-        _session = Replay(check, Path(folder), rank, seed_)
-    except NotRecorded as e:
-        return False, str(e)
-    arg = _session.record.get("source")  # a C or CUDA C exercise: the check reads the source, the record runs it
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            if comm is not None:
-                fn(arg if arg is not None else _replayed_call(_session, "fn", check), comm=comm)
-            else:
-                fn(arg if arg is not None else _replayed_call(_session, "fn", check))
-    except (ExerciseError, NotRecorded) as e:
-        return False, f"{type(e).__name__}: {e}"
-    except Exception as e:  # noqa: BLE001 - the check itself failed on this record: say so, never crash the grader
-        return False, f"the check could not run on the record: {type(e).__name__}: {e}"
-    finally:
-        _session = None
-    return True, out.getvalue().strip() or "passed"
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def main(argv=None) -> int:
-    """``python -m labkit.capture CHECK FOLDER SEED [--mpi]``: replay one check and print its verdict as JSON."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m labkit.capture")
-    ap.add_argument("check")
-    ap.add_argument("folder")
-    ap.add_argument("seed", type=int)
-    ap.add_argument("--mpi", action="store_true", help="one rank of an mpiexec run, replaying that rank's record")
-    a = ap.parse_args(argv)
-    comm = None
-    if a.mpi:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
-    passed, message = replay(a.check, a.folder, a.seed, comm)
-    if comm is None or comm.Get_rank() == 0:
-        print(json.dumps({"passed": passed, "message": message}))
-    return 0
-
-
-if __name__ == "__main__":  # run as labkit.capture, not as a second copy of this module called __main__
-    from labkit.capture import main as _main
-
-    sys.exit(_main())

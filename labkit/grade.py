@@ -120,16 +120,16 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
 
 def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
     """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
-    from . import capture
+    from . import capture, replay
     from .cluster import run_mpi
 
     files = capture.records(folder, check_name)
     if len(files) <= 1 and check_name not in MPI_CHECKS:
-        return capture.replay(check_name, folder, seed)
+        return replay.replay(check_name, folder, seed)
     if capture.recorded_reference(folder, check_name):
-        return capture.replay(check_name, folder, seed)  # says which reference, without starting ranks
+        return replay.replay(check_name, folder, seed)  # says which reference, without starting ranks
     try:
-        done = run_mpi(["-m", "labkit.capture", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
+        done = run_mpi(["-m", "labkit.replay", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
                        timeout=max(60, 2 * timeout))
     except subprocess.TimeoutExpired:
         return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s"

@@ -68,10 +68,10 @@ def available() -> tuple[bool, str]:
 
 def _readable() -> list[Path]:
     """What the notebook must read: Python, this environment, labkit, the data."""
-    from . import data
+    from . import data, settings
 
     paths = [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent]
-    for p in (data.REPO_DATA, data.default_dir(), os.environ.get("LABKIT_DATA")):
+    for p in (data.REPO_DATA, data.default_dir(), settings.data_dir()):
         if p:
             paths.append(Path(p))
     exe = Path(sys.executable)

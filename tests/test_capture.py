@@ -1,6 +1,6 @@
-"""labkit.capture: a check recorded in the student's process and replayed in the grader's gives the plain check's
-verdict and message; a record cannot stand in for other inputs, name labkit's reference, or make the grader import or
-unpickle anything."""
+"""labkit.capture and labkit.replay: a check recorded in the student's process and replayed in the grader's gives
+the plain check's verdict and message; a record cannot stand in for other inputs, hide labkit's reference, or make the
+grader import or unpickle anything."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from labkit import capture, check, mlp
+from labkit import capture, check, mlp, replay
 
 SEED = 4242
 
@@ -78,12 +78,12 @@ CASES = {
 def test_the_replay_gives_the_checks_own_verdict_and_message(tmp_path, monkeypatch, name):
     right, wrong = CASES[name]
     assert _record(monkeypatch, tmp_path / "right", name, right) == (True, "")
-    assert capture.replay(name, tmp_path / "right", SEED)[0] is True
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
     plain = _record(monkeypatch, tmp_path / "wrong", name, wrong)
     assert plain[0] is False
-    assert capture.replay(name, tmp_path / "wrong", SEED) == plain  # word for word the message the student saw
+    assert replay.replay(name, tmp_path / "wrong", SEED) == plain  # word for word the message the student saw
     # the grader's inputs are its own draw: a record made on other inputs answers nothing
-    passed, message = capture.replay(name, tmp_path / "right", SEED + 1)
+    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)
     assert not passed and "was not recorded" in message
 
 
@@ -99,14 +99,14 @@ def test_plain_mode_records_nothing_and_draws_the_usual_inputs(tmp_path, monkeyp
                                 lambda p, x, Y: mlp.loss_and_grads(p, x, Y)[1]])
 def test_labkits_reference_as_or_in_the_students_function_is_named(tmp_path, monkeypatch, fn):
     assert _record(monkeypatch, tmp_path, "backprop", fn) == (True, "")  # it passes in the notebook...
-    passed, message = capture.replay("backprop", tmp_path, SEED)  # ...but not in the grade
+    passed, message = replay.replay("backprop", tmp_path, SEED)  # ...but not in the grade
     assert not passed and "uses labkit's reference (labkit.mlp." in message
 
 
 def test_helpers_of_labkit_that_are_not_the_reference_are_allowed(tmp_path, monkeypatch):
     """Lab 02's accumulator calls mlp.loss_and_grads_per_sample, which calls the per-sample sum inside labkit."""
     assert _record(monkeypatch, tmp_path, "accumulate", right_accumulate) == (True, "")
-    assert capture.replay("accumulate", tmp_path, SEED)[0] is True
+    assert replay.replay("accumulate", tmp_path, SEED)[0] is True
 
 
 def test_a_forged_record_makes_the_grader_import_and_unpickle_nothing(tmp_path, monkeypatch):
@@ -118,10 +118,10 @@ def test_a_forged_record_makes_the_grader_import_and_unpickle_nothing(tmp_path, 
         entry["raised"] = {"type": "SystemExit", "module": "labkit.__main__", "message": "forged"}
     path.write_text(json.dumps(record))
     sys.modules.pop("labkit.__main__", None)
-    passed, message = capture.replay("karp_flatt", tmp_path, SEED)
+    passed, message = replay.replay("karp_flatt", tmp_path, SEED)
     assert not passed and "SystemExit: forged" in message and "labkit.__main__" not in sys.modules
     np.savez(tmp_path / "karp_flatt.r0.npz", a0=np.array([object()], dtype=object))  # an array only pickle can read
-    passed, message = capture.replay("karp_flatt", tmp_path, SEED)
+    passed, message = replay.replay("karp_flatt", tmp_path, SEED)
     assert not passed and "no readable record" in message
-    assert capture.replay("no_such_check", tmp_path, SEED) == (False, f"no_such_check: no such check in labkit "
+    assert replay.replay("no_such_check", tmp_path, SEED) == (False, f"no_such_check: no such check in labkit "
                                                                          f"{__import__('labkit').__version__}")

@@ -194,8 +194,11 @@ def test_bench_openmp_quick_json(capsys):
 def test_bench_grading_quick_json(capsys):
     assert cli.main(["bench", "grading", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout
-    assert result["passed"] == {"1": [2, 2], str(result["cores"]): [2, 2]}  # the reference passes either way
+    # the reference passes every way: one job, a job per core, and one job without the sandbox
+    assert result["passed"] == {"1": [2, 2], str(result["cores"]): [2, 2], "1 unisolated": [2, 2]}
     assert result["grading_notebooks_per_minute_jobs1"] > 0 and result["grading_parallel_speedup"] > 0
+    assert 0 < result["grading_cores_busy_jobs1"] <= result["cores"] + 0.5
+    assert ("grading_sandbox_overhead_s" in result) == result["isolated"]
 
 
 def test_assign_writes_student_versions(tmp_path, capsys):

@@ -127,7 +127,7 @@ def lab01(tmp_path_factory):
         "fake_print": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    print('✔ vectorised backprop: all 3 "
                                            "checks passed')\n    return [(W * 0, b * 0) for W, b in params]"),
         "forge_record": lambda nb: _before(nb, "c12", (
-            "import os, json, threading, time\nd = os.environ.get('LABKIT_CAPTURE', '/tmp/none')\n"
+            "import os, json, threading, time\nd = dict(os.environ).get('LABKIT' + '_CAPTURE', '/tmp/none')\n"
             "def forge():\n    while True:\n        os.makedirs(d, exist_ok=True)\n"
             "        open(os.path.join(d, 'backprop.r0.json'), 'w').write(json.dumps({'labkit_capture': 1, "
             "'check': 'backprop', 'rank': 0, 'entries': []}))\n        time.sleep(0.01)\n"

@@ -1,0 +1,87 @@
+"""The grader's side of :mod:`labkit.capture`: a check replayed on a record, in a process of the grader's.
+
+``python -m labkit.replay CHECK FOLDER SEED [--mpi]`` prints the verdict as JSON (under ``mpiexec`` for the checks
+that run on every MPI rank, each rank replaying its own record).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from . import capture
+from .capture import NotRecorded, Replay, recorded_reference
+
+
+def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str]:
+    """Run ``check`` on its record (this rank's, from ``folder``) in this process; (passed, message) on rank 0.
+
+    The student's function is the record: each call answers with what the student's function returned there for the
+    same inputs. The comparisons, and so the verdict, are the check's own, made here."""
+    import contextlib
+    import io
+
+    from . import check as checks
+    from .check.common import ExerciseError
+
+    rank = comm.Get_rank() if comm is not None else 0
+    fn = getattr(checks, check, None)
+    if fn is None or check not in checks.__all__ or check in ("ExerciseError", "KERNEL_TODO"):
+        return False, f"{check}: no such check in labkit {_version()}"
+    reference = recorded_reference(folder, check)
+    if reference:
+        return False, (f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself")
+    try:
+        session = Replay(check, Path(folder), rank, seed_)
+    except NotRecorded as e:
+        return False, str(e)
+    arg = session.record.get("source")  # a C or CUDA C exercise: the check reads the source, the record runs it
+    out = io.StringIO()
+    capture.begin(session)
+    try:
+        with contextlib.redirect_stdout(out):
+            if comm is not None:
+                fn(arg if arg is not None else capture.replayed(session, "fn", check), comm=comm)
+            else:
+                fn(arg if arg is not None else capture.replayed(session, "fn", check))
+    except (ExerciseError, NotRecorded) as e:
+        return False, f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - the check itself failed on this record: say so, never crash the grader
+        return False, f"the check could not run on the record: {type(e).__name__}: {e}"
+    finally:
+        capture.end()
+    return True, out.getvalue().strip() or "passed"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv=None) -> int:
+    """``python -m labkit.replay CHECK FOLDER SEED [--mpi]``: replay one check and print its verdict as JSON."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m labkit.replay")
+    ap.add_argument("check")
+    ap.add_argument("folder")
+    ap.add_argument("seed", type=int)
+    ap.add_argument("--mpi", action="store_true", help="one rank of an mpiexec run, replaying that rank's record")
+    a = ap.parse_args(argv)
+    comm = None
+    if a.mpi:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    passed, message = replay(a.check, a.folder, a.seed, comm)
+    if comm is None or comm.Get_rank() == 0:
+        print(json.dumps({"passed": passed, "message": message}))
+    return 0
+
+
+if __name__ == "__main__":  # run as labkit.replay, not as a second copy of this module called __main__
+    from labkit.replay import main as _main
+
+    sys.exit(_main())
