@@ -82,6 +82,10 @@ def _cmd_data(a) -> int:
 def _cmd_doctor(a) -> int:
     from . import doctor
 
+    if a.hosts:
+        findings = doctor.check_hosts(a.hosts.split(","), timeout=a.timeout)
+        print(doctor.render(findings))
+        return 1 if any(f.status == doctor.FAIL for f in findings) else 0
     findings = doctor.run_all()
     print(doctor.render(findings))
     return 1 if any(f.status == doctor.FAIL for f in findings) else 0
@@ -139,7 +143,16 @@ def _cmd_bench(a) -> int:
     from . import benchmarks
 
     mod = benchmarks.get(a.name)
-    result = mod.run(quick=a.quick, progress=None if not a.json else False)
+    extra = {}
+    if a.hosts:
+        import inspect
+
+        if "hosts" not in inspect.signature(mod.run).parameters:
+            raise SystemExit(f"labkit bench {a.name}: --hosts is for the allreduce benchmark")
+        if a.hosts < 2:
+            raise SystemExit("labkit bench: --hosts takes the number of namespace hosts, at least 2")
+        extra["hosts"] = a.hosts
+    result = mod.run(quick=a.quick, progress=None if not a.json else False, **extra)
     text = json.dumps(result, indent=2)
     if a.out:
         Path(a.out).write_text(text + "\n")
@@ -257,11 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--root", default=None, help="data folder (default: $LABKIT_DATA, else data/ in a checkout, "
                                                 "else ~/.cache/labkit/data)")
 
-    _sub(sub, "doctor", "check Python, BLAS, GPU, MPI, tools and data",
-         "Say what labkit finds on this machine: Python, NumPy and its BLAS, the CUDA device (with a real kernel\n"
-         "launch), nvcc and NVRTC (a test compile), the kernel emulator, MPI (a 2-rank job), ipyparallel, JupyterLab,\n"
-         "the data each lab will use and the LABKIT_* settings in force. Exit code 1 if something is broken.",
-         _cmd_doctor)
+    doc = _sub(sub, "doctor", "check Python, BLAS, GPU, MPI, tools and data",
+               "Say what labkit finds on this machine: Python, NumPy and its BLAS, the CUDA device (with a real kernel\n"
+               "launch), nvcc and NVRTC (a test compile), the kernel emulator, MPI (a 2-rank job), ipyparallel,\n"
+               "JupyterLab, the data each lab will use and the LABKIT_* settings in force. With --hosts, a 2-rank job\n"
+               "across those hosts instead, and what stops it. Exit code 1 if something is broken.", _cmd_doctor)
+    doc.add_argument("--hosts", default=None, metavar="A,B",
+                     help="check MPI across these hosts: names resolve, ssh reaches them, the same MPI, a 2-rank job")
+    doc.add_argument("--timeout", type=float, default=60, help="seconds for each step with --hosts (default 60)")
 
     asg = _sub(sub, "assign", "write the student versions of the notebooks (solutions stubbed, outputs cleared)",
                "Write the student version of every lab: each solution region replaced by a stub, outputs cleared,\n"
@@ -310,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--out", default=None, help="also write the JSON to this file")
+    b.add_argument("--hosts", type=int, default=0, metavar="N",
+                   help="allreduce: also run one rank on each of N namespace hosts made on this machine (root)")
 
     cl = _sub(sub, "cluster", "list or stop ipyparallel clusters left running (a notebook killed mid-lab)",
               "list: every ipyparallel cluster whose files say it is running, in every IPython profile.\n"

@@ -95,16 +95,47 @@ def mpi_env(n_ranks: int, heavy_yield: bool | None = None, local: bool = True) -
     return env
 
 
-def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True) -> subprocess.CompletedProcess:
+def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
+    """mpiexec's arguments and environment for a job over ``hosts``: real hosts by name (hydra's own ssh launcher,
+    mpiexec listening on every interface as MPI across machines needs), or :class:`labkit.hosts.NamespaceHosts`
+    (their launcher, mpiexec listening on the bridge only, MPI's network modules on each host's one interface)."""
+    from .hosts import NamespaceHosts
+
+    if isinstance(hosts, NamespaceHosts):
+        args = ["-hosts", ",".join(hosts.addresses), "-launcher", "ssh", "-launcher-exec", str(hosts.launcher),
+                "-localhost", hosts.bridge_address]
+        # UCX's and libfabric's shared-memory transports would carry the messages between these "hosts" through
+        # this machine's memory (the namespaces share it): TCP only, over each host's one interface, as between
+        # machines (ranks on one host still share memory through MPICH's own intranode path)
+        env = {"LABKIT_BIND_ADDRESS": hosts.bridge_address, "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0",
+               "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0", "FI_SOCKETS_IFACE": "eth0"}
+        return args, env
+    names = [str(h) for h in hosts]
+    if not names or any(not h or "," in h or h.startswith("-") for h in names):
+        raise ValueError(f"hosts must be host names or addresses, got {hosts!r}")
+    return ["-hosts", ",".join(names)], {}
+
+
+def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True,
+            hosts=None) -> subprocess.CompletedProcess:
     """Run ``python -m mpi4py ARGS`` (or a plain command) on ``n`` ranks; one rank's exception aborts the job.
 
+    ``hosts``: the machines to spread the ranks over, round robin (host names, or namespace hosts from
+    :func:`labkit.hosts.namespace_hosts`); by default every rank runs here, talking over loopback only.
     Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds, with the job killed.
     """
-    cmd = [str(mpiexec_path()), "-n", str(n)]
-    cmd += ([sys.executable, "-m", "mpi4py"] if python else []) + list(args)
+    cmd = [str(mpiexec_path())]
+    env = mpi_env(n, local=hosts is None)
+    if hosts is not None:
+        extra, extra_env = hosts_args(hosts, n)
+        cmd += extra
+        env.update(extra_env)
+        if "LABKIT_BIND_ADDRESS" in extra_env and (preload := loopback_preload()) is not None:
+            env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD", "")]))
+    cmd += ["-n", str(n)] + ([sys.executable, "-m", "mpi4py"] if python else []) + list(args)
     # a session of its own, so that a timeout kills mpiexec *and* every rank it started
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=mpi_env(n), start_new_session=True)
+                            env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

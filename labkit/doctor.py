@@ -171,6 +171,103 @@ def check_mpi(timeout: float = 60) -> list[Finding]:
     return out
 
 
+MPI_PROBE = ("from mpi4py import MPI; import socket; "
+             "print('MPI|' + MPI.Get_library_version().splitlines()[0].strip() + '|' + socket.gethostname())")
+
+
+def _on_host(hosts, host: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a command on one host the way mpiexec's launcher would: the namespace hosts' script, else ssh."""
+    import shlex
+
+    from .hosts import NamespaceHosts
+
+    if isinstance(hosts, NamespaceHosts):
+        cmd = [str(hosts.launcher), "-x", host, " ".join(shlex.quote(a) for a in argv)]
+    else:
+        cmd = ["ssh", "-x", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout)}", host,
+               " ".join(shlex.quote(a) for a in argv)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
+    """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.hosts.NamespaceHosts`), and before it
+    what such a job needs, each named when it fails: the names resolve, the launcher runs a command on each host, the
+    same Python and MPI are there, and the hosts can connect back to this one."""
+    import ipaddress
+    import socket
+
+    from .cluster import run_mpi
+    from .hosts import NamespaceHosts
+
+    names = list(hosts.addresses) if isinstance(hosts, NamespaceHosts) else [h.strip() for h in hosts if h.strip()]
+    if len(names) < 2:
+        return [Finding("hosts", FAIL, f"give at least two hosts (got {names}): --hosts HOST_A,HOST_B")]
+    out, ok = [], True
+    here = subprocess.run([sys.executable, "-c", MPI_PROBE], capture_output=True, text=True, timeout=timeout)
+    mine = " ".join(here.stdout.strip().split("|")[1].split()) if here.returncode == 0 and "|" in here.stdout else "?"
+    for host in names:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            try:
+                socket.getaddrinfo(host, None)
+            except OSError as e:
+                out.append(Finding(f"host {host}", FAIL, f"name resolution failed ({e}): add it to DNS or /etc/hosts, "
+                                                         "or give its address"))
+                ok = False
+                continue
+        launcher = "the namespace hosts' launcher" if isinstance(hosts, NamespaceHosts) else "ssh"
+        try:
+            done = _on_host(hosts, host, [sys.executable, "-c", MPI_PROBE], timeout)
+        except subprocess.TimeoutExpired:
+            out.append(Finding(f"host {host}", FAIL, f"{launcher} did not come back from {host} in {timeout:g} s"))
+            ok = False
+            continue
+        if done.returncode == 255 or (done.returncode != 0 and not done.stdout and "python" not in done.stderr.lower()
+                                      and "no such file" not in done.stderr.lower()):
+            out.append(Finding(f"host {host}", FAIL, f"{launcher} could not run a command on {host}: "
+                                                     f"{done.stderr.strip()[-200:] or f'exit {done.returncode}'} "
+                                                     "(mpiexec starts its proxies the same way: set up "
+                                                     "password-less ssh to every host)"))
+            ok = False
+            continue
+        if done.returncode != 0 or "MPI|" not in done.stdout:
+            out.append(Finding(f"host {host}", FAIL, f"{sys.executable} with mpi4py does not run on {host}: "
+                                                     f"{done.stderr.strip()[-200:]} (the same environment must be at "
+                                                     "the same path on every host: a shared home or /opt)"))
+            ok = False
+            continue
+        theirs, name = done.stdout.strip().split("MPI|", 1)[1].split("|")[:2]
+        theirs = " ".join(theirs.split())
+        if theirs != mine:
+            out.append(Finding(f"host {host}", FAIL, f"a different MPI on {host}: {theirs!r}, here {mine!r}: every "
+                                                     "host needs the MPI mpi4py was built against"))
+            ok = False
+            continue
+        out.append(Finding(f"host {host}", OK, f"reached as {name}; {theirs}"))
+    if not ok:
+        return out
+    code = ("from mpi4py import MPI; import numpy as np, socket; c = MPI.COMM_WORLD; r = np.zeros(1); "
+            "c.Allreduce(np.ones(1) * (c.rank + 1), r); got = c.gather((int(r[0]), socket.gethostname())); "
+            "c.rank == 0 and print('JOB|' + ' '.join(f'{v}@{h}' for v, h in got), flush=True)")
+    target = hosts if isinstance(hosts, NamespaceHosts) else names[:2]
+    try:
+        res = run_mpi(["-c", code], n=2, hosts=target, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return out + [Finding("MPI across hosts", FAIL, f"a 2-rank job did not finish in {timeout:g} s: the proxies "
+                                                        "started but could not reach mpiexec or each other, as behind a "
+                                                        "firewall: open TCP between the hosts, or name the address the "
+                                                        "others reach this machine by")]
+    if res.returncode != 0 or "JOB|" not in res.stdout:
+        text = (res.stderr or res.stdout).strip()
+        refused = any(w in text.lower() for w in ("refused", "unable to connect", "no route", "unreachable", "timed out"))
+        why = ("a firewall-like refusal: the hosts could not connect to each other or back to mpiexec"
+               if refused else "the job failed")
+        return out + [Finding("MPI across hosts", FAIL, f"{why}: {text[-300:]}")]
+    ranks = res.stdout.split("JOB|", 1)[1].split()
+    return out + [Finding("MPI across hosts", OK, f"2 ranks ran an Allreduce: {' '.join(ranks)}")]
+
+
 def check_tools() -> list[Finding]:
     out = []
     for item, dist in (("ipyparallel", "ipyparallel"), ("JupyterLab", "jupyterlab"), ("nbclient", "nbclient")):

@@ -49,8 +49,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("LABKIT_EMU_STACK_KB", "int", 64, "stack of each emulated CUDA thread, in KiB (at least 16)"),
     Setting("LABKIT_CHROMIUM", "path", None, "tests: the Chromium the JupyterLab browser test drives"),
     Setting("LABKIT_REQUIRE_BROWSER", "bool", False, "tests: fail instead of skipping the browser test without Chromium"),
+    Setting("LABKIT_REQUIRE_HOSTS", "bool", False, "tests: fail instead of skipping the several-hosts tests where "
+            "namespace hosts cannot be made"),
     Setting("LABKIT_REQUIRE_SANDBOX", "bool", False, "tests: fail instead of skipping the sandboxed grading tests "
             "without bubblewrap"),
+    Setting("LABKIT_BIND_ADDRESS", "str", None, "set by run_mpi for a job across hosts: the address mpiexec listens "
+            "on, the one the other hosts reach this machine by (not every interface)"),
     Setting("LABKIT_CAPTURE", "path", None, "set by labkit grade in the graded notebook: the folder its checks record "
             "the student's results into"),
     Setting("LABKIT_CHECK_SEED", "int", 0, "set by labkit grade: the offset of the checks' input seeds, drawn afresh "

@@ -39,13 +39,14 @@ def digits():
         return load_mnist(root=real_data_dir())
 
 
-def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None) -> str:
+def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None, hosts=None) -> str:
     """Run the named cases of tests/mpi/<script> under the real mpiexec on n ranks (``only``: those whose name holds
-    it); assert every case passed, and on failure say which case failed on which rank and why. Returns stdout."""
+    it; ``hosts``: spread over these, see labkit.hosts); assert every case passed, and on failure say which case failed
+    on which rank and why. Returns stdout."""
     from labkit import cluster
 
     args = [str(ROOT / "tests" / "mpi" / script)] + (["-k", only] if only else [])
-    res = cluster.run_mpi(args, n=n, timeout=timeout)
+    res = cluster.run_mpi(args, n=n, timeout=timeout, hosts=hosts)
     if res.returncode == 0 and f"OK {n} (" in res.stdout:
         return res.stdout
     failed = [ln for ln in res.stdout.splitlines() if ln.startswith("FAIL case")]

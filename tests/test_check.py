@@ -217,7 +217,8 @@ def test_speedup_checks_pass_the_reference(capsys):
     check.karp_flatt(bench.karp_flatt)
     check.scaled_speedup(lambda t1, tp: t1 / tp)
     out = capsys.readouterr().out
-    assert "✔ Karp-Flatt metric: all 4 checks passed" in out and "✔ scaled speedup: all 3 checks passed" in out
+    # the hand-picked cases, and one drawn from the seed (afresh for every graded submission)
+    assert "✔ Karp-Flatt metric: all 5 checks passed" in out and "✔ scaled speedup: all 4 checks passed" in out
 
 
 @pytest.mark.parametrize("wrong,match", [

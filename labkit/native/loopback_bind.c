@@ -1,9 +1,16 @@
 /* Preloaded into MPICH's mpiexec (hydra) and its proxies for jobs on one machine: a socket bound to every interface
  * (0.0.0.0 or ::) is bound to loopback instead (127.0.0.1 or ::1). Hydra has no option for the address of its
- * control port, which otherwise anyone on the network could reach while a job runs. Nothing else is changed. */
+ * control port, which otherwise anyone on the network could reach while a job runs. Nothing else is changed.
+ *
+ * For a job across hosts, LABKIT_BIND_ADDRESS names the IPv4 address the other hosts reach this one by: a socket
+ * bound to every interface is bound to that address instead, where that address is this machine's (elsewhere, on the
+ * other hosts, the bind is left as it was). */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -16,6 +23,14 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         struct sockaddr_in a;
         memcpy(&a, addr, sizeof a);
         if (a.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            const char *chosen = getenv("LABKIT_BIND_ADDRESS");
+            struct in_addr want;
+            if (chosen && *chosen && inet_pton(AF_INET, chosen, &want) == 1) {
+                a.sin_addr = want;
+                int rc = real_bind(fd, (const struct sockaddr *)&a, sizeof a);
+                if (rc == 0 || errno != EADDRNOTAVAIL) return rc;
+                return real_bind(fd, addr, len); /* not this machine's address: another host of the job */
+            }
             a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
             return real_bind(fd, (const struct sockaddr *)&a, sizeof a);
         }

@@ -1,0 +1,167 @@
+"""Several hosts for MPI jobs: real machines by name, or namespace hosts made on this one for tests and benchmarks.
+
+A **namespace host** is a Linux network namespace with an address of its own on a private bridge, entered with a
+hostname of its own (a UTS namespace), so that MPICH sees separate hosts and sends between them over TCP instead of
+shared memory. :func:`namespace_hosts` makes N of them and removes everything afterwards (processes, namespaces,
+interfaces), even when the body fails; it needs root and ``ip``. MPICH's ``mpiexec`` starts its proxies on them
+through a launcher script that stands in for ``ssh``: hydra runs ``SCRIPT -x HOST COMMAND``, the script runs
+COMMAND in HOST's namespace under HOST's name.
+
+The same :func:`labkit.cluster.run_mpi` call then works for real hosts (hydra's own ``ssh`` launcher) and for these.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "labkit"
+
+
+class HostsUnavailable(RuntimeError):
+    """Namespace hosts cannot be made here (not root, no ``ip``, no namespaces): the message says which."""
+
+
+@dataclass
+class NamespaceHosts:
+    names: list[str]  # each host's hostname, as MPI reports it
+    addresses: list[str]  # each host's address on the bridge
+    namespaces: list[str]  # each host's network namespace
+    bridge: str
+    bridge_address: str  # this machine's address on the bridge: where mpiexec listens for the proxies
+    links: list[str]  # this machine's end of each host's cable (veth), for the byte counters
+    launcher: Path  # hydra's -launcher-exec: runs a command on a host
+    _tmp: Path = field(repr=False, default=None)
+
+    def interface_bytes(self) -> dict[str, int]:
+        """Bytes that crossed each host's cable so far, both ways together (from the kernel's counters)."""
+        out = {}
+        for name, link in zip(self.names, self.links):
+            stats = Path("/sys/class/net") / link / "statistics"
+            out[name] = int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
+        return out
+
+    def run(self, host: int, argv: list[str], **kw) -> subprocess.CompletedProcess:
+        """Run a command on one host (in its namespace, under its name)."""
+        return subprocess.run([str(self.launcher), self.addresses[host], *argv], **kw)
+
+
+def available() -> tuple[bool, str]:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False, "namespace hosts need root (ip netns, veth, a bridge)"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return False, f"namespace hosts need {tool} (apt install iproute2 util-linux)"
+    return True, ""
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise HostsUnavailable(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, timeout=30).stdout
+    nets = [ipaddress.ip_interface(tok).network for line in used.splitlines() for tok in line.split()
+            if "/" in tok and tok[0].isdigit()]
+    for third in list(range(231, 255)) + list(range(0, 231)):
+        candidate = ipaddress.ip_network(f"10.{third}.{int(uuid.uuid4().int % 250)}.0/24")
+        if not any(candidate.overlaps(n) for n in nets):
+            return candidate
+    raise HostsUnavailable("no free private /24 in 10.0.0.0/8 for the namespace hosts")
+
+
+LAUNCHER = """#!/bin/sh
+# hydra's stand-in for ssh: {launcher} [-x] HOST COMMAND... runs COMMAND in HOST's namespace under HOST's name
+while [ "${{1#-}}" != "$1" ]; do shift; done
+host="$1"; shift
+case "$host" in
+{cases}
+  *) echo "no namespace host $host" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$*"' "$name" "$*"
+"""
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=30)
+    return [int(p) for p in done.stdout.split() if p.isdigit()]
+
+
+def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None) -> None:
+    for ns in namespaces:  # processes first: a namespace is only gone when nothing runs in it
+        for _ in range(50):
+            pids = namespace_pids(ns)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
+    if bridge:
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True, timeout=30)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def namespace_hosts(n: int = 2):
+    """Make ``n`` namespace hosts joined by a bridge; yield a :class:`NamespaceHosts`; remove all of it after."""
+    ok, why = available()
+    if not ok:
+        raise HostsUnavailable(why)
+    if not 1 <= n <= 16:
+        raise ValueError(f"n must be 1..16 hosts, got {n}")
+    tag = uuid.uuid4().hex[:6]
+    bridge = f"lkb{tag}"
+    subnet = _free_subnet()
+    hosts = list(subnet.hosts())
+    namespaces: list[str] = []
+    tmp = Path(tempfile.mkdtemp(prefix="labkit-hosts-"))
+    made_bridge = None
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        made_bridge = bridge
+        _ip("addr", "add", f"{hosts[0]}/{subnet.prefixlen}", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        names, addresses, links = [], [], []
+        for i in range(n):
+            ns, link, name, addr = f"{PREFIX}-{tag}-{i}", f"lkv{tag}{i}", f"{PREFIX}-host{i}", str(hosts[i + 1])
+            _ip("netns", "add", ns)
+            namespaces.append(ns)
+            _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", link, "master", bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            names.append(name)
+            addresses.append(addr)
+            links.append(link)
+        cases = "\n".join(f"  {shlex.quote(a)}|{shlex.quote(nm)}) ns={shlex.quote(ns)}; name={shlex.quote(nm)} ;;"
+                          for a, nm, ns in zip(addresses, names, namespaces))
+        launcher = tmp / "launch-on-host"
+        launcher.write_text(LAUNCHER.format(launcher=launcher.name, cases=cases))
+        launcher.chmod(0o755)
+        yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp)
+    finally:
+        _remove(namespaces, made_bridge, tmp)
+
+
+def left_behind() -> list[str]:
+    """Namespaces named like namespace hosts that still exist (for the tests' last check)."""
+    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in done.stdout.splitlines() if line.startswith(PREFIX + "-")]

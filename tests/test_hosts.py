@@ -1,0 +1,178 @@
+"""MPI jobs across hosts, for real: namespace hosts on this machine (labkit.hosts), each with its own network,
+address and hostname, joined by a bridge. The labs' distributed code runs on 2 hosts with 2 ranks each, and the
+kernel's byte counters of each host's cable show that the traffic crossed between them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_mpi_cases
+
+from labkit import cluster, hosts
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+OK, WHY = hosts.available()
+if not OK and __import__("labkit").settings.get("LABKIT_REQUIRE_HOSTS"):
+    raise RuntimeError(f"LABKIT_REQUIRE_HOSTS is set but namespace hosts cannot be made: {WHY}")
+needs_hosts = pytest.mark.skipif(not OK, reason=WHY)
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    with hosts.namespace_hosts(2) as made:
+        yield made
+
+
+WHERE = """
+from mpi4py import MPI
+import json, socket
+import numpy as np
+comm = MPI.COMM_WORLD
+x = np.full(N, float(comm.Get_rank() + 1))
+out = np.empty_like(x)
+comm.Allreduce(x, out)
+rows = comm.gather([comm.Get_rank(), socket.gethostname(), MPI.Get_processor_name(), float(out[0])])
+if comm.Get_rank() == 0:
+    print("WHERE", json.dumps(rows), flush=True)
+"""
+
+
+@needs_hosts
+def test_namespace_hosts_are_separate_machines_to_mpi(two_hosts, tmp_path):
+    prog = tmp_path / "where.py"
+    prog.write_text("N = 1_000_000\n" + WHERE)
+    before = two_hosts.interface_bytes()
+    res = cluster.run_mpi([str(prog)], n=4, hosts=two_hosts, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.split("WHERE ", 1)[1].splitlines()[0])
+    assert [(r[0], r[1], r[2]) for r in rows] == [(0, "labkit-host0", "labkit-host0"), (1, "labkit-host1", "labkit-host1"),
+                                                  (2, "labkit-host0", "labkit-host0"), (3, "labkit-host1", "labkit-host1")]
+    assert all(r[3] == 10.0 for r in rows)  # 1 + 2 + 3 + 4
+    after = two_hosts.interface_bytes()
+    crossed = {h: after[h] - before[h] for h in after}
+    # each host holds 2 ranks of 8 MB; any allreduce moves at least one host's share across the cable
+    assert all(v >= 8_000_000 for v in crossed.values()), crossed
+
+
+@needs_hosts
+def test_labkits_collectives_match_mpi_across_hosts(two_hosts):
+    before = two_hosts.interface_bytes()
+    run_mpi_cases("cases_collectives.py", 4, hosts=two_hosts, timeout=600)
+    after = two_hosts.interface_bytes()
+    assert all(after[h] - before[h] > 1_000_000 for h in after), (before, after)
+
+
+@needs_hosts
+def test_the_ring_exercise_check_across_hosts(two_hosts):
+    out = run_mpi_cases("cases_ring_exercise.py", 4, hosts=two_hosts, timeout=600)
+    assert "OK 4" in out
+
+
+@needs_hosts
+def test_data_parallel_equals_serial_across_hosts(two_hosts):
+    for allreduce in ("ring", "mpi", "recursive_doubling"):  # the shared-memory allreduce refuses hosts, below
+        run_mpi_cases("cases_data_parallel.py", 4, hosts=two_hosts, timeout=600, only=f"equal to serial: {allreduce}")
+    res = cluster.run_mpi([str(ROOT / "tests" / "mpi" / "cases_data_parallel.py"), "-k", "equal to serial: shm"],
+                          n=4, hosts=two_hosts, timeout=120)
+    assert res.returncode != 0 and "needs every rank on one machine" in res.stdout + res.stderr
+
+
+@needs_hosts
+def test_the_asynchronous_parameter_server_across_hosts(two_hosts):
+    """Masters and workers on different hosts: with round-robin placement, rank 0 (a master) is on host 0 and the
+    workers 1 and 3 on host 1."""
+    run_mpi_cases("cases_param_server.py", 4, hosts=two_hosts, timeout=600)
+
+
+@needs_hosts
+def test_a_wrong_host_name_fails_within_the_timeout_and_leaves_nothing(two_hosts, tmp_path):
+    from labkit.hosts import NamespaceHosts
+
+    prog = tmp_path / "where.py"
+    prog.write_text("N = 10\n" + WHERE)
+    wrong = NamespaceHosts([*two_hosts.names], ["10.255.255.254", two_hosts.addresses[1]], two_hosts.namespaces,
+                           two_hosts.bridge, two_hosts.bridge_address, two_hosts.links, two_hosts.launcher)
+    res = cluster.run_mpi([str(prog)], n=2, hosts=wrong, timeout=60)
+    assert res.returncode != 0 and "no namespace host 10.255.255.254" in res.stderr
+
+
+def test_namespace_hosts_leave_nothing_behind():
+    if not OK:
+        pytest.skip(WHY)
+    with hosts.namespace_hosts(2) as made:
+        assert made.run(0, ["hostname"], capture_output=True, text=True).stdout.strip() == "labkit-host0"
+        sleeper = made.run(1, ["sleep 600 >/dev/null 2>&1 &"], capture_output=True, text=True, timeout=30)
+        assert sleeper.returncode == 0
+        names = made.namespaces
+        bridge = made.bridge
+    assert not set(names) & set(hosts.left_behind())
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert bridge not in links
+    assert "sleep 600" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert sys.platform.startswith("linux")
+
+
+FAKE_PYTHON = """#!/bin/sh
+echo "MPI|Open MPI v5.0.0|$(hostname)"
+"""
+
+
+@needs_hosts
+def test_doctor_names_what_stops_a_job_across_hosts(two_hosts, tmp_path):
+    from labkit import doctor
+    from labkit.hosts import NamespaceHosts
+
+    found = doctor.check_hosts(two_hosts, timeout=60)
+    assert [f.status for f in found] == [doctor.OK] * 3, doctor.render(found)
+    assert "2 ranks ran an Allreduce: 3@labkit-host0 3@labkit-host1" in found[-1].detail
+
+    found = doctor.check_hosts(["no-such-host.invalid", two_hosts.addresses[0]], timeout=20)
+    assert found[0].status == doctor.FAIL and "name resolution failed" in found[0].detail
+
+    def variant(addresses, launcher=two_hosts.launcher):
+        return NamespaceHosts(two_hosts.names, addresses, two_hosts.namespaces, two_hosts.bridge,
+                              two_hosts.bridge_address, two_hosts.links, launcher)
+
+    found = doctor.check_hosts(variant(["10.255.255.254", two_hosts.addresses[1]]), timeout=20)
+    assert found[0].status == doctor.FAIL and "could not run a command on 10.255.255.254" in found[0].detail
+
+    # host 1's Python reports another MPI: its launcher runs a stand-in for the interpreter there
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    other = tmp_path / "launch-other-mpi"
+    other.write_text(f"#!{sys.executable}\nimport os, sys\nargs = sys.argv[1:]\n"
+                     f"if {two_hosts.addresses[1]!r} in args:\n"
+                     f"    args[-1] = args[-1].replace({sys.executable!r}, {str(fake)!r})\n"
+                     f"os.execv({str(two_hosts.launcher)!r}, [{str(two_hosts.launcher)!r}, *args])\n")
+    other.chmod(0o755)
+    found = doctor.check_hosts(variant(two_hosts.addresses, other), timeout=20)
+    assert found[0].status == doctor.OK and found[1].status == doctor.FAIL, doctor.render(found)
+    assert "a different MPI on" in found[1].detail and "Open MPI v5.0.0" in found[1].detail
+
+
+@needs_hosts
+def test_doctor_calls_a_refused_connection_a_firewall(tmp_path):
+    from labkit import doctor
+
+    with hosts.namespace_hosts(2) as made:  # host 1 may not reach this machine: a firewall between them
+        subprocess.run(["ip", "-n", made.namespaces[1], "route", "add", "prohibit", f"{made.bridge_address}/32"],
+                       check=True)
+        found = doctor.check_hosts(made, timeout=30)
+    assert found[-1].status == doctor.FAIL and "firewall" in found[-1].detail, doctor.render(found)
+
+
+@needs_hosts
+def test_bench_allreduce_across_two_namespace_hosts(capsys):
+    from labkit import cli
+
+    assert cli.main(["bench", "allreduce", "--quick", "--hosts", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hosts"] == 2
+    assert {"ring_vs_mpi_1e6_hosts2", "ring_vs_mpi_1e7_hosts2", "ring_vs_mpi_1e6_p2"} <= set(result)
+    assert {e["hosts"] for e in result["rows"]} == {1, 2}
+    assert not hosts.left_behind()
