@@ -58,6 +58,9 @@ def test_the_suite_left_no_network_namespace_behind():
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout.split("\n")
     left = [line.split()[0] for line in listed if line.strip().startswith("labkit")]
     assert not left, f"network namespaces left behind: {left}"
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    bridges = [line.split(":")[1].strip() for line in links if line.split(":")[1].strip().startswith(("lkb", "lkv"))]
+    assert not bridges, f"the namespace hosts' bridges or cables left behind: {bridges}"
 
 
 def test_the_suite_left_no_sandbox_behind():
