@@ -176,12 +176,13 @@ class MPICluster:
     """
 
     def __init__(self, n: int = 4, start_timeout: float = 120, op_timeout: float = 120, blas_threads: int = 1,
-                 activate: bool = True, heavy_yield: bool | None = None):
+                 activate: bool = True, heavy_yield: bool | None = None, hosts=None):
         if n < 1:
             raise ValueError(f"n must be >= 1 engines, got {n}")
         self.n, self.start_timeout, self.op_timeout = n, start_timeout, op_timeout
         self.blas_threads, self.activate = blas_threads, activate
         self.heavy_yield = n > usable_cores() if heavy_yield is None else heavy_yield
+        self.hosts = hosts  # None: every engine here, on 127.0.0.1; namespace hosts: the controller on their bridge
         self.cluster = None
         self.client = None
         self._view = None
@@ -192,12 +193,34 @@ class MPICluster:
 
         env = {"LABKIT_MPI_TIMEOUT": str(self.op_timeout), "OMP_NUM_THREADS": str(self.blas_threads),
                "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0"}
-        env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield).items()
-                    if k.startswith("MPIR_") or k in LOOPBACK_ONLY or k == "LD_PRELOAD"})
+        local = self.hosts is None
+        env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield, local=local).items()
+                    if k.startswith("MPIR_") or (local and (k in LOOPBACK_ONLY or k == "LD_PRELOAD"))})
         cfg = Config()
         cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
+        if not local:
+            args, extra = hosts_args(self.hosts, self.n)
+            env.update(extra)
+            if "LABKIT_BIND_ADDRESS" in extra and (preload := loopback_preload()) is not None:
+                env["LD_PRELOAD"] = str(preload)
+            cfg.MPIEngineSetLauncher.mpi_args = args
         cfg.MPIEngineSetLauncher.environment = env
         return cfg
+
+    def _controller_ip(self) -> str:
+        """Where the controller listens: 127.0.0.1 for engines on this machine; the bridge address of namespace
+        hosts; for real hosts, this machine's address that the first host reaches it by (never 0.0.0.0)."""
+        from .hosts import NamespaceHosts
+
+        if self.hosts is None:
+            return "127.0.0.1"
+        if isinstance(self.hosts, NamespaceHosts):
+            return self.hosts.bridge_address
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: the route picks the address
+            s.connect((socket.gethostbyname(str(list(self.hosts)[0])), 9))
+            return s.getsockname()[0]
 
     def start(self) -> MPICluster:
         """Start the controller and the engines, connect, and check that they form one MPI world; a detached watchdog
@@ -205,7 +228,7 @@ class MPICluster:
         import ipyparallel as ipp
 
         before = set(process_tree(os.getpid()))
-        self.cluster = ipp.Cluster(engines="mpi", n=self.n, controller_ip="127.0.0.1", config=self._config(),
+        self.cluster = ipp.Cluster(engines="mpi", n=self.n, controller_ip=self._controller_ip(), config=self._config(),
                                    engine_timeout=self.start_timeout, shutdown_atexit=True, log_level=40)
         try:
             self.client = self.cluster.start_and_connect_sync(activate=False)

@@ -5,6 +5,8 @@ kernel's byte counters of each host's cable show that the traffic crossed betwee
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -176,3 +178,31 @@ def test_bench_allreduce_across_two_namespace_hosts(capsys):
     assert {"ring_vs_mpi_1e6_hosts2", "ring_vs_mpi_1e7_hosts2", "ring_vs_mpi_1e6_p2"} <= set(result)
     assert {e["hosts"] for e in result["rows"]} == {1, 2}
     assert not hosts.left_behind()
+
+
+@needs_hosts
+def test_an_mpi_cluster_of_4_engines_on_2_hosts_runs_lab_06(two_hosts):
+    """The controller listens on the bridge address (not 0.0.0.0), the engines are ranks 0-3 on both hosts, and lab
+    06's %%px cells run on them."""
+    import nbformat
+
+    from labkit import report
+    from labkit.cluster import MPICluster, process_tree
+
+    lab = nbformat.read(report.find_notebooks(only="06_")[0], as_version=4)
+    px = [c.source.split("\n", 1)[1] for c in lab.cells if c.cell_type == "code" and c.source.startswith("%%px")]
+    before = two_hosts.interface_bytes()
+    with MPICluster(4, hosts=two_hosts, start_timeout=120) as cluster:
+        cluster.view.execute("import socket; host = socket.gethostname()", block=True)
+        assert cluster.view["host"] == ["labkit-host0", "labkit-host1", "labkit-host0", "labkit-host1"]
+        mine = set(process_tree(os.getpid()))  # the controller, mpiexec and what they started, on this machine's side
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = [ln.split()[3] for ln in listening if {int(p) for p in re.findall(r"pid=(\d+)", ln)} & mine]
+        wide = [a for a in ours if not a.startswith((two_hosts.bridge_address + ":", "127.0.0.1:"))]
+        assert ours and not wide, wide  # the bridge and loopback only: nothing on 0.0.0.0
+        cluster.view.push({"SIZES": [8, 8000], "REPEAT": 2})
+        for source in px:
+            cluster.view.execute(source, block=True)  # an engine's error raises here
+        assert cluster.view["bcast_logs"][0]["tree"].shape[1] == 4
+    after = two_hosts.interface_bytes()
+    assert all(after[h] - before[h] > 100_000 for h in after), (before, after)
