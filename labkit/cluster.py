@@ -132,6 +132,8 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
         env.update(extra_env)
         if "LABKIT_BIND_ADDRESS" in extra_env and (preload := loopback_preload()) is not None:
             env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD", "")]))
+    job = os.urandom(8).hex()
+    env[JOB_MARK] = job
     cmd += ["-n", str(n)] + ([sys.executable, "-m", "mpi4py"] if python else []) + list(args)
     # a session of its own, so that a timeout kills mpiexec *and* every rank it started
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -142,7 +144,42 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    finally:
+        # mpiexec has ended; a rank it could not reach to stop (its host cut off, say) may still run: end it too,
+        # found by the mark the job's processes carry (hydra puts its ranks and proxies in sessions of their own)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_marked(job)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+JOB_MARK = "LABKIT_MPI_JOB"
+
+
+def marked(job: str) -> list[int]:
+    """The processes on this machine (in any namespace) whose environment carries ``LABKIT_MPI_JOB=job``."""
+    needle = f"{JOB_MARK}={job}".encode()
+    found = []
+    for d in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_marked(job: str, wait: float = 5.0) -> None:
+    import time
+
+    deadline = time.monotonic() + wait
+    while (pids := marked(job)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 # -- ipyparallel: a cluster of MPI engines ---------------------------------------------------------
@@ -187,12 +224,13 @@ class MPICluster:
         self.client = None
         self._view = None
         self._watchdog = None  # a detached process that stops the cluster if this one dies first
+        self._job = os.urandom(8).hex()  # LABKIT_MPI_JOB of every engine, so that none outlives stop()
 
     def _config(self):
         from traitlets.config import Config
 
         env = {"LABKIT_MPI_TIMEOUT": str(self.op_timeout), "OMP_NUM_THREADS": str(self.blas_threads),
-               "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0"}
+               "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0", JOB_MARK: self._job}
         local = self.hosts is None
         env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield, local=local).items()
                     if k.startswith("MPIR_") or (local and (k in LOOPBACK_ONLY or k == "LD_PRELOAD"))})
@@ -258,6 +296,27 @@ class MPICluster:
             raise ClusterError("the cluster is not running: call start() or use `with MPICluster(n) as cluster:`")
         return self._view
 
+    def px(self, code: str, timeout: float | None = None) -> list:
+        """Run ``code`` on every engine, as a ``%%px`` cell does, but wait at most ``timeout`` seconds (default: the
+        engines' own timeout for a collective plus 30 s): engines that do not answer by then (their host unreachable,
+        or hanging) raise ClusterError naming their ranks and hosts, instead of a wait without end. An engine's own
+        error raises as ipyparallel raises it."""
+        import ipyparallel as ipp
+
+        limit = self.op_timeout + 30 if timeout is None else timeout
+        result = self.view.execute(code, block=False)
+        try:
+            return result.get(timeout=limit)
+        except ipp.error.TimeoutError:
+            pending = [rank for rank, mid in enumerate(result.msg_ids) if mid in self.client.outstanding]
+            where = ""
+            if self.hosts is not None:
+                names = list(getattr(self.hosts, "names", self.hosts))
+                where = " on " + ", ".join(sorted({str(names[r % len(names)]) for r in pending}))
+            raise ClusterError(f"engine(s) of rank {', '.join(map(str, pending))}{where} did not answer within "
+                               f"{limit:g} s: their host may be unreachable, or they hang. cluster.stop() ends them") \
+                from None
+
     def check_world(self) -> list[tuple[int, int, int]]:
         """(rank, size, pid) of every engine; ClusterError unless ranks are 0..n-1 of one world of size n."""
         info = self.client[:].apply_sync(_world_info)
@@ -286,6 +345,7 @@ class MPICluster:
                 self.cluster.stop_cluster_sync()
             finally:
                 self.cluster = None
+                kill_marked(self._job)  # engines mpiexec could not reach to stop (a host cut off) end too
 
     def __enter__(self) -> MPICluster:
         return self.start()

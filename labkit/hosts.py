@@ -99,7 +99,7 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(p) for p in done.stdout.split() if p.isdigit()]
 
 
-def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None) -> None:
+def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: list[str] = ()) -> None:
     for ns in namespaces:  # processes first: a namespace is only gone when nothing runs in it
         for _ in range(50):
             pids = namespace_pids(ns)
@@ -112,6 +112,8 @@ def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None) -> None
                     pass
             time.sleep(0.1)
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
+    for link in links:  # gone with its namespace, unless the kernel keeps it a while
+        subprocess.run(["ip", "link", "delete", link], capture_output=True, timeout=30)
     if bridge:
         subprocess.run(["ip", "link", "delete", bridge], capture_output=True, timeout=30)
     if tmp:
@@ -131,6 +133,7 @@ def namespace_hosts(n: int = 2):
     subnet = _free_subnet()
     hosts = list(subnet.hosts())
     namespaces: list[str] = []
+    links: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="labkit-hosts-"))
     made_bridge = None
     try:
@@ -138,19 +141,19 @@ def namespace_hosts(n: int = 2):
         made_bridge = bridge
         _ip("addr", "add", f"{hosts[0]}/{subnet.prefixlen}", "dev", bridge)
         _ip("link", "set", bridge, "up")
-        names, addresses, links = [], [], []
+        names, addresses = [], []
         for i in range(n):
             ns, link, name, addr = f"{PREFIX}-{tag}-{i}", f"lkv{tag}{i}", f"{PREFIX}-host{i}", str(hosts[i + 1])
             _ip("netns", "add", ns)
             namespaces.append(ns)
             _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            links.append(link)
             _ip("link", "set", link, "master", bridge, "up")
             _ip("-n", ns, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             names.append(name)
             addresses.append(addr)
-            links.append(link)
         cases = "\n".join(f"  {shlex.quote(a)}|{shlex.quote(nm)}) ns={shlex.quote(ns)}; name={shlex.quote(nm)} ;;"
                           for a, nm, ns in zip(addresses, names, namespaces))
         launcher = tmp / "launch-on-host"
@@ -158,7 +161,7 @@ def namespace_hosts(n: int = 2):
         launcher.chmod(0o755)
         yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp)
     finally:
-        _remove(namespaces, made_bridge, tmp)
+        _remove(namespaces, made_bridge, tmp, links)
 
 
 def left_behind() -> list[str]:

@@ -55,6 +55,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "without bubblewrap"),
     Setting("LABKIT_BIND_ADDRESS", "str", None, "set by run_mpi for a job across hosts: the address mpiexec listens "
             "on, the one the other hosts reach this machine by (not every interface)"),
+    Setting("LABKIT_MPI_JOB", "str", None, "set by run_mpi on every process of a job, so that none outlives it (its "
+            "host cut off, say)"),
     Setting("LABKIT_CAPTURE", "path", None, "set by labkit grade in the graded notebook: the folder its checks record "
             "the student's results into"),
     Setting("LABKIT_CHECK_SEED", "int", 0, "set by labkit grade: the offset of the checks' input seeds, drawn afresh "

@@ -206,3 +206,65 @@ def test_an_mpi_cluster_of_4_engines_on_2_hosts_runs_lab_06(two_hosts):
         assert cluster.view["bcast_logs"][0]["tree"].shape[1] == 4
     after = two_hosts.interface_bytes()
     assert all(after[h] - before[h] > 100_000 for h in after), (before, after)
+
+
+RING_FOREVER = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+from labkit import collectives as C
+comm = MPI.COMM_WORLD
+x = np.ones(200_000)
+if comm.Get_rank() == 0:
+    print("STARTED", flush=True)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 300:
+    C.ring_allreduce(comm, x, timeout=10)
+"""
+
+
+@needs_hosts
+def test_a_host_that_goes_away_mid_collective_is_an_error_within_the_timeout(tmp_path):
+    """Host 1's cable is cut while the ring runs: the ranks on host 0 wait at most their 10 s timeout, the job ends
+    with the TimeoutError, and no process of it is left on either host."""
+    import threading
+    import time
+
+    prog = tmp_path / "ring_forever.py"
+    prog.write_text(RING_FOREVER)
+    with hosts.namespace_hosts(2) as made:
+        def cut():
+            time.sleep(4)
+            subprocess.run(["ip", "link", "set", made.links[1], "down"], check=True)
+
+        threading.Thread(target=cut, daemon=True).start()
+        t0 = time.monotonic()
+        res = cluster.run_mpi([str(prog)], n=4, hosts=made, timeout=120)
+        took = time.monotonic() - t0
+        assert "STARTED" in res.stdout, res.stderr[-2000:]
+        assert res.returncode != 0 and "TimeoutError" in res.stderr, res.stderr[-2000:]
+        assert took < 60, took
+        assert not any(hosts.namespace_pids(ns) for ns in made.namespaces)
+
+
+@needs_hosts
+def test_an_engine_on_a_dead_host_is_an_error_and_stop_leaves_nothing():
+    """Host 1's cable is cut under a running cluster: a collective on the engines ends with an error within the
+    engines' timeout (not a hang), and stopping the cluster leaves no process on either host."""
+    import time
+
+    from labkit.cluster import ClusterError, MPICluster
+
+    with hosts.namespace_hosts(2) as made:
+        cluster = MPICluster(4, hosts=made, op_timeout=10).start()
+        try:
+            cluster.px("from mpi4py import MPI\nimport numpy as np\nfrom labkit import collectives as C")
+            subprocess.run(["ip", "link", "set", made.links[1], "down"], check=True)
+            t0 = time.monotonic()
+            # the engines on host 0 hang in MPI connecting to host 1's, which the controller has given up on
+            with pytest.raises(ClusterError, match=r"rank [0-9, ]+ on labkit-host[01].* did not answer within 40 s"):
+                cluster.px("C.ring_allreduce(MPI.COMM_WORLD, np.ones(100_000))")
+            assert time.monotonic() - t0 < 60
+        finally:
+            cluster.stop()
+        assert not any(hosts.namespace_pids(ns) for ns in made.namespaces)
