@@ -172,12 +172,13 @@ def test_doctor_calls_a_refused_connection_a_firewall(tmp_path):
 def test_bench_allreduce_across_two_namespace_hosts(capsys):
     from labkit import cli
 
+    before = set(hosts.left_behind())  # the module's two hosts, and nothing else
     assert cli.main(["bench", "allreduce", "--quick", "--hosts", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["hosts"] == 2
     assert {"ring_vs_mpi_1e6_hosts2", "ring_vs_mpi_1e7_hosts2", "ring_vs_mpi_1e6_p2"} <= set(result)
     assert {e["hosts"] for e in result["rows"]} == {1, 2}
-    assert not hosts.left_behind()
+    assert set(hosts.left_behind()) == before
 
 
 @needs_hosts
