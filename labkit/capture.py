@@ -357,6 +357,34 @@ class Record:
         with self._lock:
             self.entries.append(entry)
 
+    def run(self, entry: dict, thunk, after=None):
+        """Run ``thunk`` (the student's code, watched for labkit's reference); write its result or its error into
+        ``entry`` (and what ``after(entry)`` adds, once it has run), then keep the entry."""
+        self.active += 1
+        try:
+            result = thunk()
+            entry["result"] = _encode(result, self.arrays)
+            return result
+        except Exception as e:
+            entry["raised"] = _encode_error(e)
+            raise
+        except BaseException:
+            entry["interrupted"] = True
+            raise
+        finally:
+            self.active -= 1
+            if after is not None:
+                with self._lock:
+                    after(entry)
+            self.add(entry)
+
+    def note_identity(self, fn) -> None:
+        """Notice a student's function that is labkit's reference itself (through partial, methods, __wrapped__)."""
+        for f in _unwrap(fn):
+            name = self.watch.get(getattr(f, "__code__", None))
+            if name:
+                self.reference = self.reference or name
+
     def close(self) -> None:
         if self.watch:
             sys.setprofile(self._previous)
@@ -382,28 +410,16 @@ def _rank() -> int:
 
 def _recorded_call(session: Record, label: str, fn):
     def wrapper(*args, **kwargs):
-        key = digest(args, kwargs)
         leaves = list(_array_leaves(args))
         before = [a.copy() for _, a in leaves]
-        entry = {"kind": "call", "label": label, "key": key}
-        session.active += 1
-        try:
-            result = fn(*args, **kwargs)
-            entry["result"] = _encode(result, session.arrays)
-            return result
-        except Exception as e:
-            entry["raised"] = _encode_error(e)
-            raise
-        except BaseException:
-            entry["interrupted"] = True
-            raise
-        finally:
-            session.active -= 1
-            with session._lock:
-                entry["mutated"] = [[list(p), _encode(a, session.arrays)] for (p, a), b in zip(leaves, before)
-                                    if a.shape != b.shape or a.tobytes() != b.tobytes()]
-                entry["logs"] = [[i, [list(map(int, row)) for row in tc.log]] for i, tc in _traffic_logs(args)]
-            session.add(entry)
+
+        def changes(entry):  # the arrays it changed in place, and the messages it sent
+            entry["mutated"] = [[list(p), _encode(a, session.arrays)] for (p, a), b in zip(leaves, before)
+                                if a.shape != b.shape or a.tobytes() != b.tobytes()]
+            entry["logs"] = [[i, [list(map(int, row)) for row in tc.log]] for i, tc in _traffic_logs(args)]
+
+        entry = {"kind": "call", "label": label, "key": digest(args, kwargs)}
+        return session.run(entry, lambda: fn(*args, **kwargs), after=changes)
 
     wrapper.unrecorded = fn
     return wrapper
@@ -450,11 +466,16 @@ def _replayed_call(session: Replay, label: str, ex: str):
         for i, rows in entry.get("logs", []):
             if i < len(args) and isinstance(getattr(args[i], "log", None), list):
                 args[i].log[:] = [tuple(r) for r in rows]
-        if "raised" in entry:
-            raise _decode_error(entry["raised"])
-        return _decode(entry.get("result"), session.arrays)
+        return _outcome(entry, session.arrays)
 
     return replayed
+
+
+def _outcome(entry: dict, arrays):
+    """What a recorded call or step came to: its error raised again, or its result."""
+    if "raised" in entry:
+        raise _decode_error(entry["raised"])
+    return _decode(entry.get("result"), arrays)
 
 
 def replayed(session: Replay, label: str = "fn", ex: str = ""):
@@ -503,10 +524,7 @@ def student(fn, label: str = "fn", ex: str = ""):
     if isinstance(s, Replay):
         return _replayed_call(s, label, ex or s.check)
     if isinstance(s, Record):
-        for f in _unwrap(fn):
-            name = s.watch.get(getattr(f, "__code__", None))
-            if name:
-                s.reference = s.reference or name
+        s.note_identity(fn)
         return _recorded_call(s, label, fn)
     return fn
 
@@ -517,10 +535,7 @@ def watched(fn):
     s = _session
     if not isinstance(s, Record) or not callable(fn):
         return fn
-    for f in _unwrap(fn):
-        name = s.watch.get(getattr(f, "__code__", None))
-        if name:
-            s.reference = s.reference or name
+    s.note_identity(fn)
 
     def wrapper(*args, **kwargs):
         s.active += 1
@@ -546,27 +561,10 @@ def step(label: str, thunk, key: str = "", what: str = ""):
     worker, timing it): run (plain), run and record its result or error (record), or the recorded outcome (replay)."""
     s = _session
     if isinstance(s, Replay):
-        entry = s.take("step", label, key, what or f"{s.check}: the step {label!r}")
-        if "raised" in entry:
-            raise _decode_error(entry["raised"])
-        return _decode(entry.get("result"), s.arrays)
+        return _outcome(s.take("step", label, key, what or f"{s.check}: the step {label!r}"), s.arrays)
     if not isinstance(s, Record):
         return thunk()
-    entry = {"kind": "step", "label": label, "key": key}
-    s.active += 1
-    try:
-        result = thunk()
-        entry["result"] = _encode(result, s.arrays)
-        return result
-    except Exception as e:
-        entry["raised"] = _encode_error(e)
-        raise
-    except BaseException:
-        entry["interrupted"] = True
-        raise
-    finally:
-        s.active -= 1
-        s.add(entry)
+    return s.run({"kind": "step", "label": label, "key": key}, thunk)
 
 
 def build(label: str, thunk, ex: str = ""):
@@ -578,14 +576,7 @@ def build(label: str, thunk, ex: str = ""):
         return _replayed_call(s, label, ex or s.check)
     if not isinstance(s, Record):
         return thunk()
-    entry = {"kind": "step", "label": label, "key": "build"}
-    try:
-        fn = thunk()
-    except Exception as e:
-        entry["raised"] = _encode_error(e)
-        s.add(entry)
-        raise
-    s.add(entry)
+    fn = s.run({"kind": "step", "label": label, "key": "build"}, thunk)  # a compile error is kept and raised
     return _recorded_call(s, label, fn)
 
 

@@ -172,14 +172,9 @@ def marked(job: str) -> list[int]:
 
 
 def kill_marked(job: str, wait: float = 5.0) -> None:
-    import time
+    from .machine import kill_until_gone
 
-    deadline = time.monotonic() + wait
-    while (pids := marked(job)) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+    kill_until_gone(lambda: marked(job), wait=wait)
 
 
 # -- ipyparallel: a cluster of MPI engines ---------------------------------------------------------

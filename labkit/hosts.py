@@ -16,14 +16,14 @@ import ipaddress
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .machine import kill_until_gone
 
 PREFIX = "labkit"
 
@@ -101,16 +101,7 @@ def namespace_pids(namespace: str) -> list[int]:
 
 def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: list[str] = ()) -> None:
     for ns in namespaces:  # processes first: a namespace is only gone when nothing runs in it
-        for _ in range(50):
-            pids = namespace_pids(ns)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.1)
+        kill_until_gone(lambda ns=ns: namespace_pids(ns), wait=5.0)
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
     for link in links:  # gone with its namespace, unless the kernel keeps it a while
         subprocess.run(["ip", "link", "delete", link], capture_output=True, timeout=30)

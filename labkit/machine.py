@@ -91,3 +91,22 @@ def find_compiler(names) -> tuple[str, str] | None:
             continue
         return path, version.splitlines()[0] if version else "?"
     return None
+
+
+def kill_until_gone(pids_now, wait: float = 10.0) -> bool:
+    """SIGKILL the processes ``pids_now()`` lists until it lists none (a fork bomb keeps forking while it is killed),
+    for at most ``wait`` seconds; whether none is left."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + wait
+    while pids := list(pids_now()):
+        if time.monotonic() > deadline:
+            return False
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile, or not ours
+                pass
+        time.sleep(0.05)
+    return True

@@ -23,13 +23,14 @@ import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .machine import kill_until_gone
 
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "hosts", "nsswitch.conf", "localtime",
        "timezone", "alternatives", "ssl", "ca-certificates", "os-release", "gai.conf", "host.conf", "fonts")
@@ -185,17 +186,7 @@ def kill_cgroup(cgroups: list[Path]) -> None:
                 (d / "cgroup.kill").write_text("1")
             except OSError:
                 pass
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        pids = cgroup_pids(cgroups)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.05)
+    kill_until_gone(lambda: cgroup_pids(cgroups), wait=10.0)
 
 
 def remove_cgroup(cgroups: list[Path]) -> None:
