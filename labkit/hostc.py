@@ -310,9 +310,13 @@ def _explain(fn: CFunction, stderr: str, code: int) -> str:
     """The sanitizer's report (or the signal) as one message naming the function, the fault and the line."""
     name, filename = fn.name, fn.module.filename
     where = ""
-    for frame in re.finditer(r"#\d+ 0x[0-9a-f]+ in (\w+) (\S+?):(\d+)", stderr):
+    # The first frame in the student's file. GCC names an OpenMP parallel region's body FUNCTION._omp_fn.N, and a
+    # worker thread's stack holds only that, so which thread faulted first must not change what the message says.
+    for frame in re.finditer(r"#\d+ 0x[0-9a-f]+ in ([\w.]+) (\S+?):(\d+)", stderr):
         if frame.group(2).endswith(filename):
-            where = f" in {frame.group(1)}, line {frame.group(3)} of {filename}"
+            function, region = re.subn(r"\._omp_fn\.\d+$", "", frame.group(1))
+            inside = " (in its parallel region)" if region else ""
+            where = f" in {function}{inside}, line {frame.group(3)} of {filename}"
             break
     m = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", stderr)
     if m:

@@ -108,6 +108,29 @@ def test_checked_mode_names_the_fault_and_the_line_and_the_notebook_survives():
     np.testing.assert_array_equal(out, 1 + 3 * x)  # a clean checked call writes its results back
 
 
+WORKER_FAULT = r"""
+#include <omp.h>
+void fault_in_a_worker(float* y, int n)
+{
+    #pragma omp parallel num_threads(2)
+    {
+        if (omp_get_thread_num() == 1)
+            y[n] = 1.0f;
+    }
+}
+"""
+
+
+def test_a_fault_in_a_worker_thread_names_the_function_and_its_line():
+    # A worker thread's stack holds only GCC's outlined region (fault_in_a_worker._omp_fn.0), not the function: the
+    # message names the same function and line whichever thread faults.
+    m = hostc.load(WORKER_FAULT, checked=True, openmp=True)
+    y = np.zeros(3, np.float32)
+    with pytest.raises(hostc.CError, match=r"a write of 4 bytes in fault_in_a_worker \(in its parallel region\), "
+                                           r"line 8 of code.c"):
+        m.fault_in_a_worker(y, np.int32(3), threads=2)
+
+
 def test_a_compile_error_names_the_line():
     with pytest.raises(hostc.CCompileError, match=r"code.c:2:.*error"):
         hostc.load("void f(float* y) {\n    y[0] = undeclared;\n}\n")
@@ -202,7 +225,7 @@ def test_the_omp_reduction_check_names_a_race_a_bad_write_and_no_openmp(capsys):
     serial = GOOD_OMP.replace("#pragma omp parallel " + REDUCTION, "").replace("#pragma omp for", "")
     lost = GOOD_OMP.replace(REDUCTION, "firstprivate(cost)")  # every thread's share is dropped
     for source, words in ((race, "runs differ from each other: a race"),
-                          (too_small, "outside an array.*in my_bp_omp, line 8 of yours.c"),
+                          (too_small, "outside an array.*in my_bp_omp \\(in its parallel region\\), line 13 of yours.c"),
                           (serial, "no OpenMP directive"), (lost, "wrong gradient or cost")):
         with pytest.raises(check.ExerciseError, match=f"(?s){words}"):
             check.omp_reduction(source)
