@@ -95,12 +95,32 @@ def mpi_env(n_ranks: int, heavy_yield: bool | None = None, local: bool = True) -
     return env
 
 
+# Every rank on this machine: hydra's own launch by fork, and no resource manager's host list (inside a SLURM job of
+# several nodes hydra would otherwise spread the ranks over them, while LOOPBACK_ONLY keeps them from meeting)
+LOCAL_ARGS = ["-rmk", "user", "-launcher", "fork"]
+# The nodes of the SLURM job mpiexec runs in, its proxies started by srun (as many ranks on a node as it has tasks)
+SLURM_ARGS = ["-rmk", "slurm", "-launcher", "slurm"]
+# ipyparallel's SLURM engine launcher fills in {n}, {cluster_id}, {output_file} and {program_and_args} (ipengine)
+SLURM_ENGINES = """#!/bin/sh
+#SBATCH --job-name=labkit-engines-{{cluster_id}}
+#SBATCH --ntasks={{n}}
+#SBATCH --output={{output_file}}
+{options}exec {mpiexec} {where} -n {{n}} {{program_and_args}}
+"""
+
+
 def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
-    """mpiexec's arguments and environment for a job over ``hosts``: real hosts by name (hydra's own ssh launcher,
+    """mpiexec's arguments and environment for a job over ``hosts``: ``"slurm"``, the nodes of the SLURM allocation
+    this runs in (hydra's slurm launcher: ``srun`` starts its proxies); real hosts by name (hydra's own ssh launcher,
     mpiexec listening on every interface as MPI across machines needs), or :class:`labkit.hosts.NamespaceHosts`
     (their launcher, mpiexec listening on the bridge only, MPI's network modules on each host's one interface)."""
     from .hosts import NamespaceHosts
 
+    if isinstance(hosts, str) and hosts == "slurm":
+        if "SLURM_JOB_ID" not in os.environ:
+            raise ValueError("hosts='slurm' spreads the ranks over the nodes of a SLURM allocation, and this is not in "
+                             "one: run it in a job (sbatch, salloc, or srun --pty for a shell), or leave hosts out")
+        return list(SLURM_ARGS), {}
     if isinstance(hosts, NamespaceHosts):
         args = ["-hosts", ",".join(hosts.addresses), "-launcher", "ssh", "-launcher-exec", str(hosts.launcher),
                 "-localhost", hosts.bridge_address]
@@ -121,12 +141,15 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
     """Run ``python -m mpi4py ARGS`` (or a plain command) on ``n`` ranks; one rank's exception aborts the job.
 
     ``hosts``: the machines to spread the ranks over, round robin (host names, or namespace hosts from
-    :func:`labkit.hosts.namespace_hosts`); by default every rank runs here, talking over loopback only.
+    :func:`labkit.hosts.namespace_hosts`), or ``"slurm"``: the nodes of the SLURM job this runs in, as many ranks on
+    each as the job has tasks there; by default every rank runs here, talking over loopback only.
     Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds, with the job killed.
     """
     cmd = [str(mpiexec_path())]
     env = mpi_env(n, local=hosts is None)
-    if hosts is not None:
+    if hosts is None:
+        cmd += LOCAL_ARGS
+    else:
         extra, extra_env = hosts_args(hosts, n)
         cmd += extra
         env.update(extra_env)
@@ -208,9 +231,21 @@ class MPICluster:
     """
 
     def __init__(self, n: int = 4, start_timeout: float = 120, op_timeout: float = 120, blas_threads: int = 1,
-                 activate: bool = True, heavy_yield: bool | None = None, hosts=None):
+                 activate: bool = True, heavy_yield: bool | None = None, hosts=None, launcher: str = "mpi",
+                 slurm_options: list[str] = (), controller_ip: str | None = None):
         if n < 1:
             raise ValueError(f"n must be >= 1 engines, got {n}")
+        if launcher not in ("mpi", "slurm"):
+            raise ValueError(f"launcher must be 'mpi' (mpiexec from here) or 'slurm' (the engines as a SLURM job), "
+                             f"got {launcher!r}")
+        if launcher == "slurm" and hosts is not None:
+            raise ValueError("launcher='slurm' takes its nodes from SLURM: leave hosts out, and ask for nodes with "
+                             "slurm_options, e.g. ['--nodes=2', '--time=60']")
+        bad = [o for o in slurm_options if not str(o).startswith("-") or any(c in str(o) for c in "{}\n")]
+        if bad:
+            raise ValueError(f"slurm_options are sbatch options such as '--time=60' or '--partition=gpu', got {bad}")
+        self.launcher, self.slurm_options, self.controller_ip = launcher, [str(o) for o in slurm_options], controller_ip
+        self._folder = None  # launcher="slurm": the engines' batch script
         self.n, self.start_timeout, self.op_timeout = n, start_timeout, op_timeout
         self.blas_threads, self.activate = blas_threads, activate
         self.heavy_yield = n > usable_cores() if heavy_yield is None else heavy_yield
@@ -230,8 +265,19 @@ class MPICluster:
         env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield, local=local).items()
                     if k.startswith("MPIR_") or (local and (k in LOOPBACK_ONLY or k == "LD_PRELOAD"))})
         cfg = Config()
+        if self.launcher == "slurm":  # ipyparallel's SLURM launcher, its job running hydra's slurm launcher
+            env = {k: v for k, v in env.items() if k not in LOOPBACK_ONLY and k != "LD_PRELOAD"}
+            lines = "".join(f"#SBATCH {o}\n" for o in self.slurm_options)
+            cfg.SlurmEngineSetLauncher.batch_template = SLURM_ENGINES.format(
+                options=lines, mpiexec=str(mpiexec_path()), where=" ".join(SLURM_ARGS))
+            cfg.SlurmEngineSetLauncher.batch_file_name = str(self._folder / "engines.sbatch")
+            cfg.SlurmEngineSetLauncher.engine_cmd = [sys.executable, "-m", "ipyparallel.engine", "--mpi"]
+            cfg.SlurmEngineSetLauncher.environment = env
+            return cfg
         cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
-        if not local:
+        if local:
+            cfg.MPIEngineSetLauncher.mpi_args = LOCAL_ARGS
+        else:
             args, extra = hosts_args(self.hosts, self.n)
             env.update(extra)
             if "LABKIT_BIND_ADDRESS" in extra and (preload := loopback_preload()) is not None:
@@ -241,35 +287,47 @@ class MPICluster:
         return cfg
 
     def _controller_ip(self) -> str:
-        """Where the controller listens: 127.0.0.1 for engines on this machine; the bridge address of namespace
-        hosts; for real hosts, this machine's address that the first host reaches it by (never 0.0.0.0)."""
+        """Where the controller listens: ``controller_ip`` when given; 127.0.0.1 for engines on this machine; the bridge
+        address of namespace hosts; for real hosts, this machine's address that the first host reaches it by, and for
+        a SLURM job, the one the SLURM controller reaches it by (never 0.0.0.0)."""
         from .hosts import NamespaceHosts
 
+        if self.controller_ip:
+            return self.controller_ip
+        if self.launcher == "slurm":
+            from . import slurm
+
+            return address_toward(slurm.controller_address())
         if self.hosts is None:
             return "127.0.0.1"
         if isinstance(self.hosts, NamespaceHosts):
             return self.hosts.bridge_address
-        import socket
-
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: the route picks the address
-            s.connect((socket.gethostbyname(str(list(self.hosts)[0])), 9))
-            return s.getsockname()[0]
+        return address_toward(str(list(self.hosts)[0]))
 
     def start(self) -> MPICluster:
         """Start the controller and the engines, connect, and check that they form one MPI world; a detached watchdog
         stops them if this process dies without stopping them (a killed notebook kernel, an out-of-memory kill)."""
+        import tempfile
+
         import ipyparallel as ipp
 
         before = set(process_tree(os.getpid()))
-        self.cluster = ipp.Cluster(engines="mpi", n=self.n, controller_ip=self._controller_ip(), config=self._config(),
-                                   engine_timeout=self.start_timeout, shutdown_atexit=True, log_level=40)
+        if self.launcher == "slurm":
+            self._folder = Path(tempfile.mkdtemp(prefix="labkit-engines-"))
+        self.cluster = ipp.Cluster(engines=self.launcher, n=self.n, controller_ip=self._controller_ip(),
+                                   config=self._config(), engine_timeout=self.start_timeout, shutdown_atexit=True,
+                                   log_level=40)
         try:
             self.client = self.cluster.start_and_connect_sync(activate=False)
-            self.client.wait_for_engines(self.n, timeout=self.start_timeout)
+            self._wait_for_engines()
         except Exception as e:
+            job = self._slurm_state()
             self.stop()
-            raise ClusterError(f"{self.n} MPI engines did not start within {self.start_timeout:g} s: {e}. "
-                               "Run `labkit doctor` to check MPI.") from e
+            if isinstance(e, ClusterError):
+                raise
+            raise ClusterError(f"{self.n} MPI engines did not start within {self.start_timeout:g} s: {e}. " +
+                               (f"{job}. Check `squeue` and the job's output." if job else
+                                "Run `labkit doctor` to check MPI.")) from e
         info = self.check_world()
         by_rank = {rank: pid for rank, _, pid in info}
         pids = dict(zip(self.client.ids, self.client[:].apply_sync(lambda: __import__("os").getpid())))
@@ -285,6 +343,48 @@ class MPICluster:
         return self
 
     @property
+    def slurm_job(self) -> int | None:
+        """The id of the engines' SLURM job (launcher="slurm", once submitted), else None."""
+        if self.launcher != "slurm" or self.cluster is None:
+            return None
+        for engines in (self.cluster.engines or {}).values():
+            if getattr(engines, "job_id", ""):
+                return int(engines.job_id)
+        return None
+
+    def _slurm_job_info(self):
+        from . import slurm
+
+        job = self.slurm_job
+        if job is None:
+            return None
+        try:
+            return slurm.job(job)
+        except (slurm.SlurmError, slurm.SlurmUnavailable):
+            return None
+
+    def _slurm_state(self) -> str:
+        info = self._slurm_job_info()
+        if info is None:
+            return ""
+        if info.ended:
+            return info.describe()
+        return f"SLURM job {info.id} is {info.state} (reason: {info.reason})"
+
+    def _wait_for_engines(self) -> None:
+        """Wait for the n engines; with launcher="slurm", stop waiting as soon as their job has ended."""
+        import time
+
+        deadline = time.monotonic() + self.start_timeout
+        while len(self.client.ids) < self.n:
+            if self.launcher == "slurm" and (info := self._slurm_job_info()) is not None and info.ended:
+                raise ClusterError(f"the engines' {info.describe()} before all {self.n} engines started; "
+                                   f"its output: {info.output}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.client.ids)} of {self.n} engines registered")
+            time.sleep(0.25)
+
+    @property
     def view(self):
         """A DirectView on all engines, blocking, ordered by MPI rank."""
         if self._view is None:
@@ -296,12 +396,21 @@ class MPICluster:
         engines' own timeout for a collective plus 30 s): engines that do not answer by then (their host unreachable,
         or hanging) raise ClusterError naming their ranks and hosts, instead of a wait without end. An engine's own
         error raises as ipyparallel raises it."""
+        import time
+
         import ipyparallel as ipp
 
         limit = self.op_timeout + 30 if timeout is None else timeout
         result = self.view.execute(code, block=False)
+        deadline = time.monotonic() + limit
         try:
-            return result.get(timeout=limit)
+            while self.launcher == "slurm" and not result.ready():  # the engines' job may end first: say so at once
+                if (info := self._slurm_job_info()) is not None and info.ended:
+                    raise ClusterError(f"the engines' {info.describe()}; cluster.stop() ends what is left of it")
+                result.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+                if time.monotonic() > deadline:
+                    break
+            return result.get(timeout=max(0.0, deadline - time.monotonic()))
         except ipp.error.TimeoutError:
             pending = [rank for rank, mid in enumerate(result.msg_ids) if mid in self.client.outstanding]
             where = ""
@@ -335,18 +444,36 @@ class MPICluster:
             except Exception:
                 pass
             self.client = None
+        job = self.slurm_job
         if self.cluster is not None:
             try:
                 self.cluster.stop_cluster_sync()
             finally:
                 self.cluster = None
                 kill_marked(self._job)  # engines mpiexec could not reach to stop (a host cut off) end too
+        if job is not None:  # scancel only asks: wait until SLURM has ended the engines on every node
+            from . import slurm
+
+            with contextlib.suppress(slurm.SlurmError, slurm.SlurmUnavailable, TimeoutError):
+                slurm.wait(job, timeout=30)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
     def __enter__(self) -> MPICluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def address_toward(host: str) -> str:
+    """This machine's address on the route toward ``host`` (no packet is sent): the one that host reaches it by."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), 9))
+        return s.getsockname()[0]
 
 
 # -- clusters whose owner died -----------------------------------------------------------------------

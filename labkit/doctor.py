@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -317,10 +318,36 @@ def check_clusters() -> list[Finding]:
                                          "`labkit cluster stop --all` stops them")]
 
 
+def check_slurm(timeout: float = 15) -> Finding:
+    """Whether this is a SLURM cluster's node: its partitions and how many nodes are idle (``sinfo``), or why not."""
+    if shutil.which("sinfo") is None:
+        return Finding("SLURM", MISSING, "not a SLURM cluster here (no sinfo): MPICluster(launcher='slurm') and "
+                                         "run_mpi(hosts='slurm') need one")
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):  # sinfo would retry for a minute
+        return Finding("SLURM", FAIL, f"SLURM_CONF names {conf}, which does not exist: fix or unset it")
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%R %a %D %t"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Finding("SLURM", FAIL, f"sinfo did not answer within {timeout:g} s: is slurmctld reachable? "
+                                      "(scontrol ping)")
+    if "configuration source" in done.stderr:  # the client is installed, and no cluster is set up for it
+        return Finding("SLURM", MISSING, "SLURM's commands are here but name no cluster (no slurm.conf, no SLURM_CONF)")
+    if done.returncode != 0:
+        return Finding("SLURM", FAIL, f"sinfo failed: {(done.stderr or done.stdout).strip()[:300]}")
+    parts: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        name, avail, count, state = (line.split() + ["?"] * 4)[:4]
+        parts.setdefault(name, []).append(f"{count} {state}" + ("" if avail == "up" else f" ({avail})"))
+    where = "; ".join(f"{p}: {', '.join(v)}" for p, v in parts.items()) or "no partitions"
+    inside = f" (this runs inside job {os.environ['SLURM_JOB_ID']})" if "SLURM_JOB_ID" in os.environ else ""
+    return Finding("SLURM", OK, f"{where}{inside}")
+
+
 def run_all() -> list[Finding]:
     """Every check, in the order of the labs."""
     return (check_python() + check_settings() + check_data() + check_c() + check_gpu() + check_mpi() + [check_loopback()]
-            + check_clusters() + check_tools())
+            + check_clusters() + [check_slurm()] + check_tools())
 
 
 def render(findings: list[Finding]) -> str:

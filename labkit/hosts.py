@@ -55,11 +55,20 @@ class NamespaceHosts:
         """Run a command on one host (in its namespace, under its name)."""
         return subprocess.run([str(self.launcher), self.addresses[host], *argv], **kw)
 
+    def daemon_argv(self, host: int, argv: list[str]) -> list[str]:
+        """``argv`` made to run on one host as a daemon would on a machine of its own: in the host's network and
+        name, with a /sys of the host's network (as ``ip netns exec`` gives) that still holds the cgroup
+        filesystems (which ``ip netns exec`` hides, and slurmd needs), and an /etc/hosts that names every host, as
+        a cluster's name service would."""
+        return ["nsenter", f"--net=/run/netns/{self.namespaces[host]}", "unshare", "--mount", "--uts",
+                "--propagation", "private", "sh", "-c", DAEMON_SHELL, self.names[host], str(self._tmp / "hosts"),
+                *argv]
+
 
 def available() -> tuple[bool, str]:
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return False, "namespace hosts need root (ip netns, veth, a bridge)"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return False, f"namespace hosts need {tool} (apt install iproute2 util-linux)"
     return True, ""
@@ -91,6 +100,19 @@ case "$host" in
   *) echo "no namespace host $host" >&2; exit 255 ;;
 esac
 exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$*"' "$name" "$*"
+"""
+
+
+DAEMON_SHELL = """set -e
+hold=$(mktemp -d /tmp/labkit-cgroup-XXXXXX)
+mount --rbind /sys/fs/cgroup "$hold"
+mount -t sysfs sysfs /sys
+mount --move "$hold" /sys/fs/cgroup
+rmdir "$hold"
+mount --bind "$1" /etc/hosts
+shift
+hostname "$0"
+exec "$@"
 """
 
 
@@ -147,6 +169,7 @@ def namespace_hosts(n: int = 2):
             addresses.append(addr)
         cases = "\n".join(f"  {shlex.quote(a)}|{shlex.quote(nm)}) ns={shlex.quote(ns)}; name={shlex.quote(nm)} ;;"
                           for a, nm, ns in zip(addresses, names, namespaces))
+        (tmp / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} {nm}\n" for a, nm in zip(addresses, names)))
         launcher = tmp / "launch-on-host"
         launcher.write_text(LAUNCHER.format(launcher=launcher.name, cases=cases))
         launcher.chmod(0o755)

@@ -51,6 +51,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("LABKIT_REQUIRE_BROWSER", "bool", False, "tests: fail instead of skipping the browser test without Chromium"),
     Setting("LABKIT_REQUIRE_HOSTS", "bool", False, "tests: fail instead of skipping the several-hosts tests where "
             "namespace hosts cannot be made"),
+    Setting("LABKIT_REQUIRE_SLURM", "bool", False, "tests: fail instead of skipping the SLURM tests where a test "
+            "SLURM cluster cannot be made or started"),
     Setting("LABKIT_REQUIRE_SANDBOX", "bool", False, "tests: fail instead of skipping the sandboxed grading tests "
             "without bubblewrap"),
     Setting("LABKIT_BIND_ADDRESS", "str", None, "set by run_mpi for a job across hosts: the address mpiexec listens "

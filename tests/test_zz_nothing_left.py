@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-KINDS = ("jupyter", "ipcontroller", "ipengine", "ipyparallel", "mpiexec", "hydra_pmi_proxy", "labkit", "mpi4py")
+KINDS = ("jupyter", "ipcontroller", "ipengine", "ipyparallel", "mpiexec", "hydra_pmi_proxy", "labkit", "mpi4py",
+         "slurmctld", "slurmd", "slurmstepd", "munged")
 
 
 def _start_ticks(pid: int) -> int:
@@ -80,3 +81,13 @@ def test_the_suite_left_no_sandbox_behind():
     folders = [p for p in glob.glob(f"{tmp}/labkit-grader-*") + glob.glob(f"{tmp}/labkit-sandbox-*")
                if os.stat(p).st_mtime >= mine]
     assert not folders, f"grading folders left behind: {folders}"
+
+
+def test_the_suite_left_no_cluster_folder_behind():
+    """The namespace hosts, the test SLURM cluster and the SLURM engines' batch scripts each have a temporary folder."""
+    import glob
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    folders = [p for kind in ("hosts", "slurm", "engines", "cgroup") for p in glob.glob(f"{tmp}/labkit-{kind}-*")]
+    assert not folders, f"cluster folders left behind: {folders}"
