@@ -312,9 +312,10 @@ class MPICluster:
         import ipyparallel as ipp
 
         before = set(process_tree(os.getpid()))
+        controller_ip = self._controller_ip()  # no SLURM here, say: raises before anything starts
         if self.launcher == "slurm":
             self._folder = Path(tempfile.mkdtemp(prefix="labkit-engines-"))
-        self.cluster = ipp.Cluster(engines=self.launcher, n=self.n, controller_ip=self._controller_ip(),
+        self.cluster = ipp.Cluster(engines=self.launcher, n=self.n, controller_ip=controller_ip,
                                    config=self._config(), engine_timeout=self.start_timeout, shutdown_atexit=True,
                                    log_level=40)
         try:
@@ -338,8 +339,8 @@ class MPICluster:
         started = {pid: ticks for pid, ticks in process_tree(os.getpid()).items() if pid not in before}
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "labkit.cluster", "watch", str(os.getpid()), self.cluster.cluster_file,
-             json.dumps(started)], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)  # a session of its own: whatever kills this process's group spares it
+             json.dumps(started), str(self._folder or "")], start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a session of its own: a group kill spares it
         return self
 
     @property
@@ -520,9 +521,10 @@ def process_alive(pid: int, ticks: int | None = None) -> bool:
     return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
 
 
-def watch(owner: int, cluster_file: str, processes: dict[int, int], poll: float = 0.5) -> None:
-    """Wait until process ``owner`` ends; then stop its cluster as ``ipcluster stop`` would (from the cluster file),
-    and kill what is left of ``processes`` (pid -> start time), first with SIGTERM, then SIGKILL."""
+def watch(owner: int, cluster_file: str, processes: dict[int, int], folder: str = "", poll: float = 0.5) -> None:
+    """Wait until process ``owner`` ends; then stop its cluster as ``ipcluster stop`` would (from the cluster file;
+    for engines that are a SLURM job, that is scancel), kill what is left of ``processes`` (pid -> start time), first
+    with SIGTERM, then SIGKILL, and remove ``folder`` (the engines' batch script)."""
     import time
 
     while process_alive(owner):
@@ -545,6 +547,8 @@ def watch(owner: int, cluster_file: str, processes: dict[int, int], poll: float 
             left = [pid for pid in left if process_alive(pid, processes[pid])]
     with contextlib.suppress(OSError):
         Path(cluster_file).unlink()
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def running_clusters() -> list:
@@ -585,4 +589,5 @@ def first_ranks(comm, k: int):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["watch"]:
-    watch(int(sys.argv[2]), sys.argv[3], {int(k): v for k, v in json.loads(sys.argv[4]).items()})
+    watch(int(sys.argv[2]), sys.argv[3], {int(k): v for k, v in json.loads(sys.argv[4]).items()},
+          sys.argv[5] if len(sys.argv) > 5 else "")

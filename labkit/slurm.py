@@ -251,10 +251,6 @@ class SlurmCluster:
                 left[name] = found
         return left
 
-    def log(self, which: str = "slurmctld") -> str:
-        path = self.folder / f"{which}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
 
 def _daemon(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:

@@ -94,6 +94,22 @@ def test_a_job_runs_on_both_nodes_and_leaves_nothing(cluster, past_its_time):
         hosts_args("slurm", 2)
 
 
+def test_mpicluster_slurm_arguments_are_checked_before_anything_starts(tmp_path, monkeypatch):
+    from labkit.cluster import MPICluster
+
+    with pytest.raises(ValueError, match="launcher must be 'mpi'"):
+        MPICluster(2, launcher="ssh")
+    with pytest.raises(ValueError, match="takes its nodes from SLURM"):
+        MPICluster(2, launcher="slurm", hosts=["node1"])
+    with pytest.raises(ValueError, match="sbatch options such as"):
+        MPICluster(2, launcher="slurm", slurm_options=["time=60"])
+    with pytest.raises(ValueError, match="sbatch options such as"):
+        MPICluster(2, launcher="slurm", slurm_options=["--time=60\nrm -rf ~"])
+    monkeypatch.setenv("PATH", str(tmp_path))  # no SLURM commands: said before a controller starts
+    with pytest.raises(slurm.SlurmUnavailable, match="scontrol is not on PATH: run this on a SLURM cluster"):
+        MPICluster(2, launcher="slurm").start()
+
+
 @needs_slurm
 def test_the_doctor_lists_the_partitions_or_says_there_is_no_cluster(cluster, monkeypatch):
     from labkit import doctor
@@ -266,6 +282,34 @@ def test_a_cancelled_engines_job_ends_the_cell_with_slurms_word(cluster):
             engines.px("import time\nwhile True:\n    time.sleep(0.1)", timeout=120)
         assert time.monotonic() - started < 60
     _nothing_left(cluster, job)
+
+
+@needs_slurm
+def test_a_killed_notebook_kernel_does_not_keep_its_engines_job(cluster, tmp_path):
+    """The process that started MPICluster(launcher="slurm") is SIGKILLed (a kernel killed for memory): its
+    watchdog cancels the engines' job, so it does not hold the nodes until its time limit."""
+    import signal
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "from labkit.cluster import MPICluster\n"
+         "c = MPICluster(2, launcher='slurm', slurm_options=['--nodes=2'], start_timeout=120).start()\n"
+         "print('JOB', c.slurm_job, c._folder, flush=True)\nimport time; time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True, env=_job_env(cluster), cwd=tmp_path)
+    try:
+        line = owner.stdout.readline()
+        assert line.startswith("JOB "), line
+        job, scripts = int(line.split()[1]), [Path(line.split()[2])]
+        assert cluster.job(job).state == "RUNNING"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    done = cluster.wait(job, timeout=60)
+    assert done.state == "CANCELLED", done.describe()
+    _nothing_left(cluster, job)
+    deadline = time.monotonic() + 15  # the watchdog removes the engines' batch script last
+    while any(batch.exists() for batch in scripts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(batch.exists() for batch in scripts), scripts
 
 
 @needs_slurm
