@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import settings
-from .machine import usable_cores
+from .machine import process_alive, process_tree, usable_cores
 
 
 def mpiexec_path() -> Path:
@@ -272,6 +272,10 @@ class MPICluster:
                 options=lines, mpiexec=str(mpiexec_path()), where=" ".join(SLURM_ARGS))
             cfg.SlurmEngineSetLauncher.batch_file_name = str(self._folder / "engines.sbatch")
             cfg.SlurmEngineSetLauncher.engine_cmd = [sys.executable, "-m", "ipyparallel.engine", "--mpi"]
+            # sbatch's refusal (on its stderr) into the error the notebook shows, and the id from its one line for it
+            cfg.SlurmEngineSetLauncher.submit_command = ["sh", "-c", 'exec sbatch "$@" 2>&1', "sbatch"]
+            cfg.SlurmEngineSetLauncher.job_id_regexp = r"Submitted batch job (\d+)"
+            cfg.SlurmEngineSetLauncher.job_id_regexp_group = 1
             cfg.SlurmEngineSetLauncher.environment = env
             return cfg
         cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
@@ -319,13 +323,22 @@ class MPICluster:
                                    config=self._config(), engine_timeout=self.start_timeout, shutdown_atexit=True,
                                    log_level=40)
         try:
-            self.client = self.cluster.start_and_connect_sync(activate=False)
-            self._wait_for_engines()
+            if self.launcher == "slurm":  # not ipyparallel's wait: it would not notice the job's end
+                self.cluster.start_cluster_sync(n=self.n)
+                self.client = self.cluster.connect_client_sync()
+                self._wait_for_slurm_engines()
+            else:
+                self.client = self.cluster.start_and_connect_sync(activate=False)
+                self.client.wait_for_engines(self.n, timeout=self.start_timeout)
         except Exception as e:
             job = self._slurm_state()
             self.stop()
             if isinstance(e, ClusterError):
                 raise
+            if isinstance(e, subprocess.CalledProcessError) and self.launcher == "slurm":
+                said = (e.output.decode(errors="replace") if isinstance(e.output, bytes) else str(e.output or ""))
+                raise ClusterError(f"SLURM did not take the engines' job: {said.strip() or e}. Check the "
+                                   "slurm_options against `sinfo` (partitions, nodes, time limits)") from e
             raise ClusterError(f"{self.n} MPI engines did not start within {self.start_timeout:g} s: {e}. " +
                                (f"{job}. Check `squeue` and the job's output." if job else
                                 "Run `labkit doctor` to check MPI.")) from e
@@ -372,15 +385,18 @@ class MPICluster:
             return info.describe()
         return f"SLURM job {info.id} is {info.state} (reason: {info.reason})"
 
-    def _wait_for_engines(self) -> None:
-        """Wait for the n engines; with launcher="slurm", stop waiting as soon as their job has ended."""
+    def _wait_for_slurm_engines(self) -> None:
+        """Wait for the n engines, but stop as soon as their SLURM job has ended or will never start."""
         import time
 
         deadline = time.monotonic() + self.start_timeout
         while len(self.client.ids) < self.n:
-            if self.launcher == "slurm" and (info := self._slurm_job_info()) is not None and info.ended:
-                raise ClusterError(f"the engines' {info.describe()} before all {self.n} engines started; "
-                                   f"its output: {info.output}")
+            if (info := self._slurm_job_info()) is not None:
+                if info.never_starts:
+                    raise ClusterError(f"the engines' {info.describe()}")
+                if info.ended:
+                    raise ClusterError(f"the engines' {info.describe()} before all {self.n} engines started; "
+                                       f"its output: {info.output}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.client.ids)} of {self.n} engines registered")
             time.sleep(0.25)
@@ -448,7 +464,12 @@ class MPICluster:
         job = self.slurm_job
         if self.cluster is not None:
             try:
+                if self.launcher == "slurm" and job is None:  # SLURM took no job: nothing to scancel
+                    self.cluster.engines.clear()
                 self.cluster.stop_cluster_sync()
+            except Exception:  # noqa: BLE001 - scancel of a job SLURM has forgotten, say: the controller goes anyway
+                with contextlib.suppress(Exception):
+                    self.cluster.stop_controller_sync()
             finally:
                 self.cluster = None
                 kill_marked(self._job)  # engines mpiexec could not reach to stop (a host cut off) end too
@@ -478,47 +499,6 @@ def address_toward(host: str) -> str:
 
 
 # -- clusters whose owner died -----------------------------------------------------------------------
-
-
-def process_tree(root: int) -> dict[int, int]:
-    """Every live descendant of process ``root``, with its start time (clock ticks since boot, from /proc): a pid and
-    its start time name one process even after pids are reused. Empty where there is no /proc."""
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return {}
-    for d in entries:
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(d))
-                ticks[int(d)] = int(fields[19])
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in found:
-                found[c] = ticks[c]
-                todo.append(c)
-    return found
-
-
-def process_alive(pid: int, ticks: int | None = None) -> bool:
-    """Whether process ``pid`` runs (not a zombie), and is the one that started at ``ticks`` when given."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)  # no /proc (macOS): the pid alone
-            return ticks is None
-        except OSError:
-            return False
-    return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
 
 
 def watch(owner: int, cluster_file: str, processes: dict[int, int], folder: str = "", poll: float = 0.5) -> None:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .machine import kill_until_gone
+from .machine import kill_until_gone, process_tree
 
 COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -35,6 +35,14 @@ WHY = {"TIMEOUT": "it ran past its time limit and SLURM stopped it",
        "NODE_FAIL": "one of its nodes failed", "OUT_OF_MEMORY": "it ran out of the memory it asked for",
        "FAILED": "a command in it failed", "PREEMPTED": "a job of higher priority took its nodes",
        "BOOT_FAIL": "its nodes did not boot", "DEADLINE": "it could not end before its deadline"}
+
+
+# Reasons a PENDING job gives that waiting will not cure (a limit of the partition or account, not busy nodes)
+NEVER_STARTS = {"PartitionConfig": "it asks for more CPUs, nodes or memory than the partition has",
+                "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+                "PartitionTimeLimit": "its time limit is over the partition's",
+                "BadConstraints": "no node has the features it asks for",
+                "InvalidAccount": "its account is not valid", "InvalidQOS": "its QOS is not valid"}
 
 
 class SlurmError(RuntimeError):
@@ -62,7 +70,15 @@ class Job:
     def ended(self) -> bool:
         return self.state in ENDED
 
+    @property
+    def never_starts(self) -> bool:
+        """PENDING for a reason that waiting does not cure (see NEVER_STARTS)."""
+        return self.state == "PENDING" and self.reason in NEVER_STARTS
+
     def describe(self) -> str:
+        if self.never_starts:
+            return (f"SLURM job {self.id} will not start: it is PENDING for {self.reason}, {NEVER_STARTS[self.reason]} "
+                    "(compare its options with `sinfo` and `scontrol show partition`)")
         why = WHY.get(self.state, "")
         return (f"SLURM job {self.id} ended {self.state}" + (f": {why}" if why else "") +
                 f" (exit code {self.exit_code}, time limit {self.time_limit}, nodes {self.nodes})")
@@ -230,7 +246,6 @@ class SlurmCluster:
         """The processes on each node other than SLURM's and munge's own daemons: what jobs run, or left behind.
         With ``job_id``, only that job's: its slurmstepd ("slurmstepd: [ID.batch]", "[ID.0]", ...) and their
         descendants."""
-        from .cluster import process_tree
         from .hosts import namespace_pids
 
         left = {}

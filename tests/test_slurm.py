@@ -271,6 +271,18 @@ def test_mpi_engines_as_a_slurm_job_run_lab_06(cluster):
 
 
 @needs_slurm
+def test_a_job_slurm_refuses_or_cannot_start_is_an_error_in_slurms_words(cluster):
+    from labkit.cluster import ClusterError, MPICluster
+
+    with pytest.raises(ClusterError, match="SLURM did not take the engines' job: sbatch: error: .*invalid partition"):
+        MPICluster(2, launcher="slurm", slurm_options=["--partition=gpu"]).start()
+    started = time.monotonic()  # a job SLURM takes but will never start: said at once, not after start_timeout
+    with pytest.raises(ClusterError, match=r"will not start: it is PENDING for PartitionConfig, it asks for more"):
+        MPICluster(64, launcher="slurm", slurm_options=["--nodes=2", "--ntasks-per-node=32"]).start()
+    assert time.monotonic() - started < 30
+
+
+@needs_slurm
 def test_a_cancelled_engines_job_ends_the_cell_with_slurms_word(cluster):
     from labkit.cluster import ClusterError, MPICluster
 
