@@ -67,8 +67,10 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def _readable() -> list[Path]:
-    """What the notebook must read: Python, this environment, labkit, the data."""
+def _readable() -> list[tuple[Path, Path]]:
+    """What the notebook must read, as (where it is, where the notebook sees it): Python, this environment, labkit,
+    the data. A path through a symbolic link (LABKIT_DATA=/scratch/course/data, with /scratch a link, say) is seen
+    both where the link points and where the variables name it."""
     from . import data, settings
 
     paths = [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent]
@@ -80,10 +82,13 @@ def _readable() -> list[Path]:
         paths.append(exe.resolve().parent.parent)
     out = []
     for p in paths:
-        p = p.resolve() if p.exists() else None
-        if p is not None and p != Path("/") and p not in out:
-            out.append(p)
-    return sorted(out, key=lambda p: len(p.parts))  # parents before children
+        if not p.exists():
+            continue
+        real = p.resolve()
+        for seen in (real, Path(os.path.abspath(p))):
+            if seen != Path("/") and (real, seen) not in out:
+                out.append((real, seen))
+    return sorted(out, key=lambda pair: len(pair[1].parts))  # parents before children
 
 
 def environment(scratch: Path, env: dict | None = None) -> dict:
@@ -122,9 +127,9 @@ def bwrap_args(scratch: Path, env: dict) -> list[str]:
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     args += ["--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
              "--tmpfs", "/dev/shm"]
-    for p in _readable():
-        if not str(p).startswith("/usr/"):
-            args += ["--ro-bind", str(p), str(p)]
+    for real, seen in _readable():
+        if not str(seen).startswith("/usr/"):
+            args += ["--ro-bind", str(real), str(seen)]
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return args
 

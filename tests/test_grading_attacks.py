@@ -317,3 +317,22 @@ def test_without_a_sandbox_grading_warns_that_submissions_are_not_isolated(tmp_p
     nbformat.write(nbformat.v4.new_notebook(cells=[new_code_cell("print(1)")]), tmp_path / "subs" / "ana" / "a.ipynb")
     grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, isolate=False)
     assert "isolation turned off: the submissions' code runs with your rights" in capsys.readouterr().err
+
+
+@needs_sandbox
+def test_a_data_folder_behind_a_symbolic_link_is_where_labkit_data_names_it(tmp_path, monkeypatch):
+    """LABKIT_DATA=/tmp/x/link/data with link -> the real folder: the sandboxed notebook finds the data at the name it
+    is given (bound where the link points, and at that name)."""
+    real = tmp_path / "real" / "data"
+    (real / "mnist").mkdir(parents=True)
+    (real / "mnist" / "marker").write_text("here")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path / "link" / "data"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = sandbox.environment(scratch)
+    assert env["LABKIT_DATA"] == str(tmp_path / "link" / "data")
+    argv = sandbox.bwrap_args(scratch, env) + ["--", "cat", str(tmp_path / "link" / "data" / "mnist" / "marker"),
+                                               str(real / "mnist" / "marker")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "herehere", done.stderr

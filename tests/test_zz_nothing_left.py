@@ -34,6 +34,16 @@ def _ours() -> list[str]:
     return found
 
 
+def _pytest_started() -> float:
+    """When this pytest process started, in seconds since the epoch (skips without /proc)."""
+    if not Path("/proc/stat").exists():
+        import pytest
+
+        pytest.skip("needs /proc (Linux)")
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return boot + _start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")
+
+
 def test_the_suite_left_no_process_behind():
     if not Path("/proc/self/stat").exists():
         import pytest
@@ -69,12 +79,7 @@ def test_the_suite_left_no_sandbox_behind():
     import glob
     import tempfile
 
-    if not Path("/proc/stat").exists():
-        import pytest
-
-        pytest.skip("needs /proc (Linux)")
-    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    mine = boot + _start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")  # when this pytest started
+    mine = _pytest_started()
     cgroups = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
     assert not cgroups, f"cgroups left behind: {cgroups}"
     tmp = tempfile.gettempdir()
@@ -88,6 +93,8 @@ def test_the_suite_left_no_cluster_folder_behind():
     import glob
     import tempfile
 
+    mine = _pytest_started()
     tmp = tempfile.gettempdir()
-    folders = [p for kind in ("hosts", "slurm", "engines", "cgroup") for p in glob.glob(f"{tmp}/labkit-{kind}-*")]
+    folders = [p for kind in ("hosts", "slurm", "engines", "cgroup") for p in glob.glob(f"{tmp}/labkit-{kind}-*")
+               if os.stat(p).st_mtime >= mine]
     assert not folders, f"cluster folders left behind: {folders}"
