@@ -379,11 +379,7 @@ class MPICluster:
 
     def _slurm_state(self) -> str:
         info = self._slurm_job_info()
-        if info is None:
-            return ""
-        if info.ended:
-            return info.describe()
-        return f"SLURM job {info.id} is {info.state} (reason: {info.reason})"
+        return "" if info is None else info.describe()
 
     def _wait_for_slurm_engines(self) -> None:
         """Wait for the n engines, but stop as soon as their SLURM job has ended or will never start."""

@@ -46,7 +46,7 @@ NEVER_STARTS = {"PartitionConfig": "it asks for more CPUs, nodes or memory than 
 
 
 class SlurmError(RuntimeError):
-    """A SLURM command failed, or a job ended in a state other than COMPLETED; the message says which and why."""
+    """A SLURM command failed or did not answer; the message says which, with SLURM's own words."""
 
 
 class SlurmUnavailable(RuntimeError):
@@ -79,6 +79,8 @@ class Job:
         if self.never_starts:
             return (f"SLURM job {self.id} will not start: it is PENDING for {self.reason}, {NEVER_STARTS[self.reason]} "
                     "(compare its options with `sinfo` and `scontrol show partition`)")
+        if not self.ended:
+            return f"SLURM job {self.id} is {self.state} (reason: {self.reason}, nodes {self.nodes})"
         why = WHY.get(self.state, "")
         return (f"SLURM job {self.id} ended {self.state}" + (f": {why}" if why else "") +
                 f" (exit code {self.exit_code}, time limit {self.time_limit}, nodes {self.nodes})")
@@ -127,8 +129,14 @@ def submit(script: str | None = None, options: list[str] = (), env: dict | None 
 
 
 def job(job_id: int, env: dict | None = None) -> Job:
+    """What SLURM says of the job now. For a job array (one line per task): the first task not yet ended, else the
+    first that did not complete, else the first."""
     out = _command(["scontrol", "show", "job", "-o", str(job_id)], env)
-    fields = dict(re.findall(r"(\w+)=(\S*)", out))
+    tasks = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if "JobState=" in line]
+    if not tasks:
+        raise SlurmError(f"scontrol show job {job_id} said nothing of it: {out.strip()!r}")
+    fields = next((t for t in tasks if t.get("JobState") not in ENDED), None) or next(
+        (t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
     return Job(int(job_id), fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", "?"),
                fields.get("NodeList", "?"), fields.get("TimeLimit", "?"), fields.get("Reason", "?"),
                fields.get("StdOut", ""), fields)
