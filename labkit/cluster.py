@@ -114,7 +114,7 @@ def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
     this runs in (hydra's slurm launcher: ``srun`` starts its proxies); real hosts by name (hydra's own ssh launcher,
     mpiexec listening on every interface as MPI across machines needs), or :class:`labkit.hosts.NamespaceHosts`
     (their launcher, mpiexec listening on the bridge only, MPI's network modules on each host's one interface)."""
-    from .hosts import NamespaceHosts
+    from .hosts import TCP_BETWEEN_HOSTS, NamespaceHosts
 
     if isinstance(hosts, str) and hosts == "slurm":
         if "SLURM_JOB_ID" not in os.environ:
@@ -124,12 +124,7 @@ def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
     if isinstance(hosts, NamespaceHosts):
         args = ["-hosts", ",".join(hosts.addresses), "-launcher", "ssh", "-launcher-exec", str(hosts.launcher),
                 "-localhost", hosts.bridge_address]
-        # UCX's and libfabric's shared-memory transports would carry the messages between these "hosts" through
-        # this machine's memory (the namespaces share it): TCP only, over each host's one interface, as between
-        # machines (ranks on one host still share memory through MPICH's own intranode path)
-        env = {"LABKIT_BIND_ADDRESS": hosts.bridge_address, "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0",
-               "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0", "FI_SOCKETS_IFACE": "eth0"}
-        return args, env
+        return args, {"LABKIT_BIND_ADDRESS": hosts.bridge_address, **TCP_BETWEEN_HOSTS}
     names = [str(h) for h in hosts]
     if not names or any(not h or "," in h or h.startswith("-") for h in names):
         raise ValueError(f"hosts must be host names or addresses, got {hosts!r}")
@@ -261,12 +256,11 @@ class MPICluster:
 
         env = {"LABKIT_MPI_TIMEOUT": str(self.op_timeout), "OMP_NUM_THREADS": str(self.blas_threads),
                "OPENBLAS_NUM_THREADS": str(self.blas_threads), "LABKIT_PROGRESS": "0", JOB_MARK: self._job}
-        local = self.hosts is None
+        local = self.hosts is None and self.launcher == "mpi"
         env.update({k: v for k, v in mpi_env(self.n, self.heavy_yield, local=local).items()
                     if k.startswith("MPIR_") or (local and (k in LOOPBACK_ONLY or k == "LD_PRELOAD"))})
         cfg = Config()
         if self.launcher == "slurm":  # ipyparallel's SLURM launcher, its job running hydra's slurm launcher
-            env = {k: v for k, v in env.items() if k not in LOOPBACK_ONLY and k != "LD_PRELOAD"}
             lines = "".join(f"#SBATCH {o}\n" for o in self.slurm_options)
             cfg.SlurmEngineSetLauncher.batch_template = SLURM_ENGINES.format(
                 options=lines, mpiexec=str(mpiexec_path()), where=" ".join(SLURM_ARGS))

@@ -28,6 +28,13 @@ from .machine import kill_until_gone
 PREFIX = "labkit"
 
 
+# MPI between namespace hosts as between machines: UCX's and libfabric's shared-memory transports would carry the
+# messages through this machine's memory (the namespaces share it), so TCP only, over each host's one interface
+# (ranks on one host still share memory through MPICH's own intranode path)
+TCP_BETWEEN_HOSTS = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
+                     "FI_SOCKETS_IFACE": "eth0"}
+
+
 class HostsUnavailable(RuntimeError):
     """Namespace hosts cannot be made here (not root, no ``ip``, no namespaces): the message says which."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .machine import kill_until_gone, process_tree
 
-COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
+COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
 DAEMONS = ("slurmctld", "slurmd", "munged")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE"}
@@ -233,7 +233,6 @@ class SlurmCluster:
     conf: Path
     env: dict  # what SLURM's commands need here (SLURM_CONF), and what MPI jobs on these hosts need
     nodes: list[str]
-    cpus: int  # per node
 
     def submit(self, script: str | None = None, options: list[str] = (), wrap: str | None = None) -> int:
         return submit(script, options, self.env, wrap)
@@ -291,7 +290,7 @@ def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
     if not ok:
         raise SlurmUnavailable(why)
     folder = Path(tempfile.mkdtemp(prefix="labkit-slurm-"))
-    daemons: list[subprocess.Popen] = []
+    daemons: list[tuple[str, subprocess.Popen]] = []  # (which, its process)
     try:
         with nshosts.namespace_hosts(n_nodes) as h:
             env = {"SLURM_CONF": str(folder / "slurm.conf"), "PATH": os.environ.get("PATH", "") + ":/usr/sbin"}
@@ -301,28 +300,28 @@ def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
             conf = folder / "slurm.conf"
             conf.write_text(CONF.format(controller=h.names[0], controller_address=h.addresses[0], folder=folder,
                                         nodes=nodes))
-            (folder / "cgroup.conf").write_text("CgroupPlugin=autodetect\n")
             key = folder / "munge.key"
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
             run = {**os.environ, **env}
-            daemons.append(_daemon(["munged", "--foreground", "--force", f"--socket={folder}/munge.socket",
-                                    f"--key-file={key}", f"--pid-file={folder}/munged.pid",
-                                    f"--log-file={folder}/munged.log", f"--seed-file={folder}/munge.seed"],
-                                   run, folder / "munged.out"))
+
+            def start(which: str, argv: list[str], log: str) -> None:
+                daemons.append((which, _daemon(argv, run, folder / log)))
+
+            start("munged", ["munged", "--foreground", "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
+                             f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
+                             f"--seed-file={folder}/munge.seed"], "munged.out")
             _until(lambda: (folder / "munge.socket").exists(), 10, "munged did not open its socket", folder)
-            daemons.append(_daemon(h.daemon_argv(0, ["slurmctld", "-D", "-i", "-f", str(conf)]), run,
-                                   folder / "slurmctld.out"))
+            start("slurmctld", h.daemon_argv(0, ["slurmctld", "-D", "-i", "-f", str(conf)]), "slurmctld.out")
             for i, name in enumerate(h.names):
-                daemons.append(_daemon(h.daemon_argv(i, ["slurmd", "-D", "-N", name, "-f", str(conf)]), run,
-                                       folder / f"slurmd-{name}.out"))
-            cluster = SlurmCluster(h, folder, conf, {**env, **_transport_env()}, list(h.names), cpus)
+                start(f"slurmd of {name}", h.daemon_argv(i, ["slurmd", "-D", "-N", name, "-f", str(conf)]),
+                      f"slurmd-{name}.out")
+            cluster = SlurmCluster(h, folder, conf, {**env, **nshosts.TCP_BETWEEN_HOSTS}, list(h.names))
 
             def idle() -> bool:
-                for p in daemons:
+                for which, p in daemons:
                     if p.poll() is not None:
-                        raise SlurmUnavailable(f"{p.args[-4] if 'slurmd' in p.args else p.args[0]} exited "
-                                               f"({p.returncode}):\n{_tails(folder)}")
+                        raise SlurmUnavailable(f"{which} exited ({p.returncode}):\n{_tails(folder)}")
                 try:
                     out = cluster.command("sinfo", "-h", "-N", "-o", "%N %t", timeout=10)
                 except SlurmError:
@@ -333,10 +332,10 @@ def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
             _until(idle, timeout, f"the {n_nodes} nodes did not come up idle", folder)
             yield cluster
     finally:
-        for p in reversed(daemons):
+        for _, p in reversed(daemons):
             if p.poll() is None:
                 p.terminate()
-        for p in reversed(daemons):
+        for _, p in reversed(daemons):
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -346,24 +345,10 @@ def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _transport_env() -> dict:
-    # MPI over the namespace hosts' own cable, as between machines (see labkit.cluster.hosts_args)
-    return {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
-            "FI_SOCKETS_IFACE": "eth0"}
-
-
 def _in_folder(folder: Path) -> list[int]:
     """Processes whose command line names the cluster's folder (daemons, and slurmstepd's children, say)."""
-    needle = str(folder).encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if needle in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                continue
-    return found
+    return [int(d.name) for d in Path("/proc").iterdir()
+            if d.name.isdigit() and int(d.name) != os.getpid() and str(folder) in _cmdline(int(d.name))]
 
 
 def _cmdline(pid: int) -> str:
