@@ -190,6 +190,30 @@ def _on_host(hosts, host: str, argv: list[str], timeout: float) -> subprocess.Co
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+def _cannot_connect_back(hosts, target, names: list[str], timeout: float) -> list[str]:
+    """The hosts that cannot open a TCP connection to this machine at the address they reach it by (as mpiexec's
+    proxies must), tried against a listening socket held open for just this."""
+    import socket
+
+    from .cluster import address_toward
+    from .hosts import NamespaceHosts
+
+    here = target.bridge_address if isinstance(target, NamespaceHosts) else address_toward(names[0])
+    failed = []
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind((here, 0))
+        listener.listen(len(names))
+        port = listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(({here!r}, {port}), timeout={timeout / 2:g}).close()"
+        for host in names:
+            try:
+                if _on_host(hosts, host, [sys.executable, "-c", probe], timeout).returncode != 0:
+                    failed.append(host)
+            except subprocess.TimeoutExpired:
+                failed.append(host)
+    return failed
+
+
 def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
     """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.hosts.NamespaceHosts`), and before it
     what such a job needs, each named when it fails: the names resolve, the launcher runs a command on each host, the
@@ -262,6 +286,8 @@ def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
     if res.returncode != 0 or "JOB|" not in res.stdout:
         text = (res.stderr or res.stdout).strip()
         refused = any(w in text.lower() for w in ("refused", "unable to connect", "no route", "unreachable", "timed out"))
+        # hydra may end the job before a proxy's own "unable to connect" reaches it: ask each host directly
+        refused = refused or bool(_cannot_connect_back(hosts, target, names[:2], min(timeout, 15)))
         why = ("a firewall-like refusal: the hosts could not connect to each other or back to mpiexec"
                if refused else "the job failed")
         return out + [Finding("MPI across hosts", FAIL, f"{why}: {text[-300:]}")]
