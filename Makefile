@@ -8,13 +8,17 @@ PROFILE ?= quick
 # The semester lock: the exact versions the course was tested with (`make lock` refreshes it; CONSTRAINTS= ignores it)
 CONSTRAINTS ?= constraints.txt
 PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# The test tiers (CONTRIBUTING.md): test-fast leaves out every test with a costly marker; test-smoke keeps one run of each kind
+COSTLY := slow or notebooks or mpi or compile or cluster or hosts or sandbox or browser or gpu
 
-.PHONY: help venv report test test-fast lab lint bench doctor gpu-check lock clean
+.PHONY: help venv report test test-fast test-smoke lab lint bench doctor gpu-check lock clean
 
 help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
-	@echo "make test     set up .venv and run the whole test suite"
-	@echo "make lab      JupyterLab on notebooks/"
+	@echo "make lab      JupyterLab on your own copies of the labs (labkit-work/)"
+	@echo "make test     set up .venv and run the whole test suite (as CI does)"
+	@echo "make test-fast   the pure-Python units, under 90 s: run it every few minutes"
+	@echo "make test-smoke  test-fast plus one MPI run and one compile of each kind"
 	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
@@ -40,7 +44,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not notebooks"
+	$(BIN)/python -m pytest -m "not ($(COSTLY))"
+
+test-smoke: $(STAMP)
+	$(BIN)/python -m pytest -m "not ($(COSTLY)) or smoke"
 
 lab: $(STAMP)
 	$(BIN)/labkit lab

@@ -1,9 +1,11 @@
 """labkit: course labs for parallel and distributed neural-network training.
 
-Modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``, ``device``,
-``kernels``, ``cluster``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``bench``, ``scaling``,
-``plots``, ``check``, ``report``; around them ``settings``, ``machine``, ``doctor``, ``gpucheck``. They are
-imported on first use, so ``import labkit`` needs no GPU, no MPI and no running cluster.
+The lessons' modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``,
+``device``, ``kernels``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``data_parallel``,
+``param_server``, ``compression``, ``model_parallel``. Around them: ``check`` (the exercises and their checks),
+``cluster`` (where MPI runs), ``grading`` (the grader); ``bench``, ``benchmarks``, ``scaling``, ``plots`` and
+``report`` (measuring and drawing); ``settings``, ``machine``, ``progress``, ``errors``, ``doctor``, ``gpucheck`` and
+``cli``. They are imported on first use, so ``import labkit`` needs no GPU, no MPI and no running cluster.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "check", "cluster", "collectives", "comm_backends", "costmodel", "cpu_parallel", "data", "device",
-               "doctor", "gpucheck", "hostc", "kernels", "machine", "mlp", "openmp", "plots", "progress", "report",
-               "scaling", "settings", "shards", "traffic")
+_SUBMODULES = ("bench", "benchmarks", "check", "cli", "cluster", "collectives", "comm_backends", "compression", "costmodel",
+               "cpu_parallel", "data", "data_parallel", "device", "doctor", "errors", "gpucheck", "grading", "hostc", "kernels",
+               "machine", "mlp", "model_parallel", "openmp", "param_server", "plots", "progress", "report", "scaling",
+               "settings", "shards", "traffic")
 
 
 def __getattr__(name: str):

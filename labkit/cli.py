@@ -92,7 +92,8 @@ def _cmd_doctor(a) -> int:
 
 
 def _cmd_assign(a) -> int:
-    from . import assign, report
+    from . import report
+    from .grading import assign
 
     notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
     if a.format == "nbgrader":
@@ -113,8 +114,8 @@ def _cmd_assign(a) -> int:
 
 
 def _cmd_grade(a) -> int:
-    from . import grade
-    from .sandbox import Limits
+    from .grading import grade
+    from .grading.sandbox import Limits
 
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
@@ -226,15 +227,7 @@ def _sub(sub, name: str, help: str, description: str, fn):
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    p = argparse.ArgumentParser(prog="labkit", formatter_class=_Help,
-                                description="Course labs for parallel and distributed neural-network training.",
-                                epilog="Every LABKIT_* environment variable is listed in the README and by `labkit doctor`.")
-    p.add_argument("--version", action="version", version=f"labkit {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_report(sub) -> None:
     r = _sub(sub, "report", "run every lab notebook headlessly and write an HTML report",
              "Execute the numbered lab notebooks top to bottom (a time limit per cell, a progress bar per notebook),\n"
              "save them executed, and write DIR/index.html with every figure and the key numbers. A failing notebook\n"
@@ -248,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-fetch", dest="fetch", action="store_false",
                    help="without the full MNIST, do not try `labkit data fetch` first: run on the shipped subset")
 
+
+def _add_lab(sub) -> None:
     lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
                "Copy the lab notebooks into a work folder (once: your edits there are never overwritten) and start\n"
                "JupyterLab on it, so autosave never changes the course's notebooks. JupyterLab keeps its token\n"
@@ -261,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--notebooks", default=None,
                      help="open this folder itself instead of copies (instructors editing the course's notebooks)")
 
+
+def _add_data(sub) -> None:
     d = _sub(sub, "data", "where the data comes from; fetch or verify MNIST",
              "status: which data set each lab will use, and from where.\n"
              "fetch:  download the four original files (progress bar, sha256 checked, written atomically).\n"
@@ -270,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--root", default=None, help="data folder (default: $LABKIT_DATA, else data/ in a checkout, "
                                                 "else ~/.cache/labkit/data)")
 
+
+def _add_doctor(sub) -> None:
     doc = _sub(sub, "doctor", "check Python, BLAS, GPU, MPI, tools and data",
                "Say what labkit finds on this machine: Python, NumPy and its BLAS, the CUDA device (with a real kernel\n"
                "launch), nvcc and NVRTC (a test compile), the kernel emulator, MPI (a 2-rank job), ipyparallel,\n"
@@ -279,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="check MPI across these hosts: names resolve, ssh reaches them, the same MPI, a 2-rank job")
     doc.add_argument("--timeout", type=float, default=60, help="seconds for each step with --hosts (default 60)")
 
+
+def _add_assign(sub) -> None:
     asg = _sub(sub, "assign", "write the student versions of the notebooks (solutions stubbed, outputs cleared)",
                "Write the student version of every lab: each solution region replaced by a stub, outputs cleared,\n"
                "the checks kept.", _cmd_assign)
@@ -292,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     asg.add_argument("--release", default="release",
                      help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 
+
+def _add_grade(sub) -> None:
     g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
              "Run every student's notebook top to bottom on the quick profile, each in a sandbox of its own\n"
              "(bubblewrap: only its own files, no network, limits on memory, processes and CPU time). A cell that\n"
@@ -317,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
 
+
+def _add_bench(sub) -> None:
     from .benchmarks import BENCHMARKS
 
     b = _sub(sub, "bench", "run a benchmark: " + ", ".join(BENCHMARKS),
@@ -329,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hosts", type=int, default=0, metavar="N",
                    help="allreduce: also run one rank on each of N namespace hosts made on this machine (root)")
 
+
+def _add_cluster(sub) -> None:
     cl = _sub(sub, "cluster", "list or stop ipyparallel clusters left running (a notebook killed mid-lab)",
               "list: every ipyparallel cluster whose files say it is running, in every IPython profile.\n"
               "stop ID... or stop --all: stop them as `ipcluster stop` does (controller, mpiexec, engines).",
@@ -337,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("id", nargs="*", help="cluster ids to stop (from `labkit cluster list`)")
     cl.add_argument("--all", action="store_true", help="stop every running cluster")
 
+
+def _add_gpu_check(sub) -> None:
     gc = _sub(sub, "gpu-check", "on a CUDA machine: GPU tests, kernel benchmark, labs 04-05 in full, into one folder",
               "Run every check of the GPU half of the course on this machine's GPU: doctor, the tests marked gpu,\n"
               "`labkit bench kernels --json`, and labs 04 and 05 on the full profile; every log, the JSON and the\n"
@@ -344,6 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
               "first. Without a usable GPU it refuses and says why.", _cmd_gpu_check)
     gc.add_argument("--out", default="gpu-check", help="output folder (default: gpu-check/)")
     gc.add_argument("--plan", action="store_true", help="print the steps and their commands, run nothing")
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``labkit`` command and its subcommands, each added by its ``_add_<name>``."""
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="labkit", formatter_class=_Help,
+                                description="Course labs for parallel and distributed neural-network training.",
+                                epilog="Every LABKIT_* environment variable is listed in docs/instructors.md and by "
+                                       "`labkit doctor`.")
+    p.add_argument("--version", action="version", version=f"labkit {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign,
+                _add_grade, _add_bench, _add_cluster, _add_gpu_check):
+        add(sub)
     return p
 
 

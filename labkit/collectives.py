@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import settings
+from .errors import LabkitError
 from .shards import shard_bounds
 
 TAG = 7700  # collectives use their own tag so they never match a user's messages
@@ -39,7 +40,7 @@ def op_name(op) -> str:
     return next((name for o, _, name in _OPS if o == op), repr(op))
 
 
-class CollectiveError(ValueError):
+class CollectiveError(LabkitError, ValueError):
     """Ranks called a collective with inconsistent buffers (lengths, dtypes or shapes)."""
 
 

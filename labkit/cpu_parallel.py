@@ -35,6 +35,7 @@ import numpy as np
 
 from . import mlp
 from .bench import measure
+from .errors import LabkitError
 from .shards import shard_bounds
 
 
@@ -72,11 +73,13 @@ class ThreadedBackprop:
         return f"ThreadedBackprop(n_threads={self.n_threads}, combine={self.combine!r}, work={self.work!r})"
 
     def __call__(self, params, x, y, activation="sigmoid", cost="quadratic", l2=0.0):
+        """(mean loss, mean gradients) of the batch: its shards backpropagated on the threads, combined by ``combine``."""
         Y = mlp.check_batch(params, x, y)
         n = x.shape[0]
         shards = [(a, b) for a, b in shard_bounds(n, self.n_threads) if b > a]
 
         def partial(lo, hi):
+            """Summed loss and gradients of the rows lo:hi (one thread's shard)."""
             return shard_sums(params, x[lo:hi], Y[lo:hi], activation, cost, self.work)
 
         def items(lo, hi):
@@ -87,40 +90,51 @@ class ThreadedBackprop:
                 for k in range(lo, hi):
                     yield mlp.backprop_one(params, x[k][:, None], Y[k][:, None], activation, cost)
 
-        if self.combine == "local":  # each thread fills its own accumulator; one reduction at the end
-            results = list(self._pool.map(lambda s: partial(*s), shards))
-            total = sum(r[0] for r in results)
-            acc = results[0][1]
-            for _, g in results[1:]:
-                mlp.add_into(acc, g)
-            return mlp.mean_from_sums(params, total, acc, n, l2)
+        if self.combine == "local":
+            total, acc = self._combine_local(partial, shards)
+        elif self.combine == "queue":
+            total, acc = self._combine_queue(items, shards, n, params)
+        else:
+            total, acc = self._combine_lock(items, shards, params)
+        return mlp.mean_from_sums(params, total, acc, n, l2)
 
-        if self.combine == "queue":  # every sample's gradient goes through one lock-protected queue
-            q: queue.Queue = queue.Queue()
+    def _combine_local(self, partial, shards):
+        """``combine="local"``: each thread sums its own shard into its own arrays (``partial``); one reduction at the end."""
+        results = list(self._pool.map(lambda s: partial(*s), shards))
+        total = sum(r[0] for r in results)
+        acc = results[0][1]
+        for _, g in results[1:]:
+            mlp.add_into(acc, g)
+        return total, acc
 
-            def produce(lo, hi):
-                try:
-                    for item in items(lo, hi):
-                        q.put(item)
-                except BaseException as e:  # the consumer must not wait forever for a dead producer
-                    q.put(e)
-                    raise
+    def _combine_queue(self, items, shards, n, params):
+        """``combine="queue"``: every item (a sample's gradient, or a shard's sums) passes through one lock-protected queue."""
+        q: queue.Queue = queue.Queue()
 
-            futures = [self._pool.submit(produce, lo, hi) for lo, hi in shards]
-            expected = len(shards) if self.work == "vectorised" else n
-            total, acc = 0.0, mlp.zeros_like(params)
-            for _ in range(expected):
-                item = q.get()
-                if isinstance(item, BaseException):
-                    raise item
-                value, g = item
-                total += value
-                mlp.add_into(acc, g)
-            for f in futures:
-                f.result()
-            return mlp.mean_from_sums(params, total, acc, n, l2)
+        def produce(lo, hi):
+            try:
+                for item in items(lo, hi):
+                    q.put(item)
+            except BaseException as e:  # the consumer must not wait forever for a dead producer
+                q.put(e)
+                raise
 
-        # "lock": one shared accumulator, every update inside a critical section
+        futures = [self._pool.submit(produce, lo, hi) for lo, hi in shards]
+        expected = len(shards) if self.work == "vectorised" else n  # one item per shard, or one per sample
+        total, acc = 0.0, mlp.zeros_like(params)
+        for _ in range(expected):
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            value, g = item
+            total += value
+            mlp.add_into(acc, g)
+        for f in futures:
+            f.result()
+        return total, acc
+
+    def _combine_lock(self, items, shards, params):
+        """``combine="lock"``: one shared accumulator; every thread adds each of its items into it in a critical section."""
         lock = threading.Lock()
         acc = mlp.zeros_like(params)
         total = [0.0]
@@ -133,7 +147,7 @@ class ThreadedBackprop:
 
         for f in [self._pool.submit(add_under_lock, lo, hi) for lo, hi in shards]:
             f.result()
-        return mlp.mean_from_sums(params, total[0], acc, n, l2)
+        return total[0], acc
 
     def close(self) -> None:
         """Stop the threads."""
@@ -149,7 +163,7 @@ class ThreadedBackprop:
 # -- processes ------------------------------------------------------------------------------------
 
 
-class WorkerError(RuntimeError):
+class WorkerError(LabkitError, RuntimeError):
     """A worker process failed, died or did not answer in time."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from . import settings
+from .errors import LabkitError
 
 DATASETS = ("mnist", "fashion-mnist")
 FILES = {
@@ -79,7 +80,7 @@ GET_MNIST_HINT = (
 )
 
 
-class DataError(ValueError):
+class DataError(LabkitError, ValueError):
     """A data file is missing, truncated, corrupt or of the wrong kind; the message names the fix."""
 
 

@@ -180,7 +180,7 @@ def _on_host(hosts, host: str, argv: list[str], timeout: float) -> subprocess.Co
     """Run a command on one host the way mpiexec's launcher would: the namespace hosts' script, else ssh."""
     import shlex
 
-    from .hosts import NamespaceHosts
+    from .cluster.hosts import NamespaceHosts
 
     if isinstance(hosts, NamespaceHosts):
         cmd = [str(hosts.launcher), "-x", host, " ".join(shlex.quote(a) for a in argv)]
@@ -196,7 +196,7 @@ def _cannot_connect_back(hosts, target, names: list[str], timeout: float) -> lis
     import socket
 
     from .cluster import address_toward
-    from .hosts import NamespaceHosts
+    from .cluster.hosts import NamespaceHosts
 
     here = target.bridge_address if isinstance(target, NamespaceHosts) else address_toward(names[0])
     failed = []
@@ -215,14 +215,14 @@ def _cannot_connect_back(hosts, target, names: list[str], timeout: float) -> lis
 
 
 def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
-    """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.hosts.NamespaceHosts`), and before it
+    """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.cluster.hosts.NamespaceHosts`), and before it
     what such a job needs, each named when it fails: the names resolve, the launcher runs a command on each host, the
     same Python and MPI are there, and the hosts can connect back to this one."""
     import ipaddress
     import socket
 
     from .cluster import run_mpi
-    from .hosts import NamespaceHosts
+    from .cluster.hosts import NamespaceHosts
 
     names = list(hosts.addresses) if isinstance(hosts, NamespaceHosts) else [h.strip() for h in hosts if h.strip()]
     if len(names) < 2:

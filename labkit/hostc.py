@@ -34,19 +34,20 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import CodeError, CompileError, ToolMissing
 from .kernels.source import Param, check_args, line_of, matching_bracket, parse_param, split_params, strip_comments
 from .machine import find_compiler
 
 
-class CompilerMissing(RuntimeError):
+class CompilerMissing(ToolMissing):
     """No C compiler on this machine (the message says how to get one)."""
 
 
-class CCompileError(RuntimeError):
+class CCompileError(CompileError):
     """The C source did not compile; the compiler's errors are in the message."""
 
 
-class CError(RuntimeError):
+class CError(CodeError):
     """A checked call found a fault: out-of-bounds access, undefined behaviour, a crash or the time limit."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .device import array_module, to_numpy
+from .errors import LabkitError
 from .progress import progress_bar
 
 ACTIVATIONS = ("sigmoid", "relu")
@@ -32,7 +33,7 @@ COSTS = ("quadratic", "cross_entropy")
 Params = list  # list[tuple[W, b]], W (n_out, n_in), b (n_out,)
 
 
-class DivergenceError(FloatingPointError):
+class DivergenceError(LabkitError, FloatingPointError):
     """Training produced a NaN or infinite loss."""
 
 
@@ -344,17 +345,69 @@ def backprop_one(params: Params, x, y, activation: str, cost: str, outer=None, w
     return value, nabla
 
 
+def _times_act_prime(v, a, sigmoid_hidden: bool) -> None:
+    """v *= the activation's derivative from its output a, in place: a (1 - a) for sigmoid, [a > 0] for relu."""
+    if sigmoid_hidden:
+        prime = 1.0 - a
+        prime *= a
+        v *= prime
+    else:
+        v *= a > 0
+
+
+def _sample_forward(xp, Ws, bias, a, acts, softmax_out: bool, sigmoid_hidden: bool):
+    """One sample a (n_in, 1) through every layer: acts[i + 1] = f(W_i acts[i] + b_i), computed in place; returns the output."""
+    last = len(Ws) - 1
+    acts[0] = a
+    for i in range(last + 1):
+        z = xp.dot(Ws[i], a)  # (n_out, 1), a new array: the activation is computed in it, in place
+        z += bias[i]
+        if i == last and softmax_out:
+            z -= z.max()
+            xp.exp(z, out=z)
+            z /= z.sum()
+        elif sigmoid_hidden:  # sigma(z) = (tanh(z / 2) + 1) / 2, never overflows
+            z *= 0.5
+            xp.tanh(z, out=z)
+            z += 1.0
+            z *= 0.5
+        else:
+            xp.maximum(z, 0, out=z)
+        a = acts[i + 1] = z
+    return a
+
+
+def _sample_output_error(xp, a, t, quadratic: bool, sigmoid_hidden: bool):
+    """One sample's loss and output error dL/dz (n_out, 1): 0.5 ||a - y||^2 with (a - y) f'(z), or -sum y log a with a - y."""
+    delta = a - t  # (n_out, 1)
+    if not quadratic:  # softmax + cross-entropy: a - y is dL/dz exactly
+        return -float(xp.log(xp.maximum(a[t > 0], 1e-30)).sum()), delta
+    value = 0.5 * float(xp.vdot(delta, delta))
+    _times_act_prime(delta, a, sigmoid_hidden)  # under the quadratic cost the output layer has the hidden activation
+    return value, delta
+
+
+def _sample_backward(xp, WTs, acts, delta, acc_W, acc_b, sigmoid_hidden: bool) -> None:
+    """Add one sample's delta a^T and delta into every layer's sums, from the output back: delta <- (W^T delta) f'(z)."""
+    for i in range(len(WTs) - 1, -1, -1):
+        acc_W[i] += xp.dot(delta, acts[i].T)  # the outer product delta a^T (dot: matmul skips BLAS here, 8x slower)
+        acc_b[i] += delta
+        if i:  # the input layer needs no delta
+            delta = xp.dot(WTs[i], delta)  # W^T delta, (n_in, 1)
+            _times_act_prime(delta, acts[i], sigmoid_hidden)
+
+
 def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
     """Sum of per-sample losses and gradients over the rows of x (Y one-hot), without checks: (loss sum, grads sum).
 
     The same maths as :func:`backprop_one` for every row, written as the tight loop the serial baseline must be:
     column views and transposes made once per batch, activations computed in place, gradients added straight into
-    the sums. Per sample that is about 27 NumPy calls for [784,30,10], fewer than network.py's loop makes. Products
-    of column vectors use ``dot``: NumPy's ``matmul`` does a (30,1) x (1,784) outer product without BLAS, about 8x
-    slower (measured: 35 µs against 4.3 µs).
+    the sums. Per sample that is about 27 NumPy calls for [784,30,10], fewer than network.py's loop makes, in three
+    steps: :func:`_sample_forward`, :func:`_sample_output_error`, :func:`_sample_backward`. Products of column vectors
+    use ``dot``: NumPy's ``matmul`` does a (30,1) x (1,784) outer product without BLAS, about 8x slower (measured:
+    35 µs against 4.3 µs).
     """
     xp = array_module(x)
-    last = len(params) - 1
     Ws = [W for W, _ in params]
     WTs = [W.T for W in Ws]  # (n_in, n_out) views, for W^T delta
     bias = [b[:, None] for _, b in params]  # (n_out, 1) views
@@ -363,49 +416,13 @@ def per_sample_sum(params: Params, x, Y, activation: str, cost: str):
     acc_b = [gb[:, None] for _, gb in acc]  # views: adding a column adds into the bias sums
     X, T = x[:, :, None], Y[:, :, None]  # row k as a column vector (n_in, 1) without a copy
     sigmoid_hidden, quadratic = activation == "sigmoid", cost == "quadratic"
-    acts = [None] * (last + 2)
+    acts = [None] * (len(params) + 1)  # the current sample's [x, a1, ..., output], each (width, 1)
     total = 0.0
     for k in range(x.shape[0]):
-        a = acts[0] = X[k]
-        for i in range(last + 1):
-            z = xp.dot(Ws[i], a)  # (n_out, 1), a new array: the activation is computed in it, in place
-            z += bias[i]
-            if i == last and not quadratic:  # softmax output
-                z -= z.max()
-                xp.exp(z, out=z)
-                z /= z.sum()
-            elif sigmoid_hidden:  # sigma(z) = (tanh(z / 2) + 1) / 2, never overflows
-                z *= 0.5
-                xp.tanh(z, out=z)
-                z += 1.0
-                z *= 0.5
-            else:
-                xp.maximum(z, 0, out=z)
-            a = acts[i + 1] = z
-        delta = a - T[k]  # (n_out, 1)
-        if quadratic:
-            total += 0.5 * float(xp.vdot(delta, delta))
-            if sigmoid_hidden:  # (a - y) sigma'(z): under the quadratic cost the output layer has the hidden activation
-                prime = 1.0 - a
-                prime *= a
-                delta *= prime
-            else:
-                delta *= a > 0
-        else:
-            total -= float(xp.log(xp.maximum(a[T[k] > 0], 1e-30)).sum())
-        for i in range(last, -1, -1):
-            acc_W[i] += xp.dot(delta, acts[i].T)  # the outer product delta a^T (dot: matmul skips BLAS here, 8x slower)
-            acc_b[i] += delta
-            if i:
-                back = xp.dot(WTs[i], delta)  # W^T delta, (n_in, 1)
-                a = acts[i]
-                if sigmoid_hidden:
-                    prime = 1.0 - a
-                    prime *= a
-                    back *= prime
-                else:
-                    back *= a > 0
-                delta = back
+        out = _sample_forward(xp, Ws, bias, X[k], acts, not quadratic, sigmoid_hidden)
+        value, delta = _sample_output_error(xp, out, T[k], quadratic, sigmoid_hidden)
+        total += value
+        _sample_backward(xp, WTs, acts, delta, acc_W, acc_b, sigmoid_hidden)
     return total, acc
 
 
@@ -489,6 +506,63 @@ class History:
 GradFn = Callable[..., tuple]
 
 
+def _grad_function(method: str | GradFn) -> GradFn:
+    """The gradient function ``method`` names: :func:`loss_and_grads`, :func:`loss_and_grads_per_sample`, or itself."""
+    grad_fn = {"vectorised": loss_and_grads, "per_sample": loss_and_grads_per_sample}.get(method, method)
+    if not callable(grad_fn):
+        raise ValueError(f"method must be 'vectorised', 'per_sample' or a function, got {method!r}")
+    return grad_fn
+
+
+def _checked_data(params: Params, train_data: tuple):
+    """(x, Y): the inputs as arrays of the parameters' module and dtype, the labels one-hot, checked against the network."""
+    x, y = train_data
+    xp = array_module(params[0][0])
+    x = xp.asarray(x, dtype=params[0][0].dtype)
+    return x, check_batch(params, x, xp.asarray(y))
+
+
+def _optimizer(grad_fn: GradFn, params: Params, lr: float, momentum: float):
+    """The method's own optimizer if it brings one (``make_optimizer``: a sharded one), else :class:`SGD`."""
+    make_optimizer = getattr(grad_fn, "make_optimizer", None)
+    return make_optimizer(params, lr, momentum) if make_optimizer is not None else SGD(lr, momentum)
+
+
+def _batch_loss_and_grads(grad_fn: GradFn, params: Params, xb, Yb, activation: str, cost: str, l2: float):
+    """(mean loss, gradients) of one batch; labkit's own methods skip the checks :func:`train` made once."""
+    if grad_fn is loss_and_grads:
+        return loss_and_grads_unchecked(params, xb, Yb, activation, cost, l2)
+    if grad_fn is loss_and_grads_per_sample:
+        return mean_from_sums(params, *per_sample_sum(params, xb, Yb, activation, cost), len(xb), l2)
+    return grad_fn(params, xb, Yb, activation=activation, cost=cost, l2=l2)
+
+
+def _check_divergence(window: float, first_loss: float, epoch: int, batch: int, lr: float, momentum: float,
+                      activation: str, cost: str) -> None:
+    """Raise :class:`DivergenceError` if a window's mean batch loss is not finite or > 100 max(first loss, 0.001)."""
+    if not math.isfinite(window) or window > 100 * max(first_loss, 1e-3):
+        what = f"became {window}" if not math.isfinite(window) else f"exploded from {first_loss:.3g} to {window:.3g}"
+        raise DivergenceError(
+            f"training diverged: the loss {what} in epoch {epoch}, batch {batch} (lr={lr:g}, "
+            f"momentum={momentum:g}, {activation}, {cost}). The learning rate is probably too "
+            f"large: try lr={lr / 10:g}, or scaled initial weights (init_params(..., init='scaled'))."
+        )
+
+
+def _end_epoch(hist: History, bar, epoch: int, seconds: float, mean_loss: float, params: Params, test_data,
+               activation: str, cost: str) -> None:
+    """Record the epoch in ``hist`` (and the test accuracy, with test data) and show its loss on the progress bar."""
+    hist.epoch_time.append(seconds)
+    hist.epoch.append(epoch)
+    hist.train_loss.append(mean_loss)
+    if test_data is not None:
+        hist.test_accuracy.append(accuracy(params, test_data[0], test_data[1], activation, cost))
+    bar.set_postfix_str(
+        f"epoch {epoch}: loss {mean_loss:.4f}"
+        + (f", test acc {hist.test_accuracy[-1]:.2%}" if test_data is not None else "")
+    )
+
+
 def train(
     params: Params,
     train_data: tuple,
@@ -517,17 +591,10 @@ def train(
     check_options(activation, cost)
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    grad_fn = {"vectorised": loss_and_grads, "per_sample": loss_and_grads_per_sample}.get(method, method)
-    if not callable(grad_fn):
-        raise ValueError(f"method must be 'vectorised', 'per_sample' or a function, got {method!r}")
-    x, y = train_data
-    xp = array_module(params[0][0])
-    dtype = params[0][0].dtype
-    x = xp.asarray(x, dtype=dtype)
-    Y = check_batch(params, x, xp.asarray(y))  # validate once; batches below are slices of checked data
-    fast = grad_fn in (loss_and_grads, loss_and_grads_per_sample)  # validated once above: not again every batch
-    make_optimizer = getattr(grad_fn, "make_optimizer", None)  # a method may bring its own (a sharded) optimizer
-    opt = make_optimizer(params, lr, momentum) if make_optimizer is not None else SGD(lr, momentum)
+    grad_fn = _grad_function(method)
+    x, Y = _checked_data(params, train_data)  # validated once; batches below are slices of checked data
+    xp = array_module(x)
+    opt = _optimizer(grad_fn, params, lr, momentum)
     rng = np.random.default_rng(seed)
     n = x.shape[0]
     n_batches = -(-n // batch_size)
@@ -539,42 +606,21 @@ def train(
         for epoch in range(1, epochs + 1):
             t0 = time.perf_counter()
             order = xp.asarray(rng.permutation(n))
-            total = window = 0.0
+            total = window = 0.0  # the epoch's summed loss; the summed batch losses since the last check
             for j in range(n_batches):
                 idx = order[j * batch_size:(j + 1) * batch_size]
                 xb, Yb = x[idx], Y[idx]  # gathering each batch stays in cache; a shuffled copy of x would not
-                if grad_fn is loss_and_grads:
-                    value, grads = loss_and_grads_unchecked(params, xb, Yb, activation, cost, l2)
-                elif fast:
-                    value, grads = mean_from_sums(params, *per_sample_sum(params, xb, Yb, activation, cost), len(xb), l2)
-                else:
-                    value, grads = grad_fn(params, xb, Yb, activation=activation, cost=cost, l2=l2)
+                value, grads = _batch_loss_and_grads(grad_fn, params, xb, Yb, activation, cost, l2)
                 total += value * xb.shape[0]
                 window += value
-                if first_loss is None:
-                    first_loss = value
-                if (j + 1) % check_every == 0 or j == n_batches - 1:
+                first_loss = value if first_loss is None else first_loss
+                if (j + 1) % check_every == 0 or j == n_batches - 1:  # every check_every batches, and the epoch's last
                     window /= (j % check_every) + 1
-                    if not math.isfinite(window) or window > 100 * max(first_loss, 1e-3):
-                        what = f"became {window}" if not math.isfinite(window) else (
-                            f"exploded from {first_loss:.3g} to {window:.3g}")
-                        raise DivergenceError(
-                            f"training diverged: the loss {what} in epoch {epoch}, batch {j + 1} (lr={lr:g}, "
-                            f"momentum={momentum:g}, {activation}, {cost}). The learning rate is probably too "
-                            f"large: try lr={lr / 10:g}, or scaled initial weights (init_params(..., init='scaled'))."
-                        )
+                    _check_divergence(window, first_loss, epoch, j + 1, lr, momentum, activation, cost)
                     window = 0.0
                 opt.step(params, grads)
                 bar.update(1)
-            hist.epoch_time.append(time.perf_counter() - t0)
-            hist.epoch.append(epoch)
-            hist.train_loss.append(total / n)
-            if test_data is not None:
-                hist.test_accuracy.append(accuracy(params, test_data[0], test_data[1], activation, cost))
-            bar.set_postfix_str(
-                f"epoch {epoch}: loss {total / n:.4f}"
-                + (f", test acc {hist.test_accuracy[-1]:.2%}" if test_data is not None else "")
-            )
+            _end_epoch(hist, bar, epoch, time.perf_counter() - t0, total / n, params, test_data, activation, cost)
     return hist
 
 

@@ -164,6 +164,93 @@ class Pipeline:
         self.dtype = np.dtype(dtype)
         self.timeline = Timeline()
 
+    def _stage_forward(self, a, activation, cost):
+        """This stage's layers on one micro-batch a (rows, width): [a, a1, ..., its output], kept for the backward."""
+        n_layers = len(self.sizes) - 1
+        layer_acts = [a]
+        for j, (W, b) in enumerate(self.params):
+            z = layer_acts[-1] @ W.T + b  # (rows, n_out)
+            if self.first_layer + j == n_layers - 1 and cost == "cross_entropy":
+                layer_acts.append(mlp.softmax(z))
+            else:
+                layer_acts.append(mlp.activate(z, activation))
+        return layer_acts
+
+    def _forwards(self, x, chunks, activation, cost, start, events, sends):
+        """All forwards: each micro-batch's input from the stage before (rank 0: from x), through my layers, on to the next.
+
+        Returns every micro-batch's activations; appends to ``events`` when each ran and to ``sends`` the sends to wait for.
+        """
+        from mpi4py import MPI
+
+        from .collectives import wait_all
+
+        comm, p, r = self.comm, self.comm.Get_size(), self.comm.Get_rank()
+        width = self.sizes[self.stages[r][0]]
+        acts: dict[int, list] = {}
+        for i, (a, b) in enumerate(chunks):
+            if r == 0:
+                inp = np.asarray(x[a:b], dtype=self.dtype)
+            else:
+                inp = np.empty((b - a, width), dtype=self.dtype)
+                wait_all([comm.Irecv(inp, source=r - 1, tag=10 + i)], self.timeout, f"stage {r} waiting for activations", comm)
+            t0 = MPI.Wtime()
+            acts[i] = self._stage_forward(inp, activation, cost)
+            events.append((r, 0, i, t0 - start, MPI.Wtime() - start))
+            if r < p - 1:
+                sends.append(comm.Isend(acts[i][-1], dest=r + 1, tag=10 + i))
+        return acts
+
+    @staticmethod
+    def _output_error(out, Y, n, activation, cost):
+        """The last stage's summed loss over a micro-batch and its error dL/dz of the mean loss over all n samples."""
+        delta = out - Y  # (rows, n_out)
+        if cost == "quadratic":
+            value = 0.5 * float(np.vdot(delta, delta))
+            delta *= _prime(out, activation)
+        else:
+            value = -float((Y * np.log(np.maximum(out, 1e-30))).sum())
+        delta /= n  # of the mean loss over the whole mini-batch; the stages above receive it scaled
+        return value, delta
+
+    def _stage_backward(self, layer_acts, delta, grads, activation):
+        """Add this stage's gradients (delta^T a, sum of delta) of one micro-batch into grads; return the stage before's error."""
+        first_stage = self.comm.Get_rank() == 0
+        for j in range(len(self.params) - 1, -1, -1):
+            gW, gb = grads[j]
+            gW += delta.T @ layer_acts[j]
+            gb += delta.sum(axis=0)
+            if j or not first_stage:  # the error of this layer's input (the first stage's input needs none)
+                delta = (delta @ self.params[j][0]) * _prime(layer_acts[j], activation)  # (rows, n_in)
+        return delta
+
+    def _backwards(self, Y, chunks, acts, n, activation, cost, start, events, sends):
+        """All backwards, last micro-batch first: the error from the next stage (the last stage: from the loss), through
+        my layers, on to the stage before. Returns (the summed loss on the last stage, 0.0 elsewhere; my gradients)."""
+        from mpi4py import MPI
+
+        from .collectives import wait_all
+
+        comm, p, r = self.comm, self.comm.Get_size(), self.comm.Get_rank()
+        grads = mlp.zeros_like(self.params)
+        total = 0.0
+        for i in reversed(range(len(chunks))):
+            a, b = chunks[i]
+            layer_acts = acts.pop(i)
+            if r == p - 1:
+                t0 = MPI.Wtime()
+                value, delta = self._output_error(layer_acts[-1], Y[a:b], n, activation, cost)
+                total += value
+            else:
+                delta = np.empty_like(layer_acts[-1])
+                wait_all([comm.Irecv(delta, source=r + 1, tag=1000 + i)], self.timeout, f"stage {r} waiting for errors", comm)
+                t0 = MPI.Wtime()
+            delta = self._stage_backward(layer_acts, delta, grads, activation)
+            events.append((r, 1, i, t0 - start, MPI.Wtime() - start))
+            if r:
+                sends.append(comm.Isend(delta, dest=r - 1, tag=1000 + i))
+        return total, grads
+
     def loss_and_grads(self, x, y, micro_batches: int = 4, activation: str = "sigmoid", cost: str = "quadratic"):
         """GPipe: (mean loss on the last rank, 0.0 elsewhere; this stage's gradients of the mean loss)."""
         from mpi4py import MPI
@@ -176,62 +263,12 @@ class Pipeline:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         chunks = [(a, b) for a, b in shard_bounds(n, micro_batches) if b > a]
         last_stage = r == p - 1
-        n_layers = len(self.sizes) - 1
         Y = mlp.targets(np.asarray(y), self.sizes[-1], self.dtype) if last_stage else None
-        grads = mlp.zeros_like(self.params)
-        acts: dict[int, list] = {}
-        events, total, sends = [], 0.0, []
+        events, sends = [], []  # (rank, 0 forward / 1 backward, micro-batch, start, end); pending sends
         comm.Barrier()
         start = MPI.Wtime()
-
-        def run_layers(a, i):  # forward through my layers, remembering activations for the backward pass
-            layer_acts = [a]
-            for j, (W, b) in enumerate(self.params):
-                z = layer_acts[-1] @ W.T + b
-                if self.first_layer + j == n_layers - 1 and cost == "cross_entropy":
-                    layer_acts.append(mlp.softmax(z))
-                else:
-                    layer_acts.append(mlp.activate(z, activation))
-            acts[i] = layer_acts
-
-        for i, (a, b) in enumerate(chunks):  # all forwards
-            width = self.sizes[self.stages[r][0]]
-            if r == 0:
-                inp = np.asarray(x[a:b], dtype=self.dtype)
-            else:
-                inp = np.empty((b - a, width), dtype=self.dtype)
-                wait_all([comm.Irecv(inp, source=r - 1, tag=10 + i)], self.timeout, f"stage {r} waiting for activations", comm)
-            t0 = MPI.Wtime()
-            run_layers(inp, i)
-            events.append((r, 0, i, t0 - start, MPI.Wtime() - start))
-            if not last_stage:
-                sends.append(comm.Isend(acts[i][-1], dest=r + 1, tag=10 + i))
-        for i in reversed(range(len(chunks))):  # all backwards, last micro-batch first
-            a, b = chunks[i]
-            layer_acts = acts.pop(i)
-            out = layer_acts[-1]
-            if last_stage:
-                t0 = MPI.Wtime()
-                delta = out - Y[a:b]
-                if cost == "quadratic":
-                    total += 0.5 * float(np.vdot(delta, delta))
-                    delta *= _prime(out, activation)
-                else:
-                    total -= float((Y[a:b] * np.log(np.maximum(out, 1e-30))).sum())
-                delta /= n  # of the mean loss over the whole mini-batch; the stages above receive it scaled
-            else:
-                delta = np.empty_like(out)
-                wait_all([comm.Irecv(delta, source=r + 1, tag=1000 + i)], self.timeout, f"stage {r} waiting for errors", comm)
-                t0 = MPI.Wtime()
-            for j in range(len(self.params) - 1, -1, -1):
-                gW, gb = grads[j]
-                gW += delta.T @ layer_acts[j]
-                gb += delta.sum(axis=0)
-                if j or r:  # the error of this layer's input (the first stage's input needs none)
-                    delta = (delta @ self.params[j][0]) * _prime(layer_acts[j], activation)
-            events.append((r, 1, i, t0 - start, MPI.Wtime() - start))
-            if r:
-                sends.append(comm.Isend(delta, dest=r - 1, tag=1000 + i))
+        acts = self._forwards(x, chunks, activation, cost, start, events, sends)
+        total, grads = self._backwards(Y, chunks, acts, n, activation, cost, start, events, sends)
         wait_all(sends, self.timeout, f"stage {r} finishing its sends", comm)
         gathered = comm.allgather(np.array(events, dtype=float))
         self.timeline = Timeline(np.concatenate(gathered))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import mlp
+from .errors import LabkitError
 from .shards import flatten, shard_bounds, unflatten
 
 GRAD, WEIGHTS, DONE = 301, 302, 303
@@ -44,123 +45,185 @@ class PSResult:
     seconds: float = 0.0
 
 
-class ParameterServerError(RuntimeError):
+class ParameterServerError(LabkitError, RuntimeError):
     """A rank of a parameter-server run failed; every rank raises it, with the first cause found."""
 
 
+class _Master:
+    """One master's state (its slice of the weights, the slice's version, what it knows of each worker), and its steps."""
+
+    def __init__(self, comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
+        from mpi4py import MPI
+
+        self.comm, self.mode, self.staleness_bound, self.lr, self.timeout = comm, mode, staleness_bound, lr, timeout
+        self.me = comm.Get_rank()
+        self.workers = list(range(n_masters, comm.Get_size()))
+        self.mine = flat[lo:hi]  # a view: updating it updates flat
+        self.itemsize = flat.itemsize
+        self.version = 0
+        self.clock = {w: 0 for w in self.workers}  # gradients received from each worker
+        self.done: set[int] = set()
+        self.held: list[int] = []  # ssp: workers whose reply waits for the slowest to catch up
+        self.sync_grads: dict[int, np.ndarray] = {}
+        self.staleness: list[int] = []
+        self.problems: list[str] = []
+        self.updates = 0
+        self.n = hi - lo + 1
+        self.buf = np.empty(self.n, dtype=flat.dtype)  # gradient slice, then the version it was computed on
+        # one reply buffer and request per worker: a worker sends its next gradient only after it has
+        # received the previous reply, so that send is complete by the time the buffer is needed again
+        self.replies = {w: np.empty(self.n, dtype=flat.dtype) for w in self.workers}
+        self.sending = {w: MPI.REQUEST_NULL for w in self.workers}
+        self.status = MPI.Status()
+        self.last_heard, self.idle = time.monotonic(), 1e-5
+
+    def running(self) -> bool:
+        """Whether some worker has not said DONE yet."""
+        return len(self.done) < len(self.workers)
+
+    def poll(self):
+        """(source, tag, count of values) of the next message waiting, or None after a short back-off when none is."""
+        from mpi4py import MPI
+
+        if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=self.status):
+            if time.monotonic() - self.last_heard > self.timeout:
+                silent = [w for w in self.workers if w not in self.done]
+                raise TimeoutError(f"master {self.me}: no message from workers {silent} for {self.timeout:g} s (they "
+                                   f"sent {[self.clock[w] for w in silent]} gradients; a worker died, stalled, or never "
+                                   "sent DONE)")
+            time.sleep(self.idle)  # back off while idle, so masters leave the cores to the workers
+            self.idle = min(self.idle * 2, 1e-3)
+            return None
+        self.last_heard, self.idle = time.monotonic(), 1e-5
+        return self.status.Get_source(), self.status.Get_tag(), self.status.Get_count(MPI.BYTE) // self.itemsize
+
+    def send_weights(self, w):
+        """Send worker w this master's slice followed by its version (once the previous send to w has completed)."""
+        from .collectives import wait_all
+
+        wait_all([self.sending[w]], self.timeout, f"master {self.me} sending weights to worker {w} (is it receiving them?)",
+                 self.comm)
+        self.replies[w][:-1] = self.mine
+        self.replies[w][-1] = self.version
+        # synchronous mode: complete only once the worker has received it, so a worker that never receives
+        # its weights is found (above, at its next gradient) instead of silently training on old weights
+        self.sending[w] = self.comm.Issend(self.replies[w], dest=w, tag=WEIGHTS)
+
+    def slowest(self):
+        """The fewest gradients any worker still running has sent (infinity when none is running)."""
+        active = [self.clock[w] for w in self.workers if w not in self.done]
+        return min(active) if active else math.inf
+
+    def apply(self, g):
+        """w <- w - lr g on this master's slice, which makes a new version of it."""
+        self.mine -= self.lr * g
+        self.version += 1
+        self.updates += 1
+
+    def receive_done(self, src, count):
+        """A worker's DONE: empty when it finished (then check it received its last weights), one value when it failed."""
+        from mpi4py import MPI
+
+        from .collectives import wait_all
+
+        self.comm.Recv(np.empty(max(count, 0), dtype=self.buf.dtype), source=src, tag=DONE)
+        self.done.add(src)
+        if src in self.sending and count:  # DONE with a value: the worker failed (it reports why itself)
+            self.sending[src] = MPI.REQUEST_NULL
+        elif src in self.sending:
+            try:  # a worker that is done has received its last weights (allow the acknowledgement to arrive)
+                wait_all([self.sending[src]], min(self.timeout, 2.0), "", self.comm)
+            except TimeoutError:
+                self.problems.append(f"master {self.me}: worker {src} said DONE without receiving its last weights "
+                                     "(is it receiving them?)")
+                self.sending[src] = MPI.REQUEST_NULL
+
+    def receive_gradient(self, src):
+        """A worker's gradient: kept for the mean ("sync"), or applied and answered ("ssp": held if too far ahead)."""
+        self.comm.Recv(self.buf, source=src, tag=GRAD)
+        self.clock[src] += 1
+        used = int(self.buf[-1])
+        if not 0 <= used <= self.version:
+            self.problems.append(f"master {self.me}: worker {src} said its gradient was computed on version {used} of "
+                                 f"this master's weights, but the newest is {self.version}")
+        if self.mode == "sync":
+            self.sync_grads[src] = self.buf[:-1].copy()
+            return
+        self.staleness.append(self.version - used)
+        self.apply(self.buf[:-1])
+        if self.mode == "ssp" and self.clock[src] - self.slowest() > self.staleness_bound:
+            self.held.append(src)  # too far ahead of the slowest worker: its answer waits (release_held)
+        else:
+            self.send_weights(src)
+
+    def drain_unexpected(self, src, tag, count):
+        """Receive a message of the wrong length or tag, note what was wrong, answer a worker so it does not wait forever."""
+        from mpi4py import MPI
+
+        self.comm.Recv(np.empty(self.status.Get_count(MPI.BYTE), dtype=np.uint8), source=src, tag=tag)
+        if src in self.clock:
+            self.problems.append(f"master {self.me}: rank {src} sent {count} values with tag {tag}; expected tag "
+                                 f"GRAD={GRAD} with {self.n} values (this master's {self.n - 1} gradient entries, then "
+                                 "the version)")
+            self.send_weights(src)
+        else:
+            self.problems.append(f"master {self.me}: unexpected message with tag {tag} from rank {src}")
+
+    def sync_step(self):
+        """``mode="sync"``: once every worker still running has sent a gradient, apply their mean and answer them all."""
+        active = [w for w in self.workers if w not in self.done]
+        if active and all(w in self.sync_grads for w in active):
+            self.apply(np.mean([self.sync_grads[w] for w in active], axis=0))
+            self.staleness.extend([0] * len(active))
+            for w in active:
+                self.send_weights(w)
+            self.sync_grads.clear()
+
+    def release_held(self):
+        """``mode="ssp"``: answer every held worker that is now at most ``staleness_bound`` steps ahead of the slowest."""
+        floor = self.slowest()
+        ready = [w for w in self.held if self.clock[w] - floor <= self.staleness_bound]
+        for w in ready:
+            self.held.remove(w)
+            self.send_weights(w)
+
+    def finish(self):
+        """Wait for the last replies to be received; raise the first problem seen, else return (staleness, updates)."""
+        from mpi4py import MPI
+
+        from .collectives import wait_all
+
+        wait_all([r for r in self.sending.values() if r != MPI.REQUEST_NULL], self.timeout, "sending the last weights",
+                 self.comm)
+        if self.problems:
+            more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
+            raise ParameterServerError(self.problems[0] + more)
+        return np.array(self.staleness, dtype=np.int64), self.updates
+
+
 def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
-    """Serve gradients for flat[lo:hi] until every worker has said it is done.
+    """Serve gradients for flat[lo:hi] until every worker has said it is done: (staleness of each update, updates).
 
     A message of the wrong length or with an unknown tag is drained, answered with the current weights (so its
     worker does not wait forever) and reported when the run ends.
     """
-    from mpi4py import MPI
-
-    from .collectives import wait_all
-
-    size, me = comm.Get_size(), comm.Get_rank()
-    workers = list(range(n_masters, size))
-    mine = flat[lo:hi]
-    version = 0
-    clock = {w: 0 for w in workers}  # gradients received from each worker
-    done: set[int] = set()
-    held: list[int] = []  # ssp: workers whose reply waits for the slowest to catch up
-    sync_grads: dict[int, np.ndarray] = {}
-    staleness: list[int] = []
-    problems: list[str] = []
-    updates = 0
-    n = hi - lo + 1
-    buf = np.empty(n, dtype=flat.dtype)  # gradient slice, then the version it was computed on
-    # one reply buffer and request per worker: a worker sends its next gradient only after it has
-    # received the previous reply, so that send is complete by the time the buffer is needed again
-    replies = {w: np.empty(n, dtype=flat.dtype) for w in workers}
-    sending = {w: MPI.REQUEST_NULL for w in workers}
-    status = MPI.Status()
-    last_heard, idle = time.monotonic(), 1e-5
-
-    def send_weights(w):
-        wait_all([sending[w]], timeout, f"master {me} sending weights to worker {w} (is it receiving them?)", comm)
-        replies[w][:-1] = mine
-        replies[w][-1] = version
-        # synchronous mode: complete only once the worker has received it, so a worker that never receives
-        # its weights is found (above, at its next gradient) instead of silently training on old weights
-        sending[w] = comm.Issend(replies[w], dest=w, tag=WEIGHTS)
-
-    def slowest():
-        active = [clock[w] for w in workers if w not in done]
-        return min(active) if active else math.inf
-
-    while len(done) < len(workers):
-        if not comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
-            if time.monotonic() - last_heard > timeout:
-                silent = [w for w in workers if w not in done]
-                raise TimeoutError(f"master {me}: no message from workers {silent} for {timeout:g} s (they sent "
-                                   f"{[clock[w] for w in silent]} gradients; a worker died, stalled, or never sent "
-                                   "DONE)")
-            time.sleep(idle)  # back off while idle, so masters leave the cores to the workers
-            idle = min(idle * 2, 1e-3)
+    master = _Master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout)
+    while master.running():
+        message = master.poll()
+        if message is None:
             continue
-        last_heard, idle = time.monotonic(), 1e-5
-        src, tag = status.Get_source(), status.Get_tag()
-        count = status.Get_count(MPI.BYTE) // flat.itemsize
+        src, tag, count = message
         if tag == DONE:
-            comm.Recv(np.empty(max(count, 0), dtype=flat.dtype), source=src, tag=DONE)
-            done.add(src)
-            if src in sending and count:  # DONE with a value: the worker failed (it reports why itself)
-                sending[src] = MPI.REQUEST_NULL
-            elif src in sending:
-                try:  # a worker that is done has received its last weights (allow the acknowledgement to arrive)
-                    wait_all([sending[src]], min(timeout, 2.0), "", comm)
-                except TimeoutError:
-                    problems.append(f"master {me}: worker {src} said DONE without receiving its last weights "
-                                    "(is it receiving them?)")
-                    sending[src] = MPI.REQUEST_NULL
-        elif tag == GRAD and count == n and src in clock:
-            comm.Recv(buf, source=src, tag=GRAD)
-            clock[src] += 1
-            used = int(buf[-1])
-            if not 0 <= used <= version:
-                problems.append(f"master {me}: worker {src} said its gradient was computed on version {used} of "
-                                f"this master's weights, but the newest is {version}")
-            if mode == "sync":
-                sync_grads[src] = buf[:-1].copy()
-            else:
-                staleness.append(version - used)
-                mine -= lr * buf[:-1]
-                version += 1
-                updates += 1
-                if mode == "ssp" and clock[src] - slowest() > staleness_bound:
-                    held.append(src)
-                else:
-                    send_weights(src)
-        else:  # drain it, say what was wrong, and answer so that the sender does not wait forever
-            comm.Recv(np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8), source=src, tag=tag)
-            if src in clock:
-                problems.append(f"master {me}: rank {src} sent {count} values with tag {tag}; expected tag GRAD={GRAD} "
-                                f"with {n} values (this master's {n - 1} gradient entries, then the version)")
-                send_weights(src)
-            else:
-                problems.append(f"master {me}: unexpected message with tag {tag} from rank {src}")
+            master.receive_done(src, count)
+        elif tag == GRAD and count == master.n and src in master.clock:
+            master.receive_gradient(src)
+        else:
+            master.drain_unexpected(src, tag, count)
         if mode == "sync":  # one gradient from every worker still running: average, apply, answer them all
-            active = [w for w in workers if w not in done]
-            if active and all(w in sync_grads for w in active):
-                mine -= lr * np.mean([sync_grads[w] for w in active], axis=0)
-                version += 1
-                updates += 1
-                staleness.extend([0] * len(active))
-                for w in active:
-                    send_weights(w)
-                sync_grads.clear()
-        if held:  # ssp: answer everyone the slowest worker has caught up with
-            floor = slowest()
-            ready = [w for w in held if clock[w] - floor <= staleness_bound]
-            for w in ready:
-                held.remove(w)
-                send_weights(w)
-    wait_all([r for r in sending.values() if r != MPI.REQUEST_NULL], timeout, "sending the last weights", comm)
-    if problems:
-        raise ParameterServerError(problems[0] + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""))
-    return np.array(staleness, dtype=np.int64), updates
+            master.sync_step()
+        if master.held:  # ssp: answer everyone the slowest worker has caught up with
+            master.release_held()
+    return master.finish()
 
 
 def worker_loop(comm, grad, flat, bounds, batches, timeout=None) -> None:

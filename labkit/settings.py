@@ -2,8 +2,8 @@
 
 A setting is read when it is used (not at import), so a notebook or a test may change it at run time.
 A value that cannot be understood raises :class:`SettingError` naming the variable and what it accepts,
-instead of being silently taken as the default. ``labkit doctor`` and the README's table list them all
-(:func:`table`).
+instead of being silently taken as the default. ``labkit doctor`` and the table in docs/instructors.md
+list them all (:func:`table`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import LabkitError
+
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
 DEVICES = ("auto", "cpu", "gpu")
 
 
-class SettingError(ValueError):
+class SettingError(LabkitError, ValueError):
     """An environment variable holds a value labkit cannot use."""
 
 
@@ -55,6 +57,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "SLURM cluster cannot be made or started"),
     Setting("LABKIT_REQUIRE_SANDBOX", "bool", False, "tests: fail instead of skipping the sandboxed grading tests "
             "without bubblewrap"),
+    Setting("LABKIT_TEST_RUN", "str", None, "tests: set by the test suite on itself and what it starts, so that its "
+            "check for what was left behind passes over another test run's processes"),
     Setting("LABKIT_BIND_ADDRESS", "str", None, "set by run_mpi for a job across hosts: the address mpiexec listens "
             "on, the one the other hosts reach this machine by (not every interface)"),
     Setting("LABKIT_MPI_JOB", "str", None, "set by run_mpi on every process of a job, so that none outlives it (its "
@@ -178,7 +182,7 @@ def require_browser() -> bool:
 
 
 def table() -> str:
-    """The settings as a Markdown table (the README's is checked against it)."""
+    """The settings as a Markdown table (docs/instructors.md's is checked against it)."""
     rows = ["| variable | default | what it does |", "| --- | --- | --- |"]
     for s in SETTINGS.values():
         default = "unset" if s.default is None else str(s.default).lower() if s.kind == "bool" else str(s.default)

@@ -1,8 +1,14 @@
+import functools
+import json
 import os
+import subprocess
+import uuid
 import warnings
 from pathlib import Path
 
+import leaks
 import pytest
+import tiers
 
 os.environ.setdefault("LABKIT_PROGRESS", "0")
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -41,7 +47,7 @@ def digits():
 
 def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None, hosts=None) -> str:
     """Run the named cases of tests/mpi/<script> under the real mpiexec on n ranks (``only``: those whose name holds
-    it; ``hosts``: spread over these, see labkit.hosts); assert every case passed, and on failure say which case failed
+    it; ``hosts``: spread over these, see labkit.cluster.hosts); assert every case passed, and on failure say which case failed
     on which rank and why. Returns stdout."""
     from labkit import cluster
 
@@ -55,6 +61,11 @@ def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = 
             f"{script} on {n} ranks ended (exit {res.returncode}) in case {started[-1]!r}" if started else
             f"{script} on {n} ranks ended (exit {res.returncode}) before its first case")
     pytest.fail(f"{head}\n--- stderr ---\n{res.stderr[-3000:]}", pytrace=False)
+
+
+def ranks(*counts: int, smoke: int = 2) -> list:
+    """Rank counts to parametrize an MPI test with: the run at ``smoke`` ranks is kept in ``make test-smoke``."""
+    return [pytest.param(n, marks=pytest.mark.smoke) if n == smoke else n for n in counts]
 
 
 def run_failing_mpi(tmp_path, source: str, n: int, within: float) -> str:
@@ -78,6 +89,7 @@ def run_failing_mpi(tmp_path, source: str, n: int, within: float) -> str:
     return res.stderr
 
 
+@functools.cache
 def _have_cxx() -> bool:
     from labkit.kernels.emulator import EmulatorUnavailable, compiler
 
@@ -88,9 +100,11 @@ def _have_cxx() -> bool:
         return False
 
 
-needs_cxx = pytest.mark.skipif(not _have_cxx(), reason="no C++ compiler here for the CUDA emulator (apt install g++)")
+# the compile marker: the test is skipped, with the reason, where its compiler is missing
+needs_cxx = pytest.mark.compile("c++")
 
 
+@functools.cache
 def _have_cc() -> bool:
     from labkit.hostc import CompilerMissing, compiler
 
@@ -101,4 +115,98 @@ def _have_cc() -> bool:
         return False
 
 
-needs_cc = pytest.mark.skipif(not _have_cc(), reason="no C compiler here for labkit.hostc (apt install gcc)")
+needs_cc = pytest.mark.compile("c")
+COMPILERS = {"c++": (_have_cxx, "no C++ compiler here for the CUDA emulator (apt install g++)"),
+             "c": (_have_cc, "no C compiler here for labkit.hostc (apt install gcc)")}
+
+
+# ---- the tiers (see tests/tiers.py) and the leak checks (tests/leaks.py) ----
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        marks = {m for name in tiers.used_names(item) for m in tiers.USES.get(name, ())}
+        for mark in sorted(marks - {m.name for m in item.iter_markers()}):
+            item.add_marker(mark)
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("compile"):
+        if mark.args and not COMPILERS[mark.args[0]][0]():  # a bare compile marker names no compiler it needs
+            pytest.skip(COMPILERS[mark.args[0]][1])
+
+
+_running: dict = {"item": None, "teardown": False}
+_started: dict = {}  # item nodeid -> [(program, missing markers)]
+
+
+def _guarded_init(original):
+    def __init__(self, args, *rest, **kwargs):
+        item = _running["item"]
+        if item is not None and not _running["teardown"]:  # a module's fixtures stop in any test's teardown
+            missing = tiers.kinds_of(args) - {m.name for m in item.iter_markers()}
+            if missing:
+                shown = args if isinstance(args, str) else " ".join(map(str, args))
+                _started.setdefault(item.nodeid, []).append((shown[:200], sorted(missing)))
+        original(self, args, *rest, **kwargs)
+    return __init__
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier-audit", metavar="FILE", default=None,
+                     help="write the programs each test starts beyond its markers to FILE (JSON lines) instead of failing")
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _guarded_init(subprocess.Popen.__init__)
+    os.environ[leaks.RUN] = uuid.uuid4().hex  # this run's mark on everything it starts (tests/leaks.py)
+    _running["audit"] = config.getoption("--tier-audit")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running.update(item=item, teardown=False)
+    try:
+        return (yield)
+    finally:
+        _running["item"] = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    _running["teardown"] = True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    started = _started.pop(item.nodeid, None) if call.when in ("setup", "call") else None
+    if started and _running.get("audit"):
+        with open(_running["audit"], "a") as out:
+            out.write(json.dumps({"test": item.nodeid, "started": started}) + "\n")
+    elif started and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(
+            ["this test started programs its markers do not allow (make test-fast would run it):"] +
+            [f"  {prog}  -> mark it {', '.join(missing)}" for prog, missing in started] +
+            ["(add the marker, or use a conftest helper that brings it; see tests/tiers.py)"])
+    return report
+
+
+def pytest_sessionfinish(session, exitstatus):
+    found = leaks.left_behind()
+    session.config.stash[LEFT] = found
+    if found and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    found = config.stash.get(LEFT, {})
+    if found:
+        terminalreporter.section("left behind by the tests", red=True)
+        for kind, items in found.items():
+            terminalreporter.line(f"{kind}:", red=True)
+            for it in items:
+                terminalreporter.line(f"  {it}")
+
+
+LEFT = pytest.StashKey[dict]()

@@ -3,7 +3,8 @@
 import nbformat
 import pytest
 
-from labkit import assign, check, report
+from labkit import check, report
+from labkit.grading import assign
 
 PY = '''def f(x):
     """Double x."""

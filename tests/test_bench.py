@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import ranks
 
 from labkit import bench, scaling
 
@@ -125,13 +126,14 @@ def test_timeline_and_chrome_trace(tmp_path):
         bench.chrome_trace([{"rank": 0, "name": "x", "start": 1.0, "end": 0.5}])
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", ranks(2, 3))
 def test_mpi_clock_and_timeline_under_mpiexec(n):
     from conftest import run_mpi_cases
 
     run_mpi_cases("cases_bench.py", n)
 
 
+@pytest.mark.mpi
 def test_strong_and_weak_scaling_runners():
     strong = scaling.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, trace=True, progress=False)
     assert strong.ranks == [1, 2] and len(strong.timings) == 2 and all(len(t.times) == 2 for t in strong.timings)
@@ -143,6 +145,7 @@ def test_strong_and_weak_scaling_runners():
     assert weak.speedup[1] == pytest.approx(weak.serial_timings[1].median / weak.timings[1].median)
 
 
+@pytest.mark.mpi
 def test_scaling_runner_errors():
     with pytest.raises(ValueError, match="unknown workload 'sorting'"):
         scaling.strong_scaling("sorting")
@@ -196,6 +199,7 @@ def test_merge_rounds_takes_medians_and_keeps_rounds():
         bench.merge_rounds([])
 
 
+@pytest.mark.mpi
 def test_scaling_rounds_pool_every_round():
     s = scaling.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, rounds=2, progress=False)
     assert [len(t.times) for t in s.timings] == [4, 4] and s.phases[1]["comm"] >= 0

@@ -1,4 +1,4 @@
-"""labkit.capture and labkit.replay: a check recorded in the student's process and replayed in the grader's gives
+"""labkit.check.capture and labkit.grading.replay: a check recorded in the student's process and replayed in the grader's gives
 the plain check's verdict and message; a record cannot stand in for other inputs, hide labkit's reference, or make the
 grader import or unpickle anything."""
 
@@ -10,7 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from labkit import capture, check, mlp, replay
+from labkit import check, mlp
+from labkit.check import capture
+from labkit.grading import replay
 
 SEED = 4242
 

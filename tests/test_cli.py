@@ -22,6 +22,8 @@ def test_data_status_and_errors(capsys, tmp_path):
     assert "holds no mnist files" in capsys.readouterr().err
 
 
+@pytest.mark.mpi
+@pytest.mark.compile
 def test_doctor_checks_mpi_for_real(capsys):
     code = cli.main(["doctor"])
     out = capsys.readouterr().out
@@ -108,6 +110,7 @@ def test_lab_works_on_copies_and_never_overwrites_them(tmp_path):
     assert "My backpropagation" in mine.read_text()
 
 
+@pytest.mark.cluster
 def test_lab_serves_the_notebooks(tmp_path):
     import socket
     import time
@@ -139,6 +142,7 @@ def test_lab_serves_the_notebooks(tmp_path):
     assert not left, f"JupyterLab still running after SIGTERM: {left}"
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_bench_allreduce_quick_json(capsys):
     assert cli.main(["bench", "allreduce", "--quick", "--json"]) == 0
@@ -156,6 +160,7 @@ def test_bench_training_needs_a_round():
         training.run(quick=True, rounds=0)
 
 
+@pytest.mark.mpi
 @pytest.mark.slow
 def test_bench_training_quick_json(capsys):
     assert cli.main(["bench", "training", "--quick", "--json"]) == 0

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from labkit import cluster
+from labkit.cluster import processes
 
 pytestmark = pytest.mark.mpi
 
@@ -58,6 +59,7 @@ def test_one_rank_raising_aborts_the_job(tmp_path):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_timeout_kills_every_rank(tmp_path):
     script = tmp_path / "sleep.py"
     marker = f"labkit-sleep-{tmp_path.name}"
@@ -142,6 +144,7 @@ def _loopback(address: str) -> bool:
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
 @pytest.mark.skipif(cluster.loopback_preload() is None,
                     reason="no C compiler (cc) to build the library that keeps hydra's port on loopback")
+@pytest.mark.slow
 def test_mpi_jobs_and_engines_listen_on_loopback_only(tmp_path):
     """On one machine nothing labkit starts can be reached from the network: hydra's control port and the MPI network
     modules on loopback, engines and controller on 127.0.0.1 (with hydra's defaults this fails: 0.0.0.0 and eth0)."""
@@ -171,7 +174,7 @@ def _cluster_of_a_killed_owner(with_watchdog: bool):
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import json, os, time\n"
-         "from labkit.cluster import MPICluster, process_tree\n"
+         "from labkit.cluster import MPICluster\nfrom labkit.cluster.processes import process_tree\n"
          "c = MPICluster(2, start_timeout=60).start()\n"
          + ("" if with_watchdog else "c._watchdog.kill()\n") +
          "tree = {k: v for k, v in process_tree(os.getpid()).items() if k != c._watchdog.pid}\n"
@@ -191,17 +194,19 @@ def _cluster_of_a_killed_owner(with_watchdog: bool):
         if owner.poll() is None:
             owner.kill()
         for pid, ticks in started.items():
-            if cluster.process_alive(pid, ticks):
+            if processes.process_alive(pid, ticks):
                 os.kill(pid, signal.SIGKILL)
 
 
 def _wait_until_gone(started: dict[int, int], seconds: float, also=lambda: False) -> list[int]:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and (any(cluster.process_alive(p, t) for p, t in started.items()) or also()):
+    while time.monotonic() < deadline and (any(processes.process_alive(p, t) for p, t in started.items()) or also()):
         time.sleep(0.5)
-    return [p for p, t in started.items() if cluster.process_alive(p, t)]
+    return [p for p, t in started.items() if processes.process_alive(p, t)]
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.mpi
 def test_a_cluster_whose_owner_is_killed_is_stopped():
     """SIGKILL the process that started an MPICluster: its watchdog stops controller, mpiexec, engines and nannies."""
@@ -210,6 +215,8 @@ def test_a_cluster_whose_owner_is_killed_is_stopped():
         assert not left and not os.path.exists(cluster_file), (left, cluster_file)
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.mpi
 def test_cluster_list_and_stop_find_a_left_behind_cluster(capsys):
     """A cluster whose owner and watchdog both died: doctor and `labkit cluster list` show it, `stop ID` stops it
@@ -217,7 +224,7 @@ def test_cluster_list_and_stop_find_a_left_behind_cluster(capsys):
     from labkit import cli, doctor
 
     with _cluster_of_a_killed_owner(with_watchdog=False) as (_, cluster_id, started):
-        assert any(cluster.process_alive(p, t) for p, t in started.items())  # left behind
+        assert any(processes.process_alive(p, t) for p, t in started.items())  # left behind
         assert cluster_id in doctor.check_clusters()[0].detail
         assert cli.main(["cluster", "list"]) == 0 and cluster_id in capsys.readouterr().out
         assert cli.main(["cluster", "stop", cluster_id]) == 0 and f"stopped {cluster_id}" in capsys.readouterr().out

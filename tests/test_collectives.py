@@ -5,12 +5,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_failing_mpi, run_mpi_cases
+from conftest import ranks, run_failing_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 4, 5, 6))
 def test_collectives_match_mpi(n):
     run_mpi_cases("cases_collectives.py", n)
 
@@ -48,6 +48,8 @@ def test_single_process_without_mpiexec():
     np.testing.assert_array_equal(C.alltoall(MPI.COMM_SELF, x), x)
 
 
+@pytest.mark.smoke
+@pytest.mark.slow
 def test_ring_exercise_check_under_mpiexec():
     out = run_mpi_cases("cases_ring_exercise.py", 3)
     assert "✔ ring allreduce on 1 to 3 ranks" in out

@@ -1,7 +1,7 @@
 
 import numpy as np
 import pytest
-from conftest import run_mpi_cases
+from conftest import ranks, run_mpi_cases
 
 from labkit import compression as C
 
@@ -70,6 +70,6 @@ def test_error_feedback_sends_everything_eventually():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", ranks(1, 2, 3))
 def test_compressed_allreduce_under_mpiexec(n):
     run_mpi_cases("cases_compression.py", n)

@@ -3,7 +3,7 @@
 
 import numpy as np
 import pytest
-from conftest import run_mpi_cases
+from conftest import ranks, run_mpi_cases
 
 from labkit import mlp
 from labkit.data_parallel import DataParallel
@@ -12,7 +12,7 @@ from labkit.shards import flatten, unflatten
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 4))
 def test_data_parallel_equals_serial(n):
     run_mpi_cases("cases_data_parallel.py", n)
 
@@ -90,6 +90,7 @@ def test_ring_and_mpi_allreduce_in_place():
         collectives.ring_allreduce(MPI.COMM_SELF, x, out=np.empty(3))
 
 
+@pytest.mark.smoke
 @pytest.mark.mpi
 def test_data_parallel_exercise_check_under_mpiexec():
     out = run_mpi_cases("cases_dp_exercise.py", 3)

@@ -7,7 +7,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from labkit import assign, cli, grade, report
+from labkit import cli, report
+from labkit.grading import assign, grade, notebook
 
 ENDLESS = new_notebook(cells=[
     new_markdown_cell("# Lab 99"),
@@ -116,11 +117,11 @@ def test_a_px_cell_is_graded_by_the_engines_own_error():
             "labkit.check.ExerciseError: ring allreduce: 2 ranks, n=5: rank 1 got [3. 3.], expected [2. 2.]\n")),
         nbformat.v4.new_output("error", ename="AlreadyDisplayedError", evalue="2 errors", traceback=["2 errors"]),
     ]
-    passed, message = grade._outcome(cell, 60)
+    passed, message = notebook._outcome(cell, 60)
     assert not passed
     assert message == "ExerciseError: ring allreduce: 2 ranks, n=5: rank 1 got [3. 3.], expected [2. 2.] (on the MPI engines)"
     cell.outputs = cell.outputs[-1:]  # nothing printed by the engines: the error itself
-    assert grade._outcome(cell, 60) == (False, "AlreadyDisplayedError: 2 errors")
+    assert notebook._outcome(cell, 60) == (False, "AlreadyDisplayedError: 2 errors")
 
 
 def test_assign_records_the_release_and_locks_the_given_cells(tmp_path):
@@ -216,7 +217,7 @@ def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path
 def test_every_lab_as_written_passes_when_graded_by_replay_in_the_sandbox(tmp_path):
     """Every check's record and replay hold on the instructor's own solutions: all exercises of all labs pass in the
     sandbox. (How long each notebook took is in grades.json; measured here, 5 to 40 s each.)"""
-    from labkit import sandbox
+    from labkit.grading import sandbox
 
     labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
     assign.write_student_versions(labs, tmp_path / "blank", release_dir=tmp_path / "release")

@@ -18,7 +18,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from labkit import assign, grade, report, sandbox, settings
+from labkit import report, settings
+from labkit.grading import assign, grade, sandbox
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 

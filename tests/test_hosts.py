@@ -1,4 +1,4 @@
-"""MPI jobs across hosts, for real: namespace hosts on this machine (labkit.hosts), each with its own network,
+"""MPI jobs across hosts, for real: namespace hosts on this machine (labkit.cluster.hosts), each with its own network,
 address and hostname, joined by a bridge. The labs' distributed code runs on 2 hosts with 2 ranks each, and the
 kernel's byte counters of each host's cable show that the traffic crossed between them."""
 
@@ -13,9 +13,10 @@ import sys
 import pytest
 from conftest import ROOT, run_mpi_cases
 
-from labkit import cluster, hosts
+from labkit import cluster
+from labkit.cluster import hosts
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.hosts, pytest.mark.slow]
 
 OK, WHY = hosts.available()
 if not OK and __import__("labkit").settings.get("LABKIT_REQUIRE_HOSTS"):
@@ -92,7 +93,7 @@ def test_the_asynchronous_parameter_server_across_hosts(two_hosts):
 
 @needs_hosts
 def test_a_wrong_host_name_fails_within_the_timeout_and_leaves_nothing(two_hosts, tmp_path):
-    from labkit.hosts import NamespaceHosts
+    from labkit.cluster.hosts import NamespaceHosts
 
     prog = tmp_path / "where.py"
     prog.write_text("N = 10\n" + WHERE)
@@ -126,7 +127,7 @@ echo "MPI|Open MPI v5.0.0|$(hostname)"
 @needs_hosts
 def test_doctor_names_what_stops_a_job_across_hosts(two_hosts, tmp_path):
     from labkit import doctor
-    from labkit.hosts import NamespaceHosts
+    from labkit.cluster.hosts import NamespaceHosts
 
     found = doctor.check_hosts(two_hosts, timeout=60)
     assert [f.status for f in found] == [doctor.OK] * 3, doctor.render(found)
@@ -170,6 +171,7 @@ def test_doctor_calls_a_refused_connection_a_firewall(tmp_path):
     assert found[-1].status == doctor.FAIL and "firewall" in found[-1].detail, doctor.render(found)
 
 
+@pytest.mark.hosts
 @needs_hosts
 def test_bench_allreduce_across_two_namespace_hosts(capsys):
     from labkit import cli
@@ -190,7 +192,8 @@ def test_an_mpi_cluster_of_4_engines_on_2_hosts_runs_lab_06(two_hosts):
     import nbformat
 
     from labkit import report
-    from labkit.cluster import MPICluster, process_tree
+    from labkit.cluster import MPICluster
+    from labkit.cluster.processes import process_tree
 
     lab = nbformat.read(report.find_notebooks(only="06_")[0], as_version=4)
     px = [c.source.split("\n", 1)[1] for c in lab.cells if c.cell_type == "code" and c.source.startswith("%%px")]

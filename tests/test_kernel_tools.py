@@ -10,6 +10,7 @@ from labkit.kernels.tools import ARCHS, compile_check, compiler_for_check, parse
 CU_FILES = sorted(Path(__file__).resolve().parent.parent.joinpath("labkit", "kernels").glob("*.cu"))
 needs_compiler = pytest.mark.skipif(compiler_for_check() is None,
                                     reason="neither nvcc nor NVRTC (cupy + nvidia-cuda-nvrtc-cu12) is installed")
+pytestmark = pytest.mark.compile  # nvcc or NVRTC: needs_compiler skips without either
 
 
 def test_there_are_kernel_files():

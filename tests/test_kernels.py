@@ -50,6 +50,7 @@ def test_matmul(dev, variant, ta, tb):
                                    err_msg=f"{variant} {M}x{N}x{Kd}")
 
 
+@pytest.mark.smoke
 def test_matmul_writes_into_out(dev):
     to, host = dev
     a, b = rnd(20, 30), rnd(30, 10)
@@ -85,6 +86,7 @@ def test_bias_activation_forward_and_backward(dev, activation):
     np.testing.assert_allclose(host(out), R.bias_act_forward(z, b, activation=activation), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.smoke
 def test_col_sum(dev):
     to, host = dev
     for shape in [(1, 1), (256, 10), (3, 1000)]:
@@ -92,6 +94,7 @@ def test_col_sum(dev):
         np.testing.assert_allclose(host(K.col_sum(to(x))), R.col_sum(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("momentum,l2", [(0.0, 0.0), (0.9, 0.0), (0.5, 1e-3)])
 def test_sgd_momentum_matches_labkit_sgd(dev, momentum, l2):
     to, host = dev
@@ -108,6 +111,7 @@ def test_sgd_momentum_matches_labkit_sgd(dev, momentum, l2):
     np.testing.assert_allclose(host(wd), ref[0][0].ravel(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.smoke
 def test_softmax_cross_entropy(dev):
     to, host = dev
     for rows, cols in [(1, 2), (70, 10), (513, 10)]:
@@ -128,6 +132,7 @@ def test_softmax_bad_label_gives_nan_not_a_crash(dev):
     assert np.isfinite(loss[0]) and np.isnan(loss[1:]).all()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 100_003])
 def test_reductions_with_atomics(dev, n):
     to, host = dev
@@ -139,6 +144,7 @@ def test_reductions_with_atomics(dev, n):
     assert K.accuracy_count(to(s), to(lab)) == R.accuracy_count(s, lab)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("shape", [(2, 1, 8, 8, 3, 3, 3), (3, 2, 9, 11, 4, 3, 3), (1, 3, 5, 6, 2, 5, 1)])
 @pytest.mark.parametrize("pad", [0, 1, 2])
 def test_conv2d_relu(dev, shape, pad):

@@ -1,13 +1,13 @@
 """Model and pipeline parallelism under a real mpiexec, 1 to 4 ranks."""
 
 import pytest
-from conftest import run_mpi_cases
+from conftest import ranks, run_mpi_cases
 
 from labkit.model_parallel import partition_layers
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 4))
 def test_model_parallel_equals_serial(n):
     run_mpi_cases("cases_model_parallel.py", n)
 

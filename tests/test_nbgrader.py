@@ -14,7 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import assign, cli
+from labkit import cli
+from labkit.grading import assign
 
 nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is in the test extra: pip install -e '.[test]'")
 from test_grading_attacks import CUDA_KEEP, SERIAL_KEEP, _lab, _solution  # noqa: E402

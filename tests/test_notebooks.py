@@ -6,7 +6,8 @@ import nbformat
 import pytest
 from conftest import real_data_dir
 
-from labkit import assign, report
+from labkit import report
+from labkit.grading import assign
 
 NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]

@@ -2,16 +2,17 @@
 
 
 import pytest
-from conftest import run_failing_mpi, run_mpi_cases
+from conftest import ranks, run_failing_mpi, run_mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", ranks(2, 3, 4))
 def test_parameter_servers(n):
     run_mpi_cases("cases_param_server.py", n)
 
 
+@pytest.mark.slow
 def test_stalled_worker_times_out(tmp_path):
     err = run_failing_mpi(tmp_path, (
         "import time, numpy as np\nfrom mpi4py import MPI\nfrom labkit import mlp, param_server\n"
@@ -28,6 +29,7 @@ def test_stalled_worker_times_out(tmp_path):
     assert "TimeoutError" in err and "no message from workers [2]" in err, err[-2000:]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.slow
+@pytest.mark.parametrize("n", ranks(2, 3))
 def test_async_worker_exercise_check(n):
     run_mpi_cases("cases_ps_exercise.py", n)

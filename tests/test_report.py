@@ -32,6 +32,7 @@ def nbdir(tmp_path):
     return d
 
 
+@pytest.mark.notebooks
 @pytest.mark.slow
 def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     out = tmp_path / "out"
@@ -61,6 +62,7 @@ def test_report_runs_all_collects_and_reports_failures(nbdir, tmp_path):
     assert "✘ not in this run:</span> the text is right here" in html
 
 
+@pytest.mark.notebooks
 @pytest.mark.slow
 def test_cli_report_exit_code(nbdir, tmp_path, capsys):
     assert cli.main(["report", "--notebooks", str(nbdir), "--only", "01", "--out", str(tmp_path / "o")]) == 0

@@ -1,5 +1,5 @@
 """A real SLURM (Debian's slurm-wlm and munge) on two namespace hosts: slurmctld and a slurmd on the first, a slurmd
-on the second (labkit.slurm.slurm_cluster). The README's SLURM commands run on it as written; MPICluster starts its
+on the second (labkit.cluster.slurm.slurm_cluster). The README's SLURM commands run on it as written; MPICluster starts its
 engines as a SLURM job over both nodes and runs lab 06's %%px cells; run_mpi spreads its ranks over an allocation; a
 job past its time limit and a cancelled engines' job end with a clear report and nothing left on either node."""
 
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from labkit import settings, slurm
+from labkit import settings
+from labkit.cluster import slurm
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+pytestmark = [pytest.mark.mpi, pytest.mark.hosts, pytest.mark.slow]
 
 OK, WHY = slurm.available()
 if not OK and settings.get("LABKIT_REQUIRE_SLURM"):
@@ -138,7 +139,7 @@ def _rows(text: str) -> list:
 
 
 def _readme_commands() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "clusters-and-gpus.md").read_text()
     section = readme.split("### On a SLURM cluster", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
@@ -146,7 +147,7 @@ def _readme_commands() -> list[str]:
 
 def _by_name(commands: list[str], name: str) -> list[str]:
     found = [c for c in commands if f"--job-name={name} " in c]
-    assert found, f"the README's SLURM section has no job named {name}"
+    assert found, f"docs/clusters-and-gpus.md's SLURM section has no job named {name}"
     return found
 
 
@@ -247,7 +248,8 @@ def test_mpi_engines_as_a_slurm_job_run_lab_06(cluster):
     import nbformat
 
     from labkit import report
-    from labkit.cluster import MPICluster, process_tree
+    from labkit.cluster import MPICluster
+    from labkit.cluster.processes import process_tree
 
     lab = nbformat.read(report.find_notebooks(only="06_")[0], as_version=4)
     px = [c.source.split("\n", 1)[1] for c in lab.cells if c.cell_type == "code" and c.source.startswith("%%px")]

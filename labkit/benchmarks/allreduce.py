@@ -51,12 +51,12 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     """One mpiexec job per rank count and round, the rounds interleaved (3, 1 with ``quick``); every time is the
     median over the rounds, each round's kept under ``seconds_per_round``.
 
-    ``hosts`` > 1 adds jobs of one rank on each of that many namespace hosts (:mod:`labkit.hosts`, root only): every
+    ``hosts`` > 1 adds jobs of one rank on each of that many namespace hosts (:mod:`labkit.cluster.hosts`, root only): every
     message crosses between hosts over TCP, and the keys ``ring_vs_mpi_1e6_hostsN`` sit beside the one-host ones."""
     import contextlib
 
     from ..cluster import run_mpi
-    from ..hosts import namespace_hosts
+    from ..cluster.hosts import namespace_hosts
 
     ranks = (2,) if quick else (2, 4)
     rounds = (1 if quick else 3) if rounds is None else rounds

@@ -31,7 +31,8 @@ TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s"
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
-    from .. import grade, report, sandbox
+    from .. import report
+    from ..grading import grade, sandbox
 
     rounds = (1 if quick else 2) if rounds is None else rounds
     cores = usable_cores()
@@ -75,7 +76,7 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     if not quick:  # every lab with exercises, as the instructor wrote it, graded once in its sandbox at --jobs 1
         import nbformat
 
-        from .. import assign
+        from ..grading import assign
 
         labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
         with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:

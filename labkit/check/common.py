@@ -7,10 +7,12 @@ import functools
 
 import numpy as np
 
-from .. import capture, mlp
+from .. import mlp
+from ..errors import LabkitError
+from . import capture
 
 
-class ExerciseError(AssertionError):
+class ExerciseError(LabkitError, AssertionError):
     """A student's function gave a wrong answer; the message says what and suggests why.
 
     IPython (a notebook, and each MPI engine of a ``%%px`` cell) shows it as its message alone: the frames of the
@@ -22,7 +24,7 @@ class ExerciseError(AssertionError):
 
 
 def recorded(check):
-    """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.capture`)."""
+    """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.check.capture`)."""
 
     @functools.wraps(check)
     def wrapper(*args, **kwargs):

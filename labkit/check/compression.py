@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .. import capture
+from . import capture
 from .common import call, fail, passed, recorded
 
 

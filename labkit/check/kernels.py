@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import capture
+from . import capture
 from .common import ExerciseError, fail, passed, recorded
 
 KERNEL_TODO = "YOUR CODE HERE"

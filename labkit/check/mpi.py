@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import capture, mlp
+from .. import mlp
+from ..errors import LabkitError
 from ..shards import shard_bounds
+from . import capture
 from .common import ExerciseError, compare_grads, not_written, passed, recorded
 
 
@@ -63,7 +65,7 @@ def collective_check(comm, ex: str, cases) -> None:
         passed(f"{ex} on 1 to {p} ranks", n_checks)
 
 
-class RingMistake(Exception):
+class RingMistake(LabkitError):
     """A student's ring did something no ring does (the message says what); raised at once, not after a timeout."""
 
 

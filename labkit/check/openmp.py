@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import capture
+from . import capture
 from .common import ExerciseError, fail, passed, recorded
 from .kernels import KERNEL_TODO
 

@@ -6,8 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import capture, mlp
+from .. import mlp
 from ..shards import shard_bounds
+from . import capture
 from .common import ExerciseError, call, compare_grads, fail, passed, problems, recorded
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import capture
+from . import capture
 from .common import call, compare_series, passed, recorded
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import settings
+from ..errors import CodeError, ToolMissing
 from ..machine import find_compiler, usable_cores
 from .source import (
     KernelCompileError,
@@ -47,7 +48,7 @@ HEADER = Path(__file__).with_name("cuda_emu.h")
 _ERRLEN = 2048
 
 
-class EmulatorUnavailable(RuntimeError):
+class EmulatorUnavailable(ToolMissing):
     """No C++ compiler: the emulator cannot build kernels."""
 
 
@@ -290,7 +291,7 @@ def _trim(stderr: str, limit: int = 40) -> str:
     return body
 
 
-class KernelError(RuntimeError):
+class KernelError(CodeError):
     """A kernel stopped with an error: out-of-bounds access, barrier divergence, time limit, a crash."""
 
 

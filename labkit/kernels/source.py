@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CompileError
 
-class KernelCompileError(RuntimeError):
+
+class KernelCompileError(CompileError):
     """A kernel's source did not compile (the compiler's message is included)."""
 
 

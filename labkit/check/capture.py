@@ -16,7 +16,7 @@ The checks (:mod:`labkit.check`) run in three modes:
   check's inputs, which the grader draws afresh for every submission (``LABKIT_CHECK_SEED``).
 
 What the record cannot prove: a student who rewrites this module inside their own kernel can hide a call of the
-reference, and a timing is what their process measured. The grader's side is :mod:`labkit.replay`.
+reference, and a timing is what their process measured. The grader's side is :mod:`labkit.grading.replay`.
 """
 
 from __future__ import annotations
@@ -35,37 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import LabkitError
+from .exercises import exercise
+
 ENV = "LABKIT_CAPTURE"
 SEED_ENV = "LABKIT_CHECK_SEED"
 FORMAT = 1
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)  # labkit/
 
-# each exercise's reference in labkit: the functions (module:qualname; a class means all its methods) whose use, by
-# the student's function or as it, fails the exercise with "uses labkit's reference"
-REFERENCES = {
-    "backprop": ["labkit.mlp:backprop", "labkit.mlp:loss_and_grads", "labkit.mlp:loss_and_grads_unchecked",
-                 "labkit.mlp:backprop_per_sample", "labkit.mlp:loss_and_grads_per_sample", "labkit.mlp:per_sample_sum",
-                 "labkit.mlp:backprop_one"],
-    "accumulate": ["labkit.mlp:per_sample_sum", "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop"],
-    "ring_allreduce": ["labkit.collectives:ring_allreduce", "labkit.collectives:naive_allreduce",
-                       "labkit.collectives:reduce_broadcast_allreduce", "labkit.collectives:recursive_doubling_allreduce",
-                       "labkit.collectives:mpi_allreduce"],
-    "data_parallel_step": ["labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD"],
-    "async_worker": ["labkit.param_server:worker_loop", "labkit.param_server:_worker"],
-    "topk_feedback": ["labkit.compression:top_k", "labkit.compression:ErrorFeedback",
-                      "labkit.compression:_SparsifyWithResidual"],
-    "karp_flatt": ["labkit.bench:karp_flatt"],
-    "scaled_speedup": ["labkit.bench:speedup"],
-}
-# the exercises written in C or CUDA C: labkit's own source of the same function
-SOURCE_REFERENCES = {
-    "tiled_matmul": [("kernels/matmul.cu", "matmul_tiled")],
-    "block_reduction": [("kernels/reduce.cu", None)],
-    "omp_reduction": [("c/backprop.c", "bp_omp_reduction")],
-}
-
-
-class NotRecorded(AssertionError):
+class NotRecorded(LabkitError, AssertionError):
     """The replay asked for a result the record does not hold."""
 
     def _render_traceback_(self) -> list[str]:
@@ -85,7 +63,7 @@ def seed(base: int) -> int:
     """The seed of a check's inputs: ``base`` when a student runs the check, shifted by the grader's draw when graded."""
     if isinstance(_session, Replay):
         return base + _session.seed
-    from . import settings
+    from .. import settings
 
     return base + (settings.get(SEED_ENV) or 0)
 
@@ -157,7 +135,7 @@ def _encode_error(e: BaseException) -> dict:
 
 # the modules whose exceptions and results the checks catch and read: a record may name these, and only these are
 # imported for it (a record is the student's file: importing what it names could run anything, labkit.__main__ say)
-KNOWN_MODULES = ("labkit.check.common", "labkit.check.mpi", "labkit.capture", "labkit.hostc", "labkit.kernels.emulator",
+KNOWN_MODULES = ("labkit.check.common", "labkit.check.mpi", "labkit.check.capture", "labkit.hostc", "labkit.kernels.emulator",
                  "labkit.kernels.source", "labkit.param_server", "labkit.collectives", "labkit.mlp", "labkit.data")
 
 
@@ -218,7 +196,7 @@ def digest(args: tuple, kwargs: dict) -> str:
         elif _is_comm(v):
             h.update(f"comm{v.Get_size()},{v.Get_rank()}".encode())
         elif type(v).__module__ == "mpi4py.MPI" and type(v).__name__ == "Op":
-            from .collectives import op_name
+            from ..collectives import op_name
 
             h.update(f"op{op_name(v)}".encode())
         else:
@@ -253,7 +231,8 @@ def _traffic_logs(args) -> list:
 
 def _reference_codes(check: str) -> dict:
     codes = {}
-    for spec in REFERENCES.get(check, []):
+    declared = exercise(check)
+    for spec in declared.references if declared else ():
         module, name = spec.split(":")
         try:
             obj = getattr(importlib.import_module(module), name)
@@ -284,7 +263,7 @@ def _unwrap(fn, depth: int = 0):
 
 
 def _normalise_c(text: str) -> str:
-    from .kernels.source import strip_comments
+    from ..kernels.source import strip_comments
 
     return "".join(strip_comments(text).split())
 
@@ -312,7 +291,8 @@ def source_reference(check: str, source) -> str | None:
     if not isinstance(source, str):
         return None
     mine = _normalise_c(source)
-    for rel, name in SOURCE_REFERENCES.get(check, []):
+    declared = exercise(check)
+    for rel, name in declared.sources if declared else ():
         path = Path(PACKAGE_DIR) / rel
         try:
             body = _normalise_c(_c_function(path.read_text(), name))
@@ -484,7 +464,7 @@ def replayed(session: Replay, label: str = "fn", ex: str = ""):
 
 
 def begin(session: Replay) -> None:
-    """Replay the next check on ``session`` (:mod:`labkit.replay`); :func:`end` after it."""
+    """Replay the next check on ``session`` (:mod:`labkit.grading.replay`); :func:`end` after it."""
     global _session
     _session = session
 
@@ -503,7 +483,7 @@ def session(check: str):
     if _session is not None:  # replaying, or a check inside a check
         yield _session
         return
-    from . import settings
+    from .. import settings
 
     folder = settings.get(ENV)
     if not folder:

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .machine import kill_until_gone
+from ..errors import ToolMissing
+from .processes import kill_until_gone
 
 PREFIX = "labkit"
 
@@ -35,7 +36,7 @@ TCP_BETWEEN_HOSTS = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVI
                      "FI_SOCKETS_IFACE": "eth0"}
 
 
-class HostsUnavailable(RuntimeError):
+class HostsUnavailable(ToolMissing):
     """Namespace hosts cannot be made here (not root, no ``ip``, no namespaces): the message says which."""
 
 

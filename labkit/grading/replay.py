@@ -1,6 +1,6 @@
-"""The grader's side of :mod:`labkit.capture`: a check replayed on a record, in a process of the grader's.
+"""The grader's side of :mod:`labkit.check.capture`: a check replayed on a record, in a process of the grader's.
 
-``python -m labkit.replay CHECK FOLDER SEED [--mpi]`` prints the verdict as JSON (under ``mpiexec`` for the checks
+``python -m labkit.grading.replay CHECK FOLDER SEED [--mpi]`` prints the verdict as JSON (under ``mpiexec`` for the checks
 that run on every MPI rank, each rank replaying its own record).
 """
 
@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import capture
-from .capture import NotRecorded, Replay, recorded_reference
+from ..check import capture
+from ..check.capture import NotRecorded, Replay, recorded_reference
 
 
 def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str]:
@@ -22,13 +22,14 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
     import contextlib
     import io
 
-    from . import check as checks
-    from .check.common import ExerciseError
+    from ..check.common import ExerciseError
+    from ..check.exercises import exercise
 
-    rank = comm.Get_rank() if comm is not None else 0
-    fn = getattr(checks, check, None)
-    if fn is None or check not in checks.__all__ or check in ("ExerciseError", "KERNEL_TODO"):
+    declared = exercise(check)
+    if declared is None:
         return False, f"{check}: no such check in labkit {_version()}"
+    fn = declared.check()
+    rank = comm.Get_rank() if comm is not None else 0
     reference = recorded_reference(folder, check)
     if reference:
         return False, (f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself")
@@ -55,16 +56,16 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
 
 def main(argv=None) -> int:
-    """``python -m labkit.replay CHECK FOLDER SEED [--mpi]``: replay one check and print its verdict as JSON."""
+    """``python -m labkit.grading.replay CHECK FOLDER SEED [--mpi]``: replay one check and print its verdict as JSON."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m labkit.replay")
+    ap = argparse.ArgumentParser(prog="python -m labkit.grading.replay")
     ap.add_argument("check")
     ap.add_argument("folder")
     ap.add_argument("seed", type=int)
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # run as labkit.replay, not as a second copy of this module called __main__
-    from labkit.replay import main as _main
+if __name__ == "__main__":  # run as labkit.grading.replay, not as a second copy of this module called __main__
+    from labkit.grading.replay import main as _main
 
     sys.exit(_main())

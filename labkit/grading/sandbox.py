@@ -11,7 +11,7 @@ The notebook's kernel, and everything it starts (MPI ranks, ipyparallel's contro
 
 Limits: memory and the number of processes through a cgroup when the grader may make one (root on Linux; cgroup v1 or
 v2), else per-process rlimits; CPU seconds per process and file size always through rlimits. The launcher that sets
-them (``python -m labkit.sandbox run``) runs before any of the student's code and then becomes bubblewrap.
+them (``python -m labkit.grading.sandbox run``) runs before any of the student's code and then becomes bubblewrap.
 
 Where bubblewrap or user namespaces are missing (macOS, a locked-down host), :func:`available` says why and grading
 runs without isolation, after a warning.
@@ -30,7 +30,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .machine import kill_until_gone
+from ..cluster.processes import kill_until_gone
 
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "hosts", "nsswitch.conf", "localtime",
        "timezone", "alternatives", "ssl", "ca-certificates", "os-release", "gai.conf", "host.conf", "fonts")
@@ -71,9 +71,9 @@ def _readable() -> list[tuple[Path, Path]]:
     """What the notebook must read, as (where it is, where the notebook sees it): Python, this environment, labkit,
     the data. A path through a symbolic link (LABKIT_DATA=/scratch/course/data, with /scratch a link, say) is seen
     both where the link points and where the variables name it."""
-    from . import data, settings
+    from .. import data, settings
 
-    paths = [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent]
+    paths = [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent.parent]  # labkit/
     for p in (data.REPO_DATA, data.default_dir(), settings.data_dir()):
         if p:
             paths.append(Path(p))
@@ -97,7 +97,7 @@ def environment(scratch: Path, env: dict | None = None) -> dict:
     env = os.environ if env is None else env
     keep = {k: v for k, v in env.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
     if "LABKIT_DATA" not in keep:  # the data set in the grader's cache (bound read-only), where labkit looks by HOME
-        from . import data
+        from .. import data
 
         try:
             if data.locate("mnist").found_by == "cache":
@@ -256,7 +256,7 @@ def command(argv: list[str], scratch: Path, limits: Limits, cgroups: list[Path],
     """The command line that runs ``argv`` in the sandbox: the launcher (limits, cgroup, output to ``log``), then
     bubblewrap."""
     spec = {"limits": asdict(limits), "cgroups": [str(d) for d in cgroups], "log": str(log) if log else None}
-    return [sys.executable, "-m", "labkit.sandbox", "run", json.dumps(spec), "--", *bwrap_args(scratch, env), "--", *argv]
+    return [sys.executable, "-m", "labkit.grading.sandbox", "run", json.dumps(spec), "--", *bwrap_args(scratch, env), "--", *argv]
 
 
 def _owner(proc: Path) -> int | None:
@@ -294,7 +294,7 @@ def _enter(spec: dict) -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "run" or "--" not in argv:
-        print("usage: python -m labkit.sandbox run SPEC -- COMMAND...", file=sys.stderr)
+        print("usage: python -m labkit.grading.sandbox run SPEC -- COMMAND...", file=sys.stderr)
         return 2
     spec = json.loads(argv[1])
     cmd = argv[argv.index("--") + 1:]
@@ -304,6 +304,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from labkit.sandbox import main as _main
+    from labkit.grading.sandbox import main as _main
 
     sys.exit(_main())

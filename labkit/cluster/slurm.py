@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .machine import kill_until_gone, process_tree
+from ..errors import LabkitError, ToolMissing
+from .processes import kill_until_gone, process_tree
 
 COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -45,11 +46,11 @@ NEVER_STARTS = {"PartitionConfig": "it asks for more CPUs, nodes or memory than 
                 "InvalidAccount": "its account is not valid", "InvalidQOS": "its QOS is not valid"}
 
 
-class SlurmError(RuntimeError):
+class SlurmError(LabkitError, RuntimeError):
     """A SLURM command failed or did not answer; the message says which, with SLURM's own words."""
 
 
-class SlurmUnavailable(RuntimeError):
+class SlurmUnavailable(ToolMissing):
     """No SLURM here (its commands are missing), or a test cluster cannot be made; the message says which."""
 
 
@@ -190,7 +191,7 @@ def available() -> tuple[bool, str]:
 
 
 CONF = """\
-# A SLURM of namespace hosts, made by labkit.slurm.slurm_cluster for tests; removed with its folder.
+# A SLURM of namespace hosts, made by labkit.cluster.slurm.slurm_cluster for tests; removed with its folder.
 ClusterName=labkit
 SlurmctldHost={controller}({controller_address})
 SlurmUser=root
@@ -228,7 +229,7 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 @dataclass
 class SlurmCluster:
-    hosts: object  # labkit.hosts.NamespaceHosts: the nodes, host 0 the controller too
+    hosts: object  # labkit.cluster.hosts.NamespaceHosts: the nodes, host 0 the controller too
     folder: Path
     conf: Path
     env: dict  # what SLURM's commands need here (SLURM_CONF), and what MPI jobs on these hosts need

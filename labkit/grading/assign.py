@@ -14,7 +14,9 @@ from pathlib import Path
 
 import nbformat
 
-from .check import KERNEL_TODO
+from ..check import KERNEL_TODO
+from ..check.exercises import EXERCISES
+from ..errors import LabkitError
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SOLUTION = re.compile(r"^([ \t]*)(//[ \t]*)?### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*(?://[ \t]*)?### END SOLUTION[ \t]*$",
@@ -69,15 +71,32 @@ CHECK_CALL = re.compile(r"^\s*check\.(\w+)\(", re.M)
 
 
 def exercises_in(nb) -> list[tuple[int, str]]:
-    """(cell index, exercise name) of every check cell; a name that repeats gets #2, #3..."""
+    """(cell index, exercise name) of every check cell, a call of a check declared in labkit.check.exercises; a name
+    that repeats gets #2, #3..."""
     found, seen = [], {}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         for name in CHECK_CALL.findall(cell.source):
+            if name not in EXERCISES:
+                continue
             seen[name] = seen.get(name, 0) + 1
             found.append((i, name if seen[name] == 1 else f"{name}#{seen[name]}"))
     return found
+
+
+def undeclared_checks(nb) -> list[tuple[int, str]]:
+    """(cell index, name) of every ``check.<name>(`` call that names no exercise of labkit.check.exercises."""
+    return [(i, name) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for name in CHECK_CALL.findall(cell.source) if name not in EXERCISES]
+
+
+def _only_declared(nb, where) -> None:
+    """Raise where the instructor's notebook calls a check that is not a declared exercise (it would not be graded)."""
+    if bad := undeclared_checks(nb):
+        listed = ", ".join(f"check.{name} (cell {i})" for i, name in bad)
+        raise ValueError(f"{where}: {listed} is no exercise labkit knows; declare it in labkit/check/exercises.py "
+                         "or correct the name")
 
 
 def lock_given_cells(nb) -> None:
@@ -112,6 +131,7 @@ def nbgrader_source(nb, points: int = 1):
     in Python with ``raise NotImplementedError()``, and inside a CUDA C or C string its stub's first line,
     ``# YOUR CODE HERE``, is what labkit's C and kernel checks report as not written yet."""
     nb = nbformat.from_dict(nb)
+    _only_declared(nb, "nbgrader source")
     checks = dict(exercises_in(nb))
     seen_ids = set()
     for i, cell in enumerate(nb.cells):
@@ -167,7 +187,7 @@ def has_exercises(nb) -> bool:
     return any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells)
 
 
-class WouldOverwrite(FileExistsError):
+class WouldOverwrite(LabkitError, FileExistsError):
     """A student file in the output folder differs from the version labkit would write (it may hold their work)."""
 
 
@@ -185,6 +205,7 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
     versions = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
+        _only_declared(nb, Path(path).name)
         try:
             student = student_notebook(nb)
         except ValueError as e:
@@ -211,7 +232,7 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
     if release_dir is not None:
         import time
 
-        from . import __version__
+        from .. import __version__
 
         record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "notebooks": {t.name: release_entry(student) for t, _, student in versions}}
@@ -221,6 +242,6 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
 
 
 __all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
-           "student_source",
+           "student_source", "undeclared_checks",
            "student_notebook", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
            "has_exercises", "write_student_versions"]

@@ -1,0 +1,289 @@
+"""Grading a class: every student's notebooks, each run and judged by :mod:`.notebook`, into one set of grades.
+
+    labkit grade submissions/ --out grades/
+
+``submissions/`` holds one folder per student (``alice/05_cuda_kernels.ipynb``...) or the notebooks
+themselves (the file name then names the student). Every notebook runs from top to bottom on the quick
+profile; a cell that errs or runs past ``timeout`` seconds is stopped and the notebook goes on, so one
+endless loop costs one exercise, never the rest of the notebook or the other students. An exercise is a
+check cell, ``check.<name>(...)`` of an exercise declared in :mod:`labkit.check.exercises`: its verdict is the
+check's, replayed by the grader on what the student's function returned (never the cell's own success).
+Results go to ``grades.csv`` (one row per exercise) and ``grades.json`` (with scores), and the executed
+notebooks beside them, for reading the students' errors in full.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..progress import progress_bar
+from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
+from .notebook import ExerciseResult, grade_notebook
+from .sandbox import Limits
+
+
+def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
+    """The release record written by ``labkit assign --release DIR`` and its sha256: from ``release`` (the
+    release.json or its folder), else ./release/release.json when it exists, else (None, None)."""
+    import hashlib
+
+    if release is None:
+        default = Path("release") / RELEASE_FILE
+        if not default.is_file():
+            return None, None
+        release = default
+    path = Path(release)
+    if path.is_dir():
+        path = path / RELEASE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no release record at {path}: `labkit assign --release DIR` writes DIR/{RELEASE_FILE}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        record = json.loads(text)
+        record["notebooks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a release record written by labkit assign ({e})") from None
+    return record, hashlib.sha256(text.encode()).hexdigest()
+
+
+def submissions(folder: Path) -> list[tuple[str, Path]]:
+    """(student, notebook) pairs: folder/<student>/*.ipynb, and folder/*.ipynb named by their file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no submissions folder at {folder}")
+    found = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        rel = path.relative_to(folder)
+        found.append((rel.parts[0] if len(rel.parts) > 1 else path.stem, path))
+    if not found:
+        raise FileNotFoundError(f"no notebooks (*.ipynb) under {folder}")
+    return found
+
+
+def _match(path: Path, record: dict) -> str | None:
+    """The released notebook a submission is: by file name, else (a flat folder named by students) the one most of
+    whose check cells it holds, by id and by the check they call (ids alone repeat from notebook to notebook)."""
+    import nbformat
+
+    if path.name in record["notebooks"]:
+        return path.name
+    try:
+        cells = {c.get("id"): c.get("source", "") for c in nbformat.read(path, as_version=4).cells}
+    except Exception:  # noqa: BLE001 - an unreadable file is reported when it is run
+        return None
+
+    def holds(ex: dict) -> bool:
+        source = cells.get(ex["check_cell_id"])
+        return source is not None and f"check.{ex['name'].split('#')[0]}(" in source
+
+    score = {name: sum(holds(ex) for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
+    best = max(score, key=score.get, default=None)
+    return best if best is not None and score[best] > 0 else None
+
+
+def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
+    """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
+    import hashlib
+
+    path, student, out_dir, timeout, profile, released, threads, isolate, limits = args
+    t0 = time.perf_counter()
+    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads, isolate, limits)
+    return results, time.perf_counter() - t0, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
+          progress: bool | None = None, release: Path | str | None = None,
+          jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
+          part: tuple[int, int] | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+    """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
+
+    With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
+    graded for every student, by the check cells as handed out: a missing, edited or converted check cell fails and
+    says so, and a notebook a student did not hand in fails all its exercises.
+
+    ``jobs`` > 1 grades that many submissions at once (worker processes), each kernel's BLAS and OpenMP threads set
+    to its share of the cores; the results are the same, in the same order.
+
+    Each notebook runs in a sandbox of its own under ``limits`` (:mod:`labkit.grading.sandbox`) where one can be made
+    here (``isolate=None``); where none can (or with ``isolate=False``) grading goes on after a warning that the
+    submissions' code runs with the grader's rights.
+
+    ``part=(k, n)`` grades only the k-th of n shares of the students (k = 0 .. n-1, every n-th student in name order):
+    one share per task of a SLURM array, say, each into its own ``out``, put together by :func:`merge`."""
+    from .. import __version__
+    from ..machine import usable_cores
+
+    if timeout < 1:
+        raise ValueError(f"timeout must be >= 1 second, got {timeout}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    isolate = _isolation(isolate)
+    record, release_sha = load_release(release)
+    if record is None:
+        print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
+              "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
+    out = Path(out)
+    found = _share(submissions(Path(folder)), part)
+    threads = max(1, usable_cores() // jobs) if jobs > 1 else None
+    work = [(path, student, out / "executed" / student, timeout, profile,
+             record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,
+             limits)
+            for student, path in found]
+    results: list[ExerciseResult] = []
+    seconds, hashes = {}, {}
+    for (student, path), (mine, secs, digest) in zip(found, _grade_all(work, jobs, progress)):
+        results += mine
+        seconds[(student, path.name)] = secs
+        hashes[(student, path.name)] = digest
+    if record:
+        missing = _not_handed_in(found, record)
+        results += missing
+        seconds.update({(r.student, r.notebook): 0.0 for r in missing})
+    meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
+            "limits": asdict(limits or Limits()),
+            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha,
+            "part": list(part) if part else None}
+    csv_path, json_path = _write(out, results, {**meta, "students": _by_student(results, seconds, hashes)})
+    return results, csv_path, json_path
+
+
+def _isolation(isolate: bool | None) -> bool:
+    """Whether the notebooks run in sandboxes: where one can be made (None), demanded (True) or not (False); says
+    so on stderr when they are not."""
+    from . import sandbox
+
+    if isolate is None or isolate:
+        ok, why = sandbox.available()
+        if not ok and isolate:
+            raise RuntimeError(f"labkit grade: cannot isolate the submissions: {why}")
+        if not ok:
+            print(f"labkit grade: WARNING: submissions are NOT isolated ({why}): their code runs with your rights and "
+                  "can read and write what you can", file=sys.stderr)
+        return ok
+    print("labkit grade: WARNING: isolation turned off: the submissions' code runs with your rights", file=sys.stderr)
+    return False
+
+
+def _share(found: list[tuple[str, Path]], part: tuple[int, int] | None) -> list[tuple[str, Path]]:
+    """The submissions of the k-th of n shares of the students (all of them without ``part``)."""
+    if part is None:
+        return found
+    k, n_parts = part
+    if not (isinstance(k, int) and isinstance(n_parts, int) and 0 <= k < n_parts):
+        raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part!r}")
+    mine = set(sorted({s for s, _ in found})[k::n_parts])
+    return [(s, p) for s, p in found if s in mine]
+
+
+def _grade_all(work: list[tuple], jobs: int, progress: bool | None) -> list[tuple[list[ExerciseResult], float, str]]:
+    """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    done = []
+    with progress_bar(total=len(work), enable=progress, desc="grading", unit="nb") as bar:
+        if jobs == 1:
+            for args in work:
+                done.append(_grade_one(args))
+                bar.update(1)
+        else:  # worker processes (spawned: no copy of this process's threads or state); map keeps the order
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+                for item in pool.map(_grade_one, work):
+                    done.append(item)
+                    bar.update(1)
+    return done
+
+
+def _not_handed_in(found: list[tuple[str, Path]], record: dict) -> list[ExerciseResult]:
+    """A failed row for every exercise of every released notebook a student did not hand in."""
+    handed_in = {(s, _match(p, record)) for s, p in found}
+    return [ExerciseResult(student, name, ex["name"], False, "notebook not handed in")
+            for student in sorted({s for s, _ in found}) for name, entry in record["notebooks"].items()
+            if (student, name) not in handed_in for ex in entry["exercises"]]
+
+
+def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict) -> dict:
+    """grades.json's students: per student and notebook, the score, the seconds, the file's sha256 and the rows."""
+    summary: dict = {}
+    for (student, nb_name), secs in seconds.items():
+        mine = [r for r in results if r.student == student and r.notebook == nb_name]
+        summary.setdefault(student, {})[nb_name] = {
+            "passed": sum(r.passed for r in mine), "exercises": len(mine), "seconds": round(secs, 1),
+            "results": [asdict(r) for r in mine]}
+    for (student, nb_name), digest in hashes.items():
+        summary[student][nb_name]["sha256"] = digest
+    return summary
+
+
+def _write(out: Path, results: list[ExerciseResult], data: dict) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out / "grades.csv", out / "grades.json"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "notebook", "exercise", "passed", "message"])
+        for r in results:
+            w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    return csv_path, json_path
+
+
+def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult], Path, Path]:
+    """Put the grades of several ``labkit grade --part`` runs (their output folders, or grades.json files) into one
+    grades.csv and grades.json in ``out``. The parts must come from the same release and labkit version, and no
+    student may be graded in two of them."""
+    loaded = []
+    for p in parts:
+        path = Path(p) / "grades.json" if Path(p).is_dir() else Path(p)
+        if not path.is_file():
+            raise FileNotFoundError(f"no grades.json at {path}: give the --out folders of the labkit grade runs")
+        try:
+            data = json.loads(path.read_text())
+            data["students"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a grades.json written by labkit grade ({e})") from None
+        loaded.append((path, data))
+    if not loaded:
+        raise ValueError("nothing to merge: give the output folders of the labkit grade runs")
+    for key in ("release_sha256", "labkit_version", "profile", "timeout_s"):
+        values = {json.dumps(d.get(key)) for _, d in loaded}
+        if len(values) > 1:
+            raise ValueError(f"the parts differ in {key} ({', '.join(sorted(values))}): grade every part with the "
+                             "same release, labkit version and options")
+    students: dict = {}
+    owner: dict = {}
+    for path, data in loaded:
+        for student, notebooks in data["students"].items():
+            if student in students:
+                raise ValueError(f"{student} was graded in two parts: {owner[student]} and {path}")
+            students[student], owner[student] = notebooks, path
+    results = [ExerciseResult(**r) for student in sorted(students) for nb in students[student].values()
+               for r in nb.get("results", [])]
+    first = loaded[0][1]
+    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "isolated", "limits")}
+    meta["isolated"] = all(d.get("isolated") for _, d in loaded)
+    meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
+    meta["parts"] = [{"grades": str(p), "part": d.get("part"), "graded_at": d.get("graded_at")} for p, d in loaded]
+    csv_path, json_path = _write(Path(out), results, {**meta, "students": {s: students[s] for s in sorted(students)}})
+    return results, csv_path, json_path
+
+
+def summary(results: list[ExerciseResult]) -> str:
+    """One line per student and notebook, then each failed exercise with its message."""
+    lines, by = [], {}
+    for r in results:
+        by.setdefault((r.student, r.notebook), []).append(r)
+    for (student, nb_name), rs in by.items():
+        lines.append(f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed")
+        lines += [f"{'':>18}x {r.exercise}: {r.message}" for r in rs if not r.passed]
+    return "\n".join(lines)
+
+
+__all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "load_release", "grade_notebook", "submissions", "grade",
+           "merge", "summary"]

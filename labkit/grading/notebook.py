@@ -1,0 +1,367 @@
+"""The run of one notebook for grading: executed once in its sandbox, each check cell's record moved out of its reach,
+each check replayed on its record in the grader's processes, and a verdict for every exercise.
+
+An exercise is a code cell that calls ``check.<name>(...)`` for a name declared in :mod:`labkit.check.exercises`.
+Its verdict is the check's, replayed on what the student's function returned (never the cell's own success, which
+the student's code could fake); a cell that ran past its time limit, a kernel that died and an earlier cell that
+failed are named in the message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..check.exercises import exercise
+from ..report import ANSI_ESCAPES, inject_parameters
+from .assign import exercises_in
+from .sandbox import Limits
+
+
+@dataclass
+class ExerciseResult:
+    student: str
+    notebook: str
+    exercise: str
+    passed: bool
+    message: str
+
+
+def _outcome(cell, timeout: int) -> tuple[bool, str]:
+    if cell.get("execution_count") is None and not cell.get("outputs"):
+        return False, "not run (the notebook stopped before this cell)"
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            if out.get("ename") == "KeyboardInterrupt":
+                return False, f"stopped after the {timeout} s limit per cell (an endless loop, or far too slow?)"
+            if out.get("ename") in ENGINE_ERRORS:  # a %%px cell: the engines' own errors were printed above
+                found = _engine_error(cell)
+                if found:
+                    return False, found
+            first = ANSI_ESCAPES.sub("", str(out.get("evalue", ""))).strip().splitlines()
+            return False, f"{out.get('ename')}: {first[0] if first else ''}".strip()
+    return True, "passed"
+
+
+ENGINE_ERRORS = ("AlreadyDisplayedError", "CompositeError", "RemoteError")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.*)$")
+
+
+def _engine_error(cell) -> str | None:
+    """The exception line that the MPI engines printed for a ``%%px`` cell that says most (rank 0's ExerciseError)."""
+    lines = []
+    for out in cell.get("outputs", []):
+        text = out.get("text", "") if out.get("output_type") == "stream" else ""
+        lines += ANSI_ESCAPES.sub("", text).splitlines()
+    found = [m for m in map(_EXCEPTION_LINE.match, (ln.strip() for ln in lines)) if m]
+    if not found:
+        return None
+    # an ExerciseError first, and of those rank 0's (the other ranks say only that rank 0 shows what went wrong)
+    best = min(found, key=lambda m: (not m.group(1).endswith("ExerciseError"), "rank 0 shows" in m.group(2)))
+    return f"{best.group(1).rsplit('.', 1)[-1]}: {best.group(2)} (on the MPI engines)"
+
+
+def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[str, str]]:
+    """The released exercises found in a submission by their check cells' ids, each check cell put back as it was
+    handed out; and, per exercise, what was wrong with its cell (missing, turned into markdown, edited)."""
+    by_id = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    found, problems = [], {}
+    for ex in released["exercises"]:
+        i = by_id.get(ex["check_cell_id"])
+        if i is None:
+            problems[ex["name"]] = "its check cell is missing from the notebook (deleted?)"
+            continue
+        cell = nb.cells[i]
+        if cell.cell_type != "code":
+            problems[ex["name"]] = f"its check cell was turned into a {cell.cell_type} cell"
+            continue
+        if cell.source != ex["check_source"]:
+            problems[ex["name"]] = "its check cell was edited (the cell as handed out was run instead)"
+            cell.source = ex["check_source"]
+        found.append((i, ex["name"]))
+    return found, problems
+
+
+def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
+    """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
+    from ..check import capture
+    from ..cluster import run_mpi
+    from . import replay
+
+    files = capture.records(folder, check_name)
+    declared = exercise(check_name)
+    if len(files) <= 1 and not (declared and declared.mpi):
+        return replay.replay(check_name, folder, seed)
+    if capture.recorded_reference(folder, check_name):
+        return replay.replay(check_name, folder, seed)  # says which reference, without starting ranks
+    try:
+        done = run_mpi(["-m", "labkit.grading.replay", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
+                       timeout=max(60, 2 * timeout))
+    except subprocess.TimeoutExpired:
+        return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s"
+    for line in reversed(done.stdout.strip().splitlines()):
+        try:
+            verdict = json.loads(line)
+            return bool(verdict["passed"]), str(verdict["message"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}"
+
+
+def _earlier_error(nb, index: int) -> str | None:
+    """The first error of a code cell above ``index``: why a name the check needs was never defined."""
+    for j, cell in enumerate(nb.cells[:index]):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error" and out.get("ename") != "KeyboardInterrupt":
+                first = ANSI_ESCAPES.sub("", str(out.get("evalue", ""))).strip().splitlines()
+                return f"an earlier cell (cell {j}) failed: {out.get('ename')}: {first[0] if first else ''}".strip()
+    return None
+
+
+def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None,
+             earlier: str | None = None) -> tuple[bool, str]:
+    """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record."""
+    from ..check import capture
+
+    ran, message = _outcome(cell, timeout)
+    if stopped and not ran and message.startswith("not run"):
+        return False, stopped
+    if not ran and (message.startswith("not run") or message.startswith("stopped after")):
+        return False, message
+    if not capture.records(folder, check_name):
+        if not ran:
+            return False, message + (f"; {earlier}" if earlier and "NameError" in message else "")
+        return False, ("the check cell ran but recorded nothing of your function (was labkit's check replaced or "
+                       "its call changed?)")
+    passed, message = _replay(check_name, folder, seed, timeout)
+    return passed, "passed" if passed else message
+
+
+class NotebookRun:
+    """One student's notebook, run once from top to bottom in its sandbox, then graded exercise by exercise.
+
+    :meth:`execute` runs it; the two cell hooks move what each check cell recorded out of the notebook's reach as
+    soon as the cell ends; a watchdog kills the kernel of a cell that ignores the interrupt; :meth:`verdicts`
+    replays each check on its record; :meth:`results` gives every exercise its row; :meth:`close` removes the
+    sandbox's cgroup and folders."""
+
+    def __init__(self, path: Path, timeout: int = 60, profile: str = "quick", released: dict | None = None,
+                 threads: int | None = None, isolate: bool | None = None, limits: Limits | None = None):
+        import secrets
+        import tempfile
+
+        import nbformat
+
+        from . import sandbox
+
+        self.path, self.timeout, self.released, self.threads = Path(path), timeout, released, threads
+        self.nb = nbformat.read(path, as_version=4)
+        inject_parameters(self.nb, {"PROFILE": profile})
+        self.exercises, self.problems = (_released_checks(self.nb, released) if released
+                                         else (exercises_in(self.nb), {}))
+        self.by_cell: dict[int, list[str]] = {}
+        for i, name in self.exercises:
+            self.by_cell.setdefault(i, []).append(name)
+        self.seed = secrets.randbelow(1_000_000) + 1  # the checks' inputs, drawn afresh for this run
+        self.isolate = sandbox.available()[0] if isolate is None else isolate
+        self.limits = limits or Limits()
+        self.private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
+        self.work = Path(tempfile.mkdtemp(prefix="labkit-sandbox-"))  # the notebook's scratch folder
+        self.inbox = self.work / ".labkit-capture"  # where the check cells record, within the notebook's reach
+        self.cgroups = sandbox.make_cgroup(self.limits) if self.isolate else []
+        self.client = None
+        self.cell, self.t0, self.killed = None, 0.0, None  # the cell running, since when; the cell killed
+
+    # -- while the notebook runs ------------------------------------------------------------------------------------
+
+    def cell_started(self, cell, cell_index, **kw) -> None:
+        import shutil
+
+        if cell_index in self.by_cell:  # what earlier cells recorded never counts
+            shutil.rmtree(self.inbox, ignore_errors=True)
+            self.inbox.mkdir()
+        self.cell, self.t0 = cell_index, time.monotonic()
+
+    def cell_executed(self, cell, cell_index, **kw) -> None:
+        """Right after a check cell: its records go where the notebook cannot reach them."""
+        import shutil
+
+        self.cell = None
+        for name in self.by_cell.get(cell_index, []):
+            target = self.private / "records" / name
+            target.mkdir(parents=True, exist_ok=True)
+            check_name = name.split("#")[0]
+            for f in list(self.inbox.glob(f"{check_name}.r*.json")) + list(self.inbox.glob(f"{check_name}.r*.npz")):
+                if f.is_file() and not f.is_symlink() and f.stat().st_size <= RECORD_LIMIT:
+                    shutil.copyfile(f, target / f.name)
+        shutil.rmtree(self.inbox, ignore_errors=True)
+
+    def _env(self) -> dict:
+        from ..check import capture
+
+        env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
+               capture.SEED_ENV: str(self.seed)}
+        if self.threads:  # several notebooks at once: each kernel's BLAS and OpenMP get their share of the cores
+            env.update({k: str(self.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        return env
+
+    def _client(self, env: dict):
+        from nbclient import NotebookClient
+
+        from . import sandbox
+
+        options = dict(timeout=self.timeout, allow_errors=True, interrupt_on_timeout=True,
+                       extra_arguments=["--IPKernelApp.log_level=ERROR"], on_cell_start=self.cell_started,
+                       on_cell_executed=self.cell_executed)
+        if self.isolate:
+            km = _sandboxed_kernel(self.work, self.private, self.limits, self.cgroups,
+                                   sandbox.environment(self.work, env))
+            return NotebookClient(self.nb, km=km, resources={"metadata": {"path": str(self.work)}}, **options)
+        return NotebookClient(self.nb, kernel_name="python3", resources={"metadata": {"path": str(self.path.parent)}},
+                              **options)
+
+    def kill(self) -> None:
+        """Kill the kernel and everything it started (its cgroup, else its process group)."""
+        from . import sandbox
+
+        sandbox.kill_cgroup(self.cgroups)
+        km = self.client.km if self.client is not None else None
+        proc = getattr(getattr(km, "provisioner", None), "process", None) if km else None
+        if proc is not None and proc.poll() is None:
+            try:
+                pgid = os.getpgid(proc.pid)
+                os.killpg(pgid, signal.SIGKILL) if pgid != os.getpgid(0) else proc.kill()
+            except OSError:
+                pass
+
+    def _watch(self, finished) -> None:
+        """From outside the kernel: a cell that ignores the interrupt is killed with its kernel."""
+        while not finished.wait(0.25):
+            cell = self.cell
+            if cell is not None and time.monotonic() - self.t0 > self.timeout + GRACE:
+                self.killed = cell
+                self.kill()
+                return
+
+    def execute(self) -> str | None:
+        """Run the notebook under the watchdog; why it stopped early, or None when it ran to its end."""
+        import threading
+
+        from . import sandbox
+
+        env = self._env()
+        self.client = self._client(env)
+        finished = threading.Event()
+        guard = threading.Thread(target=self._watch, args=(finished,), daemon=True, name="labkit-grade-watchdog")
+        guard.start()
+        stopped = None
+        try:
+            self.client.execute(env=env)
+        except Exception as e:  # the kernel died (a crash in compiled code, memory, the watchdog): cells not reached fail
+            stopped = f"the notebook's kernel stopped: {type(e).__name__}: {ANSI_ESCAPES.sub('', str(e)).strip()[:300]}"
+        finally:
+            finished.set()
+            guard.join()
+        if self.killed is not None:
+            return (f"not run: cell {self.killed} ran past the {self.timeout} s limit and did not stop when "
+                    "interrupted, so the kernel and everything it started were killed")
+        if self.cgroups and sandbox.oom_killed(self.cgroups):
+            return f"the notebook went over its memory limit ({self.limits.memory_mb} MB) and its kernel was killed"
+        return stopped
+
+    # -- after it -----------------------------------------------------------------------------------------------------
+
+    def verdicts(self, stopped: str | None) -> dict[str, tuple[bool, str]]:
+        """Each exercise's (passed, message): the check replayed on its record, or why there is none."""
+        from . import sandbox
+
+        forks = bool(self.cgroups) and sandbox.hit_process_limit(self.cgroups)
+        outcomes = {}
+        for i, name in self.exercises:
+            if i == self.killed:
+                outcomes[name] = (False, f"stopped after the {self.timeout} s limit per cell; it ignored the interrupt, "
+                                         "so the kernel and everything it started (engines, MPI ranks) were killed")
+                continue
+            passed, message = _verdict(self.nb.cells[i], name.split("#")[0], self.private / "records" / name,
+                                       self.seed, self.timeout, stopped, _earlier_error(self.nb, i))
+            if forks and not passed:
+                message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
+            outcomes[name] = (passed, message)
+        return outcomes
+
+    def results(self, student: str, outcomes: dict[str, tuple[bool, str]]) -> list[ExerciseResult]:
+        """A row for every exercise: every released one, in the release's order, else those the notebook holds."""
+        names = ([ex["name"] for ex in self.released["exercises"]] if self.released
+                 else [name for _, name in self.exercises])
+        rows = []
+        for name in names:
+            passed, message = outcomes.get(name, (False, ""))
+            if name in self.problems:
+                passed, message = False, self.problems[name] + (f"; when run: {message}" if name in outcomes else "")
+            rows.append(ExerciseResult(student, self.path.name, name, passed, message))
+        return rows
+
+    def close(self) -> None:
+        import shutil
+
+        from . import sandbox
+
+        sandbox.remove_cgroup(self.cgroups)
+        shutil.rmtree(self.private, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
+                   released: dict | None = None, threads: int | None = None, isolate: bool | None = None,
+                   limits: Limits | None = None) -> list[ExerciseResult]:
+    """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
+    student's errors).
+
+    The notebook runs in a sandbox of its own (:mod:`labkit.grading.sandbox`; ``isolate=None`` where one can be
+    made) and in record mode (:mod:`labkit.check.capture`) on inputs drawn afresh: right after each check cell, what
+    it recorded of the student's functions is moved out of the notebook's reach, and the check is replayed on it in
+    the grader's own processes, which give the verdict. A cell over ``timeout`` is interrupted; one that does not
+    stop within :data:`GRACE` more seconds has its kernel killed with everything it started."""
+    import nbformat
+
+    run = NotebookRun(path, timeout, profile, released, threads, isolate, limits)
+    try:
+        stopped = run.execute()
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        nbformat.write(run.nb, Path(out_dir) / Path(path).name)
+        outcomes = run.verdicts(stopped)
+    finally:
+        run.close()
+    return run.results(student, outcomes)
+
+
+GRACE = 10  # seconds a cell has, after the interrupt, to stop before its kernel is killed
+RECORD_LIMIT = 256 << 20  # bytes: a larger record file is not read (the checks' records are a few MB at most)
+
+
+def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict):
+    """A kernel manager whose kernel starts in the sandbox, talking over Unix sockets in the scratch folder (the
+    sandbox has no network of its own beyond its loopback)."""
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from . import sandbox
+
+    ipc = work / ".ipc"
+    ipc.mkdir()
+    spec_dir = private / "kernels" / "labkit-sandbox"
+    spec_dir.mkdir(parents=True)
+    argv = sandbox.command([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], work, limits,
+                           cgroups, env, log=private / "kernel.log")
+    (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "labkit sandbox",
+                                                      "language": "python", "interrupt_mode": "message"}))
+    ksm = KernelSpecManager(kernel_dirs=[str(private / "kernels")], ensure_native_kernel=False)
+    return AsyncKernelManager(kernel_name="labkit-sandbox", kernel_spec_manager=ksm, transport="ipc", ip=str(ipc / "k"),
+                         connection_file=str(ipc / "kernel.json"))

@@ -1,0 +1,119 @@
+"""What the suite may not leave behind, checked once at the end of every run, whatever subset was selected.
+
+A process counts as the suite's when it started after this pytest process and its command line is one of those
+labkit starts (JupyterLab, an ipyparallel controller or engine, mpiexec and its proxies, a labkit job, SLURM's
+daemons), whether it is still a child of pytest or was orphaned when its parent died. Network namespaces and the
+namespace hosts' links, grading cgroups and the temporary folders of grading, hosts, SLURM and engines count too.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+KINDS = ("jupyter", "ipcontroller", "ipengine", "ipyparallel", "mpiexec", "hydra_pmi_proxy", "labkit", "mpi4py",
+         "slurmctld", "slurmd", "slurmstepd", "munged")
+# pytest's own helpers live as long as pytest does: multiprocessing's resource tracker and fork server
+PYTEST_OWN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+FOLDERS = ("grader", "sandbox", "hosts", "slurm", "engines", "cgroup")
+RUN = "LABKIT_TEST_RUN"  # this run's mark, inherited by what it starts: another run's processes are not this one's
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _start_ticks(pid: int) -> int:
+    return int(_stat(pid)[19])
+
+
+def pytest_started() -> float:
+    """When this pytest process started, in seconds since the epoch."""
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return boot + _start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")
+
+
+def _other_run(pid: str, run: str | None) -> bool:
+    """Whether the process carries another test run's mark (one started with a clean environment carries none)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    marks = [e.split(b"=", 1)[1].decode(errors="replace") for e in environ if e.startswith(RUN.encode() + b"=")]
+    return bool(marks) and marks[0] != run
+
+
+def processes() -> list[str]:
+    """The suite's processes still running: 'pid: command line'."""
+    me, mine, run = os.getpid(), _start_ticks(os.getpid()), os.environ.get(RUN)
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            stat = _stat(int(d))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        state, parent, started = stat[0], int(stat[1]), int(stat[19])
+        if parent == me and any(k in cmd for k in PYTEST_OWN):
+            continue
+        if (state != "Z" and started >= mine and any(k in cmd for k in KINDS) and "pytest" not in cmd
+                and not _other_run(d, run)):
+            found.append(f"{d}: {cmd[:160]}")
+    return found
+
+
+def namespaces() -> list[str]:
+    """Network namespaces named labkit-ID-N made since this run started, and the namespace hosts' bridges and cables
+    (lkbID, lkvIDN) of those or of no namespace at all."""
+    if shutil.which("ip") is None:
+        return []
+    mine = pytest_started()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    names = [line.split()[0] for line in listed if line.strip().startswith("labkit-")]
+    made = {}
+    for name in names:
+        try:
+            made[name] = os.stat(f"/run/netns/{name}").st_mtime
+        except OSError:
+            made[name] = mine  # not where ip keeps them: count it
+    left = [name for name in names if made[name] >= mine]
+    older = {name.split("-")[1] for name in names if made[name] < mine}  # another run's hosts, made before this one
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    links = [line.split(":")[1].strip() for line in links if line.count(":") >= 2]
+    return left + [link for link in links if link.startswith(("lkb", "lkv")) and not any(i in link for i in older)]
+
+
+def folders_and_cgroups() -> list[str]:
+    """Grading cgroups, and this run's temporary folders of grading, hosts, SLURM and engines."""
+    mine = pytest_started()
+    left = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
+    tmp = tempfile.gettempdir()
+    for kind in FOLDERS:
+        for path in glob.glob(f"{tmp}/labkit-{kind}-*"):
+            try:
+                if os.stat(path).st_mtime >= mine:
+                    left.append(path)
+            except OSError:
+                continue  # removed meanwhile
+    return left
+
+
+def left_behind(wait: float = 10) -> dict[str, list[str]]:
+    """What the run left behind, by kind (empty when nothing); waits up to ``wait`` s for processes still stopping."""
+    if not Path("/proc/self/stat").exists():
+        return {}  # not Linux: nothing to read
+    deadline = time.monotonic() + wait  # a cluster stopped by the last test may still be shutting down
+    procs = processes()
+    while procs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        procs = processes()
+    found = {"processes": procs, "network namespaces and links": namespaces(),
+             "grading cgroups and temporary folders": folders_and_cgroups()}
+    return {kind: items for kind, items in found.items() if items}
