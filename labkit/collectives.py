@@ -91,10 +91,12 @@ def _problem(e: Exception | None):
     return None if e is None else (type(e).__name__, str(e))
 
 
-def check_same(comm, x, what: str, problem: Exception | None = None) -> None:
+def check_same(comm, x, what: str, problem: Exception | None = None, timeout: float | None = None) -> None:
     """Every rank must pass the same shape and dtype, and none may have refused its own argument (``problem``): one
-    allgather, then every rank raises the same error naming the rank, so no rank waits on one that gave up."""
-    everyone = comm.allgather((_problem(problem), None if problem else (x.shape, x.dtype.str)))
+    allgather, then every rank raises the same error naming the rank, so no rank waits on one that gave up. With
+    ``timeout``, a rank that never arrives (its host cut off) is a TimeoutError, as in the collective itself."""
+    mine = (_problem(problem), None if problem else (x.shape, x.dtype.str))
+    everyone = comm.allgather(mine) if timeout is None else _allgather_within(comm, mine, timeout, what)
     _raise_first([said for said, _ in everyone], what)
     arrays = [a for _, a in everyone]
     if any(a != arrays[0] for a in arrays):
@@ -102,7 +104,28 @@ def check_same(comm, x, what: str, problem: Exception | None = None) -> None:
         raise CollectiveError(f"{what}: every rank must pass the same shape and dtype, but {desc}")
 
 
-def _prepare(comm, x, op, check: bool, what: str):
+_SAID = 4096  # bytes of each rank's word in a timed agreement (a refusal's message is cut to fit)
+
+
+def _allgather_within(comm, mine, timeout: float, what: str) -> list:
+    """``comm.allgather(mine)`` of a small JSON-able value, as a non-blocking Iallgather waited for at most
+    ``timeout`` seconds (a blocking allgather would wait for ever on a rank that is gone)."""
+    import json
+
+    problem, spec = mine
+    if problem is not None:
+        problem = (problem[0], problem[1][:500])  # at most 6 bytes a character in JSON: it fits
+    text = json.dumps([problem, spec]).encode()[:_SAID]
+    send = np.zeros(_SAID, np.uint8)
+    send[:len(text)] = np.frombuffer(text, np.uint8)
+    recv = np.empty((comm.Get_size(), _SAID), np.uint8)
+    _wait_within([comm.Iallgather(send, recv)], timeout, f"{what} (agreeing on shape and dtype)", comm.Get_rank(),
+                 keep=(send, recv))
+    said = [json.loads(bytes(row).rstrip(b"\0")) for row in recv]
+    return [(tuple(p) if p else None, (tuple(sp[0]), sp[1]) if sp else None) for p, sp in said]  # as allgather gives
+
+
+def _prepare(comm, x, op, check: bool, what: str, timeout: float | None = None):
     """Check this rank's array and op; with ``check``, agree with every rank first (see :func:`check_same`)."""
     problem, ufunc = None, None
     try:
@@ -111,7 +134,7 @@ def _prepare(comm, x, op, check: bool, what: str):
     except (TypeError, ValueError) as e:
         problem = e
     if check and comm.Get_size() > 1:
-        check_same(comm, x, what, problem)
+        check_same(comm, x, what, problem, timeout)
     elif problem is not None:
         raise problem
     return x, ufunc
@@ -132,17 +155,29 @@ def wait_all(reqs: list, timeout: float | None, what: str, comm) -> None:
     if timeout is None:
         MPI.Request.Waitall(reqs)
         return
+    _wait_within(reqs, timeout, what, comm.Get_rank())
+
+
+_ABANDONED: list = []  # collectives given up on, with their buffers: MPI may still write into them
+
+
+def _wait_within(reqs: list, timeout: float, what: str, rank: int, keep=None) -> None:
+    """Poll the requests until done; after ``timeout`` seconds raise TimeoutError, cancelling point-to-point requests.
+    A collective cannot be cancelled: with ``keep`` (its buffers) it is abandoned, its buffers kept alive."""
     deadline = time.monotonic() + timeout
     while not MPI.Request.Testall(reqs):
         if time.monotonic() > deadline:
-            for r in reqs:
-                if r != MPI.REQUEST_NULL:
-                    try:
-                        r.Cancel()
-                    except MPI.Exception:
-                        pass
+            if keep is not None:
+                _ABANDONED.append((reqs, keep))
+            else:
+                for r in reqs:
+                    if r != MPI.REQUEST_NULL:
+                        try:
+                            r.Cancel()
+                        except MPI.Exception:
+                            pass
             raise TimeoutError(
-                f"rank {comm.Get_rank()}: {what} waited {timeout:g} s for a message. Another rank probably "
+                f"rank {rank}: {what} waited {timeout:g} s for a message. Another rank probably "
                 "failed or did not call the same collective; restart the MPI job (or the engines).")
         time.sleep(1e-5)
 
@@ -181,8 +216,8 @@ def broadcast(comm, x, root: int = 0, algorithm: str = "tree", check: bool = Tru
     p, r = comm.Get_size(), comm.Get_rank()
     if not 0 <= root < p:
         raise ValueError(f"root {root} is not a rank of this communicator (size {p})")
-    x, _ = _prepare(comm, x, None, check, "broadcast")
     timeout = default_timeout(timeout)
+    x, _ = _prepare(comm, x, None, check, "broadcast", timeout)
     out = x.copy()
     if p == 1:
         return out
@@ -317,8 +352,8 @@ def gather(comm, x, root: int = 0, timeout: float | None = None, check: bool = T
 
 def reduce(comm, x, op=MPI.SUM, root: int = 0, check: bool = True, timeout: float | None = None) -> np.ndarray | None:
     """Combine every rank's array elementwise with ``op`` up a binomial tree; the result on root, ``None`` elsewhere."""
-    x, ufunc = _prepare(comm, x, op, check, "reduce")
     timeout = default_timeout(timeout)
+    x, ufunc = _prepare(comm, x, op, check, "reduce", timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     acc = x.copy()
     vr = (r - root) % p
@@ -340,8 +375,8 @@ def reduce(comm, x, op=MPI.SUM, root: int = 0, check: bool = True, timeout: floa
 
 def naive_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | None = None) -> np.ndarray:
     """Everyone sends its whole array to everyone else and combines all p of them in rank order."""
-    x, ufunc = _prepare(comm, x, op, check, "naive_allreduce")
     timeout = default_timeout(timeout)
+    x, ufunc = _prepare(comm, x, op, check, "naive_allreduce", timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     if p == 1:
         return x.copy()
@@ -357,7 +392,7 @@ def naive_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | No
 
 def reduce_broadcast_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | None = None) -> np.ndarray:
     """Allreduce as a tree reduce to rank 0 followed by a tree broadcast from it (2 log2 p steps)."""
-    x, _ = _prepare(comm, x, op, check, "reduce_broadcast_allreduce")
+    x, _ = _prepare(comm, x, op, check, "reduce_broadcast_allreduce", default_timeout(timeout))
     out = reduce(comm, x, op, root=0, check=False, timeout=timeout)
     return broadcast(comm, out if out is not None else np.empty_like(x), root=0, check=False, timeout=timeout)
 
@@ -368,8 +403,8 @@ def recursive_doubling_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeou
     With p not a power of two, the first 2 (p - p2) ranks pair up first (even sends to odd), the
     p2 remaining ranks double, and the odd ranks hand the result back to their even partners.
     """
-    x, ufunc = _prepare(comm, x, op, check, "recursive_doubling_allreduce")
     timeout = default_timeout(timeout)
+    x, ufunc = _prepare(comm, x, op, check, "recursive_doubling_allreduce", timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     what = "recursive_doubling_allreduce"
     acc = x.copy()
@@ -411,8 +446,8 @@ def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | Non
     After the reduce-scatter, rank r holds the finished chunk (r + 1) mod p. The result goes to a new
     array, or into ``out`` (which may be ``x`` itself, to work in place).
     """
-    x, ufunc = _prepare(comm, x, op, check, "ring_allreduce")
     timeout = default_timeout(timeout)
+    x, ufunc = _prepare(comm, x, op, check, "ring_allreduce", timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     if out is None:
         out = x.copy()
@@ -465,10 +500,10 @@ ALLREDUCES = {
 def alltoall(comm, x, check: bool = True, timeout: float | None = None) -> np.ndarray:
     """Rank r splits x along axis 0 into p blocks (floor + remainder) and sends block k to rank k;
     returns the blocks received, concatenated in source-rank order (p - 1 pairwise exchanges)."""
-    x, _ = _prepare(comm, x, None, check, "alltoall")
+    timeout = default_timeout(timeout)
+    x, _ = _prepare(comm, x, None, check, "alltoall", timeout)
     if x.ndim == 0:
         raise ValueError("alltoall needs an array with at least one dimension")
-    timeout = default_timeout(timeout)
     p, r = comm.Get_size(), comm.Get_rank()
     bounds = shard_bounds(x.shape[0], p)
     mine = bounds[r]

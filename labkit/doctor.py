@@ -218,60 +218,75 @@ def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
     """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.cluster.hosts.NamespaceHosts`), and before it
     what such a job needs, each named when it fails: the names resolve, the launcher runs a command on each host, the
     same Python and MPI are there, and the hosts can connect back to this one."""
-    import ipaddress
-    import socket
-
-    from .cluster import run_mpi
     from .cluster.hosts import NamespaceHosts
 
     names = list(hosts.addresses) if isinstance(hosts, NamespaceHosts) else [h.strip() for h in hosts if h.strip()]
     if len(names) < 2:
         return [Finding("hosts", FAIL, f"give at least two hosts (got {names}): --hosts HOST_A,HOST_B")]
-    out, ok = [], True
-    here = subprocess.run([sys.executable, "-c", MPI_PROBE], capture_output=True, text=True, timeout=timeout)
-    mine = " ".join(here.stdout.strip().split("|")[1].split()) if here.returncode == 0 and "|" in here.stdout else "?"
-    for host in names:
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            try:
-                socket.getaddrinfo(host, None)
-            except OSError as e:
-                out.append(Finding(f"host {host}", FAIL, f"name resolution failed ({e}): add it to DNS or /etc/hosts, "
-                                                         "or give its address"))
-                ok = False
-                continue
-        launcher = "the namespace hosts' launcher" if isinstance(hosts, NamespaceHosts) else "ssh"
-        try:
-            done = _on_host(hosts, host, [sys.executable, "-c", MPI_PROBE], timeout)
-        except subprocess.TimeoutExpired:
-            out.append(Finding(f"host {host}", FAIL, f"{launcher} did not come back from {host} in {timeout:g} s"))
-            ok = False
-            continue
-        if done.returncode == 255 or (done.returncode != 0 and not done.stdout and "python" not in done.stderr.lower()
-                                      and "no such file" not in done.stderr.lower()):
-            out.append(Finding(f"host {host}", FAIL, f"{launcher} could not run a command on {host}: "
-                                                     f"{done.stderr.strip()[-200:] or f'exit {done.returncode}'} "
-                                                     "(mpiexec starts its proxies the same way: set up "
-                                                     "password-less ssh to every host)"))
-            ok = False
-            continue
-        if done.returncode != 0 or "MPI|" not in done.stdout:
-            out.append(Finding(f"host {host}", FAIL, f"{sys.executable} with mpi4py does not run on {host}: "
-                                                     f"{done.stderr.strip()[-200:]} (the same environment must be at "
-                                                     "the same path on every host: a shared home or /opt)"))
-            ok = False
-            continue
-        theirs, name = done.stdout.strip().split("MPI|", 1)[1].split("|")[:2]
-        theirs = " ".join(theirs.split())
-        if theirs != mine:
-            out.append(Finding(f"host {host}", FAIL, f"a different MPI on {host}: {theirs!r}, here {mine!r}: every "
-                                                     "host needs the MPI mpi4py was built against"))
-            ok = False
-            continue
-        out.append(Finding(f"host {host}", OK, f"reached as {name}; {theirs}"))
-    if not ok:
+    mine = _local_mpi_library(timeout)
+    out = [_check_host(hosts, host, mine, timeout) for host in names]
+    if any(f.status != OK for f in out):
         return out
+    return out + [_job_across_hosts(hosts, names, timeout)]
+
+
+def _local_mpi_library(timeout: float) -> str:
+    """The MPI library that mpi4py reports here (its first line, spaces collapsed), or "?" when the probe fails."""
+    here = subprocess.run([sys.executable, "-c", MPI_PROBE], capture_output=True, text=True, timeout=timeout)
+    return " ".join(here.stdout.strip().split("|")[1].split()) if here.returncode == 0 and "|" in here.stdout else "?"
+
+
+def _unresolved(host: str) -> Finding | None:
+    """A failure when ``host`` is neither an IP address nor a name that resolves; None when it is either."""
+    import ipaddress
+    import socket
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError as e:
+            return Finding(f"host {host}", FAIL, f"name resolution failed ({e}): add it to DNS or /etc/hosts, "
+                                                 "or give its address")
+    return None
+
+
+def _check_host(hosts, host: str, mine: str, timeout: float) -> Finding:
+    """One host's finding: its name resolves, the launcher runs a command there, the same Python and MPI are there."""
+    from .cluster.hosts import NamespaceHosts
+
+    unresolved = _unresolved(host)
+    if unresolved is not None:
+        return unresolved
+    launcher = "the namespace hosts' launcher" if isinstance(hosts, NamespaceHosts) else "ssh"
+    try:
+        done = _on_host(hosts, host, [sys.executable, "-c", MPI_PROBE], timeout)
+    except subprocess.TimeoutExpired:
+        return Finding(f"host {host}", FAIL, f"{launcher} did not come back from {host} in {timeout:g} s")
+    if done.returncode == 255 or (done.returncode != 0 and not done.stdout and "python" not in done.stderr.lower()
+                                  and "no such file" not in done.stderr.lower()):
+        return Finding(f"host {host}", FAIL, f"{launcher} could not run a command on {host}: "
+                                             f"{done.stderr.strip()[-200:] or f'exit {done.returncode}'} "
+                                             "(mpiexec starts its proxies the same way: set up "
+                                             "password-less ssh to every host)")
+    if done.returncode != 0 or "MPI|" not in done.stdout:
+        return Finding(f"host {host}", FAIL, f"{sys.executable} with mpi4py does not run on {host}: "
+                                             f"{done.stderr.strip()[-200:]} (the same environment must be at "
+                                             "the same path on every host: a shared home or /opt)")
+    theirs, name = done.stdout.strip().split("MPI|", 1)[1].split("|")[:2]
+    theirs = " ".join(theirs.split())
+    if theirs != mine:
+        return Finding(f"host {host}", FAIL, f"a different MPI on {host}: {theirs!r}, here {mine!r}: every "
+                                             "host needs the MPI mpi4py was built against")
+    return Finding(f"host {host}", OK, f"reached as {name}; {theirs}")
+
+
+def _job_across_hosts(hosts, names: list[str], timeout: float) -> Finding:
+    """A 2-rank Allreduce across the first two hosts; when it fails, whether a firewall-like refusal is why."""
+    from .cluster import run_mpi
+    from .cluster.hosts import NamespaceHosts
+
     code = ("from mpi4py import MPI; import numpy as np, socket; c = MPI.COMM_WORLD; r = np.zeros(1); "
             "c.Allreduce(np.ones(1) * (c.rank + 1), r); got = c.gather((int(r[0]), socket.gethostname())); "
             "c.rank == 0 and print('JOB|' + ' '.join(f'{v}@{h}' for v, h in got), flush=True)")
@@ -279,10 +294,10 @@ def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
     try:
         res = run_mpi(["-c", code], n=2, hosts=target, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return out + [Finding("MPI across hosts", FAIL, f"a 2-rank job did not finish in {timeout:g} s: the proxies "
-                                                        "started but could not reach mpiexec or each other, as behind a "
-                                                        "firewall: open TCP between the hosts, or name the address the "
-                                                        "others reach this machine by")]
+        return Finding("MPI across hosts", FAIL, f"a 2-rank job did not finish in {timeout:g} s: the proxies "
+                                                 "started but could not reach mpiexec or each other, as behind a "
+                                                 "firewall: open TCP between the hosts, or name the address the "
+                                                 "others reach this machine by")
     if res.returncode != 0 or "JOB|" not in res.stdout:
         text = (res.stderr or res.stdout).strip()
         refused = any(w in text.lower() for w in ("refused", "unable to connect", "no route", "unreachable", "timed out"))
@@ -290,9 +305,9 @@ def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
         refused = refused or bool(_cannot_connect_back(hosts, target, names[:2], min(timeout, 15)))
         why = ("a firewall-like refusal: the hosts could not connect to each other or back to mpiexec"
                if refused else "the job failed")
-        return out + [Finding("MPI across hosts", FAIL, f"{why}: {text[-300:]}")]
+        return Finding("MPI across hosts", FAIL, f"{why}: {text[-300:]}")
     ranks = res.stdout.split("JOB|", 1)[1].split()
-    return out + [Finding("MPI across hosts", OK, f"2 ranks ran an Allreduce: {' '.join(ranks)}")]
+    return Finding("MPI across hosts", OK, f"2 ranks ran an Allreduce: {' '.join(ranks)}")
 
 
 def check_tools() -> list[Finding]:

@@ -137,10 +137,13 @@ def pytest_runtest_setup(item):
 
 _running: dict = {"item": None, "teardown": False}
 _started: dict = {}  # item nodeid -> [(program, missing markers)]
+_made: set[str] = set()  # the network namespaces and links this run made (tests/leaks.py)
 
 
 def _guarded_init(original):
     def __init__(self, args, *rest, **kwargs):
+        if made := leaks.made_by(args):
+            _made.add(made)
         item = _running["item"]
         if item is not None and not _running["teardown"]:  # a module's fixtures stop in any test's teardown
             missing = tiers.kinds_of(args) - {m.name for m in item.iter_markers()}
@@ -193,7 +196,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    found = leaks.left_behind()
+    found = leaks.left_behind(_made)
     session.config.stash[LEFT] = found
     if found and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -38,14 +38,30 @@ def pytest_started() -> float:
     return boot + _start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")
 
 
-def _other_run(pid: str, run: str | None) -> bool:
-    """Whether the process carries another test run's mark (one started with a clean environment carries none)."""
+def _mark(pid: int) -> str | None:
+    """The test run's mark a process carries in its environment, or None."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    marks = [e.split(b"=", 1)[1].decode(errors="replace") for e in environ if e.startswith(RUN.encode() + b"=")]
-    return bool(marks) and marks[0] != run
+        return None
+    found = [e.split(b"=", 1)[1].decode(errors="replace") for e in environ if e.startswith(RUN.encode() + b"=")]
+    return found[0] if found else None
+
+
+def _other_run(pid: int, run: str | None) -> bool:
+    """Whether the process belongs to another test run: its own mark, or its nearest marked ancestor's (a sandbox
+    starts its processes with a clean environment)."""
+    for _ in range(64):
+        mark = _mark(pid)
+        if mark is not None:
+            return mark != run
+        try:
+            pid = int(_stat(pid)[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
 
 def processes() -> list[str]:
@@ -64,30 +80,21 @@ def processes() -> list[str]:
         if parent == me and any(k in cmd for k in PYTEST_OWN):
             continue
         if (state != "Z" and started >= mine and any(k in cmd for k in KINDS) and "pytest" not in cmd
-                and not _other_run(d, run)):
+                and not _other_run(int(d), run)):
             found.append(f"{d}: {cmd[:160]}")
     return found
 
 
-def namespaces() -> list[str]:
-    """Network namespaces named labkit-ID-N made since this run started, and the namespace hosts' bridges and cables
-    (lkbID, lkvIDN) of those or of no namespace at all."""
-    if shutil.which("ip") is None:
+def namespaces(made: set[str]) -> list[str]:
+    """Of the network namespaces and links this run made (``made``: the names it gave ``ip netns add`` and ``ip link
+    add``), those still there. Another run's, made meanwhile, are not this run's to report."""
+    if shutil.which("ip") is None or not made:
         return []
-    mine = pytest_started()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout.splitlines()
-    names = [line.split()[0] for line in listed if line.strip().startswith("labkit-")]
-    made = {}
-    for name in names:
-        try:
-            made[name] = os.stat(f"/run/netns/{name}").st_mtime
-        except OSError:
-            made[name] = mine  # not where ip keeps them: count it
-    left = [name for name in names if made[name] >= mine]
-    older = {name.split("-")[1] for name in names if made[name] < mine}  # another run's hosts, made before this one
+    names = {line.split()[0] for line in listed if line.strip()}
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=30).stdout.splitlines()
-    links = [line.split(":")[1].strip() for line in links if line.count(":") >= 2]
-    return left + [link for link in links if link.startswith(("lkb", "lkv")) and not any(i in link for i in older)]
+    names |= {line.split(":")[1].strip().split("@")[0] for line in links if line.count(":") >= 2}
+    return sorted(made & names)
 
 
 def folders_and_cgroups() -> list[str]:
@@ -105,8 +112,17 @@ def folders_and_cgroups() -> list[str]:
     return left
 
 
-def left_behind(wait: float = 10) -> dict[str, list[str]]:
-    """What the run left behind, by kind (empty when nothing); waits up to ``wait`` s for processes still stopping."""
+def made_by(argv) -> str | None:
+    """The namespace or link a command makes (``ip netns add NAME``, ``ip link add NAME ...``), if it makes one."""
+    argv = [str(a) for a in argv] if not isinstance(argv, str) else argv.split()
+    if len(argv) >= 4 and argv[0].rsplit("/", 1)[-1] == "ip" and argv[2] == "add" and argv[1] in ("netns", "link"):
+        return argv[3]
+    return None
+
+
+def left_behind(made: set[str], wait: float = 10) -> dict[str, list[str]]:
+    """What the run left behind, by kind (empty when nothing); waits up to ``wait`` s for processes still stopping.
+    ``made``: the namespaces and links the run made."""
     if not Path("/proc/self/stat").exists():
         return {}  # not Linux: nothing to read
     deadline = time.monotonic() + wait  # a cluster stopped by the last test may still be shutting down
@@ -114,6 +130,6 @@ def left_behind(wait: float = 10) -> dict[str, list[str]]:
     while procs and time.monotonic() < deadline:
         time.sleep(0.5)
         procs = processes()
-    found = {"processes": procs, "network namespaces and links": namespaces(),
+    found = {"processes": procs, "network namespaces and links": namespaces(made),
              "grading cgroups and temporary folders": folders_and_cgroups()}
     return {kind: items for kind, items in found.items() if items}

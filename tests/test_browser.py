@@ -25,7 +25,7 @@ from labkit import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_serial_backprop.ipynb"
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.notebooks, pytest.mark.slow]  # JupyterLab runs lab 01
 
 
 def _missing(reason: str):

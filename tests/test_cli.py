@@ -195,6 +195,7 @@ def test_bench_openmp_quick_json(capsys):
     assert {"naive -O2", "simd -O2", "fused -O0", "reduction, 2 threads, wide"} <= set(result["seconds"])
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_bench_grading_quick_json(capsys):
     assert cli.main(["bench", "grading", "--quick", "--json"]) == 0

@@ -54,6 +54,7 @@ RUNAWAY_KERNEL = new_notebook(cells=[
 ])
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_a_runaway_kernel_costs_its_exercise_within_the_cell_limit(tmp_path):
     """An endless loop in a CUDA C exercise is stopped at the grader's limit (not the emulator's 120 s)."""
@@ -70,6 +71,7 @@ def test_a_runaway_kernel_costs_its_exercise_within_the_cell_limit(tmp_path):
     assert any("the next cell runs" in o.get("text", "") for o in executed.cells[-1].outputs)
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
     (tmp_path / "subs" / "cy").mkdir(parents=True)
@@ -85,6 +87,7 @@ def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
     assert (tmp_path / "out" / "executed" / "cy" / "99_loop.ipynb").exists()
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no release/ folder here: the exercises are the submissions' own check cells
@@ -142,6 +145,7 @@ def test_assign_records_the_release_and_locks_the_given_cells(tmp_path):
         assign.write_student_versions([lab], tmp_path / "student", release_dir=tmp_path / "student" / "release")
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_grading_by_the_release_names_deleted_edited_and_converted_check_cells(tmp_path):
     lab = report.find_notebooks(only="01_")[0]
@@ -194,6 +198,7 @@ QUICK = new_notebook(cells=[
 ])
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path, capsys):
     for student in ("ana", "ben", "cy"):
@@ -212,6 +217,7 @@ def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path
     assert "no release record" in capsys.readouterr().err  # a warning on stderr, never in the JSON on stdout
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 @pytest.mark.slow
 def test_every_lab_as_written_passes_when_graded_by_replay_in_the_sandbox(tmp_path):
@@ -237,6 +243,7 @@ def test_every_lab_as_written_passes_when_graded_by_replay_in_the_sandbox(tmp_pa
 KARP_FLATT = "def karp_flatt(p, s):\n    return (1 / s - 1 / p) / (1 - 1 / p)"
 
 
+@pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_parts_of_a_class_merge_into_the_grades_of_one_run(tmp_path, capsys):
     """What a SLURM array does: each task grades --part K/N of the students; --merge puts the parts together."""

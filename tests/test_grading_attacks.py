@@ -21,7 +21,7 @@ from nbformat.v4 import new_code_cell
 from labkit import report, settings
 from labkit.grading import assign, grade, sandbox
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+pytestmark = [pytest.mark.notebooks, pytest.mark.sandbox, pytest.mark.slow]
 
 ISOLATED, WHY = sandbox.available()
 if not ISOLATED and settings.get("LABKIT_REQUIRE_SANDBOX"):  # CI installs bubblewrap: these tests must run there

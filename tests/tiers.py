@@ -43,6 +43,7 @@ _LINES = {  # labkit's own commands that start these in turn count too
     "cluster": r"ipyparallel|ipcontroller|ipengine|jupyter[-_ ]?lab|jupyter[-_]server|-m labkit(\.cli)? lab\b(?!.*--help)",
     "notebooks": r"ipykernel_launcher|ipykernel\b|-m labkit(\.cli)? (report|grade)\b(?!.*--help)",
     "browser": r"playwright",
+    "sandbox": r"labkit\.grading\.sandbox\b|(^|/)bwrap\b",
 }
 STARTS = [(m, re.compile(rf"^(?:{p})$")) for m, p in _PROGRAMS.items()]
 STARTS_LINE = [(m, re.compile(p)) for m, p in _LINES.items()]

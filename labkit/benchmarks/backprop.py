@@ -133,39 +133,52 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     (x, y), (xt, yt) = _data(n)
     configs = [(s, b) for s in ([784, 30, 10], [784, 100, 10]) for b in (10, 100)]
     accuracy: dict[str, float] = {}
-
-    def epoch_of(method: str, sizes, batch: int):
-        def job() -> float:
-            params = mlp.init_params(sizes, seed=1)  # the same start for both methods: the same first epoch
-            h = mlp.train(params, (x, y), epochs=1, batch_size=batch, lr=3.0, method=method, test_data=(xt, yt),
-                          progress=False)
-            accuracy.setdefault(f"{method} {sizes} {batch}", h.test_accuracy[0])
-            return h.epoch_time[0]
-        return job
-
-    jobs = {}
-    for sizes, batch in configs:
-        for method in ("per_sample", "vectorised"):
-            jobs[f"{method} {sizes} {batch}"] = epoch_of(method, sizes, batch)
-        jobs[f"matmuls {sizes} {batch}"] = lambda sizes=sizes, batch=batch: bare_matmul_epoch(sizes, batch, n, repeat=1).median
-    samples = networkpy_data(x, y)
-    jobs["network.py [784, 30, 10] 10"] = lambda: NetworkPy([784, 30, 10], seed=1).epoch(samples, 10, 3.0)
+    jobs = _jobs(configs, x, y, (xt, yt), n, accuracy)
     bar = progress_bar(total=rounds * len(jobs), enable=progress, desc="backprop bench", unit="job")
     with bar:
         timed = interleaved({k: (lambda f=f: (f(), bar.update(1))[0]) for k, f in jobs.items()}, rounds)
+    rows = [_row(timed, accuracy, sizes, batch) for sizes, batch in configs]
+    return _result(quick, rounds, n, timed, rows)
 
-    rows = []
+
+def _epoch_job(method: str, sizes, batch: int, x, y, test, accuracy: dict):
+    """A job: one epoch of ``method`` from the same start, its seconds; the test accuracy after it goes in ``accuracy``."""
+    def job() -> float:
+        params = mlp.init_params(sizes, seed=1)  # the same start for both methods: the same first epoch
+        h = mlp.train(params, (x, y), epochs=1, batch_size=batch, lr=3.0, method=method, test_data=test,
+                      progress=False)
+        accuracy.setdefault(f"{method} {sizes} {batch}", h.test_accuracy[0])
+        return h.epoch_time[0]
+    return job
+
+
+def _jobs(configs, x, y, test, n: int, accuracy: dict) -> dict:
+    """Per configuration the per-sample epoch, the vectorised one and the bare matmuls; then network.py's epoch."""
+    jobs = {}
     for sizes, batch in configs:
-        key = f"{sizes} {batch}"
-        ps, vec, mm = (timed[f"{m} {key}"] for m in ("per_sample", "vectorised", "matmuls"))
-        rows.append({"sizes": sizes, "batch": batch, "per_sample_epoch_s": ps.median, "vectorised_epoch_s": vec.median,
-                     "bare_matmul_epoch_s": mm.median,
-                     "speedup": float(np.median(np.array(ps.times) / np.array(vec.times))),
-                     "gemm_ratio": float(np.median(np.array(vec.times) / np.array(mm.times))),
-                     "per_sample_accuracy_1_epoch": accuracy[f"per_sample {key}"],
-                     "vectorised_accuracy_1_epoch": accuracy[f"vectorised {key}"],
-                     "rounds_s": {m: timed[f"{m} {key}"].times for m in ("per_sample", "vectorised", "matmuls")}})
+        for method in ("per_sample", "vectorised"):
+            jobs[f"{method} {sizes} {batch}"] = _epoch_job(method, sizes, batch, x, y, test, accuracy)
+        jobs[f"matmuls {sizes} {batch}"] = lambda sizes=sizes, batch=batch: bare_matmul_epoch(sizes, batch, n, repeat=1).median
+    samples = networkpy_data(x, y)
+    jobs["network.py [784, 30, 10] 10"] = lambda: NetworkPy([784, 30, 10], seed=1).epoch(samples, 10, 3.0)
+    return jobs
 
+
+def _row(timed: dict, accuracy: dict, sizes, batch: int) -> dict:
+    """One configuration's row: the median epochs, the ratios within rounds, the accuracies, every round."""
+    key = f"{sizes} {batch}"
+    ps, vec, mm = (timed[f"{m} {key}"] for m in ("per_sample", "vectorised", "matmuls"))
+    return {"sizes": sizes, "batch": batch, "per_sample_epoch_s": ps.median, "vectorised_epoch_s": vec.median,
+            "bare_matmul_epoch_s": mm.median,
+            "speedup": float(np.median(np.array(ps.times) / np.array(vec.times))),
+            "gemm_ratio": float(np.median(np.array(vec.times) / np.array(mm.times))),
+            "per_sample_accuracy_1_epoch": accuracy[f"per_sample {key}"],
+            "vectorised_accuracy_1_epoch": accuracy[f"vectorised {key}"],
+            "rounds_s": {m: timed[f"{m} {key}"].times for m in ("per_sample", "vectorised", "matmuls")}}
+
+
+def _result(quick: bool, rounds: int, n: int, timed: dict, rows: list) -> dict:
+    """The JSON-ready dict: the key figures from the rows, labkit's per-sample epoch against network.py's, the targets."""
     def pick(sizes, batch):
         return next(r for r in rows if r["sizes"] == sizes and r["batch"] == batch)
 

@@ -32,39 +32,12 @@ TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s"
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
     from .. import report
-    from ..grading import grade, sandbox
 
     rounds = (1 if quick else 2) if rounds is None else rounds
     cores = usable_cores()
     n = 2 if quick else 2 * max(cores, 2)
     lab = report.find_notebooks(only="01_")[0]
-    with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
-        subs = Path(tmp) / "subs"
-        for i in range(n):
-            (subs / f"student{i:02d}").mkdir(parents=True)
-            shutil.copy(lab, subs / f"student{i:02d}" / lab.name)
-        passed = {}
-
-        isolated = sandbox.available()[0]
-
-        busy = []
-
-        def job(jobs: int, isolate: bool):
-            def timed() -> float:
-                r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                t0 = time.perf_counter()
-                results, _, _ = grade.grade(subs, Path(tmp) / f"out{jobs}{isolate}", timeout=120, progress=False,
-                                            jobs=jobs, isolate=isolate)
-                passed[f"{jobs}{'' if isolate else ' unisolated'}"] = sum(r.passed for r in results), len(results)
-                seconds = time.perf_counter() - t0
-                if jobs == 1 and not isolate:  # the kernels are this process's children (in a sandbox, bwrap's)
-                    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    busy.append((r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / seconds)
-                return seconds
-            return timed
-
-        configs = {1: job(1, isolated), cores: job(cores, isolated), "plain": job(1, False)}
-        timings = interleaved(configs, rounds)
+    timings, passed, busy, isolated = _grade_in_rounds(lab, n, cores, rounds)
     per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
     result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
               "machine": machine_info(), "passed": {str(k): list(v) for k, v in passed.items()},
@@ -73,23 +46,8 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
               "grading_parallel_speedup": per_minute[cores] / per_minute[1],
               "isolated": isolated, "seconds": {str(k): t.times for k, t in timings.items()}}
     result["targets_met"] = {"grading_parallel_speedup": result["grading_parallel_speedup"] >= 1.7}
-    if not quick:  # every lab with exercises, as the instructor wrote it, graded once in its sandbox at --jobs 1
-        import nbformat
-
-        from ..grading import assign
-
-        labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
-        with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
-            (Path(tmp) / "subs" / "teacher").mkdir(parents=True)
-            for p in labs:
-                shutil.copy(p, Path(tmp) / "subs" / "teacher" / p.name)
-            results, _, json_path = grade.grade(Path(tmp) / "subs", Path(tmp) / "out", timeout=120, progress=False)
-            import json
-
-            per_lab = {nb: v["seconds"] for nb, v in json.loads(json_path.read_text())["students"]["teacher"].items()}
-        result["grading_seconds_per_lab"] = per_lab
-        result["grading_max_seconds_per_notebook"] = max(per_lab.values())
-        result["passed_every_lab"] = [sum(r.passed for r in results), len(results)]
+    if not quick:
+        result.update(_every_lab_once())
     # what --jobs 1 already keeps busy (BLAS threads in the lab's cells): the most --jobs N can gain is cores / this
     result["grading_cores_busy_jobs1"] = sorted(busy)[len(busy) // 2] if busy else None
     if isolated:
@@ -98,6 +56,66 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     if "grading_max_seconds_per_notebook" in result:
         result["targets_met"]["grading_max_seconds_per_notebook"] = result["grading_max_seconds_per_notebook"] <= 60
     return result
+
+
+def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int):
+    """``n`` copies of ``lab`` graded with 1 job and with ``cores`` jobs (in the sandbox where one can be made) and with
+    1 job without it, alternating over the rounds: the timings, what passed, the cores busy, whether isolated."""
+    from ..grading import sandbox
+
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
+        subs = Path(tmp) / "subs"
+        for i in range(n):
+            (subs / f"student{i:02d}").mkdir(parents=True)
+            shutil.copy(lab, subs / f"student{i:02d}" / lab.name)
+        passed: dict = {}
+        isolated = sandbox.available()[0]
+        busy: list = []
+
+        def job(jobs: int, isolate: bool):
+            return _grading_job(subs, Path(tmp) / f"out{jobs}{isolate}", jobs, isolate, passed, busy)
+
+        configs = {1: job(1, isolated), cores: job(cores, isolated), "plain": job(1, False)}
+        return interleaved(configs, rounds), passed, busy, isolated
+
+
+def _grading_job(subs: Path, out: Path, jobs: int, isolate: bool, passed: dict, busy: list):
+    """A job: grade ``subs`` into ``out`` and return the seconds, noting what passed, and (1 job without the sandbox)
+    the cores busy in ``busy``."""
+    from ..grading import grade
+
+    def timed() -> float:
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        results, _, _ = grade.grade(subs, out, timeout=120, progress=False, jobs=jobs, isolate=isolate)
+        passed[f"{jobs}{'' if isolate else ' unisolated'}"] = sum(r.passed for r in results), len(results)
+        seconds = time.perf_counter() - t0
+        if jobs == 1 and not isolate:  # the kernels are this process's children (in a sandbox, bwrap's)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            busy.append((r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / seconds)
+        return seconds
+    return timed
+
+
+def _every_lab_once() -> dict:
+    """Every lab with exercises, as the instructor wrote it, graded once in its sandbox at --jobs 1: the seconds of
+    each, the most of them, and how many exercises passed."""
+    import json
+
+    import nbformat
+
+    from .. import report
+    from ..grading import assign, grade
+
+    labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
+    with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
+        (Path(tmp) / "subs" / "teacher").mkdir(parents=True)
+        for p in labs:
+            shutil.copy(p, Path(tmp) / "subs" / "teacher" / p.name)
+        results, _, json_path = grade.grade(Path(tmp) / "subs", Path(tmp) / "out", timeout=120, progress=False)
+        per_lab = {nb: v["seconds"] for nb, v in json.loads(json_path.read_text())["students"]["teacher"].items()}
+    return {"grading_seconds_per_lab": per_lab, "grading_max_seconds_per_notebook": max(per_lab.values()),
+            "passed_every_lab": [sum(r.passed for r in results), len(results)]}
 
 
 def report(result: dict) -> str:

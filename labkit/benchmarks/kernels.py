@@ -55,15 +55,23 @@ def gpu_part(quick: bool) -> dict:
     """Every kernel on the GPU next to CuPy/cuBLAS, and the copy bandwidths."""
     import cupy as cp
 
-    from .. import kernels as K
-    from ..kernels import reference as R
-
     out: dict = {"gpu_rows": []}
     rows = out["gpu_rows"]
     rep = 5 if quick else 10
     rng = np.random.default_rng(0)
+    out.update(_copy_bandwidths(quick, rep))
+    out["sgemm_fraction_of_cublas"] = _sgemm(rows, quick, rep, rng)
+    z = cp.asarray(rng.standard_normal((8192, 4096) if quick else (16384, 8192)).astype(np.float32))
+    out["elementwise_fraction_of_copy"] = _elementwise(rows, z, rep, rng)
+    _other_kernels(rows, z, rep, rng)
+    return out
 
-    # copy bandwidth: device-to-device (read + write) and host-to-device
+
+def _copy_bandwidths(quick: bool, rep: int) -> dict:
+    """Copy bandwidth in GB/s: device-to-device (read + write) and host-to-device."""
+    import cupy as cp
+
+    out = {}
     nbytes = (256 if quick else 1024) * 2**20
     src = cp.ones(nbytes // 4, cp.float32)
     dst = cp.empty_like(src)
@@ -72,8 +80,16 @@ def gpu_part(quick: bool) -> dict:
     host = np.ones(nbytes // 4, np.float32)
     t = _timer(cp, lambda: dst.set(host), rep)
     out["copy_h2d_GBs"] = nbytes / t / 1e9
+    return out
 
-    # sgemm
+
+def _sgemm(rows: list, quick: bool, rep: int, rng) -> float:
+    """cuBLAS and every matmul kernel (each validated against cuBLAS first) as rows; the register-blocked one's
+    fraction of cuBLAS."""
+    import cupy as cp
+
+    from .. import kernels as K
+
     n = 2048 if quick else 4096
     a = cp.asarray(rng.standard_normal((n, n)).astype(np.float32))
     b = cp.asarray(rng.standard_normal((n, n)).astype(np.float32))
@@ -89,11 +105,18 @@ def gpu_part(quick: bool) -> dict:
         t = _timer(cp, lambda v=variant: K.matmul(a, b, c, variant=v), rep if variant != "naive" else 3)
         rows.append({"kernel": f"matmul_{variant}", "size": f"{n}^3", "seconds": t, "GFLOPs": 2 * n**3 / t / 1e9,
                      "of_cublas": t_lib / t})
-    out["sgemm_fraction_of_cublas"] = t_lib / next(r["seconds"] for r in rows if r["kernel"] == "matmul_regblock")
+    return t_lib / next(r["seconds"] for r in rows if r["kernel"] == "matmul_regblock")
 
-    # element-wise: fused bias + sigmoid reads z and writes out (bias is small)
-    r_, c_ = (8192, 4096) if quick else (16384, 8192)
-    z = cp.asarray(rng.standard_normal((r_, c_)).astype(np.float32))
+
+def _elementwise(rows: list, z, rep: int, rng) -> float:
+    """Fused bias + sigmoid (reads z, writes out; bias is small) and a copy of the same bytes as rows; copy time over
+    the kernel's."""
+    import cupy as cp
+
+    from .. import kernels as K
+    from ..kernels import reference as R
+
+    r_, c_ = z.shape
     bias = cp.asarray(rng.standard_normal(c_).astype(np.float32))
     o = cp.empty_like(z)
     K.bias_act_forward(z, bias, o, activation="sigmoid")
@@ -103,11 +126,17 @@ def gpu_part(quick: bool) -> dict:
     t_copy = _timer(cp, lambda: o.__setitem__(Ellipsis, z), rep)
     rows.append({"kernel": "bias_act_forward (sigmoid)", "size": f"{r_}x{c_}", "seconds": t, "GBs": zb / t / 1e9})
     rows.append({"kernel": "copy (same bytes)", "size": f"{r_}x{c_}", "seconds": t_copy, "GBs": zb / t_copy / 1e9})
-    out["elementwise_fraction_of_copy"] = t_copy / t
+    return t_copy / t
 
-    # the other kernels, for information
+
+def _other_kernels(rows: list, z, rep: int, rng) -> None:
+    """The other kernels, for information, as rows: SGD with momentum, sum reductions, a convolution."""
+    import cupy as cp
+
+    from .. import kernels as K
+
     v = cp.zeros_like(z)
-    g = cp.asarray(rng.standard_normal((r_, c_)).astype(np.float32)) * 1e-3
+    g = cp.asarray(rng.standard_normal(z.shape).astype(np.float32)) * 1e-3
     t = _timer(cp, lambda: K.sgd_momentum(z, g, v, lr=1e-3, momentum=0.9), rep)
     rows.append({"kernel": "sgd_momentum", "size": f"{z.size}", "seconds": t, "GBs": 5 * z.nbytes / t / 1e9})
     t = _timer(cp, lambda: K.sum_reduce(z), rep)
@@ -120,7 +149,6 @@ def gpu_part(quick: bool) -> dict:
     t = _timer(cp, lambda: K.conv2d_relu_forward(x, w, bb, pad=1), rep)
     rows.append({"kernel": "conv2d_relu_forward", "size": "256x1x28x28, 32 3x3", "seconds": t,
                  "GFLOPs": 2 * 256 * 32 * 28 * 28 * 9 / t / 1e9})
-    return out
 
 
 def _mnist_epoch(quick: bool) -> dict:

@@ -39,18 +39,20 @@ def _data(n: int):
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Measure everything in interleaved rounds; return a JSON-ready dict."""
-    from .. import mlp, openmp
-
     rounds = (1 if quick else 5) if rounds is None else rounds
     x, Y, source = _data(2000 if quick else 10000)
-    repeat = 3 if quick else 5
-    narrow = mlp.init_params([784, 30, 10], seed=0)
-    mid = mlp.init_params([784, 100, 10], seed=0)
-    wide = mlp.init_params([784, 1000, 10], seed=0)
-    xb, Yb = x[:100], Y[:100]
+    per_batch = _per_batch_jobs(x[:100], Y[:100], repeat=3 if quick else 5)
+    jobs = _jobs(x, Y, per_batch)
+    _compile_every_build()
+    widths = (30, 1000) if quick else (30, 100, 300, 1000, 3000)
+    jobs.update(_interchange_jobs(per_batch, widths))
+    timings = _interleaved_one_blas_thread(jobs, rounds)
+    return _result(quick, rounds, len(x), source, timings, widths)
 
-    def epoch(grads) -> float:
-        """One epoch of batch-10 SGD steps with ``grads(params, xb, Yb) -> mean gradients``, in seconds."""
+
+def _epoch_job(narrow, x, Y, grads):
+    """A job: one epoch of batch-10 SGD steps with ``grads(params, xb, Yb) -> mean gradients``, in seconds."""
+    def job() -> float:
         params = [(W.copy(), b.copy()) for W, b in narrow]
 
         def steps():
@@ -59,19 +61,40 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
                     W -= 3.0 * gW
                     b -= 3.0 * gb
         return measure(steps, repeat=1, warmup=0).median
+    return job
 
-    def c_epoch() -> float:
+
+def _c_epoch_job(narrow, x, Y):
+    """A job: the same epoch as one call of the optimised C program (-O3, native), in seconds."""
+    from .. import openmp
+
+    def job() -> float:
         params = [(W.copy(), b.copy()) for W, b in narrow]
         return measure(lambda: openmp.train_epoch_c(params, x, Y, 10, 3.0, "-O3", native=True), repeat=1,
                        warmup=0).median
+    return job
+
+
+def _per_batch_jobs(xb, Yb, repeat: int):
+    """A maker of jobs ``per_batch(params, version, opt, threads)``: the median seconds of one C backprop of xb."""
+    from .. import openmp
 
     def per_batch(params, version, opt="-O2", threads=None):
         return lambda: measure(lambda: openmp.backprop_c(params, xb, Yb, version, opt, threads=threads),
                                repeat=repeat).median
+    return per_batch
 
-    jobs = {
-        "numpy per-sample epoch": lambda: epoch(lambda p, xs, Ys: mlp.loss_and_grads_per_sample(p, xs, Ys)[1]),
-        "C per-sample epoch (-O3, native)": c_epoch,
+
+def _jobs(x, Y, per_batch) -> dict:
+    """The epochs (NumPy and C), every single-thread version and the OpenMP ones, by name in the order they run."""
+    from .. import mlp, openmp
+
+    narrow = mlp.init_params([784, 30, 10], seed=0)
+    mid = mlp.init_params([784, 100, 10], seed=0)
+    wide = mlp.init_params([784, 1000, 10], seed=0)
+    return {
+        "numpy per-sample epoch": _epoch_job(narrow, x, Y, lambda p, xs, Ys: mlp.loss_and_grads_per_sample(p, xs, Ys)[1]),
+        "C per-sample epoch (-O3, native)": _c_epoch_job(narrow, x, Y),
         **{f"{v} -O2": per_batch(mid, v) for v in openmp.VERSIONS},
         "fused -O0": per_batch(mid, "fused", "-O0"),
         "fused -O3": per_batch(mid, "fused", "-O3"),
@@ -80,36 +103,59 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
         "atomic, 2 threads, wide": per_batch(wide, "omp_atomic", threads=2),
         "critical, 2 threads, wide": per_batch(wide, "omp_critical", threads=2),
     }
-    for v in openmp.VERSIONS:  # compile every build before anything is timed
+
+
+def _compile_every_build() -> None:
+    """Compile every build before anything is timed."""
+    from .. import openmp
+
+    for v in openmp.VERSIONS:
         openmp.module("-O2").get_function(f"bp_{v}")
     for opt in ("-O0", "-O3"):
         openmp.module(opt)
     openmp.module("-O3", native=True)
-    widths = (30, 1000) if quick else (30, 100, 300, 1000, 3000)
-    for w in widths:  # the loop interchange where the weights fit in the caches and where they do not
+
+
+def _interchange_jobs(per_batch, widths) -> dict:
+    """The loop interchange where the weights fit in the caches and where they do not: naive and interchanged."""
+    from .. import mlp
+
+    jobs = {}
+    for w in widths:
         p = mlp.init_params([784, w, 10], seed=0)
         jobs[f"naive -O2, width {w}"] = per_batch(p, "naive")
         jobs[f"interchanged -O2, width {w}"] = per_batch(p, "interchanged")
+    return jobs
+
+
+def _interleaved_one_blas_thread(jobs: dict, rounds: int) -> dict:
+    """Every job once a round, the rounds interleaved, with BLAS on one thread."""
     from threadpoolctl import threadpool_limits
 
     # one BLAS thread: NumPy's per-sample loop is a single-thread baseline, and idle BLAS threads spinning after a call
     # would take the second core from the OpenMP runs (OpenMP's own threads are set per call)
     with threadpool_limits(1, user_api="blas"):
-        timings = interleaved(jobs, rounds)
+        return interleaved(jobs, rounds)
+
+
+def _ratio(timings: dict, a: str, b: str) -> float:
+    """The median over the rounds of a/b measured in the same round (a slow spell hits both sides of a ratio)."""
+    return float(np.median(np.array(timings[a].times) / np.array(timings[b].times)))
+
+
+def _result(quick: bool, rounds: int, samples: int, source: str, timings: dict, widths) -> dict:
+    """The JSON-ready dict: the ratios, the median seconds of every job, the interchange by width, the targets."""
     t = {k: v.median for k, v in timings.items()}
-
-    def ratio(a: str, b: str) -> float:
-        """The median over the rounds of a/b measured in the same round (a slow spell hits both sides of a ratio)."""
-        return float(np.median(np.array(timings[a].times) / np.array(timings[b].times)))
-
-    ratios = {"c_per_sample_vs_numpy_per_sample": ratio("numpy per-sample epoch", "C per-sample epoch (-O3, native)"),
-              "loop_interchange_speedup": ratio("naive -O2", "interchanged -O2"),
-              "omp_speedup_2threads": ratio("reduction, 1 thread, wide", "reduction, 2 threads, wide"),
-              "atomic_over_reduction": ratio("atomic, 2 threads, wide", "reduction, 2 threads, wide")}
+    ratios = {"c_per_sample_vs_numpy_per_sample": _ratio(timings, "numpy per-sample epoch",
+                                                         "C per-sample epoch (-O3, native)"),
+              "loop_interchange_speedup": _ratio(timings, "naive -O2", "interchanged -O2"),
+              "omp_speedup_2threads": _ratio(timings, "reduction, 1 thread, wide", "reduction, 2 threads, wide"),
+              "atomic_over_reduction": _ratio(timings, "atomic, 2 threads, wide", "reduction, 2 threads, wide")}
     return {
-        "quick": quick, "rounds": rounds, "samples_per_epoch": len(x), "data": source, "machine": machine_info(),
+        "quick": quick, "rounds": rounds, "samples_per_epoch": samples, "data": source, "machine": machine_info(),
         **ratios, "seconds": t,
-        "loop_interchange_by_width": {w: ratio(f"naive -O2, width {w}", f"interchanged -O2, width {w}") for w in widths},
+        "loop_interchange_by_width": {w: _ratio(timings, f"naive -O2, width {w}", f"interchanged -O2, width {w}")
+                                      for w in widths},
         "targets_met": {k: (ratios[k] >= bound) if op == ">=" else (ratios[k] <= bound) for k, (op, bound) in TARGETS.items()},
     }
 

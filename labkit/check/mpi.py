@@ -150,35 +150,60 @@ def _wrong_values_hint(got, want, n, k, r, sent_messages) -> str:
 
 def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
     """One check on one sub-communicator; returns what went wrong (or None), never raises."""
-    from mpi4py import MPI
-
     from ..collectives import op_name
 
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
+    x, before, want = _ring_inputs(sub, k, r, n, dtype, op)
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    tc = _ring_comm(work, timeout)
+    got, error = _call_ring(fn, tc, x, op, where, ex)
+    if error is None:
+        error = _ring_result_error(got, x, before, want, n, k, r, tc.log, where, ex)
+    if error is None and k > 1 and n >= k:
+        error = _ring_traffic_error(tc.log, x.itemsize, n, k, r, where, ex)
+    if error:
+        return error  # work is not freed: a rank may have abandoned an operation on it
+    work.Free()
+    return None
+
+
+def _ring_inputs(sub, k, r, n, dtype, op):
+    """This rank's x (drawn from its own seed), a copy to tell whether it changed, and MPI_Allreduce's answer."""
+    from mpi4py import MPI
+
     rng = np.random.default_rng(capture.seed(100 * k + r))
     x = (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
     before = x.copy()
     want = np.empty_like(x)
     sub.Allreduce(x, want, op=op)
-    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
-    tc = _ring_comm(work, timeout)
+    return x, before, want
+
+
+def _call_ring(fn, tc, x, op, where, ex):
+    """The student's ``fn(tc, x, op)``: (what it returned, None), or (None, what went wrong) when it raised."""
+    from mpi4py import MPI
+
     try:
-        got = fn(tc, x, op)
+        return fn(tc, x, op), None
     except NotImplementedError:
-        return not_written(ex)
+        return None, not_written(ex)
     except RingMistake as e:
-        return f"{ex} ({where}): {e}"
+        return None, f"{ex} ({where}): {e}"
     except (ExerciseError, capture.NotRecorded) as e:
-        return f"{e} ({where})"
+        return None, f"{e} ({where})"
     except TimeoutError as e:
-        return f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
+        return None, f"{ex} ({where}): {e}\nHint: every Send needs a matching Recv on the neighbour; use Sendrecv"
     except MPI.Exception as e:
-        return (f"{ex} ({where}): MPI reported an error: {e.Get_error_string()}\nHint: most often a message is "
-                "larger than the buffer receiving it: in each step the chunk a rank sends must be the chunk its "
-                "neighbour receives (same index, same size); chunks differ in size when n is not divisible by p")
+        return None, (f"{ex} ({where}): MPI reported an error: {e.Get_error_string()}\nHint: most often a message is "
+                      "larger than the buffer receiving it: in each step the chunk a rank sends must be the chunk its "
+                      "neighbour receives (same index, same size); chunks differ in size when n is not divisible by p")
     except Exception as e:
-        return f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
+        return None, f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
+
+
+def _ring_result_error(got, x, before, want, n, k, r, log, where, ex) -> str | None:
+    """What is wrong with the returned array (type, shape, dtype, values) or with x, or None."""
     if not isinstance(got, np.ndarray):
         return f"{ex} ({where}): returned {type(got).__name__}, expected a NumPy array"
     if got.shape != want.shape or got.dtype != want.dtype:
@@ -187,27 +212,30 @@ def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
         return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and return it"
     if not np.allclose(got, want, rtol=1e-5):
         bad = np.flatnonzero(~np.isclose(got, want, rtol=1e-5))
-        hint = _wrong_values_hint(got, want, n, k, r, sum(row[0] == r for row in tc.log))
+        hint = _wrong_values_hint(got, want, n, k, r, sum(row[0] == r for row in log))
         return (f"{ex} ({where}): wrong values at {len(bad)} of {n} positions, first at index {bad[0]}: "
                 f"got {got[bad[0]]}, expected {want[bad[0]]}\nHint: {hint}")
-    if k > 1 and n >= k:
-        sent = [row for row in tc.log if row[0] == r]
-        if not sent:
-            return (f"{ex} ({where}): no messages were recorded\nHint: use the buffer methods of comm "
-                    "(comm.Sendrecv / comm.Send / comm.Isend on NumPy arrays), not the lowercase ones")
-        right = (r + 1) % k
-        if any(dest != right for _, dest, _, _ in sent):
-            return (f"{ex} ({where}): rank {r} sent to ranks {sorted({d for _, d, _, _ in sent})}; "
-                    f"a ring sends only to its right-hand neighbour {right}")
-        if len(sent) != 2 * (k - 1):
-            return (f"{ex} ({where}): rank {r} sent {len(sent)} messages; a ring allreduce sends 2 (p - 1) = "
-                    f"{2 * (k - 1)}: p - 1 in the reduce-scatter, p - 1 in the allgather")
-        nbytes = sum(b for _, _, b, _ in sent)
-        lo, hi = 2 * (k - 1) * (n // k) * x.itemsize, 2 * (k - 1) * -(-n // k) * x.itemsize
-        if not lo <= nbytes <= hi:
-            return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
-                    f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
-    work.Free()
+    return None
+
+
+def _ring_traffic_error(log, itemsize, n, k, r, where, ex) -> str | None:
+    """What is wrong with the messages this rank sent (to whom, how many, how many bytes), or None."""
+    sent = [row for row in log if row[0] == r]
+    if not sent:
+        return (f"{ex} ({where}): no messages were recorded\nHint: use the buffer methods of comm "
+                "(comm.Sendrecv / comm.Send / comm.Isend on NumPy arrays), not the lowercase ones")
+    right = (r + 1) % k
+    if any(dest != right for _, dest, _, _ in sent):
+        return (f"{ex} ({where}): rank {r} sent to ranks {sorted({d for _, d, _, _ in sent})}; "
+                f"a ring sends only to its right-hand neighbour {right}")
+    if len(sent) != 2 * (k - 1):
+        return (f"{ex} ({where}): rank {r} sent {len(sent)} messages; a ring allreduce sends 2 (p - 1) = "
+                f"{2 * (k - 1)}: p - 1 in the reduce-scatter, p - 1 in the allgather")
+    nbytes = sum(b for _, _, b, _ in sent)
+    lo, hi = 2 * (k - 1) * (n // k) * itemsize, 2 * (k - 1) * -(-n // k) * itemsize
+    if not lo <= nbytes <= hi:
+        return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
+                f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
     return None
 
 
@@ -222,65 +250,112 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
     """
     from mpi4py import MPI
 
-    from ..traffic import TrafficComm
-
     comm = comm or MPI.COMM_WORLD
     ex = "data-parallel step"
     fn = capture.student(fn, ex=ex)
 
-    def case(sub, k, batch):
-        r = sub.Get_rank()
-        where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
-        rng = np.random.default_rng(capture.seed(batch))
-        params = mlp.init_params([6, 5, 3], seed=capture.seed(batch), dtype=np.float64)
-        x = rng.random((batch, 6))
-        Y = mlp.targets(rng.integers(0, 3, batch), 3, np.float64)
-        want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
-        lo, hi = shard_bounds(batch, k)[r]
-        mine_x, mine_Y = x.copy(), Y.copy()  # only this rank's rows are real here
-        for a in (mine_x, mine_Y):
-            a[:lo] = np.nan
-            a[hi:] = np.nan
-        error, got = None, None
-        work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
-        try:
-            got = fn(TrafficComm(work, timeout=timeout), params, mine_x, mine_Y)
-        except NotImplementedError:
-            error = not_written(ex)
-        except (ExerciseError, capture.NotRecorded) as e:
-            error = f"{e} ({where})"
-        except Exception as e:
-            hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
-                    "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
-            error = f"{ex} ({where}): your function raised {type(e).__name__}: {e}{hint}"
-        shaped = error is None and isinstance(got, (list, tuple)) and len(got) == len(want) and all(
-            isinstance(g, (list, tuple)) and len(g) == 2 and np.shape(g[0]) == w[0].shape and np.shape(g[1]) == w[1].shape
-            for g, w in zip(got, want))
-        # every rank of sub takes part in the allgather (a rank that failed says False), so nobody waits alone
-        if k > 1 and all(sub.allgather(shaped)):
-            summed = [sub.allreduce(np.asarray(a, dtype=np.float64)) for g in got for a in g]
-            if all(np.allclose(a, b) for a, b in zip(summed, (a for w in want for a in w))) and not all(
-                    np.allclose(a, b) for g, w in zip(got, want) for a, b in zip(g, w)):
-                error = (f"{ex} ({where}): each rank returned only its own shard's share; added up over the ranks "
-                         "they are right\nHint: sum the shards with comm.Allreduce, so every rank holds the total")
-        if error is None and shaped and any(np.isnan(np.asarray(a, dtype=np.float64)).any() for g in got for a in g):
-            error = (f"{ex} ({where}): rank {r}'s gradients hold NaN: it used rows outside its shard {lo}:{hi} (the check "
-                     "puts NaN in the other ranks' rows)\nHint: each rank backprops only its floor + remainder share, "
-                     "lo, hi = shard_bounds(len(x), p)[rank], and the allreduce brings in the rest")
-        if error:
-            return error  # work is not freed: a rank may have abandoned an operation on it
-        work.Free()
-        try:
-            compare_grads(ex, got, want, batch, where)
-        except ExerciseError as e:
-            return str(e)
-        return None
-
     def run(sub, k):
         for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
-            yield lambda batch=batch: case(sub, k, batch)
+            yield lambda batch=batch: data_parallel_case(fn, sub, k, batch, timeout, ex)
 
     collective_check(comm, ex, run)
+
+
+def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
+    """One batch on one sub-communicator; returns what went wrong (or None), never raises."""
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
+    params, x, Y, want = _dp_problem(batch)
+    lo, hi = shard_bounds(batch, k)[r]
+    mine_x, mine_Y = _own_rows_only(x, Y, lo, hi)
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    got, error = _call_dp(fn, work, timeout, params, mine_x, mine_Y, where, ex)
+    shaped = error is None and _dp_shaped(got, want)
+    # every rank of sub takes part in the allgather (a rank that failed says False), so nobody waits alone
+    if k > 1 and all(sub.allgather(shaped)):
+        error = _shares_not_summed(sub, got, want, where, ex)
+    if error is None and shaped and any(np.isnan(np.asarray(a, dtype=np.float64)).any() for g in got for a in g):
+        error = (f"{ex} ({where}): rank {r}'s gradients hold NaN: it used rows outside its shard {lo}:{hi} (the check "
+                 "puts NaN in the other ranks' rows)\nHint: each rank backprops only its floor + remainder share, "
+                 "lo, hi = shard_bounds(len(x), p)[rank], and the allreduce brings in the rest")
+    if error:
+        return error  # work is not freed: a rank may have abandoned an operation on it
+    work.Free()
+    try:
+        compare_grads(ex, got, want, batch, where)
+    except ExerciseError as e:
+        return str(e)
+    return None
+
+
+def _dp_problem(batch):
+    """The batch's network, inputs and targets (the same on every rank), and the gradient over the whole batch."""
+    rng = np.random.default_rng(capture.seed(batch))
+    params = mlp.init_params([6, 5, 3], seed=capture.seed(batch), dtype=np.float64)
+    x = rng.random((batch, 6))
+    Y = mlp.targets(rng.integers(0, 3, batch), 3, np.float64)
+    want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
+    return params, x, Y, want
+
+
+def _own_rows_only(x, Y, lo, hi):
+    """Copies of x and Y in which only this rank's rows lo:hi are real; the other ranks' rows are NaN."""
+    mine_x, mine_Y = x.copy(), Y.copy()
+    for a in (mine_x, mine_Y):
+        a[:lo] = np.nan
+        a[hi:] = np.nan
+    return mine_x, mine_Y
+
+
+def _call_dp(fn, work, timeout, params, x, Y, where, ex):
+    """The student's ``fn(comm, params, x, Y)``: (what it returned, None), or (None, what went wrong) when it raised."""
+    from ..traffic import TrafficComm
+
+    try:
+        return fn(TrafficComm(work, timeout=timeout), params, x, Y), None
+    except NotImplementedError:
+        return None, not_written(ex)
+    except (ExerciseError, capture.NotRecorded) as e:
+        return None, f"{e} ({where})"
+    except Exception as e:
+        hint = ("\nHint: when the batch is smaller than the number of ranks some ranks get no samples; "
+                "they contribute zero gradients (mlp.zeros_like(params))") if "no samples" in str(e) else ""
+        return None, f"{ex} ({where}): your function raised {type(e).__name__}: {e}{hint}"
+
+
+def _dp_shaped(got, want) -> bool:
+    """Whether ``got`` is a list of (dW, db) pairs of the reference's shapes."""
+    return isinstance(got, (list, tuple)) and len(got) == len(want) and all(
+        isinstance(g, (list, tuple)) and len(g) == 2 and np.shape(g[0]) == w[0].shape and np.shape(g[1]) == w[1].shape
+        for g, w in zip(got, want))
+
+
+def _shares_not_summed(sub, got, want, where, ex) -> str | None:
+    """Called on every rank of sub: the mistake of returning only this rank's share, when the shares add up to the
+    answer but the rank's own result is not it; else None."""
+    summed = [sub.allreduce(np.asarray(a, dtype=np.float64)) for g in got for a in g]
+    if all(np.allclose(a, b) for a, b in zip(summed, (a for w in want for a in w))) and not all(
+            np.allclose(a, b) for g, w in zip(got, want) for a, b in zip(g, w)):
+        return (f"{ex} ({where}): each rank returned only its own shard's share; added up over the ranks "
+                "they are right\nHint: sum the shards with comm.Allreduce, so every rank holds the total")
+    return None
+
+
+# the training run of the lab 09 check: layer sizes, learning rate, batch size, epochs
+_PS_SIZES, _PS_LR, _PS_BATCH, _PS_EPOCHS = [6, 5, 3], 0.1, 5, 2
+
+# the hint for a failed run, by a phrase of the parameter server's error message (the first that matches)
+_PS_HINTS = {
+    "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
+                       "np.append(g[lo:hi], versions[m]), length hi - lo + 1; the reply has the same layout",
+    "never sent DONE": "after the last batch tell every master you are done: "
+                       "comm.Send(np.empty(0, flat.dtype), dest=m, tag=param_server.DONE)",
+    "is it receiving": "post comm.Irecv(reply, source=m, tag=param_server.WEIGHTS) for every master at every step, "
+                       "and wait for all requests before the next batch",
+    "was computed on version": "send back the version that came with the weights: the reply's last entry",
+    "unexpected message": "masters are ranks 0 .. len(bounds) - 1; gradients go there with tag param_server.GRAD",
+    "waited": "every Isend and Irecv must be matched: one gradient to and one reply from each master per batch",
+}
 
 
 @recorded
@@ -293,73 +368,85 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
     """
     from mpi4py import MPI
 
-    from .. import param_server
-
     comm = comm or MPI.COMM_WORLD
     ex = "asynchronous worker"
     fn = capture.watched(fn)  # it runs live among labkit's masters: the training run as a whole is recorded
-    sizes, lr, batch, epochs = [6, 5, 3], 0.1, 5, 2
     rng = np.random.default_rng(capture.seed(8))
     x, y = rng.random((23, 6)), rng.integers(0, 3, 23)
-    hints = {
-        "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
-                           "np.append(g[lo:hi], versions[m]), length hi - lo + 1; the reply has the same layout",
-        "never sent DONE": "after the last batch tell every master you are done: "
-                           "comm.Send(np.empty(0, flat.dtype), dest=m, tag=param_server.DONE)",
-        "is it receiving": "post comm.Irecv(reply, source=m, tag=param_server.WEIGHTS) for every master at every step, "
-                           "and wait for all requests before the next batch",
-        "was computed on version": "send back the version that came with the weights: the reply's last entry",
-        "unexpected message": "masters are ranks 0 .. len(bounds) - 1; gradients go there with tag param_server.GRAD",
-        "waited": "every Isend and Irecv must be matched: one gradient to and one reply from each master per batch",
-    }
-
-    def reference(seed):
-        params = mlp.init_params(sizes, seed=seed, dtype=np.float64, init="he")
-        Y = mlp.targets(y, 3, np.float64)
-        for xb, Yb in param_server.worker_batches(x, Y, epochs, batch, param_server.worker_seed(seed, 0)):
-            _, g = mlp.loss_and_grads_unchecked(params, xb, Yb, "relu", "cross_entropy", 0.0)
-            mlp.SGD(lr).step(params, g)
-        return params
-
-    def case(sub, k, masters):
-        workers = k - masters
-        where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
-        try:
-            res = capture.step("train", lambda: param_server.train(
-                sub, sizes, (x, y), masters=masters, mode="async", epochs=epochs, batch_size=batch, lr=lr,
-                seed=capture.seed(k), timeout=timeout, dtype=np.float64, worker=fn), key=f"{k},{masters}")
-        except param_server.ParameterServerError as e:
-            msg = str(e)
-            if "NotImplementedError" in msg:
-                return not_written(ex)
-            hint = next((h for key, h in hints.items() if key in msg), "")
-            return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
-        if sub.Get_rank() != 0:
-            return None
-        steps_each = [epochs * -(-(hi - lo) // batch) for lo, hi in shard_bounds(len(x), workers)]
-        if res.worker_steps.tolist() != steps_each:
-            return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
-                    f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")
-        if not (res.master_updates == sum(steps_each)).all():
-            return (f"{ex} ({where}): the masters applied {res.master_updates.tolist()} updates, expected "
-                    f"{sum(steps_each)} each\nHint: send every master its slice after every batch")
-        if workers == 1:
-            want = reference(capture.seed(k))
-            if (res.staleness != 0).any():
-                return (f"{ex} ({where}): with one worker every gradient is computed on the newest weights, but "
-                        f"the masters saw staleness up to {res.staleness.max()}\nHint: {hints['was computed on version']}")
-            for i, ((a, b), (c, d)) in enumerate(zip(res.params, want)):
-                if not (np.allclose(a, c, rtol=1e-9, atol=1e-12) and np.allclose(b, d, rtol=1e-9, atol=1e-12)):
-                    return (f"{ex} ({where}): after {steps_each[0]} steps the weights of layer {i} differ from serial "
-                            f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: copy each reply "
-                            "into flat in place (flat[lo:hi] = reply[:-1]) before the next grad(x, Y): the gradient "
-                            "must be computed on the weights the masters sent")
-        return None
 
     def run(sub, k):
         for masters in range(1, k):
-            yield lambda masters=masters: case(sub, k, masters)
+            yield lambda masters=masters: async_worker_case(fn, sub, k, masters, (x, y), timeout, ex)
 
     if comm.Get_size() < 2:
         raise ExerciseError(f"{ex}: needs at least 2 ranks (a master and a worker); start more engines")
     collective_check(comm, ex, run)
+
+
+def async_worker_case(fn, sub, k, masters, data, timeout, ex) -> str | None:
+    """One training run on sub with ``masters`` of labkit's masters and the student's workers; returns what went
+    wrong (or None, also on every rank but 0, which judges the run), never raises."""
+    from .. import param_server
+
+    workers = k - masters
+    where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
+    try:
+        res = capture.step("train", lambda: param_server.train(
+            sub, _PS_SIZES, data, masters=masters, mode="async", epochs=_PS_EPOCHS, batch_size=_PS_BATCH, lr=_PS_LR,
+            seed=capture.seed(k), timeout=timeout, dtype=np.float64, worker=fn), key=f"{k},{masters}")
+    except param_server.ParameterServerError as e:
+        return _failed_run_error(str(e), where, ex)
+    if sub.Get_rank() != 0:
+        return None
+    steps_each = [_PS_EPOCHS * -(-(hi - lo) // _PS_BATCH) for lo, hi in shard_bounds(len(data[0]), workers)]
+    error = _update_counts_error(res, steps_each, where, ex)
+    if error is None and workers == 1:
+        error = _not_serial_error(res, data, capture.seed(k), steps_each[0], where, ex)
+    return error
+
+
+def _failed_run_error(msg, where, ex) -> str:
+    """The message for a training run that failed, with the hint its error calls for."""
+    if "NotImplementedError" in msg:
+        return not_written(ex)
+    hint = next((h for key, h in _PS_HINTS.items() if key in msg), "")
+    return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
+
+
+def _update_counts_error(res, steps_each, where, ex) -> str | None:
+    """Whether each worker backpropped every batch and each master applied every gradient; None when they did."""
+    if res.worker_steps.tolist() != steps_each:
+        return (f"{ex} ({where}): the workers backpropped {res.worker_steps.tolist()} batches, expected "
+                f"{steps_each}\nHint: call grad(x, Y) once for every batch the iterator yields")
+    if not (res.master_updates == sum(steps_each)).all():
+        return (f"{ex} ({where}): the masters applied {res.master_updates.tolist()} updates, expected "
+                f"{sum(steps_each)} each\nHint: send every master its slice after every batch")
+    return None
+
+
+def _not_serial_error(res, data, seed, steps, where, ex) -> str | None:
+    """With one worker: what differs from serial SGD over the same batches (staleness, then the weights), or None."""
+    want = _serial_sgd(data, seed)
+    if (res.staleness != 0).any():
+        return (f"{ex} ({where}): with one worker every gradient is computed on the newest weights, but "
+                f"the masters saw staleness up to {res.staleness.max()}\nHint: {_PS_HINTS['was computed on version']}")
+    for i, ((a, b), (c, d)) in enumerate(zip(res.params, want)):
+        if not (np.allclose(a, c, rtol=1e-9, atol=1e-12) and np.allclose(b, d, rtol=1e-9, atol=1e-12)):
+            return (f"{ex} ({where}): after {steps} steps the weights of layer {i} differ from serial "
+                    f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: copy each reply "
+                    "into flat in place (flat[lo:hi] = reply[:-1]) before the next grad(x, Y): the gradient "
+                    "must be computed on the weights the masters sent")
+    return None
+
+
+def _serial_sgd(data, seed):
+    """The weights of serial SGD over the batches a single worker sees: what one asynchronous worker must reach."""
+    from .. import param_server
+
+    x, y = data
+    params = mlp.init_params(_PS_SIZES, seed=seed, dtype=np.float64, init="he")
+    Y = mlp.targets(y, 3, np.float64)
+    for xb, Yb in param_server.worker_batches(x, Y, _PS_EPOCHS, _PS_BATCH, param_server.worker_seed(seed, 0)):
+        _, g = mlp.loss_and_grads_unchecked(params, xb, Yb, "relu", "cross_entropy", 0.0)
+        mlp.SGD(_PS_LR).step(params, g)
+    return params

@@ -146,11 +146,8 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+        # across hosts, the abort after a rank's failure may wait on a host that cannot be reached: end such a job
+        out, err = _outputs(proc, cmd, timeout, failed=() if hosts is None else FAILED if python else (ABORTED,))
     finally:
         # mpiexec has ended; a rank it could not reach to stop (its host cut off, say) may still run: end it too,
         # found by the mark the job's processes carry (hydra puts its ranks and proxies in sessions of their own)
@@ -158,6 +155,53 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
             os.killpg(proc.pid, signal.SIGKILL)
         kill_marked(job)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+ABORTED = "application called MPI_Abort"  # MPICH's line when a rank aborts the job
+# a rank's exception under python -m mpi4py, which then aborts the job
+FAILED = (ABORTED, "Traceback (most recent call last):")
+ABORT_GRACE = 5.0  # seconds a job has, after a rank failed, to end by itself before it is ended
+
+
+def _outputs(proc: subprocess.Popen, cmd: list[str], timeout: float, failed: tuple[str, ...]) -> tuple[str, str]:
+    """The job's stdout and stderr once it has ended. A job in which a rank failed (a line of ``failed`` on stderr)
+    is ended :data:`ABORT_GRACE` seconds later if it is still running: the abort that follows can wait without end
+    on the proxy of a host whose cable was cut, which never answers. Raises ``subprocess.TimeoutExpired`` after
+    ``timeout`` seconds."""
+    import threading
+    import time
+
+    out: list[str] = []
+    err: list[str] = []
+    def read(stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+
+    readers = [threading.Thread(target=read, args=pair, daemon=True) for pair in ((proc.stdout, out), (proc.stderr, err))]
+    for reader in readers:
+        reader.start()
+    deadline, aborted, seen, timed_out = time.monotonic() + timeout, None, 0, False
+    while proc.poll() is None:
+        now = time.monotonic()
+        if aborted is None and failed:
+            lines = err[seen:]
+            seen += len(lines)
+            aborted = now if any(mark in line for line in lines for mark in failed) else None
+        timed_out = now > deadline
+        if timed_out or (aborted is not None and now - aborted > ABORT_GRACE):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        time.sleep(0.05)
+    for reader in readers:  # a rank on a host cut off may hold the pipes open: the caller ends it by its mark
+        reader.join(timeout=1.0)
+    if aborted is not None and proc.returncode == -signal.SIGKILL and not timed_out:
+        err.append(f"labkit: a rank failed and the job had not ended {ABORT_GRACE:g} s later (mpiexec waiting for a "
+                   "host it cannot reach?), so labkit ended it\n")
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout, output="".join(out), stderr="".join(err))
+    return "".join(out), "".join(err)
 
 
 JOB_MARK = "LABKIT_MPI_JOB"

@@ -295,55 +295,71 @@ def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
     try:
         with nshosts.namespace_hosts(n_nodes) as h:
             env = {"SLURM_CONF": str(folder / "slurm.conf"), "PATH": os.environ.get("PATH", "") + ":/usr/sbin"}
-            nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN"
-                              for name, addr in zip(h.names, h.addresses))
-            (folder / "state").mkdir()
-            conf = folder / "slurm.conf"
-            conf.write_text(CONF.format(controller=h.names[0], controller_address=h.addresses[0], folder=folder,
-                                        nodes=nodes))
-            key = folder / "munge.key"
-            key.write_bytes(os.urandom(1024))
-            key.chmod(0o400)
-            run = {**os.environ, **env}
-
-            def start(which: str, argv: list[str], log: str) -> None:
-                daemons.append((which, _daemon(argv, run, folder / log)))
-
-            start("munged", ["munged", "--foreground", "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
-                             f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
-                             f"--seed-file={folder}/munge.seed"], "munged.out")
-            _until(lambda: (folder / "munge.socket").exists(), 10, "munged did not open its socket", folder)
-            start("slurmctld", h.daemon_argv(0, ["slurmctld", "-D", "-i", "-f", str(conf)]), "slurmctld.out")
-            for i, name in enumerate(h.names):
-                start(f"slurmd of {name}", h.daemon_argv(i, ["slurmd", "-D", "-N", name, "-f", str(conf)]),
-                      f"slurmd-{name}.out")
+            conf, key = _write_config(folder, h, cpus)
+            _start_daemons(h, folder, conf, key, {**os.environ, **env}, daemons)
             cluster = SlurmCluster(h, folder, conf, {**env, **nshosts.TCP_BETWEEN_HOSTS}, list(h.names))
-
-            def idle() -> bool:
-                for which, p in daemons:
-                    if p.poll() is not None:
-                        raise SlurmUnavailable(f"{which} exited ({p.returncode}):\n{_tails(folder)}")
-                try:
-                    out = cluster.command("sinfo", "-h", "-N", "-o", "%N %t", timeout=10)
-                except SlurmError:
-                    return False
-                states = dict(line.split() for line in out.splitlines() if line.strip())
-                return len(states) == n_nodes and all(s == "idle" for s in states.values())
-
-            _until(idle, timeout, f"the {n_nodes} nodes did not come up idle", folder)
+            _until(lambda: _all_idle(cluster, daemons, n_nodes), timeout, f"the {n_nodes} nodes did not come up idle",
+                   folder)
             yield cluster
     finally:
-        for _, p in reversed(daemons):
-            if p.poll() is None:
-                p.terminate()
-        for _, p in reversed(daemons):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        kill_until_gone(lambda: _in_folder(folder), wait=5.0)
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop(daemons, folder)
+
+
+def _write_config(folder: Path, h, cpus: int) -> tuple[Path, Path]:
+    """slurm.conf (every namespace host a node, host 0 the controller), the state folder and a munge key: their paths."""
+    nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN"
+                      for name, addr in zip(h.names, h.addresses))
+    (folder / "state").mkdir()
+    conf = folder / "slurm.conf"
+    conf.write_text(CONF.format(controller=h.names[0], controller_address=h.addresses[0], folder=folder, nodes=nodes))
+    key = folder / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    return conf, key
+
+
+def _start_daemons(h, folder: Path, conf: Path, key: Path, run: dict, daemons: list) -> None:
+    """munged (waiting for its socket), then slurmctld on host 0 and a slurmd on every host, each added to ``daemons``
+    as it starts."""
+    def start(which: str, argv: list[str], log: str) -> None:
+        daemons.append((which, _daemon(argv, run, folder / log)))
+
+    start("munged", ["munged", "--foreground", "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
+                     f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
+                     f"--seed-file={folder}/munge.seed"], "munged.out")
+    _until(lambda: (folder / "munge.socket").exists(), 10, "munged did not open its socket", folder)
+    start("slurmctld", h.daemon_argv(0, ["slurmctld", "-D", "-i", "-f", str(conf)]), "slurmctld.out")
+    for i, name in enumerate(h.names):
+        start(f"slurmd of {name}", h.daemon_argv(i, ["slurmd", "-D", "-N", name, "-f", str(conf)]),
+              f"slurmd-{name}.out")
+
+
+def _all_idle(cluster: SlurmCluster, daemons: list, n_nodes: int) -> bool:
+    """Whether sinfo shows all ``n_nodes`` nodes idle; SlurmUnavailable, with the logs' tails, if a daemon exited."""
+    for which, p in daemons:
+        if p.poll() is not None:
+            raise SlurmUnavailable(f"{which} exited ({p.returncode}):\n{_tails(cluster.folder)}")
+    try:
+        out = cluster.command("sinfo", "-h", "-N", "-o", "%N %t", timeout=10)
+    except SlurmError:
+        return False
+    states = dict(line.split() for line in out.splitlines() if line.strip())
+    return len(states) == n_nodes and all(s == "idle" for s in states.values())
+
+
+def _stop(daemons: list, folder: Path) -> None:
+    """Stop the daemons (the last started first), then whatever still runs from the folder, and remove the folder."""
+    for _, p in reversed(daemons):
+        if p.poll() is None:
+            p.terminate()
+    for _, p in reversed(daemons):
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    kill_until_gone(lambda: _in_folder(folder), wait=5.0)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _in_folder(folder: Path) -> list[int]:

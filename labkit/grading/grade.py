@@ -124,13 +124,13 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    found = _share(submissions(Path(folder)), part)  # an empty or missing folder is said before anything starts
     isolate = _isolation(isolate)
     record, release_sha = load_release(release)
     if record is None:
         print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
               "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
     out = Path(out)
-    found = _share(submissions(Path(folder)), part)
     threads = max(1, usable_cores() // jobs) if jobs > 1 else None
     work = [(path, student, out / "executed" / student, timeout, profile,
              record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,

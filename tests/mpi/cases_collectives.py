@@ -3,6 +3,8 @@
 Run: mpiexec -n 4 python -m mpi4py tests/mpi/cases_collectives.py [-k NAME]   (prints "OK <p>" on rank 0)
 """
 
+import time
+
 import numpy as np
 from _cases import case, refused, run_cases
 from mpi4py import MPI
@@ -159,12 +161,31 @@ def _():
         refused(lambda: C.ring_allreduce(comm, np.ones(5 if r == 0 else 6)), CollectiveError,
                 "every rank must pass the same shape")
         refused(lambda: C.naive_allreduce(comm, np.ones(4, np.float32 if r else np.float64)), CollectiveError, "rank 1")
+        # with a timeout the ranks agree through a non-blocking allgather: the same errors
+        refused(lambda: C.ring_allreduce(comm, np.ones(5 if r == 0 else 6), timeout=10), CollectiveError,
+                "every rank must pass the same shape", "rank 0: shape (5,) float64")
+        refused(lambda: C.ring_allreduce(comm, np.ones(3, bool) if r == p - 1 else np.ones(3), timeout=10), TypeError,
+                f"rank {p - 1}", "bool")
     refused(lambda: C.ring_allreduce(comm, np.ones((4, 4))[:, 1]), ValueError, "not C-contiguous")
     refused(lambda: C.ring_allreduce(comm, np.ones(3, np.float16)), TypeError, "use float32")
     refused(lambda: C.ring_allreduce(comm, np.array(["a"], dtype=object)), TypeError, "do not support")
     refused(lambda: C.ring_allreduce(comm, [1.0, 2.0]), TypeError, "must be a NumPy array")
     refused(lambda: C.ring_allreduce(comm, np.ones(3, np.complex128), op=MPI.MAX), TypeError, "not defined for complex")
     refused(lambda: C.ring_allreduce(comm, np.ones(3), op=MPI.LAND), ValueError, "op must be one of")
+
+
+@case("a rank that never arrives is a TimeoutError, even while the ranks agree on shape and dtype")
+def _():
+    if p == 1:
+        return
+    sub = comm.Dup()
+    if r != p - 1:  # the last rank is late (as on a host whose cable was cut): the others may not wait for ever
+        refused(lambda: C.ring_allreduce(sub, np.ones(4), timeout=1), TimeoutError, "agreeing on shape and dtype")
+    else:
+        time.sleep(1.5)
+        C.check_same(sub, np.ones(4), "late", timeout=10)  # joins the abandoned agreement, so it completes everywhere
+    comm.Barrier()
+    sub.Free()
 
 
 @case("one rank's refusal is every rank's error, with the same reason")

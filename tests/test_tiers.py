@@ -1,0 +1,84 @@
+"""The tiers hold: a test that starts a costly program without its marker fails and says which marker, and a run that
+leaves a process behind fails, whatever subset it ran (each tried in a pytest of its own, with this suite's hooks)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tiers
+
+HERE = Path(__file__).resolve().parent
+
+
+def _suite(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess:
+    """Run ``test_source`` as test_inner.py under this suite's conftest, tiers and leaks, in a pytest of its own."""
+    for name in ("conftest.py", "tiers.py", "leaks.py"):
+        (tmp_path / name).write_text((HERE / name).read_text())
+    (tmp_path / "test_inner.py").write_text(test_source)
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "mpiexec"  # a program named as MPI's launcher, which does nothing
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_test_that_starts_mpiexec_without_the_mpi_marker_fails_and_names_it(tmp_path):
+    done = _suite(tmp_path, "import subprocess\nimport pytest\n\n"
+                            "def test_unmarked():\n    subprocess.run(['mpiexec', '-n', '2', 'true'], check=True)\n\n"
+                            "@pytest.mark.mpi\ndef test_marked():\n"
+                            "    subprocess.run(['mpiexec', '-n', '2', 'true'], check=True)\n")
+    assert done.returncode == 1, done.stdout
+    assert "1 failed, 1 passed" in done.stdout, done.stdout
+    assert "mpiexec -n 2 true  -> mark it mpi" in done.stdout, done.stdout
+
+
+def test_a_helper_that_runs_mpi_marks_the_tests_that_call_it(tmp_path):
+    done = _suite(tmp_path, "import subprocess\n\n"
+                            "def run_mpi_cases(*a):\n    subprocess.run(['mpiexec', 'true'], check=True)\n\n"
+                            "def _mine():\n    run_mpi_cases()\n\n"
+                            "def test_through_a_helper_of_the_module():\n    _mine()\n")
+    assert done.returncode == 0, done.stdout
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                             "-m", "not mpi", "test_inner.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "no tests collected" in listed.stdout or "1 deselected" in listed.stdout, listed.stdout
+
+
+@pytest.mark.slow  # the leak check waits 10 s for a process that may still be stopping
+def test_a_run_that_leaves_a_process_behind_fails_and_names_it(tmp_path):
+    pid_file = tmp_path / "leaked.pid"
+    done = _suite(tmp_path, "import subprocess\n\n"
+                            "def test_leaks():\n"
+                            "    p = subprocess.Popen(['python3', '-c', 'import time; time.sleep(120)',"
+                            " 'labkit-leaked-by-a-test'])\n"
+                            f"    open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+                            "    import time\n"  # until it is that program, not the fork of pytest it starts as
+                            "    while b'leaked' not in open(f'/proc/{p.pid}/cmdline', 'rb').read():\n"
+                            "        time.sleep(0.01)\n")
+    try:
+        assert done.returncode == 1, done.stdout
+        assert "1 passed" in done.stdout and "left behind by the tests" in done.stdout, done.stdout
+        assert "time.sleep(120) labkit-leaked-by-a-test" in done.stdout, done.stdout
+    finally:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                break
+            time.sleep(0.1)
+
+
+def test_the_kinds_of_a_command_line():
+    assert tiers.kinds_of(["/venv/bin/mpiexec", "-n", "2", "python"]) == {"mpi"}
+    assert tiers.kinds_of(["/usr/bin/x86_64-linux-gnu-gcc-12", "-O2", "a.c"]) == {"compile"}
+    assert tiers.kinds_of("bwrap --unshare-all -- python") == {"sandbox"}
+    assert tiers.kinds_of(["ip", "netns", "add", "x"]) == {"hosts"}
+    assert tiers.kinds_of([sys.executable, "-m", "ipykernel_launcher", "-f", "k.json"]) == {"notebooks"}
+    assert tiers.kinds_of([sys.executable, "-m", "labkit", "lab", "--no-browser"]) == {"cluster"}
+    assert tiers.kinds_of([sys.executable, "-m", "labkit", "lab", "--help"]) == set()
+    assert tiers.kinds_of(["git", "ls-files"]) == tiers.kinds_of(["pip", "wheel"]) == set()
