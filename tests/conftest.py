@@ -138,6 +138,8 @@ def pytest_runtest_setup(item):
 _running: dict = {"item": None, "teardown": False}
 _started: dict = {}  # item nodeid -> [(program, missing markers)]
 _made: set[str] = set()  # the network namespaces and links this run made (tests/leaks.py)
+LEFT = pytest.StashKey[dict]()  # what the leak check found, for the summary
+_POPEN_INIT = subprocess.Popen.__init__
 
 
 def _guarded_init(original):
@@ -160,9 +162,13 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    subprocess.Popen.__init__ = _guarded_init(subprocess.Popen.__init__)
+    subprocess.Popen.__init__ = _guarded_init(_POPEN_INIT)
     os.environ[leaks.RUN] = uuid.uuid4().hex  # this run's mark on everything it starts (tests/leaks.py)
     _running["audit"] = config.getoption("--tier-audit")
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen.__init__ = _POPEN_INIT
 
 
 @pytest.hookimpl(wrapper=True)
@@ -211,5 +217,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             for it in items:
                 terminalreporter.line(f"  {it}")
 
-
-LEFT = pytest.StashKey[dict]()
