@@ -52,14 +52,15 @@ def test_a_helper_that_runs_mpi_marks_the_tests_that_call_it(tmp_path):
 @pytest.mark.slow  # the leak check waits 10 s for a process that may still be stopping
 def test_a_run_that_leaves_a_process_behind_fails_and_names_it(tmp_path):
     pid_file = tmp_path / "leaked.pid"
-    done = _suite(tmp_path, "import subprocess\n\n"
+    done = _suite(tmp_path, "import subprocess, sys\n\n"
                             "def test_leaks():\n"
-                            "    p = subprocess.Popen(['python3', '-c', 'import time; time.sleep(120)',"
+                            "    p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)',"
                             " 'labkit-leaked-by-a-test'])\n"
                             f"    open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
                             "    import time\n"  # until it is that program, not the fork of pytest it starts as
                             "    while b'leaked' not in open(f'/proc/{p.pid}/cmdline', 'rb').read():\n"
-                            "        time.sleep(0.01)\n")
+                            "        time.sleep(0.01)\n"
+                            "    assert p.poll() is None, 'the process meant to be left behind ended'\n")
     try:
         assert done.returncode == 1, done.stdout
         assert "1 passed" in done.stdout and "left behind by the tests" in done.stdout, done.stdout
