@@ -24,14 +24,37 @@ class ExerciseError(LabkitError, AssertionError):
 
 
 def recorded(check):
-    """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.check.capture`)."""
+    """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.check.capture`),
+    and whose failures carry the exercise's next hint (:func:`next_hint`)."""
 
     @functools.wraps(check)
     def wrapper(*args, **kwargs):
-        with capture.session(check.__name__):
-            return check(*args, **kwargs)
+        try:
+            with capture.session(check.__name__):
+                return check(*args, **kwargs)
+        except ExerciseError as e:
+            hint = next_hint(check.__name__, str(e))
+            if hint:
+                raise ExerciseError(f"{e}\n{hint}") from None
+            raise
 
     return wrapper
+
+
+_failed_runs: dict[str, int] = {}  # per exercise, this process's failed runs: which hint comes next
+
+
+def next_hint(exercise: str, message: str) -> str:
+    """The next step of the exercise's derivation, one more after each failed run of its check (the last one
+    repeats); nothing for a function not written yet, or an exercise without hints."""
+    from .exercises import exercise as declared
+
+    ex = declared(exercise)
+    if ex is None or not ex.hints or "not written yet" in message:
+        return ""
+    k = _failed_runs[exercise] = min(_failed_runs.get(exercise, 0) + 1, len(ex.hints))
+    more = " (run the check again after your next change for another)" if k < len(ex.hints) else ""
+    return f"Step {k} of {len(ex.hints)}{more}: {ex.hints[k - 1]}"
 
 
 def fail(exercise: str, what: str, hint: str = "") -> None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import capture
 from .common import call, fail, passed, recorded
+from .exercises import Exercise
 
 # (n, ratio, dtype) of the one-step cases, in the order they are drawn and checked
 _CASES = ((10, 0.3, np.float64), (1, 0.5, np.float64), (7, 0.01, np.float32), (1000, 0.01, np.float32),
@@ -110,3 +111,9 @@ def _many_steps(ex, fn, rng) -> None:
     if not np.allclose(sent + residual, total):
         fail(ex, "after 30 steps, what was sent plus the residual is not the sum of the gradients",
               "return the new residual and pass it back in at the next step")
+
+
+EXERCISES = (
+    Exercise("topk_feedback", "10", "compression", references=(
+        "labkit.compression:top_k", "labkit.compression:ErrorFeedback", "labkit.compression:_SparsifyWithResidual")),
+)

@@ -1,16 +1,20 @@
-"""Every graded exercise, declared once: its name, lab, check, labkit's own solution and how the grader launches it.
+"""Every graded exercise, declared once, by the check module of its family: its name, lab, check, hints, labkit's own
+solution and how the grader launches it.
 
 A notebook calls the check as ``check.<name>(...)`` in a cell of its own. The capture (:mod:`.capture`) fails an
 exercise whose function uses one of its ``references``; the grader replays an ``mpi`` exercise's check on every rank
 under ``mpiexec``; ``labkit assign`` and the nbgrader export accept check cells only for exercises declared here.
-Adding an exercise: write its check in the module of its family, import it in ``check/__init__.py``, declare it
-below, and call it in its lab's notebook.
+
+Adding an exercise: write its check in the module of its family (or a new module of ``labkit/check/``), declare it
+in that module's ``EXERCISES`` tuple, and call it in its lab's notebook. ``labkit.check.<name>`` finds it there.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+
+NOT_FAMILIES = ("capture", "common", "exercises")  # the modules of labkit/check/ that declare no exercises
 
 
 @dataclass(frozen=True)
@@ -21,38 +25,52 @@ class Exercise:
     references: tuple[str, ...] = ()     # labkit's solution, "module:qualname" (a class: all its methods)
     sources: tuple[tuple[str, str | None], ...] = ()  # C or CUDA C: (file under labkit/, function or None: the file)
     mpi: bool = False                    # the check runs on every rank of an MPI job
+    hints: tuple[str, ...] = ()          # the derivation, a step at a time: one more after each failed run
 
     def check(self):
         """The check function itself."""
         return getattr(importlib.import_module(f"labkit.check.{self.module}"), self.name)
 
 
-_PER_SAMPLE = ("per_sample_sum", "_sample_forward", "_sample_output_error", "_sample_backward", "_times_act_prime")
-_MLP = ("backprop", "loss_and_grads", "loss_and_grads_unchecked", "backprop_per_sample", "loss_and_grads_per_sample",
-        "backprop_one", *_PER_SAMPLE)
-_COLLECTIVES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce", "recursive_doubling_allreduce",
-                "mpi_allreduce")
+_loaded: dict[str, Exercise] | None = None
 
-EXERCISES: dict[str, Exercise] = {e.name: e for e in (
-    Exercise("backprop", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in _MLP)),
-    Exercise("accumulate", "02", "serial", references=(*(f"labkit.mlp:{f}" for f in _PER_SAMPLE),
-                                                      "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop")),
-    Exercise("loop_interchange", "03", "openmp"),
-    Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),)),
-    Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),)),
-    Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),)),
-    Exercise("ring_allreduce", "07", "mpi", references=tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES), mpi=True),
-    Exercise("data_parallel_step", "08", "mpi", mpi=True,
-             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD")),
-    Exercise("async_worker", "09", "mpi", mpi=True,
-             references=("labkit.param_server:worker_loop", "labkit.param_server:_worker")),
-    Exercise("topk_feedback", "10", "compression", references=(
-        "labkit.compression:top_k", "labkit.compression:ErrorFeedback", "labkit.compression:_SparsifyWithResidual")),
-    Exercise("karp_flatt", "12", "speedup", references=("labkit.bench:karp_flatt",)),
-    Exercise("scaled_speedup", "12", "speedup", references=("labkit.bench:speedup",)),
-)}
+
+def _load() -> dict[str, Exercise]:
+    global _loaded
+    if _loaded is None:
+        found: dict[str, Exercise] = {}
+        for family in families():
+            module = importlib.import_module(f"labkit.check.{family}")
+            for e in getattr(module, "EXERCISES", ()):
+                if e.name in found:
+                    raise RuntimeError(f"exercise {e.name!r} is declared twice ({found[e.name].module} and {family})")
+                if e.module != family:
+                    raise RuntimeError(f"exercise {e.name!r} is declared in {family} but names module {e.module!r}")
+                found[e.name] = e
+        _loaded = dict(sorted(found.items(), key=lambda kv: (kv[1].lab, kv[0])))
+    return _loaded
+
+
+def families() -> list[str]:
+    """The check modules of labkit/check/, each declaring its exercises in ``EXERCISES``."""
+    import pkgutil
+    from pathlib import Path
+
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+                  if m.name not in NOT_FAMILIES)
+
+
+def __getattr__(name: str):
+    if name == "EXERCISES":  # built on first use: the check modules import this one
+        return _load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def exercise(name: str) -> Exercise | None:
     """The exercise of a check cell's name (``ring_allreduce``, or ``ring_allreduce#2`` for its second call)."""
-    return EXERCISES.get(name.split("#", 1)[0])
+    return _load().get(name.split("#", 1)[0])
+
+
+def in_lab(lab: str) -> list[Exercise]:
+    """The exercises of one lab ("07"), in name order."""
+    return [e for e in _load().values() if e.lab == lab]

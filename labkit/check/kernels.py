@@ -7,6 +7,7 @@ import numpy as np
 
 from . import capture
 from .common import ExerciseError, fail, passed, recorded
+from .exercises import Exercise
 
 KERNEL_TODO = "YOUR CODE HERE"
 
@@ -119,3 +120,9 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
                   f"but should be {want:.6g} (spec)", hint)
         checks += 1
     passed(ex, checks)
+
+
+EXERCISES = (
+    Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),)),
+    Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),)),
+)

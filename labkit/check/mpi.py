@@ -11,6 +11,7 @@ from ..errors import LabkitError
 from ..shards import shard_bounds
 from . import capture
 from .common import ExerciseError, compare_grads, not_written, passed, recorded
+from .exercises import Exercise
 
 
 @recorded
@@ -450,3 +451,15 @@ def _serial_sgd(data, seed):
         _, g = mlp.loss_and_grads_unchecked(params, xb, Yb, "relu", "cross_entropy", 0.0)
         mlp.SGD(_PS_LR).step(params, g)
     return params
+
+
+_COLLECTIVES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce", "recursive_doubling_allreduce",
+                "mpi_allreduce")
+
+EXERCISES = (
+    Exercise("ring_allreduce", "07", "mpi", references=tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES), mpi=True),
+    Exercise("data_parallel_step", "08", "mpi", mpi=True,
+             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD")),
+    Exercise("async_worker", "09", "mpi", mpi=True,
+             references=("labkit.param_server:worker_loop", "labkit.param_server:_worker")),
+)

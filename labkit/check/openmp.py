@@ -8,6 +8,7 @@ import numpy as np
 
 from . import capture
 from .common import ExerciseError, fail, passed, recorded
+from .exercises import Exercise
 from .kernels import KERNEL_TODO
 
 # the loop order of the formula g_ij = sum_s d_si x_sj: the inner loop strides through memory and is a dependent sum
@@ -167,3 +168,9 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
              "each thread summed its share, but the shares were not combined: a missing reduction. Name every "
              "gradient array and the cost in reduction(+ : ...) with their lengths (array sections: gW1[:n_hid * n_in])")
     passed(f"{ex} at {', '.join(map(str, threads))} threads", n)
+
+
+EXERCISES = (
+    Exercise("loop_interchange", "03", "openmp"),
+    Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),)),
+)

@@ -10,6 +10,7 @@ from .. import mlp
 from ..shards import shard_bounds
 from . import capture
 from .common import ExerciseError, call, compare_grads, fail, passed, problems, recorded
+from .exercises import Exercise
 
 
 @recorded
@@ -74,3 +75,14 @@ def accumulate(fn) -> None:
             fail(ex, f"problem {k + 1}: the threads' losses do not add up to the batch's summed loss")
         n += 2
     passed(ex, n)
+
+
+_PER_SAMPLE = ("per_sample_sum", "_sample_forward", "_sample_output_error", "_sample_backward", "_times_act_prime")
+_MLP = ("backprop", "loss_and_grads", "loss_and_grads_unchecked", "backprop_per_sample", "loss_and_grads_per_sample",
+        "backprop_one", *_PER_SAMPLE)
+
+EXERCISES = (
+    Exercise("backprop", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in _MLP)),
+    Exercise("accumulate", "02", "serial", references=(*(f"labkit.mlp:{f}" for f in _PER_SAMPLE),
+                                                      "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop")),
+)

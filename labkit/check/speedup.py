@@ -6,6 +6,7 @@ import numpy as np
 
 from . import capture
 from .common import call, compare_series, passed, recorded
+from .exercises import Exercise
 
 
 @recorded
@@ -57,3 +58,9 @@ def scaled_speedup(fn) -> None:
             (want / p, "that is the efficiency; the scaled speedup is not divided by p"),
         ], "S_p = t_one_rank[i] / t_p_ranks[i], element by element")
     passed(ex, len(cases))
+
+
+EXERCISES = (
+    Exercise("karp_flatt", "12", "speedup", references=("labkit.bench:karp_flatt",)),
+    Exercise("scaled_speedup", "12", "speedup", references=("labkit.bench:speedup",)),
+)

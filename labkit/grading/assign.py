@@ -17,6 +17,7 @@ import nbformat
 from ..check import KERNEL_TODO
 from ..check.exercises import EXERCISES
 from ..errors import LabkitError
+from . import answers
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SOLUTION = re.compile(r"^([ \t]*)(//[ \t]*)?### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*(?://[ \t]*)?### END SOLUTION[ \t]*$",
@@ -53,7 +54,10 @@ def student_source(source: str) -> str:
 def student_notebook(nb):
     """The notebook (nbformat v4) as handed out: solutions stubbed, outputs and execution counts cleared."""
     nb = nbformat.from_dict(nb)  # a copy; the instructor's version stays as it is
+    answers.answer_cells(nb)  # well formed (raises otherwise)
     for i, cell in enumerate(nb.cells):
+        if answers.meta(cell):
+            cell.source = answers.student_source(cell)  # the model answer out, the names of a prediction kept
         if cell.cell_type == "code":
             try:
                 cell.source = student_source(cell.source)
@@ -101,8 +105,12 @@ def _only_declared(nb, where) -> None:
 
 def lock_given_cells(nb) -> None:
     """Mark every code cell without a solution region (the checks and the given code) read-only and not deletable,
-    through the cell metadata JupyterLab honours; the parameters cell (PROFILE) stays editable."""
+    through the cell metadata JupyterLab honours; the parameters cell (PROFILE) and the answer cells stay editable."""
     for cell in nb.cells:
+        if answers.meta(cell):
+            cell.metadata["editable"] = True
+            cell.metadata["deletable"] = False
+            continue
         if cell.cell_type != "code" or "parameters" in cell.get("metadata", {}).get("tags", []):
             continue
         if C_STUB in cell.source or PY_STUB in cell.source:
@@ -129,12 +137,29 @@ def nbgrader_source(nb, points: int = 1):
     solution cell, each check cell a locked graded test cell worth ``points``, the given code locked, the parameters
     cell and the markdown left as they are. nbgrader's ``generate_assignment`` stubs the solution regions itself:
     in Python with ``raise NotImplementedError()``, and inside a CUDA C or C string its stub's first line,
-    ``# YOUR CODE HERE``, is what labkit's C and kernel checks report as not written yet."""
+    ``# YOUR CODE HERE``, is what labkit's C and kernel checks report as not written yet.
+
+    Each answer cell (:mod:`.answers`) becomes a manually graded answer with its points: an explain cell as it is
+    (nbgrader puts its text stub in place of the model answer); a predict cell as its handed-out lines followed by
+    the model answer in a solution region, so that the prediction's names exist (``...``) in the student's version
+    even before they answer."""
     nb = nbformat.from_dict(nb)
     _only_declared(nb, "nbgrader source")
+    answers.answer_cells(nb)
     checks = dict(exercises_in(nb))
     seen_ids = set()
     for i, cell in enumerate(nb.cells):
+        if (m := answers.meta(cell)) is not None:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+                cell.source = f"{answers.student_source(cell)}\n{BEGIN}\n{cell.source}\n{END}"
+            grade_id = f"answer-{m['answer']}"
+            if grade_id in seen_ids:
+                raise ValueError(f"cell {i}: nbgrader needs unique grade ids, {grade_id!r} repeats")
+            seen_ids.add(grade_id)
+            cell.metadata["nbgrader"] = {"schema_version": 3, "task": False, "grade": True, "solution": True,
+                                         "locked": False, "points": int(m.get("points", 1)), "grade_id": grade_id}
+            continue
         if cell.cell_type != "code":
             if BEGIN in cell.source:
                 raise ValueError(f"cell {i} is {cell.cell_type}: nbgrader takes solution regions in code cells only")

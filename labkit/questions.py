@@ -1,0 +1,65 @@
+"""Predict, then measure: the cell after an experiment sets the student's prediction beside what happened.
+
+A lab asks for a prediction in an answer cell above the experiment (``predicted_speedup = ...``); the cell after the
+experiment calls :func:`compare`. It only prints: predictions are read and scored by the instructor (``labkit grade``
+collects them into ``answers.html``), never by the machine, and a prediction left blank is said to be blank.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def blank(value) -> bool:
+    """Whether a prediction was left as handed out: ``...``, None or an empty string."""
+    return value is ... or value is None or (isinstance(value, str) and not value.strip())
+
+
+def compare(predicted, measured, unit: str = "", what: str = "") -> str:
+    """Print the prediction beside the measurement, and how far apart they are; return the line printed.
+
+    Numbers are compared by their ratio; anything else (a choice such as ``"ring"``) by equality, case and
+    surrounding blanks ignored. A blank or unreadable prediction is said to be so; this never raises.
+    """
+    label = f"{what}: " if what else ""
+    u = f" {unit}" if unit else ""
+    if blank(predicted):
+        line = (f"{label}no prediction: the answer cell above still holds `...`. Write your guess there before you "
+                f"run the experiment; the measurement was {_fmt(measured)}{u}.")
+    elif _number(predicted) and _number(measured):
+        p, m = float(predicted), float(measured)
+        if m == 0 or p == 0 or not (math.isfinite(p) and math.isfinite(m)):
+            line = f"{label}you predicted {_fmt(p)}{u}; measured {_fmt(m)}{u}."
+        else:
+            ratio = m / p
+            closeness = ("within 10 %" if abs(ratio - 1) <= 0.1 else
+                         f"the measurement is {ratio:.2g}x your prediction" if ratio > 1 else
+                         f"the measurement is {1 / ratio:.2g}x smaller than your prediction")
+            line = f"{label}you predicted {_fmt(p)}{u}; measured {_fmt(m)}{u}: {closeness}."
+    elif isinstance(predicted, str) and isinstance(measured, str):
+        same = predicted.strip().lower() == measured.strip().lower()
+        line = f"{label}you predicted {predicted.strip()!r}; it was {measured!r}" + (": right." if same else ".")
+    else:
+        line = (f"{label}your prediction {predicted!r} is a {type(predicted).__name__}, the measurement a "
+                f"{type(measured).__name__} ({_fmt(measured)}{u}): write a {_kind(measured)} in the answer cell.")
+    print(line)
+    return line
+
+
+def _number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _kind(x) -> str:
+    return "number" if _number(x) else "text in quotes, one of the choices" if isinstance(x, str) else type(x).__name__
+
+
+def _fmt(x) -> str:
+    if _number(x):
+        x = float(x)
+        return f"{x:,.0f}" if abs(x) >= 1000 and x == int(x) else f"{x:.3g}"
+    return repr(x)
+
+
+__all__ = ["blank", "compare"]
