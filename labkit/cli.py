@@ -137,6 +137,9 @@ def _cmd_grade(a) -> int:
                                                part=part)
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
+    if (Path(a.out) / "answers.csv").is_file():
+        print(f"the answers to the questions, to read and score by hand: {Path(a.out) / 'answers.html'} (scores go in "
+              f"the score column of {Path(a.out) / 'answers.csv'}; the next labkit grade into {a.out} keeps them)")
     return 0
 
 

@@ -268,3 +268,62 @@ def test_parts_of_a_class_merge_into_the_grades_of_one_run(tmp_path, capsys):
         grade.merge([tmp_path / "part0", tmp_path / "whole"], tmp_path / "bad")
     with pytest.raises(SystemExit, match="K/N"):
         cli.main(["grade", str(tmp_path / "subs"), "--part", "2/2"])
+
+
+ASKED = new_notebook(cells=[
+    new_markdown_cell("# Lab 96"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_markdown_cell("**Question (predict).** How many kB does rank 0 send?"),
+    new_code_cell("predicted_kB = 240  # kB", metadata={"labkit": {"answer": "96-kB", "kind": "predict", "points": 1}}),
+    new_code_cell("from labkit.questions import compare\ncompare(predicted_kB, 240.0, 'kB')"),
+    new_markdown_cell("**Question (explain).** Why?"),
+    new_markdown_cell("Each chunk goes around twice.", metadata={"labkit": {"answer": "96-why", "kind": "explain",
+                                                                           "points": 2}}),
+])
+
+
+@pytest.mark.notebooks
+def test_answers_are_collected_per_question_and_their_scores_kept(tmp_path, capsys):
+    nb_path = tmp_path / "96_asked.ipynb"
+    nbformat.write(ASKED, nb_path)
+    assign.write_student_versions([nb_path], tmp_path / "handout", release_dir=tmp_path / "release")
+    handout = nbformat.read(tmp_path / "handout" / nb_path.name, as_version=4)
+    assert handout.cells[3].source == "predicted_kB = ...  # kB" and handout.cells[3].metadata["editable"] is True
+    for student, (kB, why) in {"ann": ("300", "The ring <b>halves</b> it."), "bob": (None, None)}.items():
+        nb = nbformat.read(tmp_path / "handout" / nb_path.name, as_version=4)
+        if kB:
+            nb.cells[3].source = f"predicted_kB = {kB}"
+            nb.cells[6].source = why
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / nb_path.name)
+    (tmp_path / "subs" / "cyd").mkdir()  # handed in nothing of it
+    nbformat.write(new_notebook(cells=[new_code_cell("1")]), tmp_path / "subs" / "cyd" / "notes.ipynb")
+
+    def run():
+        grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, release=tmp_path / "release", isolate=False)
+        return json.loads((tmp_path / "out" / "grades.json").read_text())["students"]
+
+    run()
+    page = (tmp_path / "out" / "answers.html").read_text()
+    assert "96-why" in page and "The ring &lt;b&gt;halves&lt;/b&gt; it." in page and "2 of 3 blank" in page
+    rows = list(csv.DictReader(open(tmp_path / "out" / "answers.csv")))
+    assert {(r["student"], r["question"], r["blank"]) for r in rows} >= {("ann", "96-kB", "0"), ("bob", "96-kB", "1")}
+    assert next(r for r in rows if r["student"] == "cyd")["note"] == "notebook not handed in"
+    for r in rows:  # the instructor scores ann's answers; 5 is out of range for a 2-point question
+        r["score"] = {"96-kB": "1", "96-why": "5"}[r["question"]] if r["student"] == "ann" else ""
+    with open(tmp_path / "out" / "answers.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=rows[0].keys())
+        w.writeheader()
+        w.writerows(rows)
+    students = run()
+    assert "outside 0..2" in capsys.readouterr().err
+    ann = students["ann"][nb_path.name]
+    assert (ann["answer_points"], ann["answer_score"], ann["answers_unscored"]) == (3, 1, 1)
+    assert students["bob"][nb_path.name]["answers_unscored"] == 0  # blank: nothing to read
+    sub = tmp_path / "subs" / "ann" / nb_path.name  # ann changes her prediction: its score no longer counts
+    nb = nbformat.read(sub, as_version=4)
+    nb.cells[3].source = "predicted_kB = 160"
+    nbformat.write(nb, sub)
+    students = run()
+    assert "changed since it was scored" in capsys.readouterr().err
+    assert students["ann"][nb_path.name]["answer_score"] == 0

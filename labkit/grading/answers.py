@@ -187,7 +187,7 @@ def merge_scores(answers: list[Answer], previous_csv: Path) -> list[str]:
     return warnings
 
 
-def write(out: Path, answers: list[Answer]) -> tuple[Path, Path]:
+def write(out: Path, answers: list[Answer], prompts: dict[tuple[str, str], str] | None = None) -> tuple[Path, Path]:
     """``answers.csv`` (a row per student and question, a score column to fill in) and ``answers.html`` (per
     question, every student's answer, blank ones said to be blank)."""
     out = Path(out)
@@ -199,11 +199,11 @@ def write(out: Path, answers: list[Answer]) -> tuple[Path, Path]:
         for a in answers:
             w.writerow([a.student, a.notebook, a.question, a.kind, a.points, int(a.blank),
                         "" if a.score is None else f"{a.score:g}", _digest(a.answer), a.answer, a.note])
-    html_path.write_text(_page(answers), encoding="utf-8")
+    html_path.write_text(_page(answers, prompts or {}), encoding="utf-8")
     return csv_path, html_path
 
 
-def _page(answers: list[Answer]) -> str:
+def _page(answers: list[Answer], prompts: dict[tuple[str, str], str]) -> str:
     esc = html.escape
     by_q: dict[tuple[str, str], list[Answer]] = {}
     for a in answers:
@@ -219,6 +219,8 @@ def _page(answers: list[Answer]) -> str:
         blanks = sum(a.blank for a in rows)
         parts.append(f"<h2>{esc(notebook)}: {esc(qid)} ({esc(rows[0].kind)}, {rows[0].points} point"
                      f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank)</h2>")
+        if prompts.get((notebook, qid)):
+            parts.append(f"<blockquote><pre>{esc(prompts[(notebook, qid)])}</pre></blockquote>")
         parts.append("<table><tr><th>student</th><th>answer</th><th>score</th></tr>")
         for a in rows:
             body = (f"<span class='blank'>blank{': ' + esc(a.note) if a.note else ''}</span>" if a.blank

@@ -129,7 +129,9 @@ def release_entry(student) -> dict:
         cell = student.cells[i]
         exercises.append({"name": name, "check_cell_id": cell.get("id"), "check_source": cell.source,
                           "check_sha256": hashlib.sha256(cell.source.encode()).hexdigest()})
-    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises}
+    questions = [{"id": m["answer"], "kind": m["kind"], "points": int(m.get("points", 1)),
+                  "question": answers.question_text(student, i)} for i, m in answers.answer_cells(student)]
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises, "answers": questions}
 
 
 def nbgrader_source(nb, points: int = 1):

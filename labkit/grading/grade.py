@@ -9,7 +9,9 @@ endless loop costs one exercise, never the rest of the notebook or the other stu
 check cell, ``check.<name>(...)`` of an exercise declared in :mod:`labkit.check.exercises`: its verdict is the
 check's, replayed by the grader on what the student's function returned (never the cell's own success).
 Results go to ``grades.csv`` (one row per exercise) and ``grades.json`` (with scores), and the executed
-notebooks beside them, for reading the students' errors in full.
+notebooks beside them, for reading the students' errors in full. The answers to the labs' questions (predict and
+explain, :mod:`.answers`) go to ``answers.html``, one table per question to read, and ``answers.csv``, whose
+``score`` column the instructor fills in: the next run into the same folder keeps those scores.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..progress import progress_bar
+from . import answers as answer_cells
 from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
 from .notebook import ExerciseResult, grade_notebook
 from .sandbox import Limits
@@ -146,12 +149,69 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         missing = _not_handed_in(found, record)
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
+    answered = _answers(found, record, out)
     meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
             "limits": asdict(limits or Limits()),
             "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha,
             "part": list(part) if part else None}
-    csv_path, json_path = _write(out, results, {**meta, "students": _by_student(results, seconds, hashes)})
+    students = _by_student(results, seconds, hashes)
+    _add_answers(students, answered)
+    csv_path, json_path = _write(out, results, {**meta, "students": students})
     return results, csv_path, json_path
+
+
+def _answers(found: list[tuple[str, Path]], record: dict | None, out: Path) -> list[answer_cells.Answer]:
+    """Every student's answers to the questions (blank ones too), with the scores an earlier run's answers.csv in
+    ``out`` holds for answers unchanged since; written to answers.csv and answers.html."""
+    import nbformat
+
+    answered: list[answer_cells.Answer] = []
+    prompts: dict[tuple[str, str], str] = {}
+    for student, path in found:
+        name = _match(path, record) if record else path.name
+        expected = (record["notebooks"][name].get("answers", []) if record and name in record["notebooks"] else None)
+        try:
+            nb = nbformat.read(path, as_version=4)
+            mine = {a.question: a for a in answer_cells.collect(nb, student, name or path.name)}
+            for i, cell in enumerate(nb.cells):
+                if (m := answer_cells.meta(cell)) is not None:
+                    prompts.setdefault((name or path.name, m["answer"]), answer_cells.question_text(nb, i))
+        except Exception as e:  # noqa: BLE001 - an unreadable notebook has blank answers, said why
+            mine, why = {}, f"the notebook could not be read ({type(e).__name__})"
+        else:
+            why = "its answer cell is missing from the notebook (deleted?)"
+        for q in expected if expected is not None else []:
+            answered.append(mine.pop(q["id"], None) or answer_cells.Answer(
+                student, name, q["id"], q["kind"], int(q["points"]), "", True, note=why))
+        answered += list(mine.values())
+    if record:  # a released notebook a student did not hand in: its questions unanswered
+        handed_in = {(s, _match(p, record)) for s, p in found}
+        for student in sorted({s for s, _ in found}):
+            for name, entry in record["notebooks"].items():
+                if (student, name) not in handed_in:
+                    answered += [answer_cells.Answer(student, name, q["id"], q["kind"], int(q["points"]), "", True,
+                                                     note="notebook not handed in") for q in entry.get("answers", [])]
+        for name, entry in record["notebooks"].items():
+            prompts.update({(name, q["id"]): q.get("question", "") for q in entry.get("answers", [])})
+    for warning in answer_cells.merge_scores(answered, out / answer_cells.ANSWERS_CSV):
+        print(f"labkit grade: answers.csv: {warning}", file=sys.stderr)
+    if answered:
+        answer_cells.write(out, answered, prompts)
+    return answered
+
+
+def _add_answers(students: dict, answered: list) -> None:
+    """grades.json: per student and notebook, its answers and the points the instructor has scored so far."""
+    for a in answered:
+        entry = students.setdefault(a.student, {}).setdefault(a.notebook, {})
+        entry.setdefault("answers", []).append(
+            {"question": a.question, "kind": a.kind, "points": a.points, "blank": a.blank, "score": a.score})
+    for notebooks in students.values():
+        for entry in notebooks.values():
+            if "answers" in entry:
+                entry["answer_points"] = sum(q["points"] for q in entry["answers"])
+                entry["answer_score"] = sum(q["score"] or 0 for q in entry["answers"])
+                entry["answers_unscored"] = sum(q["score"] is None and not q["blank"] for q in entry["answers"])
 
 
 def _isolation(isolate: bool | None) -> bool:
