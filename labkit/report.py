@@ -131,11 +131,12 @@ def collect(nb, result: NotebookResult) -> None:
 
 
 def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progress: bool | None = None,
-            env: dict[str, str | None] | None = None) -> NotebookResult:
+            env: dict[str, str | None] | None = None, allow_errors: bool = False) -> NotebookResult:
     """Execute one notebook into ``out_dir`` and return what it produced (never raises for notebook errors).
 
     ``env`` changes the kernel's environment: a value of None removes the variable (e.g. ``{"LABKIT_DATA": None}``
-    runs the lab on the default data)."""
+    runs the lab on the default data). With ``allow_errors`` every cell runs whatever the cells above it raised
+    (a student's version, as a student would run it to the end); the errors are in ``result.executed``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -145,7 +146,7 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
     inject_parameters(nb, params)
     n_code = sum(c.cell_type == "code" for c in nb.cells)
     bar = progress_bar(total=n_code, enable=progress, desc=f"  {path.name}", unit="cell", leave=False)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                             # the kernel listens on 127.0.0.1 only; its warning about plain TCP is noise here
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],
                             resources={"metadata": {"path": str(path.parent)}},
