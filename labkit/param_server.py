@@ -161,7 +161,14 @@ class _Master:
         from mpi4py import MPI
 
         self.comm.Recv(np.empty(self.status.Get_count(MPI.BYTE), dtype=np.uint8), source=src, tag=tag)
-        if src in self.clock:
+        if src in self.clock and tag == GRAD and count * self.itemsize in (2 * self.n * self.itemsize,
+                                                                            self.n * self.itemsize // 2):
+            sent = "float64" if count > self.n else "float32"
+            self.problems.append(f"master {self.me}: rank {src} sent its gradient as {sent} values, but the weights "
+                                 f"are {self.buf.dtype} ({self.n} values of {self.itemsize} bytes expected, "
+                                 f"{count * self.itemsize} bytes came): a mismatch of dtype, not of length")
+            self.send_weights(src)
+        elif src in self.clock:
             self.problems.append(f"master {self.me}: rank {src} sent {count} values with tag {tag}; expected tag "
                                  f"GRAD={GRAD} with {self.n} values (this master's {self.n - 1} gradient entries, then "
                                  "the version)")

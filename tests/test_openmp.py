@@ -229,3 +229,48 @@ def test_the_omp_reduction_check_names_a_race_a_bad_write_and_no_openmp(capsys):
                           (serial, "no OpenMP directive"), (lost, "wrong gradient or cost")):
         with pytest.raises(check.ExerciseError, match=f"(?s){words}"):
             check.omp_reduction(source)
+
+
+# every sample's work under one lock: the values are right, the threads take turns
+TAKES_TURNS = GOOD_OMP.replace("#pragma omp parallel " + REDUCTION, "#pragma omp parallel").replace(
+    "            cost += add_sample(", "            #pragma omp critical\n            cost += add_sample(")
+# each thread sums its samples on its own, then adds its sums to the shared ones once, under a lock: parallel
+MERGE_ONCE = r"""
+double my_bp_omp(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
+                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid, n = nW1 + nW2 + n_hid + n_out;
+    double cost = 0.0;
+    #pragma omp parallel
+    {
+        float* mine = calloc(n + 2 * (size_t)n_hid, sizeof(float));
+        float *pW1 = mine, *pW2 = mine + nW1, *pb1 = pW2 + nW2, *pb2 = pb1 + n_hid, *work = pb2 + n_out;
+        double c = 0.0;
+        #pragma omp for
+        for (int s = 0; s < B; ++s)
+            c += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                            pW1, pb1, pW2, pb2);
+        #pragma omp critical
+        {
+            for (size_t t = 0; t < nW1; ++t) gW1[t] += pW1[t];
+            for (size_t t = 0; t < nW2; ++t) gW2[t] += pW2[t];
+            for (int t = 0; t < n_hid; ++t) gb1[t] += pb1[t];
+            for (int t = 0; t < n_out; ++t) gb2[t] += pb2[t];
+            cost += c;
+        }
+        free(mine);
+    }
+    return cost;
+}
+"""
+
+
+def test_the_omp_reduction_check_fails_threads_that_take_turns_and_passes_a_merge_once(capsys):
+    from labkit import check
+
+    assert "omp critical" in TAKES_TURNS and REDUCTION not in TAKES_TURNS
+    with pytest.raises(check.ExerciseError, match="(?s)the gradients are right.*take turns.*combine them once"):
+        check.omp_reduction(TAKES_TURNS)
+    check.omp_reduction(MERGE_ONCE)  # a lock, but taken once per thread: the samples still run side by side
+    assert "OpenMP reduction at 1, 2" in capsys.readouterr().out

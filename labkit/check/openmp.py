@@ -4,6 +4,8 @@ many times at 1 to 2x-cores threads against the NumPy reference, which names a r
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from . import capture
@@ -167,7 +169,48 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
         fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)",
              "each thread summed its share, but the shares were not combined: a missing reduction. Name every "
              "gradient array and the cost in reduction(+ : ...) with their lengths (array sections: gW1[:n_hid * n_in])")
+    if _takes_turns(source):
+        many = [p for p in threads if p > 1]
+        most = capture.step("overlap", lambda: _most_inside_at_once(source, name, (W1, b1, W2, b2, x, Y), many, runs))
+        if most <= 1:
+            fail(ex, f"the gradients are right, but in {runs * len(many)} runs at {', '.join(map(str, many))} threads "
+                     "no two threads were ever inside add_sample at the same time: the threads take turns, so the "
+                     "loop over the samples runs serially", "omp critical (or atomic, ordered, a lock) around each "
+                     "sample's work lets one thread in at a time. Let every thread add into gradients of its own, "
+                     "and combine them once at the end")
+        n += 1
     passed(f"{ex} at {', '.join(map(str, threads))} threads", n)
+
+
+_TURNS = re.compile(r"#\s*pragma\s+omp\s+(?:critical|atomic|ordered)\b|\bomp_set_lock\s*\(")
+
+
+def _takes_turns(source: str) -> bool:
+    """Whether the source lets one thread at a time into some region (critical, atomic, ordered or a lock)."""
+    from ..hostc import strip_comments
+
+    return bool(_TURNS.search(strip_comments(source)))
+
+
+def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], runs: int) -> int:
+    """The most threads inside labkit's add_sample at the same moment, over ``runs`` calls at each of ``threads``
+    (the student's code built with -DLABKIT_OVERLAP, which counts them)."""
+    from .. import hostc, openmp
+
+    module = hostc.CModule(openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True,
+                           options=("-DLABKIT_OVERLAP",))
+    fn, overlap = module.get_function(name), module.get_function("labkit_overlap")
+    W1, b1, W2, b2, x, Y = arrays
+    B, n_hid, n_out = len(x), len(b1), len(b2)
+    most = 0
+    overlap(np.int32(1))
+    for p in threads:
+        for _ in range(runs):
+            out = [np.zeros_like(w) for w in (W1, b1, W2, b2)]
+            fn(W1, b1, W2, b2, x, Y, np.int32(B), np.int32(x.shape[1]), np.int32(n_hid), np.int32(n_out), *out,
+               threads=p)
+            most = max(most, int(overlap(np.int32(1))))
+    return most
 
 
 EXERCISES = (

@@ -15,7 +15,7 @@ comm = MPI.COMM_WORLD
 size, rank = comm.Get_size(), comm.Get_rank()
 
 
-def student(version="reply", done=True, in_place=True, with_version=True, receive=True):
+def student(version="reply", done=True, in_place=True, with_version=True, receive=True, cast=True):
     """A worker loop with one of the usual mistakes switched on."""
     def loop(comm, grad, flat, bounds, batches, timeout):
         versions = np.zeros(len(bounds))
@@ -24,6 +24,7 @@ def student(version="reply", done=True, in_place=True, with_version=True, receiv
             reqs, replies = [], []
             for m, (lo, hi) in enumerate(bounds):
                 msg = np.append(g[lo:hi], versions[m]) if with_version else g[lo:hi].copy()
+                msg = msg.astype(flat.dtype) if cast else msg  # versions are float64: np.append gives float64
                 reqs.append(comm.Isend(msg, dest=m, tag=param_server.GRAD))
                 replies.append(np.empty(hi - lo + 1, dtype=flat.dtype))
                 if receive:
@@ -69,4 +70,5 @@ mistake("weights rebound instead of copied", student(in_place=False), "differ fr
 mistake("no version in the message", student(with_version=False), "expected tag GRAD", "followed by one number")
 mistake("no DONE", student(done=False), "never sent DONE", "tell every master you are done")
 mistake("never receives", student(receive=False), "is it receiving", "Irecv")
+mistake("float64 messages to float32 masters", student(cast=False), "float32", "a mismatch of dtype", ".astype(flat.dtype)")
 run_cases(comm)
