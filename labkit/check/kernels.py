@@ -54,14 +54,19 @@ def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
 
 
 @recorded
-def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int = 16) -> None:
+def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = None) -> None:
     """Lab 05: C = A B with tile x tile blocks staged in shared memory.
 
     Signature (const float* A, const float* B, float* C, int M, int N, int K); launched with block
-    (tile, tile) and grid (ceil(N/tile), ceil(M/tile)).
+    (tile, tile) and grid (ceil(N/tile), ceil(M/tile)); ``tile`` is the source's ``#define TILE`` (else 16).
     """
+    from ..kernels.source import define
+
     ex = "tiled matmul"
     source = capture.source(source)
+    tile = tile or (define(source, "TILE", 16) if isinstance(source, str) else 16)
+    if not 1 <= tile <= 32:
+        fail(ex, f"#define TILE {tile}: a block of TILE x TILE threads needs 1 <= TILE <= 32 (at most 1,024 threads)")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "

@@ -30,12 +30,14 @@ from .matmul import library_gflops, matmul
 from .optim import sgd_momentum
 from .reduce import accuracy_count, sse_reduce, sum_reduce
 from .softmax import softmax_xent_backward, softmax_xent_forward
+from .source import define
 
 LAUNCHERS = ("matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
              "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",
              "conv2d_relu_forward", "conv2d_relu_backward")
 
-__all__ = ["EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature", "backend",
+__all__ = ["define", "EmulatorUnavailable", "Kernel", "KernelCompileError", "KernelError", "Module", "UnsupportedFeature",
+           "backend",
            "kernel_source", "load", "load_file", "LAUNCHERS", "synchronize", "time_kernel",
            "library_gflops", "matmul", "wt_delta", "outer", "bias_act_forward", "act_backward", "col_sum", "sgd_momentum",
            "softmax_xent_forward", "softmax_xent_backward", "sum_reduce", "sse_reduce", "accuracy_count",

@@ -249,3 +249,12 @@ def check_args(params: tuple[Param, ...], args, where: str, on_gpu: bool = False
                 raise TypeError(f"{what} needs a NumPy scalar of the parameter's type, got {type(a).__name__}")
             nbytes.append(0)
     return nbytes
+
+
+def define(src: str, name: str, default: int | None = None) -> int | None:
+    """The integer a ``#define NAME value`` of the source gives (``TILE`` of a tiled kernel), else ``default``."""
+    import re
+
+    found = re.search(rf"^[ \t]*#[ \t]*define[ \t]+{re.escape(name)}[ \t]+\(?[ \t]*(\d+)[ \t]*\)?[ \t]*$",
+                      strip_comments(src), re.M)
+    return int(found.group(1)) if found else default
