@@ -171,7 +171,7 @@ def test_tiled_matmul_solution_passes(tiled_solution, capsys):
     ("    float acc = 0.0f;", "    if (row >= M || col >= N) return;\n    float acc = 0.0f;", r"returned without reaching it"),
     ("acc += As[ty][k] * Bs[k][tx]", "acc += As[ty][k] * Bs[tx][k]", r"C\[0, 0\] is .* \(yours\) but should be .* \(spec\)"),
     ("        __syncthreads();\n    }", "    }", r"entries wrong"),
-    ("__shared__ float Bs[TILE][TILE];", "float Bs[TILE][TILE];", r"entries wrong"),  # a per-thread array, not shared
+    ("__shared__ float Bs[TILE][TILE];", "float Bs[TILE][TILE];", r"the array Bs that you store B into is not __shared__"),
     ("float acc = 0.0f;", "float acc = 0.0f", r"does not compile:(.|\n)*kernel.cu:9"),
     ("{\n    __shared__", "{\n    /* YOUR CODE HERE */\n    __shared__", "not written yet"),
 ])
@@ -188,6 +188,18 @@ def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
              '  float s = 0; for (int k = 0; k < K; ++k) s += A[r * K + k] * B[k * N + c]; C[r * N + c] = s; } }\n')
     with pytest.raises(check.ExerciseError, match="does not use __shared__"):
         check.tiled_matmul(naive)
+    beside = naive.replace("{ int r", "{ __shared__ float As[16][16];\n  __shared__ float Bs[16][16];\n  __syncthreads(); int r")
+    with pytest.raises(check.ExerciseError, match="the __shared__ array As is never stored to"):
+        check.tiled_matmul(beside)
+    touched = beside.replace("s = 0;", "s = 0; As[threadIdx.y][threadIdx.x] = A[0]; Bs[0][0] = As[0][0]; s = Bs[0][0] * 0;")
+    with pytest.raises(check.ExerciseError, match=r"reads A from global memory outside storing a tile: `.*s \+= A\[r \* K"):
+        check.tiled_matmul(touched)
+
+
+@needs_cxx
+def test_tiled_matmul_with_another_tile_size_passes(tiled_solution, capsys):
+    check.tiled_matmul(tiled_solution.replace("#define TILE 16", "#define TILE 8"))
+    assert "all 5 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx

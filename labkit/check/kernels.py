@@ -41,6 +41,39 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
     return kernel
 
 
+def _tiles_staged(ex: str, source: str, name: str) -> None:
+    """Fail a kernel that declares ``__shared__`` tiles but does not work from them: a tile never stored or never
+    read, or the global inputs read anywhere but in a store to a tile (the naive kernel with a shared array beside
+    it). Read from the source: the emulator's counts of memory traffic will judge it by what it does."""
+    import re
+
+    from ..kernels.source import strip_comments
+
+    code = strip_comments(source)
+    tiles = re.findall(r"__shared__\s+[\w\s]+?\b(\w+)\s*\[", code)
+    for t in tiles:
+        if not re.search(rf"\b{t}\s*(\[[^\]]*\]\s*)+=(?!=)", code):
+            fail(ex, f"the __shared__ array {t} is never stored to", "each thread stores one element of the current "
+                 "tile of A (or B) into the shared array, then the block waits for all the stores")
+        if not any(not re.match(r"\s*=(?!=)", code[m.end():]) for m in re.finditer(rf"\b{t}\s*(?:\[[^\]]*\]\s*)+", code)):
+            fail(ex, f"the __shared__ array {t} is never read", "the products of the inner loop read their operands "
+                 "from the shared tiles, not from A and B")
+    signature = re.search(rf"\b{re.escape(name)}\s*\(([^)]*)\)", code)
+    inputs = re.findall(r"\*\s*(?:const\s+|__restrict__\s+)*(\w+)\s*(?:,|$)", signature.group(1))[:2] if signature else []
+    for line in re.split(r"[;{}]", code):  # statement by statement
+        for g in inputs:
+            if re.search(rf"\b{g}\s*\[", line) and not any(re.search(rf"\b{t}\s*(\[[^\]]*\]\s*)+=(?!=)", line)
+                                                               for t in tiles):
+                private = re.match(r"\s*(\w+)\s*(?:\[[^\]]*\]\s*)+=(?!=)", line)
+                if private and private.group(1) not in (*inputs, *tiles):
+                    fail(ex, f"the array {private.group(1)} that you store {g} into is not __shared__: every thread has "
+                         "its own copy, so no thread sees what the others loaded", f"declare it __shared__ float "
+                         f"{private.group(1)}[TILE][TILE]; one copy per block")
+                fail(ex, f"your kernel reads {g} from global memory outside storing a tile: `{' '.join(line.split())}`",
+                     f"each element of {g} should come from global memory once per tile, into a __shared__ array, and "
+                     "be used TILE times from there; the inner product reads only the shared tiles")
+
+
 def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
     from .. import kernels
 
@@ -71,6 +104,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "
                          "next load overwrites it)"})
+    if isinstance(source, str):
+        _tiles_staged(ex, source, name)
     rng = np.random.default_rng(capture.seed(0))
     checks = 0
     for M, N, K in [(tile, tile, tile), (2 * tile, 3 * tile, 4 * tile), (1, 1, 1), (tile + 1, 2 * tile + 1, tile + 3),
