@@ -177,12 +177,49 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
     return result
 
 
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"
+
+
+def local_mathjax(folder: Path) -> str | None:
+    """MathJax copied into ``folder``/mathjax from the installed jupyter-server-mathjax (once), so that a page there
+    renders its math with no network (lab machines, air-gapped clusters); the URL a page in ``folder`` loads it by,
+    or None where the package is missing (the page then falls back to nbconvert's CDN)."""
+    import shutil
+
+    try:
+        import jupyter_server_mathjax
+    except ImportError:
+        return None
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    target = Path(folder) / "mathjax"
+    if not (target / "MathJax.js").is_file():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    return f"mathjax/MathJax.js?config={MATHJAX_CONFIG}"
+
+
+# nbconvert's lab page, less what it would fetch from a CDN and these pages never need: require.js (for widgets,
+# which the executed labs do not save) and mermaid (for diagrams, which they do not draw)
+_OFFLINE_PAGE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+def _offline_exporter(html_exporter, mathjax_url: str):
+    import jinja2
+
+    return html_exporter(mathjax_url=mathjax_url, template_file="labkit_offline.html.j2",
+                         extra_loaders=[jinja2.DictLoader({"labkit_offline.html.j2": _OFFLINE_PAGE})])
+
+
 def export_html(nb, path: Path) -> Path | None:
-    """The executed notebook as one HTML page (nbconvert, figures embedded); None if nbconvert cannot do it."""
+    """The executed notebook as one HTML page (nbconvert, figures embedded, MathJax beside it: no network needed);
+    None if nbconvert cannot do it."""
     try:
         from nbconvert import HTMLExporter
 
-        body, _ = HTMLExporter().from_notebook_node(nb)
+        url = local_mathjax(path.parent)
+        body, _ = (_offline_exporter(HTMLExporter, url) if url else HTMLExporter()).from_notebook_node(nb)
     except Exception as e:  # noqa: BLE001 - the report is still useful without this page
         print(f"labkit report: could not export {path.name} to HTML ({type(e).__name__}: {e})")
         return None

@@ -167,3 +167,42 @@ def test_lab01_runs_in_jupyterlab_in_chromium(jupyterlab, tmp_path):
     counts = [c["execution_count"] for c in nb["cells"] if c["cell_type"] == "code"]
     assert counts == list(range(1, len(counts) + 1)), f"cells ran out of order or not at all: {counts}"
     assert any("image/png" in o.get("data", {}) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+
+
+def test_an_exported_lab_page_renders_its_math_with_no_network(tmp_path):
+    """The report's lab pages load MathJax from beside them: Chromium, with every request off this folder refused,
+    turns the page's $...$ into typeset math."""
+    import nbformat
+
+    from labkit import report
+
+    chromium = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright is not installed (pip install -e '.[test]')")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "# Lab 99\n\nThe ring sends $2\\frac{p-1}{p}N$ elements against $(p-1)N$.")])
+    page_path = report.export_html(nb, tmp_path / "99_math.html")
+    html = page_path.read_text()
+    assert "cdnjs" not in html and 'src="mathjax/MathJax.js?config=' in html
+    assert (tmp_path / "mathjax" / "MathJax.js").is_file()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        outside = []
+
+        def offline(route):
+            if route.request.url.startswith("file://"):
+                return route.continue_()
+            outside.append(route.request.url)
+            return route.abort()
+
+        page.route("**/*", offline)
+        try:
+            page.goto(page_path.as_uri())
+            page.wait_for_selector(".MathJax, .MathJax_Display, mjx-container", timeout=30_000)
+            assert "$(p-1)N$" not in page.inner_text("body"), "the math is still raw TeX"
+        finally:
+            browser.close()
+    assert not outside, f"the page asked the network for {outside}"
