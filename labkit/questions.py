@@ -3,6 +3,8 @@
 A lab asks for a prediction in an answer cell above the experiment (``predicted_speedup = ...``); the cell after the
 experiment calls :func:`compare`. It only prints: predictions are read and scored by the instructor (``labkit grade``
 collects them into ``answers.html``), never by the machine, and a prediction left blank is said to be blank.
+
+:func:`yours_or_labkits` lets a cell that builds on an exercise run before the student has written it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,36 @@ def compare(predicted, measured, unit: str = "", what: str = "") -> str:
     return line
 
 
+def written(fn) -> bool:
+    """Whether a student's function is written: not the stub as handed out, whose body (after its docstring) is only
+    ``raise NotImplementedError``. A function whose source cannot be read counts as written."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return True
+    exc = body[0].exc
+    name = exc.func if isinstance(exc, ast.Call) else exc
+    return not (isinstance(name, ast.Name) and name.id == "NotImplementedError")
+
+
+def yours_or_labkits(yours, labkits, what: str):
+    """``yours`` once it is written, else ``labkits`` after a line saying so: a later cell that needs an exercise's
+    function runs on labkit's own until the student's is written, instead of failing."""
+    if written(yours):
+        return yours
+    print(f"(your {what} is not written yet: labkit's own runs in its place here)")
+    return labkits
+
+
 def _number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -62,4 +94,4 @@ def _fmt(x) -> str:
     return repr(x)
 
 
-__all__ = ["blank", "compare"]
+__all__ = ["blank", "compare", "written", "yours_or_labkits"]
