@@ -384,3 +384,95 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
     if rank != 0:
         return PSResult(None, seconds=seconds)
     return PSResult(unflatten(whole, params), stale, loads, wsteps, wl, seconds)
+
+
+# -- the staleness model of lab 09 ------------------------------------------------------------------------------------
+
+def round_robin_staleness(workers: int, updates: int) -> np.ndarray:
+    """The staleness of each of ``updates`` updates when ``workers`` workers take turns at one asynchronous master
+    (worker k mod W sends the k-th), each computing on the weights the master last sent it (version 0 at the start):
+    the master's version when it applies the update minus the version the gradient was computed on."""
+    if workers < 1 or updates < 0:
+        raise ValueError(f"need workers >= 1 and updates >= 0, got {workers} and {updates}")
+    have = [0] * workers  # the version each worker holds
+    out = np.zeros(updates, dtype=np.int64)
+    for k in range(updates):
+        w = k % workers
+        out[k] = k - have[w]  # k updates applied before this one
+        have[w] = k + 1  # the master answers with the weights after it
+    return out
+
+
+def delayed_descent(step: float, delay: int, iterations: int) -> np.ndarray:
+    """Gradient descent on f(w) = h w^2 / 2 whose gradient is ``delay`` updates old: w_{t+1} = w_t - (eta h) w_{t-delay},
+    from w_t = 1 for every t <= 0; ``step`` is eta h. Returns w_0 .. w_iterations."""
+    if delay < 0 or iterations < 0:
+        raise ValueError(f"need delay >= 0 and iterations >= 0, got {delay} and {iterations}")
+    w = np.ones(iterations + 1)
+    for t in range(iterations):
+        w[t + 1] = w[t] - step * (w[t - delay] if t >= delay else 1.0)
+    return w
+
+
+def converges(descent, step: float, delay: int, iterations: int = 2000) -> bool:
+    """Whether ``descent(step, delay, iterations)`` (:func:`delayed_descent` or a student's) ends near 0."""
+    w = np.asarray(descent(step, delay, iterations), dtype=float)
+    return bool(np.isfinite(w).all() and np.abs(w[-50:]).max() < 1e-3)
+
+
+def largest_stable_step(delay: int, descent=delayed_descent, tol: float = 1e-3) -> float:
+    """The largest eta h for which delayed descent still converges, found by bisection on (0, 2]."""
+    lo, hi = 0.0, 2.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if converges(descent, mid, delay) else (lo, mid)
+    return lo
+
+
+def stable_step_formula(delay: int) -> float:
+    """The largest stable eta h of delayed descent, 2 sin(pi / (4 delay + 2)): 2 without delay, 1 for one, about
+    pi / (2 delay + 1) for long delays."""
+    return 2 * math.sin(math.pi / (4 * delay + 2))
+
+
+# -- lab 09's experiments, each one call on every rank ----------------------------------------------------------------
+
+def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1, 0.6), masters=(1, 2)) -> list:
+    """Train on the first W + M ranks for every W workers and M ``masters`` at every learning rate; on rank 0 the rows
+    (workers, masters, lr, test accuracy, mean staleness, seconds), an empty list elsewhere. Progress is printed."""
+    from .cluster import first_ranks
+
+    x_test, y_test = test_data
+    rows = []
+    for m in masters:
+        for w in range(1, comm.Get_size() - m + 1):
+            with first_ranks(comm, w + m) as sub:
+                if sub:
+                    for lr in lrs:
+                        r = train(sub, sizes, train_data, masters=m, epochs=epochs, lr=lr)
+                        if comm.Get_rank() == 0:
+                            rows.append((w, m, lr, mlp.accuracy(r.params, x_test, y_test, "relu", "cross_entropy"),
+                                         float(r.staleness.mean()), r.seconds))
+                            print(f"{w} workers, {m} master(s), lr {lr}: done", flush=True)
+            comm.Barrier()
+    return rows
+
+
+def remedies(comm, sizes, train_data, test_data, epochs: int = 1, lr: float = 0.6) -> tuple[dict, dict]:
+    """Every rank but one a worker, one master, at the high ``lr``: asynchronous, bounded staleness (s = 0), each with
+    lr and with lr / W, and synchronous. On rank 0 ({name: test accuracy}, {name: staleness of every update})."""
+    x_test, y_test = test_data
+    workers = comm.Get_size() - 1
+    runs = {f"asynchronous, lr {lr}": dict(mode="async", lr=lr),
+            f"bounded staleness s=0, lr {lr}": dict(mode="ssp", staleness_bound=0, lr=lr),
+            f"asynchronous, lr {lr}/{workers}": dict(mode="async", lr=lr / workers),
+            f"bounded staleness s=0, lr {lr}/{workers}": dict(mode="ssp", staleness_bound=0, lr=lr / workers),
+            f"synchronous, lr {lr}": dict(mode="sync", lr=lr)}
+    accuracy, staleness = {}, {}
+    for name, kw in runs.items():
+        r = train(comm, sizes, train_data, masters=1, epochs=epochs, **kw)
+        if comm.Get_rank() == 0:
+            accuracy[name] = mlp.accuracy(r.params, x_test, y_test, "relu", "cross_entropy")
+            staleness[name] = r.staleness
+    return accuracy, staleness
+

@@ -350,6 +350,21 @@ def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "stalene
     return fig
 
 
+def plot_accuracy_table(rows, hline: float | None = None, title: str | None = None):
+    """Test accuracy against the number of workers, one line per (learning rate, masters), from rows of
+    (workers, masters, lr, accuracy, ...) as :func:`labkit.param_server.accuracy_table` gives them; prints them too."""
+    print("workers  masters    lr   accuracy   mean staleness   seconds")
+    for w, m, lr, acc, st, sec in rows:
+        print(f"{w:7d}  {m:7d}  {lr:4.1f}   {acc:8.2%}   {st:14.2f}   {sec:7.2f}")
+    most = max(r[0] for r in rows)
+    series = {}
+    for m in sorted({r[1] for r in rows}):
+        for lr in sorted({r[2] for r in rows}):
+            acc = {r[0]: r[3] for r in rows if r[1] == m and r[2] == lr}
+            series[f"lr {lr}, {m} master{'s' if m > 1 else ''}"] = [acc.get(w, np.nan) for w in range(1, most + 1)]
+    return plot_lines(range(1, most + 1), series, xlabel="workers", ylabel="test accuracy", hline=hline, title=title)
+
+
 def plot_timeline(events, title: str = "pipeline schedule", stage_names: Sequence[str] | None = None):
     """A Gantt chart of (rank, kind 0=forward 1=backward, micro-batch, start s, end s) rows, one lane per rank;
     white space is the bubble."""

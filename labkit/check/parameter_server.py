@@ -1,5 +1,6 @@
-"""The check of lab 09's exercise: the asynchronous worker of a sharded parameter server, run among labkit's masters
-on every MPI rank (:func:`.mpi.collective_check`)."""
+"""The checks of lab 09's exercises: the staleness of workers taking turns, gradient descent with a delay (both plain
+functions), and the asynchronous worker of a sharded parameter server, run among labkit's masters on every MPI rank
+(:func:`.mpi.collective_check`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from .. import mlp
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, not_written, recorded
+from .common import ExerciseError, call, compare_series, not_written, passed, recorded
 from .exercises import Exercise
 from .mpi import collective_check
 
@@ -129,7 +130,89 @@ def _serial_sgd(data, seed, dtype=np.float64):
     return params
 
 
+@recorded
+def round_robin_staleness(fn) -> None:
+    """Lab 09: ``fn(workers, updates)``, the staleness of each update when workers take turns at one asynchronous
+    master, each computing on the weights it last received. Checked on 1 to 6 workers, 0 to 3 W + 2 updates."""
+    from .. import param_server
+
+    ex = "staleness of workers taking turns"
+    fn = capture.student(fn, "fn", ex)
+    n = 0
+    for workers in range(1, 7):
+        for updates in sorted({0, 1, workers, 3 * workers + 2}):
+            want = param_server.round_robin_staleness(workers, updates).astype(float)
+            got = call(ex, fn, workers, updates)
+            k = np.arange(updates)
+            compare_series(ex, f"{workers} workers, {updates} updates", got, want, [
+                (np.full(updates, workers - 1.0), "the first round is different: the k-th of the first W updates was "
+                                                  "computed on version 0, so its staleness is k"),
+                (np.minimum(k, workers).astype(float), "one too many: a worker receives the weights *after* its own "
+                                                       "update, so its own update is not stale"),
+                (np.where(k < workers, 0.0, k - workers + 1.0), "that is the version the gradient was computed on; "
+                                                                 "the staleness is the master's version minus it"),
+            ], "simulate it: keep the version each worker holds; the k-th update comes from worker k mod W")
+            n += 1
+    passed(ex, n)
+
+
+@recorded
+def delayed_descent(fn) -> None:
+    """Lab 09: ``fn(step, delay, iterations)``, w_{t+1} = w_t - step * w_{t-delay} from w = 1 for every t <= 0,
+    returning w_0 .. w_iterations. Checked for delays 0 to 4 and steps on both sides of the stable limit, to 1e-9."""
+    from .. import param_server
+
+    ex = "delayed gradient descent"
+    fn = capture.student(fn, "fn", ex)
+    n = 0
+    for delay in range(5):
+        for step, iterations in ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25)):
+            want = param_server.delayed_descent(step, delay, iterations)
+            got = call(ex, fn, step, delay, iterations)
+            hints = [(_wrapped(step, delay, iterations), "for t < delay you read w[t - delay] with a negative index: "
+                                                          "Python wraps around to the end of the array; before t = 0, "
+                                                          "w is 1"),
+                     (param_server.delayed_descent(step, 0, iterations), "no delay at all: the gradient uses w_t, "
+                                                                          "not w_(t - delay)")]
+            if delay < 4:
+                hints.append((param_server.delayed_descent(step, delay + 1, iterations),
+                              "one step too old: w_(t+1) uses w_(t - delay), which for delay 0 is w_t itself"))
+            compare_series(ex, f"step {step}, delay {delay}, {iterations} iterations", got, want, hints,
+                           "start from w_0 = 1 and take one step at a time; return all iterations + 1 values")
+            n += 1
+    passed(ex, n)
+
+
+def _wrapped(step, delay, iterations):
+    """Delayed descent with the usual slip: w[t - delay] read before t = delay wraps to the array's end (zeros)."""
+    w = np.zeros(iterations + 1)
+    w[0] = 1.0
+    for t in range(iterations):
+        w[t + 1] = w[t] - step * w[t - delay]
+    return w
+
+
 EXERCISES = (
+    Exercise("round_robin_staleness", "09", "parameter_server",
+             references=("labkit.param_server:round_robin_staleness",), hints=(
+                 "Keep, for every worker, the version of the weights it holds: all start at version 0.",
+                 "Before the k-th update the master has applied k updates: its version is k. The k-th update comes "
+                 "from worker k mod W.",
+                 "The update's staleness is the master's version minus the version its worker held. Then that worker "
+                 "receives the weights after the update: version k + 1.",
+             )),
+    Exercise("delayed_descent", "09", "parameter_server",
+             references=("labkit.param_server:delayed_descent",), hints=(
+                 "Keep every w_t in an array of iterations + 1 values, w_0 = 1 first.",
+                 "Step t computes w_(t+1) from w_t and from the w that the delayed gradient saw, delay steps back.",
+                 "Before t = 0 the weights were 1: for t < delay the old w is 1, not an entry of your array.",
+             )),
     Exercise("async_worker", "09", "parameter_server", mpi=True,
-             references=("labkit.param_server:worker_loop", "labkit.param_server:_worker")),
+             references=("labkit.param_server:worker_loop", "labkit.param_server:_worker"), hints=(
+                 "Per batch: compute g = grad(x, Y) on the current flat, then talk to every master m in bounds.",
+                 "To master m: its slice g[lo:hi] with the version of that slice you computed on appended, as one "
+                 "message of flat's dtype (Isend, tag GRAD). From it: the same layout back (Irecv, tag WEIGHTS).",
+                 "Wait for all requests with wait_all, then copy each reply's slice into flat in place and keep its "
+                 "last entry as that slice's version. After the last batch, an empty message with tag DONE to each.",
+             )),
 )

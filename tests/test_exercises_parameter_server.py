@@ -1,0 +1,83 @@
+"""Lab 09's plain-function exercises: the staleness of workers taking turns, and gradient descent with a delay.
+(The asynchronous worker's check runs under mpiexec: tests/mpi/cases_ps_exercise.py.)"""
+
+import numpy as np
+import pytest
+
+from labkit import check, param_server
+from labkit.check import common
+
+
+def right_staleness(workers, updates):
+    have, out = [0] * workers, []
+    for k in range(updates):
+        out.append(k - have[k % workers])
+        have[k % workers] = k + 1
+    return out
+
+
+def right_descent(step, delay, iterations):
+    w = [1.0]
+    for t in range(iterations):
+        w.append(w[t] - step * (w[t - delay] if t >= delay else 1.0))
+    return w
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+def test_the_right_answers_pass_and_labkits_model_is_what_the_text_says(capsys):
+    check.round_robin_staleness(right_staleness)
+    check.delayed_descent(right_descent)
+    out = capsys.readouterr().out
+    assert "staleness of workers taking turns: all 23 checks passed" in out and "delayed gradient descent" in out
+    assert param_server.round_robin_staleness(4, 7).tolist() == [0, 1, 2, 3, 3, 3, 3]  # W - 1 once all have sent
+    for delay in range(4):  # the bisection finds the formula's limit
+        assert param_server.largest_stable_step(delay) == pytest.approx(param_server.stable_step_formula(delay), rel=0.03)
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (lambda W, n: [W - 1] * n, "the first round is different"),
+    (lambda W, n: [min(k, W) for k in range(n)], "one too many"),
+    (lambda W, n: [0 if k < W else k - W + 1 for k in range(n)], "that is the version the gradient was computed on"),
+    (lambda W, n: list(range(n)), "expected"),  # no turns at all: named by its values
+    (lambda W, n: 3, "expected an array of shape"),
+    (blank, "not written yet"),
+])
+def test_the_staleness_check_names_the_mistake(wrong, named):
+    with pytest.raises(check.ExerciseError, match=named):
+        check.round_robin_staleness(wrong)
+
+
+def wraps(step, delay, iterations):
+    w = np.zeros(iterations + 1)
+    w[0] = 1
+    for t in range(iterations):
+        w[t + 1] = w[t] - step * w[t - delay]
+    return w
+
+
+@pytest.mark.parametrize("wrong, named", [
+    (wraps, "negative index: Python wraps around"),
+    (lambda s, d, n: right_descent(s, 0, n), "no delay at all"),
+    (lambda s, d, n: right_descent(s, d + 1, n), "one step too old"),
+    (lambda s, d, n: right_descent(s, d, n)[1:], "expected an array of shape"),
+    (blank, "not written yet"),
+])
+def test_the_delayed_descent_check_names_the_mistake(wrong, named):
+    with pytest.raises(check.ExerciseError, match=named):
+        check.delayed_descent(wrong)
+
+
+def test_each_failed_run_shows_one_more_step_of_the_derivation(monkeypatch):
+    monkeypatch.setattr(common, "_failed_runs", {})
+    seen = []
+    for _ in range(4):
+        with pytest.raises(check.ExerciseError) as e:
+            check.round_robin_staleness(lambda W, n: [W - 1] * n)
+        seen.append(str(e.value).split("\nStep ")[1][:6])
+    assert seen == ["1 of 3", "2 of 3", "3 of 3", "3 of 3"]  # the last step repeats, and no step gives the code
+    with pytest.raises(check.ExerciseError) as e:
+        check.round_robin_staleness(blank)
+    assert "Step" not in str(e.value)  # not written yet: no step spent
