@@ -84,3 +84,42 @@ def test_nbgrader_sources_refuse_unpaired_markers_and_markdown_regions():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("### BEGIN SOLUTION\n### END SOLUTION")])
     with pytest.raises(ValueError, match="code cells only"):
         assign.nbgrader_source(nb)
+
+
+def test_nbgrader_makes_the_questions_manually_graded_answers(tmp_path):
+    """The answer cells become nbgrader's manually graded answers with their points; in the released version a
+    prediction's name exists (as ...) before the student answers, so the cell comparing it still runs."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    lab = new_notebook(cells=[
+        new_markdown_cell("# Lab 96"),
+        new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+        new_markdown_cell("**Question (predict).** How many kB?"),
+        new_code_cell("predicted_kB = 240  # kB", metadata={"labkit": {"answer": "96-kB", "kind": "predict"}}),
+        new_code_cell("from labkit.questions import compare\ncompare(predicted_kB, 240.0, 'kB')"),
+        new_markdown_cell("**Question (explain).** Why?"),
+        new_markdown_cell("Each chunk goes around twice.", metadata={"labkit": {"answer": "96-why", "kind": "explain",
+                                                                               "points": 2}}),
+    ])
+    (tmp_path / "instructor").mkdir()
+    nbformat.write(lab, tmp_path / "instructor" / "96_asked.ipynb")
+    course = tmp_path / "course"
+    assert cli.main(["assign", "--format", "nbgrader", "--notebooks", str(tmp_path / "instructor"),
+                     "--out", str(course / "source" / "labs")]) == 0
+    (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "labkit"\n')
+    source = nbformat.read(course / "source" / "labs" / "96_asked.ipynb", as_version=4)
+    meta = [c.metadata["nbgrader"] for c in (source.cells[3], source.cells[6])]
+    assert [(m["grade"], m["solution"], m["points"], m["grade_id"]) for m in meta] == [
+        (True, True, 1, "answer-96-kB"), (True, True, 2, "answer-96-why")]
+    _nbgrader(course, "generate_assignment", "labs", "--force")
+    released = nbformat.read(course / "release" / "labs" / "96_asked.ipynb", as_version=4)
+    assert released.cells[3].source.startswith("predicted_kB = ...  # kB\n") and "240" not in released.cells[3].source
+    assert "YOUR ANSWER HERE" in released.cells[6].source and "twice" not in released.cells[6].source
+    shutil.copytree(course / "release" / "labs", course / "submitted" / "blank" / "labs")
+    _nbgrader(course, "autograde", "labs", "--create", "--force")
+    graded = nbformat.read(course / "autograded" / "blank" / "labs" / "96_asked.ipynb", as_version=4)
+    compared = "".join(o.get("text", "") for o in graded.cells[4].outputs)
+    assert "no prediction" in compared  # the comparison ran on the blank prediction
+    _nbgrader(course, "export")
+    row = next(csv.DictReader(open(course / "grades.csv")))
+    assert float(row["max_score"]) == 3.0 and row["student_id"] == "blank"

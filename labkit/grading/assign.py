@@ -211,7 +211,8 @@ RELEASE_FILE = "release.json"
 
 
 def has_exercises(nb) -> bool:
-    return any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells)
+    """Whether a notebook holds work to hand in: a solution region, or a question's answer cell."""
+    return any((c.cell_type == "code" and BEGIN in c.source) or answers.meta(c) for c in nb.cells)
 
 
 class WouldOverwrite(LabkitError, FileExistsError):
