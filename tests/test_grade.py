@@ -327,3 +327,32 @@ def test_answers_are_collected_per_question_and_their_scores_kept(tmp_path, caps
     students = run()
     assert "changed since it was scored" in capsys.readouterr().err
     assert students["ann"][nb_path.name]["answer_score"] == 0
+
+
+@pytest.mark.notebooks
+def test_an_empty_a_broken_and_an_old_format_notebook_each_get_their_rows_and_the_class_goes_on(tmp_path):
+    import nbformat.v3 as v3
+
+    solved = new_notebook(cells=[
+        new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+        new_code_cell("from labkit import check\n"
+                      "def mine(w, n):\n    have, out = [0] * w, []\n    for k in range(n):\n"
+                      "        out.append(k - have[k % w])\n        have[k % w] = k + 1\n    return out"),
+        new_code_cell("check.round_robin_staleness(mine)"),
+    ])
+    subs = tmp_path / "subs"
+    for student in ("ann", "bob", "cyd", "dan"):
+        (subs / student).mkdir(parents=True)
+    nbformat.write(solved, subs / "ann" / "09_x.ipynb")
+    (subs / "bob" / "09_x.ipynb").write_text("")  # an upload that failed
+    (subs / "cyd" / "09_x.ipynb").write_text("{this is not json")
+    old = v3.new_notebook(worksheets=[v3.new_worksheet(cells=[
+        v3.new_code_cell(input='PROFILE = "quick"'),
+        v3.new_code_cell(input="from labkit import check\ncheck.round_robin_staleness(lambda w, n: [0] * n)")])])
+    (subs / "dan" / "09_x.ipynb").write_text(v3.writes_json(old))  # nbformat 3: read, converted, graded
+    results, csv_path, _ = grade.grade(subs, tmp_path / "out", progress=False, isolate=False)
+    got = {r.student: (r.passed, r.message) for r in results}
+    assert got["ann"][0] and not got["bob"][0] and "empty (0 bytes)" in got["bob"][1]
+    assert "not a notebook that can be read" in got["cyd"][1]
+    assert not got["dan"][0] and "staleness of workers taking turns" in got["dan"][1]  # its check ran and failed
+    assert csv_path.is_file()

@@ -331,6 +331,10 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     stop within :data:`GRACE` more seconds has its kernel killed with everything it started."""
     import nbformat
 
+    unreadable = _unreadable(path)
+    if unreadable:  # an empty upload, a file that is not a notebook: its rows say so, the class goes on
+        names = ([ex["name"] for ex in released["exercises"]] if released else ["(the notebook)"])
+        return [ExerciseResult(student, Path(path).name, name, False, unreadable) for name in names]
     run = NotebookRun(path, timeout, profile, released, threads, isolate, limits)
     try:
         stopped = run.execute()
@@ -340,6 +344,23 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     finally:
         run.close()
     return run.results(student, outcomes)
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why a submitted file cannot be graded as a notebook (empty, not JSON, not a notebook nbformat can read), or
+    None. An older notebook format (nbformat 3) is read, converted, as it would be in JupyterLab."""
+    import nbformat
+
+    try:
+        size = Path(path).stat().st_size
+        if size == 0:
+            return "the notebook file is empty (0 bytes): an upload that failed? Nothing in it could be graded"
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, it is this student's row that says it
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return f"the file is not a notebook that can be read ({type(e).__name__}: {first})"
+    return None
 
 
 GRACE = 10  # seconds a cell has, after the interrupt, to stop before its kernel is killed
