@@ -250,9 +250,42 @@ def serial_fraction_reading(f: float, law: str = "Amdahl") -> str:
 
 
 def karp_flatt(p, s) -> np.ndarray:
-    """Experimentally determined serial fraction e = (1/S - 1/p) / (1 - 1/p), one per measurement."""
+    """Experimentally determined serial fraction e = (1/S - 1/p) / (1 - 1/p), one per measurement; NaN where p = 1
+    (one worker shows no serial part: every e fits S = 1 there)."""
     p, s = np.asarray(p, dtype=float), np.asarray(s, dtype=float)
-    return (1 / s - 1 / p) / (1 - 1 / p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p == 1, np.nan, (1 / s - 1 / p) / (1 - 1 / p))[()]  # a number for numbers
+
+
+def speedup_table(p, t) -> tuple[np.ndarray, np.ndarray]:
+    """Speedup and efficiency of every row of a table of measured times: worker counts ``p`` and seconds ``t``, the
+    rows in any order, each against the time of the row with one worker (the median of such rows). Efficiencies above
+    1 (faster than linear) are kept. Raises ValueError without a one-worker row: there is no baseline."""
+    p, t = np.asarray(p, dtype=float), np.asarray(t, dtype=float)
+    if p.shape != t.shape or p.ndim != 1:
+        raise ValueError(f"p and t must be 1-D of the same length, got shapes {p.shape} and {t.shape}")
+    one = p == 1
+    if not one.any():
+        raise ValueError(f"no row with one worker among p = {p.tolist()}: no baseline for the speedup")
+    s = float(np.median(t[one])) / t
+    return s, s / p
+
+
+def fit_amdahl_times(p, t) -> tuple[float, float]:
+    """Amdahl's law fitted to measured times (one row per run, repeats and any order allowed): the least-squares
+    line T = a + b/p, whose value at p = 1 is T1 = a + b and whose intercept is the serial time, f = a / T1.
+    Returns ``(f, T1)``; f below 0 (faster than linear) or above 1 is returned as it is. Raises ValueError with
+    fewer than two distinct worker counts: one worker count fixes no line.
+
+    Unlike :func:`fit_amdahl` (speedups, T1 fixed at its measurement) both f and T1 come from every row here."""
+    p, t = np.asarray(p, dtype=float), np.asarray(t, dtype=float)
+    if p.shape != t.shape or p.ndim != 1:
+        raise ValueError(f"p and t must be 1-D of the same length, got shapes {p.shape} and {t.shape}")
+    if np.unique(p).size < 2:
+        raise ValueError(f"need times on at least two worker counts to fit a line, got p = {p.tolist()}")
+    slope, intercept = np.polyfit(1 / p, t, 1)
+    t1 = float(intercept + slope)
+    return float(intercept / t1), t1
 
 
 def crossover(x: Sequence[float], y: Sequence[float], level: float = 1.0) -> float | None:

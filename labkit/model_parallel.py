@@ -12,6 +12,11 @@
 
 Both compute the same gradients as :func:`labkit.mlp.backprop` (the tests check it), for float32 or
 float64, any activation and cost of ``labkit.mlp``.
+
+Lab 11's exercises, in labkit's own words (the checks' references): :func:`neuron_part` and
+:func:`neuron_part_grads` (one rank's block of a layer, forward and backward), :func:`gpipe_schedule` (the step
+of every task with unit times) and :func:`pipeline_step_time` (one step with each stage's own times); with
+:func:`stage_times` (the stages' times from a measured timeline) and :func:`draw_schedule`.
 """
 
 from __future__ import annotations
@@ -106,6 +111,20 @@ class NeuronParallel:
         return [(np.concatenate(rows), np.concatenate(biases)), (W2.copy(), b2.copy())]
 
 
+def neuron_part(W, b, x, rank: int, p: int, activation: str = "relu"):
+    """Rank ``rank`` of ``p``'s block of a layer's neurons (floor + remainder, as :class:`NeuronParallel` splits
+    them) and its part of the layer's output: ``(lo, hi, activate(x @ W[lo:hi].T + b[lo:hi]))``."""
+    lo, hi = shard_bounds(W.shape[0], p)[rank]
+    return lo, hi, mlp.activate(x @ W[lo:hi].T + b[lo:hi], activation)
+
+
+def neuron_part_grads(x, h, delta, W2, lo: int, hi: int, activation: str = "relu"):
+    """The gradients (dW rows lo:hi, db[lo:hi]) of the hidden neurons lo..hi-1 of ``[n_in, hidden, n_out]``, from
+    their outputs ``h`` (batch, hi - lo) and the output layer's error ``delta`` (batch, n_out): no message needed."""
+    d = (delta @ W2[:, lo:hi]) * _prime(h, activation)
+    return d.T @ x, d.sum(axis=0)
+
+
 # -- pipeline -------------------------------------------------------------------------------------------
 
 
@@ -141,10 +160,63 @@ class Timeline:
         busy = [(ev[ev[:, 0] == r, 4] - ev[ev[:, 0] == r, 3]).sum() for r in np.unique(ev[:, 0])]
         return float(1 - np.mean(busy) / (t1 - t0))
 
+    def span(self) -> float:
+        """Seconds from the first start to the last end: the step as the stages saw it."""
+        return float(self.events[:, 4].max() - self.events[:, 3].min())
+
 
 def gpipe_bubble(p: int, m: int) -> float:
     """GPipe's idle fraction for p equal stages and m micro-batches: (p - 1) / (m + p - 1)."""
     return (p - 1) / (m + p - 1)
+
+
+def gpipe_schedule(stages: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """GPipe's schedule when every task takes one step: ``(forward, backward)``, the step at which each stage runs
+    each micro-batch's forward and backward, shape (stages, micro_batches). All forwards first, each task as soon
+    as its stage is free and its input has arrived; the backwards last micro-batch first, as :class:`Pipeline`."""
+    s = np.arange(stages)[:, None]
+    m = np.arange(micro_batches)[None, :]
+    forward = s + m
+    backward = (micro_batches + stages - 1) + (stages - 1 - s) + (micro_batches - 1 - m)
+    return forward, backward
+
+
+def pipeline_step_time(forward_seconds, backward_seconds, micro_batches: int) -> float:
+    """Seconds of one GPipe step when stage s takes ``forward_seconds[s]`` and ``backward_seconds[s]`` per
+    micro-batch (messages free): the schedule of :func:`gpipe_schedule` with each stage's own times."""
+    f, b = np.asarray(forward_seconds, dtype=float), np.asarray(backward_seconds, dtype=float)
+    free = np.zeros(len(f))  # when each stage is next free
+    ready = np.zeros(micro_batches)  # when each micro-batch's input has arrived at the stage in hand
+    for s in range(len(f)):  # the forwards, down the stages
+        for m in range(micro_batches):
+            ready[m] = free[s] = max(free[s], ready[m]) + f[s]
+    ready[:] = 0.0  # the last stage's errors: ready once its own forwards are done
+    for s in reversed(range(len(b))):  # the backwards, up the stages
+        for m in reversed(range(micro_batches)):
+            ready[m] = free[s] = max(free[s], ready[m]) + b[s]
+    return float(free.max()) if len(f) else 0.0
+
+
+def stage_times(events) -> tuple[np.ndarray, np.ndarray]:
+    """Each stage's mean seconds per micro-batch, (forward, backward), from a :class:`Timeline`'s events: with them,
+    M micro-batches keep the stages busy exactly as long as they were in the step measured."""
+    ev = np.asarray(events, dtype=float).reshape(-1, 5)
+    took = ev[:, 4] - ev[:, 3]
+    ranks = np.unique(ev[:, 0])
+    return tuple(np.array([took[(ev[:, 0] == r) & (ev[:, 1] == kind)].mean() for r in ranks]) for kind in (0, 1))
+
+
+def draw_schedule(forward, backward, title: str = "pipeline schedule"):
+    """A schedule in steps (:func:`gpipe_schedule`'s form) drawn as :func:`labkit.plots.plot_timeline` draws a
+    measured one: one lane per stage, a bar per task numbered with its micro-batch, white where a stage is idle."""
+    from . import plots
+
+    forward, backward = np.asarray(forward), np.asarray(backward)
+    rows = [(s, kind, m, steps[s, m] / 1e3, (steps[s, m] + 1) / 1e3)  # one step drawn as one "ms"
+            for kind, steps in ((0, forward), (1, backward)) for s, m in np.ndindex(steps.shape)]
+    fig = plots.plot_timeline(np.array(rows, dtype=float), title=title)
+    fig.axes[0].set_xlabel("step")
+    return fig
 
 
 class Pipeline:

@@ -204,6 +204,21 @@ class Scaling:
         return np.array([t.median for t in self.timings])
 
     @property
+    def one_rank_times(self) -> np.ndarray:
+        """Weak scaling: the median time of each rank count's scaled problem on one rank (the top of the scaled
+        speedup)."""
+        if self.serial_timings is None:
+            raise ValueError("only a weak-scaling result with one-rank runs of its scaled problems has these times")
+        return np.array([t.median for t in self.serial_timings])
+
+    def samples(self, ranks: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every timed repetition as a row (rank count, seconds), for a fit that sees the spread: of ``ranks`` (all by
+        default; :attr:`fitted_ranks` for those within the cores)."""
+        keep = set(self.ranks if ranks is None else ranks)
+        rows = [(p, t) for p, timing in zip(self.ranks, self.timings) if p in keep for t in timing.times]
+        return np.array([p for p, _ in rows], dtype=float), np.array([t for _, t in rows], dtype=float)
+
+    @property
     def t1(self) -> float:
         return float(self.times[self.ranks.index(1)])
 
@@ -249,23 +264,27 @@ class Scaling:
             out[p > 1] = karp_flatt(p[p > 1], s[p > 1])
         return out
 
-    def table(self) -> str:
-        """A text table: ranks, time (median, spread), speedup, efficiency, Karp-Flatt."""
+    def table(self, fit: bool = True) -> str:
+        """A text table: ranks, time (median, spread), speedup, efficiency, Karp-Flatt and a last line with the fitted
+        serial fraction; with ``fit=False`` the measurements alone, without Karp-Flatt and the fit (lab 12 asks for a
+        prediction before its students compute them)."""
         head = "scaled speedup" if self.mode == "weak" else "speedup"
         weak = self.mode == "weak"
         rows = [f"{self.mode} scaling of {self.workload} (size {self.size}" + (" per rank" if weak else "") + ")",
                 f"{'ranks':>5}  {'time':>20}  " + (f"{'1 rank, same problem':>20}  " if weak else "")
-                + f"{head:>14}  {'efficiency':>10}" + ("  T1/Tp" if weak else "  Karp-Flatt")]
+                + f"{head:>14}  {'efficiency':>10}" + ("  T1/Tp" if weak else "  Karp-Flatt" if fit else "")]
         serial = self.serial_timings if weak and self.serial_timings is not None else [None] * len(self.ranks)
         for i, (p, t, s, e, kf) in enumerate(zip(self.ranks, self.timings, self.speedup, self.efficiency, self.karp_flatt)):
             over = "  (more ranks than cores)" if self.cores and p > self.cores else ""
             one = f"{str(serial[i]) if serial[i] is not None else '-':>20}  " if weak else ""
-            last = (f"  {self.weak_efficiency[i]:5.0%}" if weak else f"  {kf:10.3f}" if np.isfinite(kf) else f"  {'':>10}")
+            last = (f"  {self.weak_efficiency[i]:5.0%}" if weak else "" if not fit else
+                    f"  {kf:10.3f}" if np.isfinite(kf) else f"  {'':>10}")
             rows.append(f"{p:>5}  {str(t):>20}  {one}{s:>14.2f}  {e:>10.0%}{last}{over}")
         law = "Amdahl" if self.mode == "strong" else "Gustafson"
         on = "" if self.fitted_ranks == list(self.ranks) else \
             f" on {self.fitted_ranks[0]}-{self.fitted_ranks[-1]} ranks (within the {self.cores} cores)"
-        rows.append(f"serial fraction fitted with {law}'s law{on}: {self.serial_fraction:.3f}")
+        if fit:
+            rows.append(f"serial fraction fitted with {law}'s law{on}: {self.serial_fraction:.3f}")
         return "\n".join(rows)
 
     __str__ = table

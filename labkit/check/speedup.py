@@ -1,66 +1,305 @@
-"""Checks of lab 12: the Karp-Flatt metric and Gustafson's scaled speedup."""
+"""Checks of lab 12, reading measured times: speedup and efficiency from a table, Gustafson's scaled speedup from weak
+scaling, the Karp-Flatt metric, and Amdahl's serial fraction fitted to the times by least squares.
+
+Each check runs the student's function on synthetic tables whose answer is known (exact Amdahl times, noisy ones, a
+table of one worker count, faster-than-linear runs), on tables measured on a 2-core machine, and on one drawn afresh
+whenever a notebook is graded; on a wrong answer it names the mistake it recognises.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import bench
 from . import capture
-from .common import call, compare_series, passed, recorded
+from .common import ExerciseError, call, compare_series, fail, not_written, passed, recorded
 from .exercises import Exercise
 
+# Lab 12's data-parallel step ([784,256,10], one BLAS thread per rank), medians of 3 runs on a machine with 2 cores:
+# past 2 ranks the ranks take turns on the cores.
+MEASURED = {
+    "strong, batch 4096": (np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.042861, 0.02246, 0.032156, 0.026431])),
+    "strong, batch 128": (np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.001305, 0.000977, 0.002925, 0.003452])),
+}
+MEASURED_WEAK = (np.array([0.010563, 0.021834, 0.03352, 0.042202]),  # 1 rank on the problem of 1, 2, 3, 4 ranks
+                 np.array([0.010563, 0.010964, 0.022567, 0.030665]))  # 1, 2, 3, 4 ranks on it
+
+
+def _show(a) -> str:
+    return np.array2string(np.asarray(a, dtype=float), precision=4, separator=", ")
+
+
+def _amdahl_times(p, f: float, t1: float) -> np.ndarray:
+    return t1 * (f + (1 - f) / np.asarray(p, dtype=float))
+
+
+def _pair(ex: str, where: str, got, names: str) -> tuple:
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(ex, f"{where}: expected a pair {names}, got {type(got).__name__}"
+             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""),
+             f"end your function with `return {names[1:-1]}`")
+    return got[0], got[1]
+
+
+def _expect_value_error(ex: str, fn, where: str, why: str, *args) -> None:
+    """The student's function must refuse this table with ValueError (builtins' own: the replay re-raises a recorded
+    exception by its name, and only the built-in ones keep their class)."""
+    try:
+        got = fn(*args)
+    except NotImplementedError:
+        raise ExerciseError(not_written(ex)) from None
+    except (ExerciseError, capture.NotRecorded):
+        raise
+    except Exception as e:
+        if type(e) is ValueError:
+            return
+        fail(ex, f"{where}: your function raised {type(e).__name__}: {e}",
+             f"{why}: check the table first and raise ValueError itself, not {type(e).__name__}")
+    fail(ex, f"{where}: your function returned {got!r:.80} instead of raising ValueError", f"{why}: raise ValueError")
+
+
+# ---- exercise 1: speedup and efficiency from a table of times --------------------------------------------------------
 
 @recorded
-def karp_flatt(fn) -> None:
-    """Exercise (lab 12): ``fn(p, s) -> e``, the Karp-Flatt metric e = (1/S - 1/p) / (1 - 1/p) for arrays of worker
-    counts p > 1 and measured speedups S, the serial fraction that would explain each measurement by Amdahl's law."""
-    ex = "Karp-Flatt metric"
-    cases = [(np.array([2.0, 4.0, 8.0]), np.array([1.8, 3.1, 4.4])),
-             (np.array([2.0, 3.0]), np.array([2.0, 3.0])),  # ideal: no serial work
-             (np.array([2.0, 4.0, 16.0]), np.array([1.0, 1.0, 1.0])),  # no speedup at all: all serial
-             (np.array([2.0, 4.0]), np.array([0.8, 0.5]))]  # slower than serial: overhead, e > 1
-    rng = np.random.default_rng(capture.seed(12))  # and one drawn afresh whenever a notebook is graded
-    p = np.sort(rng.choice(np.arange(2, 65), 4, replace=False)).astype(float)
-    cases.append((p, np.round(rng.uniform(1.0, p), 3)))
+def speedup_efficiency(fn) -> None:
+    """Exercise (lab 12): ``fn(p, t) -> (S, E)``, the speedup and the efficiency of every row of a table of measured
+    times (worker counts p, seconds t, rows in any order, one row per worker count), and ValueError for a table
+    without a one-worker row."""
+    ex = "speedup and efficiency"
+    cases = [("exact Amdahl times", np.array([1, 2, 4, 8]), _amdahl_times([1, 2, 4, 8], 0.1, 2.0)),
+             ("rows not sorted by p", np.array([4, 2, 1, 3]), np.array([0.31, 0.55, 1.0, 0.4])),
+             ("faster than linear", np.array([1, 2, 4]), np.array([1.0, 0.47, 0.23])),
+             ("slower with more workers", np.array([1, 2, 3]), np.array([0.2, 0.25, 0.31])),
+             ("one worker only", np.array([1]), np.array([0.73])),
+             *((f"measured, {k}", p.astype(int), t) for k, (p, t) in MEASURED.items())]
+    rng = np.random.default_rng(capture.seed(120))  # and one drawn afresh whenever a notebook is graded
+    p = rng.permutation(np.concatenate([[1], rng.choice(np.arange(2, 33), 4, replace=False)]))
+    cases.append(("drawn at random", p, np.round(1.0 / p * rng.uniform(0.9, 3.0, p.size), 5)))
     fn = capture.student(fn, ex=ex)
-    for p, s in cases:
-        where = f"p = {p.tolist()}, S = {s.tolist()}"
-        got = call(ex, fn, p.copy(), s.copy())
-        want = (1 / s - 1 / p) / (1 - 1 / p)
-        compare_series(ex, where, got, want, [
-            (1 / s - 1 / p, "divide by (1 - 1/p): without it the metric is not a fraction of the work"),
-            ((1 / p - 1 / s) / (1 - 1 / p), "1/S comes first: e = (1/S - 1/p) / (1 - 1/p)"),
-            ((s - p) / (1 - p), "use the reciprocals 1/S and 1/p, not S and p"),
-        ], "start from Amdahl's 1/S = e + (1 - e)/p and solve for e")
-    passed(ex, len(cases))
+    for name, p, t in cases:
+        where = f"{name}, p = {p.tolist()}, t = {_show(t)}"
+        s, e = _pair(ex, where, call(ex, fn, p.copy(), t.copy()), "(S, E)")
+        want_s, want_e = bench.speedup_table(p, t)
+        t1 = t[p == 1][0]
+        compare_series(ex, where + "; speedup S", s, want_s, [
+            (t / t1, "a speedup is above 1 where the run got faster: yours is upside down"),
+            (t[0] / t, "your baseline is the table's first row, but the rows are not sorted by p: "
+                       "take the time of the row where p is 1"),
+            (t.max() / t, "your baseline is the slowest time; the baseline is the one-worker row, even when more "
+                          "workers were slower"),
+            (t.min() / t, "your baseline is the fastest time; the baseline is the one-worker row"),
+        ], "print the one-worker time you divide by, and check it is the row where p is 1")
+        compare_series(ex, where + "; efficiency E", e, want_e, [
+            (want_s, "your efficiency equals the speedup: efficiency divides the speedup by p"),
+            (want_s * p, "efficiency divides the speedup by p; yours multiplies by it"),
+            (want_s / np.arange(1, p.size + 1), "you divided by the row number, not by that row's p"),
+            (np.minimum(want_e, 1.0), "you clipped the efficiency at 1: a measured efficiency above 1 (faster than "
+                                      "linear: caches, or noise) is a reading; keep it"),
+        ], "efficiency says how much of each worker the run used: 1 = all of every worker")
+    where = "a table without a one-worker row, p = [2, 4, 8]"
+    _expect_value_error(ex, fn, where, "with no row where p is 1 there is no baseline (do not guess one)",
+                        np.array([2, 4, 8]), np.array([0.6, 0.35, 0.2]))
+    passed(ex, len(cases) + 1)
 
+
+# ---- exercise 2: Gustafson's scaled speedup from weak scaling --------------------------------------------------------
 
 @recorded
 def scaled_speedup(fn) -> None:
     """Exercise (lab 12): ``fn(t_one_rank, t_p_ranks) -> S``, Gustafson's scaled speedup from weak scaling: for each
-    rank count, the time one rank needs for the scaled problem divided by the time p ranks need for it."""
+    rank count p = 1, 2, ..., the problem grown p-fold, timed on one rank and on p ranks."""
     ex = "scaled speedup"
     cases = [(np.array([1.0, 1.9, 3.7]), np.array([1.0, 1.0, 1.0])),
              (np.array([2.0, 3.8, 7.4, 14.2]), np.array([2.0, 2.1, 2.2, 2.6])),
-             (np.array([0.5]), np.array([0.5]))]
+             (np.array([0.5]), np.array([0.5])),  # one rank only
+             (np.array([1.0, 2.3, 4.9]), np.array([1.0, 1.02, 1.1])),  # faster than linear: S above p
+             MEASURED_WEAK]
     rng = np.random.default_rng(capture.seed(13))
     t1 = np.round(np.cumsum(rng.uniform(0.5, 2.0, 4)), 3)
     cases.append((t1, np.round(t1[0] * rng.uniform(1.0, 1.5, 4), 3)))
     fn = capture.student(fn, ex=ex)
     for t1, tp in cases:
-        where = f"t_one_rank = {t1.tolist()}, t_p_ranks = {tp.tolist()}"
+        where = f"t_one_rank = {_show(t1)}, t_p_ranks = {_show(tp)}"
         got = call(ex, fn, t1.copy(), tp.copy())
         want = t1 / tp
         p = np.arange(1, len(t1) + 1, dtype=float)
         compare_series(ex, where, got, want, [
-            (tp / t1, "speedup is the slow time over the fast one: one rank's time / p ranks' time"),
-            (t1[0] / tp, "that is the strong-scaling speedup T1/Tp of the smallest problem: in weak scaling each p "
-                         "runs a p-times larger problem, so compare with one rank on that same problem"),
+            (tp / t1, "a speedup is above 1 where p ranks were faster: yours is upside down"),
+            (t1[0] / tp, "that is the strong-scaling speedup of the smallest problem, which in weak scaling says how "
+                         "well the time holds (the weak-scaling efficiency): each row's problem is p times larger, so "
+                         "compare with one rank on that same problem"),
             (want / p, "that is the efficiency; the scaled speedup is not divided by p"),
-        ], "S_p = t_one_rank[i] / t_p_ranks[i], element by element")
+            (p * t1[0] / tp, "that assumes one rank's time grows exactly p-fold with the problem; it was measured: "
+                             "use the measured one-rank time of each row"),
+        ], "row i holds two times of the same grown problem: which one is the slow one?")
     passed(ex, len(cases))
 
 
+# ---- exercise 3: the Karp-Flatt metric --------------------------------------------------------------------------------
+
+@recorded
+def karp_flatt(fn) -> None:
+    """Exercise (lab 12): ``fn(p, s) -> e``, the Karp-Flatt metric for arrays of worker counts p and measured speedups
+    S: per row, the serial fraction that would explain that one measurement by Amdahl's law; NaN where p = 1."""
+    ex = "Karp-Flatt metric"
+    s4096 = MEASURED["strong, batch 4096"][1][0] / MEASURED["strong, batch 4096"][1]
+    cases = [(np.array([2.0, 4.0, 8.0]), bench.amdahl([2.0, 4.0, 8.0], 0.1)),  # exact Amdahl, f = 0.1
+             (np.array([2.0, 4.0, 8.0]), np.array([1.8, 3.1, 4.4])),
+             (np.array([2.0, 3.0]), np.array([2.0, 3.0])),  # ideal: no serial work
+             (np.array([2.0, 4.0, 16.0]), np.array([1.0, 1.0, 1.0])),  # no speedup at all: all serial
+             (np.array([2.0, 4.0]), np.array([0.8, 0.5])),  # slower than serial: overhead, e > 1
+             (np.array([2.0, 4.0]), np.array([2.1, 4.5])),  # faster than linear: e < 0
+             (MEASURED["strong, batch 4096"][0], s4096),  # measured, with the p = 1 row
+             (np.array([1.0]), np.array([1.0]))]  # one worker only
+    rng = np.random.default_rng(capture.seed(12))  # and one drawn afresh whenever a notebook is graded
+    p = np.sort(rng.choice(np.arange(2, 65), 4, replace=False)).astype(float)
+    cases.append((p, np.round(rng.uniform(1.0, p), 3)))
+    fn = capture.student(fn, ex=ex)
+    for p, s in cases:
+        where = f"p = {p.tolist()}, S = {_show(s)}"
+        with np.errstate(divide="ignore", invalid="ignore"):  # p = 1: 0/0 is NaN, as it should be
+            got = call(ex, fn, p.copy(), s.copy())
+            want = np.where(p > 1, (1 / s - 1 / p) / (1 - 1 / p), np.nan)
+            wrong = [
+                (1 / s - 1 / p, "yours is e times (1 - 1/p): the terms with e share that factor; divide it out"),
+                ((1 / p - 1 / s) / (1 - 1 / p), "your sign is flipped: a speedup below p means serial work, e > 0"),
+                ((s - p) / (1 - p), "Amdahl's law is linear in e when written with 1/S and 1/p, not with S and p"),
+                (1 - want, "yours is 1 - e: you solved for the parallel share, not the serial one"),
+                (np.clip(want, 0, 1), "you clipped e to [0, 1]: e < 0 (faster than linear) and e > 1 (slower than "
+                                      "one worker) are readings; keep them"),
+            ]
+        _one_worker_is_undefined(ex, where, got, want, p)
+        compare_series(ex, where, got, want, wrong, "solve Amdahl's law for the serial fraction, with S and p known")
+    passed(ex, len(cases))
+
+
+def _one_worker_is_undefined(ex: str, where: str, got, want, p) -> None:
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        return  # compare_series says what came back
+    one = p == 1
+    if a.shape != want.shape or not one.any() or np.isnan(a[one]).all():
+        return
+    if np.allclose(a[~one], want[~one], rtol=1e-9, atol=1e-12):
+        fail(ex, f"{where}: yours gives {_show(a[one])} at p = 1",
+             "one worker shows nothing of a serial part (every e fits S = 1 there): e is undefined at p = 1; "
+             "return NaN in those rows")
+
+
+# ---- exercise 4: Amdahl's serial fraction fitted to measured times ----------------------------------------------------
+
+def _line(x, t) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line t = a + b x."""
+    slope, intercept = np.polyfit(np.asarray(x, dtype=float), np.asarray(t, dtype=float), 1)
+    return float(intercept), float(slope)
+
+
+def _as_number(ex: str, where: str, v, name: str) -> float:
+    try:
+        x = float(np.asarray(v, dtype=float).reshape(()))
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: {name} should be one number, got {type(v).__name__}"
+             + (f" of shape {np.shape(v)}" if hasattr(v, "shape") else ""), "return two plain numbers, (f, T1)")
+    if not np.isfinite(x):
+        fail(ex, f"{where}: your {name} is {x}", "a division by zero? print the line you fitted")
+    return x
+
+
+@recorded
+def amdahl_fit(fn) -> None:
+    """Exercise (lab 12): ``fn(p, t) -> (f, T1)``, Amdahl's law fitted to measured times by least squares on the times
+    themselves (every row counts, repeats and any order allowed), and ValueError for a table of one worker count."""
+    ex = "Amdahl fit"
+    noise = np.random.default_rng(1212).normal(0, 0.03, 6)
+    cases = [("exact Amdahl times, f = 0.1, T1 = 2 s", np.array([1, 2, 4, 8]), _amdahl_times([1, 2, 4, 8], 0.1, 2.0)),
+             ("exact, f = 0.3, T1 = 0.8 s, rows unsorted and repeated", np.array([4, 1, 2, 1, 2, 4]),
+              _amdahl_times([4, 1, 2, 1, 2, 4], 0.3, 0.8)),
+             ("noisy (3 %), f = 0.2, T1 = 1.5 s", np.array([1, 2, 3, 4, 6, 8]),
+              np.round(_amdahl_times([1, 2, 3, 4, 6, 8], 0.2, 1.5) * (1 + noise), 5)),
+             ("faster than linear", np.array([1, 2, 4]), np.array([1.0, 0.46, 0.22])),
+             *((f"measured, {k}", p.astype(int), t) for k, (p, t) in MEASURED.items())]
+    rng = np.random.default_rng(capture.seed(121))  # and one drawn afresh whenever a notebook is graded
+    p = rng.permutation(np.repeat(np.concatenate([[1], rng.choice(np.arange(2, 17), 3, replace=False)]), 2))
+    t = _amdahl_times(p, rng.uniform(0.02, 0.5), rng.uniform(0.1, 5.0)) * rng.normal(1, 0.02, p.size)
+    cases.append(("drawn at random, noisy", p, np.round(t, 6)))
+    fn = capture.student(fn, ex=ex)
+    for name, p, t in cases:
+        where = f"{name}: p = {p.tolist()}, t = {_show(t)}"
+        got = _pair(ex, where, call(ex, fn, p.copy(), t.copy()), "(f, T1)")
+        f, t1 = (_as_number(ex, where, v, k) for v, k in zip(got, ("f", "T1")))
+        _compare_fit(ex, where, p, t, f, t1)
+    where = "one worker count only, p = [1, 1, 1]"
+    _expect_value_error(ex, fn, where, "three times of one worker count fix no line (any serial fraction fits them)",
+                        np.array([1, 1, 1]), np.array([0.51, 0.49, 0.5]))
+    passed(ex, len(cases) + 1)
+
+
+def _compare_fit(ex: str, where: str, p, t, f: float, t1: float) -> None:
+    want_f, want_t1 = bench.fit_amdahl_times(p, t)
+    measured_t1 = float(np.mean(t[p == 1]))
+    if abs(f - want_f) > 1e-6:
+        a, b = want_f * want_t1, (1 - want_f) * want_t1
+        ap, bp = _line(p, t)
+        lo, hi = p == p.min(), p == p.max()
+        x2 = 1 / np.array([p.min(), p.max()])
+        a2, b2 = _line(x2, [t[lo].mean(), t[hi].mean()])
+        wrong = [
+            ((ap / (ap + bp), ap / measured_t1, bp / (ap + bp)),
+             "you fitted T against p, not against 1/p: the time is no straight line in p"),
+            ((1 - want_f,), "f is 1 - your value: you swapped the serial and the parallel parts (np.polyfit returns "
+                            "the slope first)"),
+            ((a,), "your f is in seconds: the serial time, not yet a fraction of T1"),
+            ((a / measured_t1,), "you divided by the measured one-worker time; f is a share of the fitted T1"),
+            ((bench.fit_amdahl(p, measured_t1 / t),), "you fitted the speedups, with T1 fixed at its one measurement; "
+                                                     "fit the times: the line gives T1 too"),
+            ((max(want_f, 0.0), min(want_f, 1.0)), "you clipped f to [0, 1]: a fit outside it is a reading (faster "
+                                                   "than linear, or slower than one worker); keep it"),
+            ((a2 / (a2 + b2),), "your f fits two rows, the smallest and the largest p: least squares uses every row"),
+        ]
+        why = next((w for values, w in wrong if any(abs(f - v) <= 1e-6 for v in values)),
+                   "print the times your (f, T1) predicts beside the table's: least squares makes the sum of the "
+                   "squared differences the smallest")
+        fail(ex, f"{where}\n  your f:   {f:.6g}\n  expected: {want_f:.6g}", why)
+    if abs(t1 - want_t1) > 1e-6 * abs(want_t1):
+        a, b = want_f * want_t1, (1 - want_f) * want_t1
+        wrong = [(measured_t1, "your T1 is the measured one-worker time; T1 is the fitted line's value at p = 1"),
+                 (a, "your T1 is the line's value at 1/p = 0, on infinitely many workers; T1 is its value at p = 1"),
+                 (b, "your T1 is the slope alone; T1 is the line's value at p = 1")]
+        why = next((w for v, w in wrong if abs(t1 - v) <= 1e-6 * abs(v)), "T1 is the time the fitted line gives at p = 1")
+        fail(ex, f"{where}\n  your T1:  {t1:.6g} s\n  expected: {want_t1:.6g} s", why)
+
+
 EXERCISES = (
-    Exercise("karp_flatt", "12", "speedup", references=("labkit.bench:karp_flatt",)),
-    Exercise("scaled_speedup", "12", "speedup", references=("labkit.bench:speedup",)),
+    Exercise("speedup_efficiency", "12", "speedup", references=("labkit.bench:speedup_table",), hints=(
+        "A speedup compares each row's time with the time of one worker: find the row where p is 1 (it need not be "
+        "the first).",
+        "A speedup above 1 means faster: which of the two times goes on top?",
+        "Efficiency is the speedup each worker contributes: share the row's speedup among that row's workers. Keep "
+        "values above 1.",
+        "No row where p is 1: no baseline. Check for it first and raise ValueError rather than guess one.",
+    )),
+    Exercise("scaled_speedup", "12", "speedup", references=("labkit.bench:speedup",), hints=(
+        "In weak scaling every rank count solves a different problem: p ranks get p times the work of one.",
+        "The scaled speedup asks how much longer one rank would take on the problem p ranks just solved.",
+        "Row i holds two times of the same grown problem, one rank's and p ranks': how many times longer did one "
+        "rank take?",
+    )),
+    Exercise("karp_flatt", "12", "speedup", references=("labkit.bench:karp_flatt",), hints=(
+        "Amdahl's law in times: on p workers a share e of T1 still takes e T1, the rest takes (1 - e) T1 / p. "
+        "Divide by T1: the left side is 1/S.",
+        "S and p are measured; e is the unknown, and the equation is linear in it: collect the terms with e on one "
+        "side.",
+        "e multiplies a factor that depends on p alone. At p = 1 that factor is 0: every e fits, so return NaN there.",
+    )),
+    Exercise("amdahl_fit", "12", "speedup",
+             references=("labkit.bench:fit_amdahl_times", "labkit.bench:fit_amdahl"), hints=(
+        "Write Amdahl's law for the time: on p workers the serial part takes f T1, the rest (1 - f) T1 is shared "
+        "by p.",
+        "Read T(p) as a function of x = 1/p: it is a straight line. What are its intercept and its slope, in terms "
+        "of f and T1?",
+        "Fit that line to every row by least squares: np.polyfit(x, t, 1) (slope first) or np.linalg.lstsq.",
+        "Back from the line to the law: T1 is the line at x = 1, f the share of T1 that the intercept is. With one "
+        "worker count there is no line: raise ValueError.",
+    )),
 )

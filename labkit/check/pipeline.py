@@ -1,0 +1,449 @@
+"""Checks of lab 11: a hidden layer's neurons split over ranks (one rank's forward and backward), and the GPipe
+pipeline (its schedule with unit-time tasks, then its step time with each stage's own times).
+
+Each check runs the student's function on many sizes, against labkit's own (:mod:`labkit.model_parallel`), and
+on failure names the mistake it recognises: blocks that overlap or leave neurons out, stages that start together,
+errors that flow the wrong way, a step paced as if every stage were the slowest.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import capture
+from .common import ExerciseError, fail, not_written, passed, recorded
+from .exercises import Exercise
+
+
+def _call(ex: str, fn, hint: str, *args):
+    """The student's ``fn(*args)``; "not written yet" for NotImplementedError, and what else it raised with ``hint``."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise ExerciseError(not_written(ex)) from None
+    except ExerciseError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised
+        if isinstance(e, TypeError) and "slice indices must be integers" in str(e):
+            hint = "block bounds are whole numbers: count neurons with // and %, not /"
+        fail(ex, f"your function raised {type(e).__name__}: {e}", hint)
+
+
+def _relu(z):
+    return np.maximum(z, 0.0)
+
+
+def _integer(ex: str, where: str, name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        fail(ex, f"{where}: {name} must be a whole number (an int), got {type(v).__name__} {v!r}",
+             "count neurons with integer arithmetic: // and % instead of /")
+    return int(v)
+
+
+# ---- exercise 1: one rank's block of a layer, forward ------------------------------------------------------------
+
+# (neurons n, ranks p, inputs n_in, batch): divisible, not divisible, one rank, more ranks than neurons, one each
+_PART_CASES = ((6, 2, 4, 3), (7, 3, 5, 2), (10, 4, 3, 1), (3, 5, 4, 2), (5, 1, 3, 4), (9, 9, 2, 3), (11, 4, 6, 5))
+
+
+@recorded
+def neuron_part(fn) -> None:
+    """Exercise (lab 11): ``fn(W1, b1, x, rank, p) -> (lo, hi, h)``, rank ``rank`` of ``p``'s contiguous block of
+    the layer's neurons and their ReLU outputs, shape (batch, hi - lo).
+
+    Called for every rank of each case (n neurons over p ranks, n divisible by p or not, p = 1, p > n): the blocks
+    must follow each other in rank order, cover all n neurons and differ in size by at most one; each ``h`` must be
+    the layer's output for the rank's own neurons, and the parts side by side the whole layer.
+    """
+    ex = "one rank's neurons"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(111))
+    cases = list(_PART_CASES)
+    n = int(rng.integers(12, 41))
+    cases.append((n, int(rng.integers(2, 8)), int(rng.integers(2, 9)), int(rng.integers(1, 7))))
+    for n, p, n_in, batch in cases:
+        W, b, x = rng.standard_normal((n, n_in)), rng.standard_normal(n), rng.standard_normal((batch, n_in))
+        where = f"n = {n} neurons, p = {p} ranks"
+        parts = [_part(ex, fn, W, b, x, r, p, where) for r in range(p)]
+        _check_blocks(ex, where, n, p, [(lo, hi) for lo, hi, _ in parts])
+        for r, (lo, hi, h) in enumerate(parts):
+            _check_part(ex, f"{where}, rank {r} (neurons {lo}..{hi - 1})", W, b, x, lo, hi, h)
+        whole = np.concatenate([h for _, _, h in parts], axis=1)
+        if not np.allclose(whole, _relu(x @ W.T + b), rtol=1e-6, atol=1e-9):
+            fail(ex, f"{where}: the parts side by side in rank order are not the whole layer")
+    passed(ex, len(cases))
+
+
+def _part(ex, fn, W, b, x, r, p, where):
+    got = _call(ex, fn, "W1 has one row per neuron, shape (n, n_in); b1 one entry per neuron; x one row per sample",
+                W.copy(), b.copy(), x.copy(), r, p)
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        fail(ex, f"{where}, rank {r}: expected a tuple (lo, hi, h), got {type(got).__name__}")
+    lo, hi, h = got
+    return _integer(ex, f"{where}, rank {r}", "lo", lo), _integer(ex, f"{where}, rank {r}", "hi", hi), h
+
+
+def _check_blocks(ex, where, n, p, blocks) -> None:
+    """Contiguous blocks in rank order from 0 to n, sizes within one of each other; the message names the gap,
+    the overlap or the imbalance."""
+    shown = ", ".join(f"rank {r}: {lo}..{hi - 1}" if hi > lo else f"rank {r}: none" for r, (lo, hi) in enumerate(blocks))
+    for r, (lo, hi) in enumerate(blocks):
+        if hi < lo:
+            fail(ex, f"{where}: rank {r}'s block starts at {lo} and ends at {hi}, before it starts ({shown})",
+                 "hi is one past the block's last neuron: hi >= lo, and hi = lo when a rank holds none")
+        if lo < 0 or hi > n:
+            fail(ex, f"{where}: rank {r}'s block {lo}..{hi - 1} runs outside the layer's neurons 0..{n - 1} ({shown})",
+                 "with more ranks than neurons some ranks hold none (lo = hi)" if p > n else "")
+    if blocks[0][0] != 0:
+        fail(ex, f"{where}: neurons 0..{blocks[0][0] - 1} belong to no rank ({shown})", "rank 0's block starts at 0")
+    for r in range(p - 1):
+        (_, hi), (lo, _) = blocks[r], blocks[r + 1]
+        if lo < hi:
+            fail(ex, f"{where}: the blocks overlap: ranks {r} and {r + 1} both hold neurons {lo}..{hi - 1} ({shown})",
+                 "each rank's block starts where the previous rank's ends")
+        if lo > hi:
+            fail(ex, f"{where}: neurons {hi}..{lo - 1} between ranks {r} and {r + 1} belong to no rank ({shown})",
+                 "each rank's block starts where the previous rank's ends")
+    if blocks[-1][1] != n:
+        fail(ex, f"{where}: neurons {blocks[-1][1]}..{n - 1} belong to no rank ({shown})",
+             f"when n is not divisible by p, n // p neurons each leave n % p = {n % p} over: they must go to ranks too")
+    sizes = [hi - lo for lo, hi in blocks]
+    if max(sizes) - min(sizes) > 1:
+        base = n // p
+        if p > 1 and all(s == base for s in sizes[:-1]):
+            hint = (f"the last rank takes all n % p = {n % p} left-over neurons: spread them one each over "
+                    "different ranks")
+        else:
+            hint = "n // p neurons each, and the n % p left over one each to different ranks"
+        fail(ex, f"{where}: blocks of sizes {sizes} differ by more than one: one rank would wait for another ({shown})",
+             hint)
+
+
+def _check_part(ex, where, W, b, x, lo, hi, h) -> None:
+    """``h`` is ReLU(x W[lo:hi]^T + b[lo:hi]); the message names a missing activation, bias, or a whole layer."""
+    k, batch = hi - lo, x.shape[0]
+    try:
+        a = np.asarray(h, dtype=float)
+    except (TypeError, ValueError):
+        a = None
+    if a is None or a.shape != (batch, k):
+        shape = None if a is None else a.shape
+        hint = ("one row per sample, one column per neuron: you have it transposed" if shape == (k, batch) and k != batch
+                else "h holds this rank's neurons only, not the whole layer" if shape == (batch, W.shape[0])
+                else "x @ (your rows of W1).T has one row per sample and one column per neuron")
+        fail(ex, f"{where}: h has shape {shape}, expected ({batch}, {k})", hint)
+    want = _relu(x @ W[lo:hi].T + b[lo:hi])
+    if np.allclose(a, want, rtol=1e-6, atol=1e-9):
+        return
+    z = x @ W[lo:hi].T + b[lo:hi]
+    for wrong, hint in ((want.T, "one row per sample, one column per neuron: you have it transposed"),
+                        (z, "apply the activation: this layer is ReLU, max(z, 0)"),
+                        (_relu(x @ W[lo:hi].T), "add your neurons' biases"),
+                        (0.5 * (np.tanh(0.5 * z) + 1), "that is the sigmoid: this layer is ReLU, max(z, 0)")):
+        if np.allclose(a, wrong, rtol=1e-6, atol=1e-9):
+            fail(ex, f"{where}: wrong outputs", hint)
+    fail(ex, f"{where}: h differs from the outputs of neurons {lo}..{hi - 1} by up to {np.abs(a - want).max():.3g}",
+         "neuron j's weights are row j of W1 and its bias b1[j]")
+
+
+# ---- exercise 2: one rank's block, backward -------------------------------------------------------------------------
+
+# (inputs n_in, hidden, outputs n_out, ranks p, batch): uneven, n_out above the block, empty blocks, one rank
+_GRAD_CASES = ((5, 6, 3, 2, 4), (4, 7, 10, 3, 1), (3, 3, 2, 5, 2), (6, 9, 4, 1, 3), (7, 8, 5, 3, 6))
+
+
+@recorded
+def neuron_grads(fn) -> None:
+    """Exercise (lab 11): ``fn(x, h, delta, W2, lo, hi) -> (dW1, db1)``, the gradients of a rank's rows lo..hi-1 of
+    W1 and entries of b1 in ``[n_in, hidden, n_out]`` with ReLU, from its outputs ``h`` and the output layer's error
+    ``delta`` (of the mean loss), against labkit's; every rank of 1 to 5 ranks, some blocks empty."""
+    from ..shards import shard_bounds
+
+    ex = "one rank's backward"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(112))
+    cases = list(_GRAD_CASES)
+    cases.append((int(rng.integers(2, 9)), int(rng.integers(5, 16)), int(rng.integers(2, 11)), int(rng.integers(2, 5)),
+                  int(rng.integers(2, 8))))
+    for n_in, hidden, n_out, p, batch in cases:
+        x = rng.standard_normal((batch, n_in))
+        W1, b1 = rng.standard_normal((hidden, n_in)), rng.standard_normal(hidden)
+        W2 = rng.standard_normal((n_out, hidden))
+        h = _relu(x @ W1.T + b1)
+        delta = rng.standard_normal((batch, n_out)) / batch
+        for r, (lo, hi) in enumerate(shard_bounds(hidden, p)):
+            where = f"[{n_in}, {hidden}, {n_out}], batch {batch}, rank {r} of {p} (neurons {lo}..{hi - 1})"
+            got = _call(ex, fn, "delta is (batch, n_out) and W2 is (n_out, hidden): which part of W2 belongs to your "
+                        "neurons?", x.copy(), h[:, lo:hi].copy(), delta.copy(), W2.copy(), lo, hi)
+            _check_grads(ex, where, got, x, h[:, lo:hi], delta, W2[:, lo:hi])
+    passed(ex, len(cases))
+
+
+def _check_grads(ex, where, got, x, h, delta, W2_mine) -> None:
+    batch, k, n_in = x.shape[0], h.shape[1], x.shape[1]
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(ex, f"{where}: expected a pair (dW1, db1), got {type(got).__name__}")
+    dW, db = (np.asarray(a, dtype=float) for a in got)
+    if dW.shape != (k, n_in):
+        hint = ("you have it transposed: one row per neuron, one column per input" if dW.shape == (n_in, k)
+                else "dW1 has one row per neuron of yours and one column per input")
+        fail(ex, f"{where}: dW1 has shape {dW.shape}, expected {(k, n_in)}", hint)
+    if db.shape != (k,):
+        hint = "db1 sums the error over the batch: one number per neuron" if db.shape == (batch, k) else ""
+        fail(ex, f"{where}: db1 has shape {db.shape}, expected {(k,)}", hint)
+    d = (delta @ W2_mine) * (h > 0)
+    if np.allclose(dW, d.T @ x, rtol=1e-6, atol=1e-9) and np.allclose(db, d.sum(axis=0), rtol=1e-6, atol=1e-9):
+        return
+    plain = delta @ W2_mine
+    wrong = [(plain, "multiply by ReLU's slope at your neurons: 1 where h > 0, 0 elsewhere"),
+             (plain * h * (1 - h), "that is the sigmoid's slope, h (1 - h); this layer is ReLU: 1 where h > 0, else 0"),
+             (plain * h, "ReLU's slope is 1 where h > 0 and 0 elsewhere, not h itself"),
+             (d / batch, f"delta is already the error of the mean loss: do not divide by the batch ({batch}) again"),
+             (d * batch, "keep delta as it is: it is already the error of the mean loss, do not scale it by the batch")]
+    for e, hint in wrong:
+        if np.allclose(dW, e.T @ x, rtol=1e-6, atol=1e-9):
+            fail(ex, f"{where}: wrong dW1", hint)
+    if np.allclose(dW, d.T @ x, rtol=1e-6, atol=1e-9):
+        hint = ("db1 is the sum of the error over the batch, not its mean" if np.allclose(db, d.mean(axis=0))
+                else "db1 is the error summed over the batch")
+        fail(ex, f"{where}: dW1 is right but db1 is wrong", hint)
+    fail(ex, f"{where}: dW1 differs from labkit's by up to {np.abs(dW - d.T @ x).max():.3g}",
+         "the error at your neurons is delta times your columns of W2, times ReLU's slope; then dW1 = error^T x")
+
+
+# ---- exercise 3: the GPipe schedule with unit-time tasks ------------------------------------------------------------
+
+# (stages S, micro-batches M): one stage, one micro-batch, more stages than micro-batches, the lab's 4 x 8
+_SCHEDULE_CASES = ((1, 1), (1, 4), (3, 1), (2, 3), (4, 8), (5, 2), (3, 6))
+
+
+@recorded
+def gpipe_schedule(fn) -> None:
+    """Exercise (lab 11): ``fn(S, M) -> (forward, backward)``, the step at which each of S stages runs the forward
+    and the backward of each of M micro-batches, every task one step long: integer arrays of shape (S, M).
+
+    The rules, each checked on every task: steps count from 0; a stage runs one task a step; a forward follows the
+    stage before's forward of the same micro-batch, a backward the stage after's backward; each stage runs all its
+    forwards before its first backward (GPipe); and no task waits once its stage is free and its input has arrived.
+    The backwards may take the micro-batches in any order.
+    """
+    ex = "GPipe schedule"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(113))
+    cases = list(_SCHEDULE_CASES) + [(int(rng.integers(2, 7)), int(rng.integers(1, 11)))]
+    for S, M in cases:
+        where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
+        got = _call(ex, fn, "return two integer arrays of shape (S, M): forward[s, m] and backward[s, m]", S, M)
+        forward, backward = _schedule_arrays(ex, where, got, S, M)
+        _check_schedule(ex, where, forward, backward)
+    passed(ex, len(cases))
+
+
+def _schedule_arrays(ex, where, got, S, M):
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(ex, f"{where}: expected a pair (forward, backward), got {type(got).__name__}")
+    out = []
+    for name, a in zip(("forward", "backward"), got):
+        try:
+            arr = np.asarray(a)
+            ok = arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and np.all(np.isfinite(arr))
+                                             and np.array_equal(arr, np.round(arr)))
+        except (TypeError, ValueError):
+            arr, ok = None, False
+        if arr is None or arr.shape != (S, M):
+            shape = None if arr is None else arr.shape
+            hint = "one row per stage, one column per micro-batch" if shape == (M, S) else \
+                f"{name}[s, m] is the step at which stage s runs micro-batch m"
+            fail(ex, f"{where}: {name} has shape {shape}, expected ({S}, {M})", hint)
+        if not ok:
+            fail(ex, f"{where}: {name} must hold whole step numbers, got {arr.dtype}", "steps are integers 0, 1, 2, ...")
+        out.append(arr.astype(np.int64))
+    return out
+
+
+def _check_schedule(ex, where, forward, backward) -> None:
+    """Every rule of the schedule, naming the first task that breaks one."""
+    S, M = forward.shape
+    first = int(min(forward.min(), backward.min()))
+    if first != 0:
+        fail(ex, f"{where}: the first task runs at step {first}",
+             "steps count from 0: stage 0 runs the forward of micro-batch 0 at step 0")
+    for s in range(S):  # one task at a time
+        steps = np.concatenate([forward[s], backward[s]])
+        values, counts = np.unique(steps, return_counts=True)
+        if (counts > 1).any():
+            t = int(values[counts > 1][0])
+            tasks = [f"forward {m}" for m in range(M) if forward[s, m] == t] + \
+                    [f"backward {m}" for m in range(M) if backward[s, m] == t]
+            fail(ex, f"{where}: stage {s} runs {' and '.join(tasks)} at the same step {t}",
+                 "a stage does one task a step")
+    for s in range(1, S):  # forwards go down
+        for m in range(M):
+            t, before = forward[s, m], forward[s - 1, m]
+            if t <= before:
+                what = ("the stages start together" if t == before else f"stage {s} runs it first")
+                fail(ex, f"{where}: {what}: stage {s} runs the forward of micro-batch {m} at step {t}, stage {s - 1} "
+                         f"at step {before}",
+                     f"a stage cannot begin micro-batch {m} before the stage before it has finished it: its input is "
+                     "that stage's output")
+    for s in range(S):  # GPipe: fill, then drain
+        last_forward, m_first = int(forward[s].max()), int(np.argmin(backward[s]))
+        if backward[s, m_first] <= last_forward:
+            early = (f"before its own forward of micro-batch {m_first} (step {forward[s, m_first]})"
+                     if backward[s, m_first] < forward[s, m_first] else f"before its last forward (step {last_forward})")
+            fail(ex, f"{where}: stage {s} runs the backward of micro-batch {m_first} at step {backward[s, m_first]}, "
+                     f"{early}", "GPipe runs all forwards of a step first (the pipeline fills), then the backwards")
+    if S > 1 and (backward[:-1] < backward[1:]).all():
+        fail(ex, f"{where}: the backwards run from stage 0 down to stage {S - 1} (micro-batch 0: steps "
+                 f"{backward[:, 0].tolist()})",
+             "the backward goes the other way: the error starts at the last stage, where the loss is, and climbs up")
+    for s in range(S - 1):  # backwards go up
+        for m in range(M):
+            t, after = backward[s, m], backward[s + 1, m]
+            if t <= after:
+                fail(ex, f"{where}: stage {s} runs the backward of micro-batch {m} at step {t}, stage {s + 1} at step "
+                         f"{after}",
+                     "the error flows from the last stage up to the first: a backward needs the error of the stage "
+                     "after it")
+    _check_no_waiting(ex, where, forward, backward)
+    steps, fewest = int(max(forward.max(), backward.max())) + 1, 2 * (M + S - 1)
+    if steps > fewest:
+        fail(ex, f"{where}: the step takes {steps} steps where {fewest} suffice",
+             "let each stage take the micro-batches in the order they arrive from the stage before")
+
+
+def _check_no_waiting(ex, where, forward, backward) -> None:
+    """No task starts later than its stage being free and its input having arrived allow (in the stage's own order
+    of tasks, as the student scheduled them)."""
+    S, M = forward.shape
+    late = []
+    for s in range(S):
+        order = sorted([(int(forward[s, m]), 0, m) for m in range(M)] + [(int(backward[s, m]), 1, m) for m in range(M)])
+        free = 0
+        for t, kind, m in order:
+            if kind == 0:
+                ready = forward[s - 1, m] + 1 if s else 0
+            else:
+                ready = backward[s + 1, m] + 1 if s < S - 1 else 0
+            could = max(free, int(ready))
+            if t > could:
+                late.append((t, s, kind, m, could))
+            free = t + 1
+    if late:
+        t, s, kind, m, could = min(late)
+        task = "forward" if kind == 0 else "backward"
+        fail(ex, f"{where}: stage {s} waits: it runs the {task} of micro-batch {m} at step {t}, but was free and had its "
+                 f"input at step {could}", "start each task as soon as the stage is free and its input has arrived")
+
+
+# ---- exercise 4: the step time with each stage's own times -----------------------------------------------------------
+
+_STEP_CASES = (([1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0], 8),  # equal stages
+               ([3.0], [5.0], 4),  # one stage
+               ([1.0, 2.0, 3.0], [2.0, 1.0, 4.0], 1),  # one micro-batch
+               ([1.0, 4.0, 1.0], [2.0, 2.0, 2.0], 5),  # one slow stage
+               ([4.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 3.0], 6),  # slow in the forward here, in the backward there
+               ([1.0, 1.5, 1.0, 1.0, 1.0], [2.0, 2.0, 2.5, 2.0, 2.0], 2))  # more stages than micro-batches
+
+
+@recorded
+def pipeline_step_time(fn) -> None:
+    """Exercise (lab 11): ``fn(fwd, bwd, M) -> seconds``, one GPipe step of M micro-batches when stage s takes
+    ``fwd[s]`` and ``bwd[s]`` seconds per micro-batch (messages free), against labkit's; equal stages, one stage,
+    one micro-batch, a slow stage, different slowest stages forward and backward, and one drawn at random."""
+    from ..model_parallel import pipeline_step_time as reference
+
+    ex = "pipeline step time"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(114))
+    cases = [(np.array(f), np.array(b), M) for f, b, M in _STEP_CASES]
+    S = int(rng.integers(2, 7))
+    cases.append((np.round(rng.uniform(0.5, 3.0, S), 3), np.round(rng.uniform(0.5, 3.0, S), 3), int(rng.integers(1, 13))))
+    for f, b, M in cases:
+        where = f"fwd = {f.tolist()}, bwd = {b.tolist()}, M = {M}"
+        got = _call(ex, fn, "fwd and bwd are NumPy arrays of one time per stage", f.copy(), b.copy(), M)
+        _check_step(ex, where, got, f, b, M, reference(f, b, M))
+    passed(ex, len(cases))
+
+
+def _check_step(ex, where, got, f, b, M, want) -> None:
+    try:
+        value = float(np.asarray(got, dtype=float)) if np.ndim(got) == 0 else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None:
+        fail(ex, f"{where}: expected one number (seconds), got {type(got).__name__}"
+             + (f" of shape {np.shape(got)}" if np.ndim(got) else ""), "return the time the whole step takes")
+    if np.isclose(value, want, rtol=1e-9, atol=1e-12):
+        return
+    S = len(f)
+    wrong = [
+        ((M + S - 1) * (f.mean() + b.mean()), "that is (M + S - 1)(f + b) with the stages' mean times: it holds for "
+         "equal stages only; a slower stage makes the stages after it wait"),
+        ((M + S - 1) * (f + b).max(), "that paces every stage as the slowest one: the pipeline fills and drains "
+         "through each stage at that stage's own speed"),
+        ((M + S - 1) * (f.max() + b.max()), "that paces every stage as the slowest one: the pipeline fills and drains "
+         "through each stage at that stage's own speed"),
+        (M * (f + b).sum(), "that runs the stages one after another: while stage 1 works on micro-batch 0, stage 0 "
+         "already runs micro-batch 1"),
+        ((f + b).sum() + (M - 1) * (f + b).max(), "the forwards and the backwards each wait for their own slowest "
+         "stage: a stage slow in the forward may be quick in the backward"),
+        (f.sum() + (M - 1) * f.max(), "that is only the forwards: the step ends when stage 0 finishes its last "
+         "backward"),
+        (f.sum() + M * f.max() + b.sum() + M * b.max(), "one micro-batch too many: the first micro-batch's trip "
+         "through all the stages is already one of the M"),
+        ((M + S - 1) * (f.sum() + b.sum()), "each time step of the schedule lasts as long as that stage's task, not "
+         "as long as all stages together"),
+    ]
+    for w, hint in wrong:
+        if not np.isclose(w, want, rtol=1e-9) and np.isclose(value, w, rtol=1e-9, atol=1e-12):
+            fail(ex, f"{where}: {value:.6g} s, expected {want:.6g} s", hint)
+    fail(ex, f"{where}: {value:.6g} s, expected {want:.6g} s",
+         "a task starts when its stage is free and its input has arrived, whichever is later")
+
+
+EXERCISES = (
+    Exercise("neuron_part", "11", "pipeline", references=(
+        "labkit.model_parallel:neuron_part", "labkit.model_parallel:NeuronParallel", "labkit.shards:shard_bounds"),
+        hints=(
+            "Neuron j of the layer has row j of W1 as its weights and b1[j] as its bias; a rank holding neurons "
+            "lo..hi-1 needs only those rows and entries.",
+            "Split n neurons over p ranks: n // p each leaves n % p over. Give those to different ranks, one each, "
+            "so no two blocks differ by more than one.",
+            "Rank r's block starts where rank r-1's ends: lo is the sum of the sizes of ranks 0..r-1. If the first "
+            "n % p ranks hold one more, how many of the ranks before r do?",
+            "Your h is ReLU of x times your rows (transposed) plus your biases: shape (batch, hi - lo).",
+        )),
+    Exercise("neuron_grads", "11", "pipeline", references=(
+        "labkit.model_parallel:neuron_part_grads", "labkit.model_parallel:NeuronParallel"),
+        hints=(
+            "As in lab 01: a hidden neuron's error is the error it passes on to the outputs, times the activation's "
+            "slope at its output; then dW = error^T x and db = the error summed over the batch.",
+            "Hidden neuron j reaches every output through column j of W2 (W2 is (n_out, hidden)): the error "
+            "reaching your neurons comes from delta and your columns of W2 only.",
+            "ReLU's slope is 1 where the neuron's output h is above 0 and 0 elsewhere. Everything you need is on "
+            "your rank: how many messages does the backward need?",
+        )),
+    Exercise("gpipe_schedule", "11", "pipeline", references=("labkit.model_parallel:gpipe_schedule",),
+             hints=(
+                 "Draw a grid for S = 2, M = 3: one row per stage, one column per step. Micro-batch 0 enters stage "
+                 "0 at step 0; where can micro-batch 0 be at step 1, and micro-batch 1?",
+                 "A forward can run one step after the stage before ran it (its input arrives) and one step after "
+                 "the same stage's previous task. With unit times, how far apart are stage s and stage s-1?",
+                 "The last stage starts the backwards right after its last forward. The errors then climb one "
+                 "stage a step, as the activations came down: draw the second half as a mirror of the first.",
+                 "Count your grid: how many steps does the last stage wait before its first forward, and how many "
+                 "after its last backward does stage 0 finish?",
+             )),
+    Exercise("pipeline_step_time", "11", "pipeline", references=("labkit.model_parallel:pipeline_step_time",),
+             hints=(
+                 "Simulate it: keep, for each stage, when it is next free, and for each micro-batch, when its input "
+                 "has arrived at the stage in hand. A task starts at the later of the two.",
+                 "Forwards: stage by stage from the first, micro-batch by micro-batch. Backwards: stage by stage "
+                 "from the last; the last stage's errors are ready once its forwards are done.",
+                 "Test it on equal stages first: it must give the step count of your schedule times (f + b). Then "
+                 "make one stage slower by hand: which micro-batches wait for it?",
+             )),
+)

@@ -1,0 +1,348 @@
+"""Lab 11's exercises (labkit.check.pipeline): the right answers pass, a blank one is "not written yet", each typical
+wrong one is named by the check's message, the hints come one more after each failed run, and the grader's replay
+gives the check's own verdict."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from labkit import check, model_parallel
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import exercise
+from labkit.grading import replay
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts with no failed runs: the first failure shows the first hint."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- exercise 1: one rank's neurons --------------------------------------------------------------------------------
+
+def relu(z):
+    return np.maximum(z, 0)
+
+
+def part(bounds, out=lambda W, b, x, lo, hi: relu(x @ W[lo:hi].T + b[lo:hi])):
+    """A neuron_part answer from a way of choosing (lo, hi) and a way of computing h."""
+    def fn(W, b, x, rank, p):
+        lo, hi = bounds(W.shape[0], p, rank)
+        return lo, hi, out(W, b, x, lo, hi)
+    return fn
+
+
+def extras_first(n, p, r):
+    base, extra = divmod(n, p)
+    lo = r * base + min(r, extra)
+    return lo, lo + base + (r < extra)
+
+
+def floor_only(n, p, r):
+    return r * (n // p), (r + 1) * (n // p)
+
+
+def last_takes_rest(n, p, r):
+    return r * (n // p), n if r == p - 1 else (r + 1) * (n // p)
+
+
+def ceil_blocks(n, p, r):
+    c = -(-n // p)
+    return r * c, min(n, (r + 1) * c)
+
+
+def overlapping(n, p, r):
+    lo, hi = extras_first(n, p, r)
+    return lo, min(n, hi + 1)
+
+
+RIGHT_PART = part(extras_first)
+WRONG_PART = {
+    "floor only": (part(floor_only), r"neurons 6\.\.6 belong to no rank.*n % p = 1 over"),
+    "last takes the rest": (part(last_takes_rest), r"sizes \[2, 2, 2, 4\].*the last rank takes all n % p = 2"),
+    "ceil": (part(ceil_blocks), r"sizes \[3, 3, 1\] differ by more than one"),
+    "overlap": (part(overlapping), r"the blocks overlap: ranks 0 and 1 both hold neurons 3\.\.3"),
+    "float bounds": (part(lambda n, p, r: (r * n / p, (r + 1) * n / p)), r"slice indices must be integers.*// and %"),
+    "float bounds returned": (part(lambda n, p, r: (r * n / p, (r + 1) * n / p),
+                                   lambda W, b, x, lo, hi: relu(x @ W[int(lo):int(hi)].T + b[int(lo):int(hi)])),
+                              r"lo must be a whole number \(an int\), got float"),
+    "no relu": (part(extras_first, lambda W, b, x, lo, hi: x @ W[lo:hi].T + b[lo:hi]), r"apply the activation"),
+    "no bias": (part(extras_first, lambda W, b, x, lo, hi: relu(x @ W[lo:hi].T)), r"add your neurons' biases"),
+    "whole layer": (part(extras_first, lambda W, b, x, lo, hi: relu(x @ W.T + b)),
+                    r"h has shape \(3, 6\), expected \(3, 3\).*this rank's neurons only"),
+    "transposed": (part(extras_first, lambda W, b, x, lo, hi: relu(x @ W[lo:hi].T + b[lo:hi]).T),
+                   r"rank 0 \(neurons 0\.\.2\): wrong outputs\nHint: one row per sample.*transposed"),
+    "columns of W": (part(extras_first, lambda W, b, x, lo, hi: relu(x @ W[:, lo:hi] + b[lo:hi])),
+                     r"raised ValueError.*one row per neuron"),
+}
+
+
+def test_neuron_part_passes_the_right_answer_and_any_balanced_split(capsys):
+    check.neuron_part(RIGHT_PART)
+    check.neuron_part(part(lambda n, p, r: (r * n // p, (r + 1) * n // p)))  # the extras spread, not first: fine too
+    out = capsys.readouterr().out
+    assert out.count("✔ one rank's neurons: all 8 checks passed") == 2
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_PART))
+def test_neuron_part_names_the_mistake(name):
+    fn, match = WRONG_PART[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.neuron_part(fn)
+
+
+def test_a_transposed_part_is_named_where_the_shape_tells():
+    with pytest.raises(ExerciseError, match=r"h has shape \(3, 2\), expected \(2, 3\)\nHint: one row per sample.*"
+                                            r"transposed"):
+        check.neuron_part(part(extras_first, lambda W, b, x, lo, hi: relu(x @ W[lo:hi].T + b[lo:hi]).T if
+                               W.shape[0] == 7 else relu(x @ W[lo:hi].T + b[lo:hi])))
+
+
+# ---- exercise 2: one rank's backward ------------------------------------------------------------------------------
+
+def grads(error=lambda d, W2, lo, hi, h: (d @ W2[:, lo:hi]) * (h > 0), finish=lambda e, x: (e.T @ x, e.sum(axis=0))):
+    def fn(x, h, delta, W2, lo, hi):
+        return finish(error(delta, W2, lo, hi, h), x)
+    return fn
+
+
+RIGHT_GRADS = grads()
+WRONG_GRADS = {
+    "no slope": (grads(lambda d, W2, lo, hi, h: d @ W2[:, lo:hi]), r"multiply by ReLU's slope"),
+    "sigmoid slope": (grads(lambda d, W2, lo, hi, h: (d @ W2[:, lo:hi]) * h * (1 - h)), r"the sigmoid's slope"),
+    "divided again": (grads(finish=lambda e, x: ((e / len(x)).T @ x, e.sum(axis=0) / len(x))),
+                      r"do not divide by the batch \(4\) again"),
+    "transposed": (grads(finish=lambda e, x: (x.T @ e, e.sum(axis=0))), r"dW1 has shape \(5, 3\).*transposed"),
+    "db not summed": (grads(finish=lambda e, x: (e.T @ x, e)), r"db1 has shape \(4, 3\).*sums the error over the batch"),
+    "db mean": (grads(finish=lambda e, x: (e.T @ x, e.mean(axis=0))), r"dW1 is right.*sum of the error.*not its mean"),
+    "rows of W2": (grads(lambda d, W2, lo, hi, h: (d @ W2[lo:hi]) * (h > 0)), r"raised ValueError.*which part of W2"),
+    "all of W2": (grads(lambda d, W2, lo, hi, h: (d @ W2) * (h > 0)), r"raised ValueError.*which part of W2"),
+}
+
+
+def test_neuron_grads_passes_the_right_answer(capsys):
+    check.neuron_grads(RIGHT_GRADS)
+    check.neuron_grads(lambda x, h, d, W2, lo, hi: model_parallel.neuron_part_grads(x, h, d, W2, lo, hi))
+    assert capsys.readouterr().out.count("✔ one rank's backward: all 6 checks passed") == 2
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_GRADS))
+def test_neuron_grads_names_the_mistake(name):
+    fn, match = WRONG_GRADS[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.neuron_grads(fn)
+
+
+# ---- exercise 3: the GPipe schedule ---------------------------------------------------------------------------------
+
+def right_schedule(S, M):
+    s, m = np.arange(S)[:, None], np.arange(M)[None, :]
+    return s + m, (M + S - 1) + (S - 1 - s) + (M - 1 - m)
+
+
+def ascending_backwards(S, M):
+    s, m = np.arange(S)[:, None], np.arange(M)[None, :]
+    return s + m, (M + S - 1) + (S - 1 - s) + m
+
+
+def shifted(dforward=0, dbackward=0, backward=None):
+    def fn(S, M):
+        f, b = right_schedule(S, M)
+        return f + dforward, (b if backward is None else backward(S, M)) + dbackward
+    return fn
+
+
+def together(S, M):
+    f, b = right_schedule(S, M)
+    return np.zeros((S, 1), int) + np.arange(M), b
+
+
+def both_at_once(S, M):  # the next forward and a backward in the same step, as if a stage could do two things
+    s, m = np.arange(S)[:, None], np.arange(M)[None, :]
+    return s + m, s + m + 1 + 2 * (S - 1 - s)
+
+
+def interleaved(S, M):  # one forward, one backward (1F1B), on one stage: a backward before the last forward
+    if S == 1:
+        return 2 * np.arange(M)[None, :], 2 * np.arange(M)[None, :] + 1
+    return right_schedule(S, M)
+
+
+def list_shape(S, M):
+    f, b = right_schedule(S, M)
+    return f.T, b.T
+
+
+WRONG_SCHEDULE = {
+    "stages start together": (together, r"S = 3 stages.*the stages start together: stage 1 runs the forward of "
+                                         r"micro-batch 0 at step 0.*before the stage before it has finished it"),
+    "steps from 1": (shifted(1, 1), r"the first task runs at step 1.*steps count from 0"),
+    "backward down": (shifted(backward=lambda S, M: (M + S - 1) + np.arange(S)[:, None] + (M - 1 - np.arange(M))),
+                      r"S = 3 stages, M = 1.*the backwards run from stage 0 down to stage 2.*the other way"),
+    "no stage offset": (shifted(backward=lambda S, M: (M + S - 1) + np.zeros((S, 1), int) + (M - 1 - np.arange(M))),
+                        r"stage 0 runs the backward of micro-batch 0 at step 3, stage 1 at step 3.*the error flows"),
+    "backward a step late": (shifted(0, 1), r"S = 1 stage, M = 1.*stage 0 waits: it runs the backward of "
+                                            r"micro-batch 0 at step 2, but was free and had its input at step 1"),
+    "two at once": (both_at_once, r"stage 0 runs forward 1 and backward 0 at the same step 1.*one task a step"),
+    "1F1B": (interleaved, r"M = 4.*backward of micro-batch 0 at step 1, before its last forward \(step 6\).*GPipe "
+                          r"runs all forwards"),
+    "forward late": (lambda S, M: (right_schedule(S, M)[0] + (np.arange(M) > 0), right_schedule(S, M)[1] + (M > 1)),
+                     r"S = 1 stage, M = 4.*stage 0 waits: it runs the forward of micro-batch 1 at step 2"),
+    "transposed": (list_shape, r"S = 1 stage, M = 4.*forward has shape \(4, 1\), expected \(1, 4\).*one row per stage"),
+    "floats": (lambda S, M: tuple(a + 0.5 for a in right_schedule(S, M)), r"whole step numbers"),
+}
+
+
+def test_gpipe_schedule_passes_backwards_in_either_order(capsys):
+    check.gpipe_schedule(right_schedule)
+    check.gpipe_schedule(ascending_backwards)
+    check.gpipe_schedule(lambda S, M: tuple(a.tolist() for a in right_schedule(S, M)))  # lists will do
+    assert capsys.readouterr().out.count("✔ GPipe schedule: all 8 checks passed") == 3
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_SCHEDULE))
+def test_gpipe_schedule_names_the_mistake(name):
+    fn, match = WRONG_SCHEDULE[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.gpipe_schedule(fn)
+
+
+def test_the_bubble_falls_out_of_the_schedule():
+    for S, M in ((1, 5), (2, 1), (4, 8), (6, 3)):
+        f, b = model_parallel.gpipe_schedule(S, M)
+        steps = 1 + max(f.max(), b.max())
+        assert 1 - (f.size + b.size) / (S * steps) == pytest.approx(model_parallel.gpipe_bubble(S, M))
+        assert model_parallel.pipeline_step_time(np.ones(S), np.ones(S), M) == steps
+
+
+# ---- exercise 4: the step time with each stage's own times -----------------------------------------------------------
+
+def closed_form(f, b, M):
+    return f.sum() + (M - 1) * f.max() + b.sum() + (M - 1) * b.max()
+
+
+WRONG_STEP = {
+    "equal-stage formula": (lambda f, b, M: (M + len(f) - 1) * (f.mean() + b.mean()), r"holds for equal stages only"),
+    "all as the slowest": (lambda f, b, M: (M + len(f) - 1) * (f + b).max(), r"paces every stage as the slowest"),
+    "no overlap": (lambda f, b, M: M * (f + b).sum(), r"runs the stages one after another"),
+    "one slowest stage": (lambda f, b, M: (f + b).sum() + (M - 1) * (f + b).max(),
+                          r"a stage slow in the forward may be quick in the backward"),
+    "forwards only": (lambda f, b, M: f.sum() + (M - 1) * f.max(), r"only the forwards"),
+    "M instead of M - 1": (lambda f, b, M: f.sum() + M * f.max() + b.sum() + M * b.max(), r"one micro-batch too many"),
+    "a list": (lambda f, b, M: [closed_form(f, b, M)] * 2, r"expected one number \(seconds\), got list of shape \(2,\)"),
+}
+
+
+def test_pipeline_step_time_passes_a_simulation_and_the_closed_form(capsys):
+    check.pipeline_step_time(closed_form)
+    check.pipeline_step_time(lambda f, b, M: model_parallel.pipeline_step_time(f, b, M) + 0.0)
+    assert capsys.readouterr().out.count("✔ pipeline step time: all 7 checks passed") == 2
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_STEP))
+def test_pipeline_step_time_names_the_mistake(name):
+    fn, match = WRONG_STEP[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.pipeline_step_time(fn)
+
+
+# ---- what every exercise shares: blank, hints, replay ----------------------------------------------------------------
+
+RIGHT = {"neuron_part": RIGHT_PART, "neuron_grads": RIGHT_GRADS, "gpipe_schedule": right_schedule,
+         "pipeline_step_time": closed_form}
+WRONG = {"neuron_part": WRONG_PART["floor only"][0], "neuron_grads": WRONG_GRADS["no slope"][0],
+         "gpipe_schedule": together, "pipeline_step_time": WRONG_STEP["no overlap"][0]}
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_exercise_is_not_written_yet_and_costs_no_hint(name):
+    for _ in range(2):
+        with pytest.raises(ExerciseError, match="not written yet") as e:
+            getattr(check, name)(blank)
+        assert "Step " not in str(e.value)
+    with pytest.raises(ExerciseError, match=r"\nStep 1 of \d"):  # the first real failure shows the first step
+        getattr(check, name)(WRONG[name])
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_hints_come_one_more_after_each_failed_run(name):
+    hints = exercise(name).hints
+    assert len(hints) >= 3 and exercise(name).lab == "11" and exercise(name).module == "pipeline"
+    for k in range(1, len(hints) + 2):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(WRONG[name])
+        shown = min(k, len(hints))  # the last one repeats
+        assert f"Step {shown} of {len(hints)}" in str(e.value) and hints[shown - 1] in str(e.value)
+        assert all(h not in str(e.value) for i, h in enumerate(hints) if i != shown - 1)
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
+    def record(folder, fn, seed=7):
+        monkeypatch.setenv(capture.ENV, str(folder))
+        monkeypatch.setenv(capture.SEED_ENV, str(seed))
+        try:
+            getattr(check, name)(fn)
+            return True, ""
+        except ExerciseError as e:
+            return False, f"ExerciseError: {e}"
+        finally:
+            monkeypatch.delenv(capture.ENV)
+            monkeypatch.delenv(capture.SEED_ENV)
+
+    assert record(tmp_path / "right", RIGHT[name]) == (True, "")
+    assert replay.replay(name, tmp_path / "right", 7)[0] is True
+    plain = record(tmp_path / "wrong", WRONG[name])
+    assert plain[0] is False and "\nStep 1 of" in plain[1]
+    student_saw = re.sub(r"\nStep \d+ of \d+.*", "", plain[1], flags=re.S)  # the grader's verdict omits the step
+    assert replay.replay(name, tmp_path / "wrong", 7) == (False, student_saw)
+    passed, message = replay.replay(name, tmp_path / "right", 8)  # other inputs: the record answers nothing
+    assert not passed and "was not recorded" in message
+
+
+REFERENCES = {"neuron_part": lambda W, b, x, r, p: model_parallel.neuron_part(W, b, x, r, p),
+              "neuron_grads": model_parallel.neuron_part_grads,
+              "gpipe_schedule": model_parallel.gpipe_schedule,
+              "pipeline_step_time": lambda f, b, M: model_parallel.pipeline_step_time(f, b, M)}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_labkits_own_function_fails_the_grade(tmp_path, monkeypatch, name):
+    monkeypatch.setenv(capture.ENV, str(tmp_path))
+    getattr(check, name)(REFERENCES[name])  # it passes in the notebook...
+    monkeypatch.delenv(capture.ENV)
+    passed, message = replay.replay(name, tmp_path, 0)  # ...but not in the grade
+    assert not passed and "uses labkit's reference (labkit.model_parallel." in message
+
+
+def test_labkits_split_of_the_neurons_fails_the_grade(tmp_path, monkeypatch):
+    from labkit.shards import shard_bounds
+
+    def with_shards(W, b, x, rank, p):
+        lo, hi = shard_bounds(W.shape[0], p)[rank]
+        return lo, hi, relu(x @ W[lo:hi].T + b[lo:hi])
+
+    monkeypatch.setenv(capture.ENV, str(tmp_path))
+    check.neuron_part(with_shards)
+    monkeypatch.delenv(capture.ENV)
+    passed, message = replay.replay("neuron_part", tmp_path, 0)
+    assert not passed and "labkit.shards.shard_bounds" in message
+
+
+def test_stage_times_and_the_drawn_schedule():
+    events = np.array([(0, 0, 0, 0.0, 1.0), (0, 0, 1, 1.0, 2.0), (1, 0, 0, 1.0, 4.0), (1, 1, 0, 4.0, 6.0),
+                       (0, 1, 0, 6.0, 6.5), (1, 0, 1, 4.5, 7.5)])
+    f, b = model_parallel.stage_times(events)
+    assert f.tolist() == [1.0, 3.0] and b.tolist() == [0.5, 2.0]
+    f, b = model_parallel.stage_times(np.vstack([events, [(1, 0, 2, 8.0, 10.0)]]))  # the mean: busy time / tasks
+    assert f.tolist() == [1.0, 8 / 3]
+    assert model_parallel.Timeline(events).span() == 7.5
+    fig = model_parallel.draw_schedule(*model_parallel.gpipe_schedule(2, 3), title="t")
+    assert fig.axes[0].get_xlabel() == "step" and len(fig.axes[0].patches) == 12

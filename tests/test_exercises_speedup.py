@@ -1,0 +1,349 @@
+"""The exercises of lab 12 (labkit.check.speedup): the right answer passes, a blank one is "not written yet", the
+typical wrong ones are each named by the check's message, every failed run shows one more hint, and the grader's
+replay gives the check's own verdict; with labkit's helpers the lab uses (bench.speedup_table, fit_amdahl_times,
+karp_flatt, scaling.yours_or_labkits, Scaling.samples)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labkit import bench, check, questions, scaling
+from labkit.bench import Timing
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import exercise, in_lab
+from labkit.grading import replay
+
+SEED = 4242
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts at the first hint: the count of failed runs is per process."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- right answers, as a student would write them ---------------------------------------------------------------
+
+def right_speedup_efficiency(p, t):
+    p, t = np.asarray(p, dtype=float), np.asarray(t, dtype=float)
+    if not np.any(p == 1):
+        raise ValueError("no one-worker row")
+    s = t[p == 1][0] / t
+    return s, s / p
+
+
+def right_scaled_speedup(t_one_rank, t_p_ranks):
+    return np.asarray(t_one_rank) / np.asarray(t_p_ranks)
+
+
+def right_karp_flatt(p, s):
+    p, s = np.asarray(p, dtype=float), np.asarray(s, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p > 1, (1 / s - 1 / p) / (1 - 1 / p), np.nan)
+
+
+def right_amdahl_fit(p, t):
+    p, t = np.asarray(p, dtype=float), np.asarray(t, dtype=float)
+    if len(set(p.tolist())) < 2:
+        raise ValueError("one worker count")
+    A = np.column_stack([np.ones_like(p), 1 / p])  # the line t = a + b / p, by lstsq rather than polyfit
+    (a, b), *_ = np.linalg.lstsq(A, t, rcond=None)
+    return a / (a + b), a + b
+
+
+RIGHT = {"speedup_efficiency": right_speedup_efficiency, "scaled_speedup": right_scaled_speedup,
+         "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit}
+
+
+def test_lab_12_declares_four_exercises_with_hints_and_references():
+    assert sorted(e.name for e in in_lab("12")) == sorted(RIGHT)
+    for name in RIGHT:
+        e = exercise(name)
+        assert e.module == "speedup" and len(e.hints) >= 3 and e.references
+        for ref in e.references:  # each names a function of labkit that exists
+            module, attr = ref.split(":")
+            assert callable(getattr(__import__(module, fromlist=[attr]), attr))
+
+
+@pytest.mark.parametrize("name, count", [("speedup_efficiency", "speedup and efficiency: all 9"),
+                                         ("scaled_speedup", "scaled speedup: all 6"),
+                                         ("karp_flatt", "Karp-Flatt metric: all 9"),
+                                         ("amdahl_fit", "Amdahl fit: all 8")])
+def test_the_right_answer_passes(name, count, capsys):
+    getattr(check, name)(RIGHT[name])
+    assert f"✔ {count} checks passed" in capsys.readouterr().out
+
+
+def test_labkits_own_functions_pass_too(capsys):
+    check.speedup_efficiency(bench.speedup_table)
+    check.karp_flatt(bench.karp_flatt)
+    check.amdahl_fit(bench.fit_amdahl_times)
+    assert capsys.readouterr().out.count("✔") == 3
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_answer_is_not_written_yet_without_a_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        getattr(check, name)(blank)
+    assert "Step" not in str(e.value)
+
+
+# ---- the typical mistakes, each named ---------------------------------------------------------------------------
+
+def _with_s(s_of):
+    """A speedup_efficiency with its own (wrong) speedup, efficiency = speedup / p, refusing a table without p = 1."""
+    def fn(p, t):
+        if not np.any(p == 1):
+            raise ValueError("no baseline")
+        s = s_of(p, t)
+        return s, s / p
+    return fn
+
+
+def _with_e(e_of):
+    def fn(p, t):
+        s, _ = right_speedup_efficiency(p, t)
+        return s, e_of(s, p)
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_with_s(lambda p, t: t[0] / t), "baseline is the table's first row, but the rows are not sorted by p"),
+    (_with_s(lambda p, t: t / t[p == 1][0]), "upside down"),
+    (_with_s(lambda p, t: t.max() / t), "baseline is the slowest time"),
+    (_with_e(lambda s, p: s), "efficiency equals the speedup: efficiency divides the speedup by p"),
+    (_with_e(lambda s, p: s * p), "yours multiplies"),
+    (_with_e(lambda s, p: s / np.arange(1, len(p) + 1)), "divided by the row number"),
+    (_with_e(lambda s, p: np.minimum(s / p, 1)), "clipped the efficiency at 1"),
+    (lambda p, t: (t[p == 1][0] / t, t[p == 1][0] / t / p), "your function raised IndexError(?s:.*)no baseline"),
+    (lambda p, t: right_speedup_efficiency(p, t)[0], "expected a pair \\(S, E\\)"),
+])
+def test_speedup_efficiency_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.speedup_efficiency(wrong)
+
+
+def test_a_table_without_a_baseline_must_be_refused():
+    def guesses(p, t):  # right on every table with p = 1; guesses the fastest row's time otherwise
+        return right_speedup_efficiency(p, t) if np.any(p == 1) else (t.min() / t, t.min() / t / p)
+
+    with pytest.raises(ExerciseError, match=r"(?s)without a one-worker row.*instead of raising ValueError.*no baseline"):
+        check.speedup_efficiency(guesses)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda t1, tp: tp / t1, "upside down"),
+    (lambda t1, tp: t1[0] / tp, "strong-scaling speedup"),
+    (lambda t1, tp: t1 / tp / np.arange(1, len(t1) + 1), "that is the efficiency"),
+    (lambda t1, tp: np.arange(1, len(t1) + 1) * t1[0] / tp, "grows exactly p-fold"),
+    (lambda t1, tp: tp[0] / tp, "weak-scaling efficiency"),  # the same as t1[0] / tp: at p = 1 both are one problem
+    (lambda t1, tp: t1 / tp + 0.1, "(?s)yours.*expected.*which one is the slow one"),
+])
+def test_scaled_speedup_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.scaled_speedup(wrong)
+
+
+def _kf(formula):
+    def fn(p, s):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return formula(np.asarray(p, dtype=float), np.asarray(s, dtype=float))
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_kf(lambda p, s: 1 / s - 1 / p), "e times \\(1 - 1/p\\)"),
+    (_kf(lambda p, s: (1 / p - 1 / s) / (1 - 1 / p)), "sign is flipped"),
+    (_kf(lambda p, s: (s - p) / (1 - p)), "1/S and 1/p, not with S and p"),
+    (_kf(lambda p, s: 1 - right_karp_flatt(p, s)), "parallel share"),
+    (_kf(lambda p, s: np.clip(right_karp_flatt(p, s), 0, 1)), "clipped e to \\[0, 1\\]"),
+    (_kf(lambda p, s: np.nan_to_num(right_karp_flatt(p, s))), "undefined at p = 1; return NaN"),
+    (_kf(lambda p, s: float(right_karp_flatt(p, s)[0])), "expected an array of shape"),
+])
+def test_karp_flatt_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.karp_flatt(wrong)
+
+
+def _fit(f_t1):
+    """An amdahl_fit built on the line t = a + b x (x = 1/p unless the mistake says otherwise), refusing one p."""
+    def fn(p, t):
+        p, t = np.asarray(p, dtype=float), np.asarray(t, dtype=float)
+        if len(set(p.tolist())) < 2:
+            raise ValueError("one worker count")
+        return f_t1(p, t)
+    return fn
+
+
+def _line(x, t):
+    b, a = np.polyfit(x, t, 1)
+    return a, b
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_fit(lambda p, t: (lambda a, b: (b / (a + b), a + b))(*_line(1 / p, t))), "swapped the serial and the parallel"),
+    (_fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t))), "fitted T against p, not against 1/p"),
+    (_fit(lambda p, t: (lambda a, b: (a, a + b))(*_line(1 / p, t))), "your f is in seconds"),
+    (_fit(lambda p, t: (lambda a, b: (a / t[p == 1].mean(), a + b))(*_line(1 / p, t))),
+     "divided by the measured one-worker time"),
+    (_fit(lambda p, t: (bench.fit_amdahl(p, t[p == 1].mean() / t), t[p == 1].mean())), "you fitted the speedups"),
+    (_fit(lambda p, t: (lambda a, b: (max(a / (a + b), 0.0), a + b))(*_line(1 / p, t))), "clipped f to \\[0, 1\\]"),
+    (_fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(1 / p[[p.argmin(), p.argmax()]],
+                                                                  t[[p.argmin(), p.argmax()]]))),
+     "(?s)noisy.*two rows, the smallest and the largest p"),
+    (_fit(lambda p, t: (lambda a, b: (a / (a + b), t[p == 1].mean()))(*_line(1 / p, t))),
+     "your T1 is the measured one-worker time"),
+    (_fit(lambda p, t: (lambda a, b: (a / (a + b), a))(*_line(1 / p, t))), "value at 1/p = 0"),
+    (_fit(lambda p, t: (lambda a, b: [a / (a + b)])(*_line(1 / p, t))), "expected a pair \\(f, T1\\)"),
+    (_fit(lambda p, t: (np.array([0.1, 0.2]), 1.0)), "f should be one number"),
+    (_fit(lambda p, t: (lambda a, b: (a / (a + b) + 0.01, a + b))(*_line(1 / p, t))),
+     "(?s)your f:.*least squares makes the sum"),
+])
+def test_amdahl_fit_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.amdahl_fit(wrong)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.0, float(np.mean(t))),
+     "one worker count only(?s:.*)instead of raising ValueError"),
+    (lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else 1 / 0,
+     "raised ZeroDivisionError(?s:.*)raise ValueError"),
+    (lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else
+     (_ for _ in ()).throw(np.linalg.LinAlgError("singular")), "raised LinAlgError"),  # a subclass is not enough:
+])  # the replay re-raises a recorded exception by its name, and only the built-in ones keep their class
+def test_one_worker_count_must_be_refused_with_value_error(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.amdahl_fit(wrong)
+
+
+# ---- hints, one more after each failed run ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, wrong", [
+    ("speedup_efficiency", _with_e(lambda s, p: s)),
+    ("scaled_speedup", lambda t1, tp: tp / t1),
+    ("karp_flatt", _kf(lambda p, s: 1 / s - 1 / p)),
+    ("amdahl_fit", _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t)))),
+])
+def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong):
+    hints = exercise(name).hints
+    n = len(hints)
+    for k in range(1, n + 2):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(wrong)
+        shown = min(k, n)
+        assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
+        assert ("run the check again" in str(e.value)) == (shown < n)
+
+
+ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"], "scaled_speedup": ["t_one_rank /", "/ t_p_ranks"],
+           "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "]}
+
+
+def test_the_hints_lead_to_the_answer_but_never_hold_it():
+    for e in in_lab("12"):
+        text = " ".join(e.hints)
+        assert not [bit for bit in ANSWERS[e.name] if bit in text], e.name
+
+
+# ---- the grader's replay ----------------------------------------------------------------------------------------
+
+def _record(monkeypatch, folder, name, fn, seed=SEED):
+    monkeypatch.setenv(capture.ENV, str(folder))
+    monkeypatch.setenv(capture.SEED_ENV, str(seed))
+    try:
+        getattr(check, name)(fn)
+        return True, ""
+    except ExerciseError as e:
+        return False, f"ExerciseError: {e}"
+    finally:
+        monkeypatch.delenv(capture.ENV)
+        monkeypatch.delenv(capture.SEED_ENV)
+
+
+WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the table without p = 1
+         "scaled_speedup": lambda t1, tp: tp / t1,
+         "karp_flatt": _kf(lambda p, s: 1 / s - 1 / p),
+         "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0)}
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
+    assert _record(monkeypatch, tmp_path / "right", name, RIGHT[name]) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True  # the ValueError cases replay as raised
+    plain = _record(monkeypatch, tmp_path / "wrong", name, WRONG[name])
+    assert plain[0] is False
+    graded = replay.replay(name, tmp_path / "wrong", SEED)  # the mistake, named as the student saw it, without the steps
+    assert graded == (False, plain[1].split("\nStep ")[0]) and "\nStep 1 of" in plain[1]
+    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)  # the grader's own draw of the inputs
+    assert not passed and "was not recorded" in message
+
+
+@pytest.mark.parametrize("name, reference", [("speedup_efficiency", bench.speedup_table),
+                                             ("karp_flatt", bench.karp_flatt),
+                                             ("amdahl_fit", lambda p, t: bench.fit_amdahl_times(p, t))])
+def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
+    assert _record(monkeypatch, tmp_path, name, reference) == (True, "")
+    passed, message = replay.replay(name, tmp_path, SEED)
+    assert not passed and "uses labkit's reference (labkit.bench." in message
+
+
+# ---- labkit's helpers for lab 12 --------------------------------------------------------------------------------
+
+def test_speedup_table_reads_against_the_one_worker_row():
+    s, e = bench.speedup_table([4, 1, 2], [0.3, 1.2, 0.5])
+    np.testing.assert_allclose(s, [4.0, 1.0, 2.4])
+    np.testing.assert_allclose(e, [1.0, 1.0, 1.2])  # above 1 is kept
+    with pytest.raises(ValueError, match="no row with one worker"):
+        bench.speedup_table([2, 4], [1.0, 0.6])
+    with pytest.raises(ValueError, match="same length"):
+        bench.speedup_table([1, 2], [1.0])
+
+
+def test_fit_amdahl_times_recovers_f_and_t1_from_times_linear_in_one_over_p():
+    p = np.array([4, 1, 2, 8, 1, 16])
+    for f, t1 in ((0.0, 1.0), (0.05, 3.0), (0.3, 0.02)):
+        got = bench.fit_amdahl_times(p, t1 * (f + (1 - f) / p))
+        assert got == pytest.approx((f, t1), abs=1e-12, rel=1e-10)
+    assert bench.fit_amdahl_times([1, 2, 4], [1.0, 0.46, 0.22])[0] < 0  # faster than linear: as it is
+    with pytest.raises(ValueError, match="at least two worker counts"):
+        bench.fit_amdahl_times([2, 2, 2], [0.5, 0.6, 0.55])
+
+
+def test_karp_flatt_is_nan_at_one_worker_without_a_warning():
+    with np.errstate(all="raise"):
+        e = bench.karp_flatt([1, 2, 4], [1.0, 1.6, 2.5])
+    assert np.isnan(e[0]) and e[1:] == pytest.approx([0.25, 0.2])
+    assert np.isnan(bench.karp_flatt(1, 1.0)) and bench.karp_flatt(2, 2.0) == 0.0
+
+
+def test_result_of_uses_the_students_result_only_where_it_agrees(capsys, monkeypatch):
+    monkeypatch.setattr(questions, "_said", set())  # each line is said once per cell run: outside IPython, once
+    p, t = np.array([1, 2]), np.array([1.0, 0.6])
+    got = questions.result_of(right_speedup_efficiency, bench.speedup_table, p, t, what="mine", agree=True)
+    assert got[1][1] == pytest.approx(5 / 6) and capsys.readouterr().out == ""
+    for fn, says in ((blank, "mine is not written yet"), (lambda p, t: 1 / 0, "mine raised ZeroDivisionError"),
+                     (lambda p, t: (t, t), "mine gave another answer than labkit's")):
+        got = questions.result_of(fn, bench.speedup_table, p, t, what="mine", agree=True)
+        assert got[0] == pytest.approx([1.0, 1 / 0.6]) and says in capsys.readouterr().out
+    assert questions.result_of(lambda p, t: (t, t), bench.speedup_table, p, t)[0] is t  # not asked to agree: yours
+
+
+def test_a_scaling_result_gives_its_samples_its_one_rank_times_and_a_table_without_the_fit():
+    strong = scaling.Scaling("backprop", "strong", 4096, [1, 2, 4], [Timing([1.0, 1.1]), Timing([0.6]), Timing([0.5])],
+                             cores=2)
+    p, t = strong.samples()
+    assert p.tolist() == [1, 1, 2, 4] and t.tolist() == [1.0, 1.1, 0.6, 0.5]
+    assert strong.samples(strong.fitted_ranks)[0].tolist() == [1, 1, 2]
+    assert "Karp-Flatt" in strong.table() and "serial fraction" in strong.table()
+    assert "Karp-Flatt" not in strong.table(fit=False) and "serial fraction" not in strong.table(fit=False)
+    weak = scaling.Scaling("backprop", "weak", 1024, [1, 2], [Timing([1.0]), Timing([1.1])],
+                           serial_timings=[Timing([1.0]), Timing([2.0, 2.2])])
+    assert weak.one_rank_times.tolist() == [1.0, 2.1]
+    with pytest.raises(ValueError, match="weak-scaling"):
+        _ = strong.one_rank_times
