@@ -4,6 +4,9 @@
   (round up with probability equal to the fraction), so the rounding is unbiased on average;
 * sparsification: :func:`top_k` keeps the k largest magnitudes, :func:`threshold` those above tau;
 * :class:`ErrorFeedback` adds back, at the next step, what the compressor dropped;
+* the lab 10 exercises' reference solutions, on plain arrays: :func:`int8_nearest` (per-tensor scale, nearest
+  rounding), :func:`top_k_indices` (the k largest magnitudes), :func:`sparse_sum` (every rank's pieces, summed)
+  and :func:`top_k_with_feedback`; :func:`table` prints what each method costs one gradient;
 * :class:`CompressedAllreduce` is an allreduce for :class:`labkit.data_parallel.DataParallel`: every rank
   compresses its gradient, the compressed pieces are exchanged with an allgather (sparse ones as index and
   value lists of different lengths), and every rank sums them. It counts the bytes each rank sends.
@@ -88,6 +91,63 @@ def threshold(g: np.ndarray, tau: float) -> Compressed:
         raise ValueError(f"tau must be >= 0, got {tau}")
     idx = np.flatnonzero(np.abs(g) >= tau).astype(np.int32)
     return Compressed("sparse", g.size, g.dtype, {"indices": idx, "values": g[idx]})
+
+
+def table(g: np.ndarray, methods: dict[str, Compressed]) -> dict[str, dict]:
+    """Print, and return by name, what each compressed version of ``g`` costs: ``bytes`` on the wire, ``share`` of the
+    dense bytes, and the relative ``error`` ||decompressed - g|| / ||g||; the dense float32 row comes first."""
+    g = _flat(g)
+    norm = float(np.linalg.norm(g)) or 1.0
+    rows = {f"{g.dtype} (dense)": dict(bytes=g.nbytes, share=1.0, error=0.0)}
+    for name, c in methods.items():
+        rows[name] = dict(bytes=c.nbytes, share=c.nbytes / g.nbytes,
+                          error=float(np.linalg.norm(c.decompress() - g)) / norm)
+    print(f"{'method':18s} {'bytes':>9s} {'of dense':>9s} {'relative error':>15s}")
+    for name, r in rows.items():
+        print(f"{name:18s} {r['bytes']:9d} {r['share']:9.2%} {r['error']:15.4f}")
+    return rows
+
+
+def int8_nearest(g: np.ndarray) -> tuple[np.ndarray, float]:
+    """int8 with the finest scale that fits, max|g| / 127, rounded to the nearest step: ``(q, scale)``, g ~ q * scale.
+
+    The lab 10 exercise (each entry within half a step of g); training uses :func:`to_int8`, rounded stochastically.
+    An all-zero gradient gets scale 1.0.
+    """
+    g = _flat(g)
+    peak = float(np.abs(g).max()) if g.size else 0.0
+    scale = peak / 127 if peak > 0 else 1.0
+    q = np.clip(np.rint(g / scale), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def top_k_indices(g: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of the ``k`` entries of largest magnitude (all of them when k >= n, none when k = 0), and g there."""
+    g = _flat(g)
+    k = max(0, min(int(k), g.size))
+    idx = np.argpartition(np.abs(g), g.size - k)[g.size - k:] if k else np.zeros(0, dtype=np.int64)
+    return idx, g[idx]
+
+
+def sparse_sum(pieces, n: int) -> np.ndarray:
+    """The dense sum, ``n`` entries, of every rank's sparse piece ``(indices, values)``: what each rank computes once the
+    allgather has brought it everyone's pieces. Two ranks may send the same index; both values count."""
+    dtype = np.result_type(*[np.asarray(v).dtype for _, v in pieces]) if pieces else np.float64
+    out = np.zeros(int(n), dtype=dtype)
+    for indices, values in pieces:
+        np.add.at(out, np.asarray(indices), np.asarray(values))
+    return out
+
+
+def top_k_with_feedback(g: np.ndarray, residual: np.ndarray, ratio: float):
+    """Top-k of ``g + residual`` with k = max(1, ceil(ratio * n)): ``(indices, values, new_residual)``, the new
+    residual being ``g + residual`` with the sent entries zeroed (the lab 10 exercise; see :class:`ErrorFeedback`)."""
+    corrected = _flat(g) + residual
+    k = min(corrected.size, max(1, math.ceil(ratio * corrected.size)))
+    idx, values = top_k_indices(corrected, k)
+    left = corrected.copy()
+    left[idx] = 0
+    return idx, values, left
 
 
 class ErrorFeedback:

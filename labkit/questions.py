@@ -71,12 +71,24 @@ def written(fn) -> bool:
     return not (isinstance(name, ast.Name) and name.id == "NotImplementedError")
 
 
-def yours_or_labkits(yours, labkits, what: str):
-    """``yours`` once it is written, else ``labkits`` after a line saying so: a later cell that needs an exercise's
-    function runs on labkit's own until the student's is written, instead of failing."""
-    if written(yours):
+def yours_or_labkits(yours, labkits, *probe, what: str = "your function"):
+    """``yours`` (a student's exercise function) once it is written, else ``labkits`` (labkit's own; None: what needs
+    it waits) after a line saying so. With ``probe`` arguments it is tried on them, and one that raises counts as not
+    ready; without, a function whose body is still the stub as handed out counts as not written (:func:`written`)."""
+    why = None
+    if probe:
+        try:
+            yours(*probe)
+        except NotImplementedError:
+            why = "is not written yet"
+        except Exception as e:  # noqa: BLE001 - the student's code: say what it raised, then go on without it
+            why = f"raised {type(e).__name__}: {e}"
+    elif not written(yours):
+        why = "is not written yet"
+    if why is None:
         return yours
-    print(f"(your {what} is not written yet: labkit's own runs in its place here)")
+    print(f"({what} {why}: " + ("labkit's own runs in its place here)" if labkits is not None else
+                                "what needs it waits until it runs)"))
     return labkits
 
 

@@ -69,6 +69,24 @@ def test_error_feedback_sends_everything_eventually():
     assert np.count_nonzero(plain) == 5  # without feedback the same 5 entries, forever
 
 
+
+def test_the_lab_10_references_and_the_table(capsys):
+    g = grad(1000)
+    q, scale = C.int8_nearest(g)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127 and np.abs(q * scale - g).max() <= scale / 2 * (1 + 1e-5)
+    assert C.int8_nearest(np.zeros(4, np.float32))[1] == 1.0
+    idx, values = C.top_k_indices(g, 10)
+    assert set(idx.tolist()) == set(C.top_k(g, 0.01).parts["indices"].tolist()) and np.array_equal(values, g[idx])
+    assert C.top_k_indices(g, 0)[0].size == 0 and C.top_k_indices(g[:5], 9)[0].size == 5
+    pieces = [(np.array([0, 5]), np.array([1.0, 2.0], np.float32)), (np.array([5]), np.array([3.0], np.float32))]
+    assert C.sparse_sum(pieces, 6).tolist() == [1, 0, 0, 0, 0, 5] and C.sparse_sum(pieces, 6).dtype == np.float32
+    sent, values, left = C.top_k_with_feedback(g, np.zeros_like(g), 0.01)
+    np.testing.assert_array_equal(C.sparse_sum([(sent, values)], g.size) + left, g)
+    rows = C.table(g, {"float16": C.to_float16(g), "top-k 1 %": C.top_k(g, 0.01)})
+    assert list(rows) == ["float32 (dense)", "float16", "top-k 1 %"] and rows["top-k 1 %"]["bytes"] == 80
+    assert rows["float16"]["share"] == 0.5 and 0 < rows["float16"]["error"] < 1e-3 < rows["top-k 1 %"]["error"] < 1
+    assert "relative error" in capsys.readouterr().out
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", ranks(1, 2, 3))
 def test_compressed_allreduce_under_mpiexec(n):

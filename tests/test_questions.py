@@ -25,9 +25,9 @@ def mine(x):
 def test_a_stub_is_not_written_and_labkits_own_runs_in_its_place(capsys):
     assert not questions.written(stub) and not questions.written(stub_called)
     assert questions.written(mine) and questions.written(len) and questions.written(lambda x: x)
-    assert questions.yours_or_labkits(stub, mine, "step") is mine
-    assert "your step is not written yet" in capsys.readouterr().out
-    assert questions.yours_or_labkits(mine, stub, "step") is mine and not capsys.readouterr().out
+    assert questions.yours_or_labkits(stub, mine, what="step") is mine
+    assert "(step is not written yet: labkit's own runs in its place here)" in capsys.readouterr().out
+    assert questions.yours_or_labkits(mine, stub, what="step") is mine and not capsys.readouterr().out
 
 
 @pytest.mark.parametrize("predicted, measured, says", [

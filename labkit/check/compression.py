@@ -1,4 +1,6 @@
-"""Check of lab 10: top-k sparsification with error feedback."""
+"""Checks of lab 10, gradient compression: int8 quantisation with a per-tensor scale, top-k selection, summing every
+rank's sparse pieces, and top-k with error feedback. Each runs the student's function on fresh inputs, edge cases
+included, and names the mistake."""
 
 from __future__ import annotations
 
@@ -7,8 +9,347 @@ import math
 import numpy as np
 
 from . import capture
-from .common import call, fail, passed, recorded
+from .common import ExerciseError, call, fail, not_written, passed, recorded
 from .exercises import Exercise
+
+
+def _call(ex: str, fn, where: str, hint: str, *args):
+    """``fn(*args)``; an exception other than NotImplementedError fails the exercise with ``where`` and ``hint``."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise ExerciseError(not_written(ex)) from None
+    except (ExerciseError, capture.NotRecorded):
+        raise
+    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised, on which input
+        fail(ex, f"{where}: your function raised {type(e).__name__}: {e}", hint)
+
+
+def _pair(ex: str, where: str, got, names: str):
+    if not isinstance(got, tuple) or len(got) != 2:
+        fail(ex, f"{where}: expected a tuple {names}, got {type(got).__name__}"
+              + (f" of length {len(got)}" if isinstance(got, tuple) else ""), f"end with `return {names[1:-1]}`")
+    return got
+
+
+def _unchanged(ex: str, where: str, g, g0) -> None:
+    if not np.array_equal(g, g0):
+        fail(ex, f"{where}: g was modified", "work on new arrays: the caller still needs g as it was")
+
+
+# ---- int8 quantisation ---------------------------------------------------------------------------------------------
+
+# (n, dtype, kind) of the cases, in the order they are drawn and checked
+_INT8_CASES = ((1, np.float64, "normal"), (7, np.float32, "normal"), (1000, np.float32, "negative"),
+               (4096, np.float64, "outlier"), (2000, np.float32, "tiny"), (64, np.float64, "constant"),
+               (333, np.float32, "zeros"))
+
+
+def _int8_input(rng, n, dtype, kind) -> np.ndarray:
+    g = rng.standard_normal(n)
+    if kind == "negative":  # the largest magnitude is a negative entry, well above the largest positive one
+        g[int(rng.integers(n))] = -4 * np.abs(g).max()
+    elif kind == "outlier":  # one entry a thousand times the typical one
+        g[int(rng.integers(n))] = 1000.0
+    elif kind == "tiny":  # gradients are often small numbers
+        g *= 1e-6
+    elif kind == "constant":
+        g[:] = 0.25
+    elif kind == "zeros":
+        g[:] = 0
+    return g.astype(dtype)
+
+
+@recorded
+def int8_quantise(fn) -> None:
+    """Exercise (lab 10): ``fn(g) -> (q, scale)``, g as int8 with one scale per tensor, rounded to the nearest step.
+
+    ``q`` is int8 of g's shape, ``scale`` one positive number, and the receiver rebuilds ``q * scale``. Checked on
+    7 gradients (1 to 4,096 entries, float32 and float64; the largest magnitude negative; an outlier; tiny values;
+    a constant; all zeros): the scale maps the largest magnitude to +-127 (to 1e-5 relative), every rebuilt entry is
+    within half a step (scale / 2) of g, and g is left unchanged.
+    """
+    ex = "int8 quantisation"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(10))
+    for n, dtype, kind in _INT8_CASES:
+        _int8_case(ex, fn, rng, n, dtype, kind)
+    passed(ex, len(_INT8_CASES))
+
+
+def _int8_case(ex, fn, rng, n, dtype, kind) -> None:
+    g = _int8_input(rng, n, dtype, kind)
+    g0 = g.copy()
+    where = f"n={n}, {np.dtype(dtype)}, {kind} entries"
+    hint = ("an all-zero gradient has largest magnitude 0: a scale of 0 makes g / scale divide by zero"
+            if kind == "zeros" else "try your function by hand on a small array, printing q and scale")
+    q, scale = _pair(ex, where, _call(ex, fn, where, hint, g), "(q, scale)")
+    _unchanged(ex, where, g, g0)
+    q = np.asarray(q)
+    if q.dtype != np.int8:
+        fail(ex, f"{where}: q is {q.dtype}, but what travels must be int8 (1 byte a value)",
+             "convert the rounded values with .astype(np.int8) once they are in int8's range")
+    if q.shape != g.shape:
+        fail(ex, f"{where}: q has shape {q.shape}, expected {g.shape} (one int8 per entry of g)")
+    s = _scale(ex, where, scale)
+    if kind == "zeros":
+        if not (math.isfinite(s) and s > 0):
+            fail(ex, f"{where}: the scale is {s}, not a positive number", hint + " (any positive scale will do)")
+        if np.any(q != 0):
+            fail(ex, f"{where}: q holds {np.count_nonzero(q)} non-zero values for a gradient of zeros", hint)
+        return
+    peak = float(np.abs(g0.astype(np.float64)).max())
+    want = peak / 127
+    if not (math.isfinite(s) and math.isclose(s, want, rel_tol=1e-5)):
+        fail(ex, f"{where}: scale {s:.6g}, expected {want:.6g} (the largest magnitude, {peak:.6g}, on +-127)",
+             _scale_mistake(g0.astype(np.float64), s, peak))
+    _check_rounding(ex, where, g0.astype(np.float64), q, s)
+
+
+def _scale(ex, where, scale) -> float:
+    try:
+        a = np.asarray(scale, dtype=np.float64)
+    except (TypeError, ValueError):
+        a = None
+    if a is None or a.size != 1:
+        fail(ex, f"{where}: the scale must be one number for the whole tensor, got {type(scale).__name__}"
+              + ("" if a is None else f" of shape {a.shape}"), "one scale per tensor: a single float")
+    return float(a.reshape(-1)[0])
+
+
+def _scale_mistake(g, s, peak) -> str:
+    """What a wrong scale most likely came from."""
+    def near(x):
+        return x > 0 and math.isclose(s, x, rel_tol=1e-4)
+    if s < 0:
+        return ("the scale uses the largest value, not the largest magnitude: here that value is negative, and a "
+                "scale, the size of one step, is positive")
+    if near(g.max() / 127) and g.max() < peak:
+        return ("the scale uses the largest value, not the largest magnitude: the large negative entries clip "
+                "(or wrap around past -128)")
+    if near(float(np.abs(g).mean()) / 127) or near(float(np.abs(g).mean())):
+        return "the scale uses the mean magnitude, not the largest: every entry above the mean clips at +-127"
+    if near(peak / 128):
+        return "with 128 steps the largest entry lands on 128, which int8 cannot hold: it wraps around to -128"
+    if near(peak / 255) or near(peak / 256):
+        return "int8 is signed: it reaches 127 on either side of 0, not 255 (that would be uint8)"
+    if near(127 / peak) or near(1 / peak):
+        return "your scale is upside down: the receiver multiplies, g ~ q * scale"
+    if near(peak):
+        return "that scale puts the largest magnitude on 1: q only takes the values -1, 0 and 1"
+    if s > peak / 127:
+        return (f"the largest magnitude lands on {peak / s:.3g} steps, not 127: the steps are coarser than they need "
+                "to be")
+    return f"the largest magnitude would need {peak / s:.4g} steps, beyond int8's 127: it clips or wraps around"
+
+
+def _check_rounding(ex, where, g, q, s) -> None:
+    """Every q * s within half a step of g; a wrong rounding is named."""
+    x = g / s
+    err = np.abs(q.astype(np.float64) - x)
+    if err.max() <= 0.5 + 1e-4:
+        return
+    i = int(np.argmax(err))
+    qi = q.astype(np.int64)
+
+    def like(rounded):  # q follows this rounding where it differs from the nearest step (away from whole numbers:
+        # the student's own float32 division may land on the other side of one)
+        telling = (rounded != np.rint(x)) & (np.abs(x - np.rint(x)) > 1e-3)
+        return telling.any() and np.array_equal(qi[telling], rounded[telling])
+    if like(np.trunc(x)):
+        hint = "astype(np.int8) cuts toward zero (3.9 becomes 3): round to the nearest step before converting"
+    elif like(np.floor(x)):
+        hint = "np.floor rounds down (-0.2 becomes -1): round to the nearest step instead"
+    elif like(np.ceil(x)):
+        hint = "np.ceil rounds up (0.2 becomes 1): round to the nearest step instead"
+    elif np.any((np.abs(x) > 100) & (np.sign(qi) != np.sign(x))):
+        hint = "an entry near +-127 came back with the wrong sign: it went past int8's range and wrapped around"
+    else:
+        hint = "each q should be g / scale rounded to the nearest whole number"
+    fail(ex, f"{where}: q * scale is {err.max():.3g} steps away from g at index {i} (g = {g[i]:.6g}, q = {q[i]}); "
+             "at most half a step is allowed", hint)
+
+
+# ---- top-k selection -----------------------------------------------------------------------------------------------
+
+# (n, k, dtype, kind) of the cases, in order
+_TOPK_CASES = ((10, 3, np.float64, "normal"), (1, 1, np.float32, "normal"), (8, 0, np.float64, "normal"),
+               (50, 50, np.float32, "normal"), (5, 9, np.float64, "normal"), (12, 4, np.float64, "ties"),
+               (1000, 10, np.float32, "negative"), (10_000, 100, np.float32, "normal"))
+
+
+def _topk_input(rng, n, dtype, kind) -> np.ndarray:
+    g = rng.standard_normal(n) * rng.choice([1, 10], n)
+    if kind == "ties":  # two clear winners, then four entries of equal magnitude for the last two places
+        g = np.array([5.0, -5.0, 2.0, -2.0, 2.0, -2.0, 1.0, 0.5, -0.5, 0.25, 0.0, 0.125])
+        g = g[rng.permutation(n)]
+    elif kind == "negative":  # the largest magnitudes are all negative
+        g = np.abs(g)
+        g[rng.choice(n, 20, replace=False)] *= -50
+    return g.astype(dtype)
+
+
+@recorded
+def topk_select(fn) -> None:
+    """Exercise (lab 10): ``fn(g, k) -> (indices, values)``, the k entries of g of largest magnitude.
+
+    Checked on 8 cases (n from 1 to 10,000, float32 and float64, k = 0, k = n, k > n, ties, large negative
+    entries): min(k, n) different integer indices in any order, the values exactly g at them, every magnitude sent
+    at least every magnitude left (ties may go either way), and g left unchanged.
+    """
+    ex = "top-k selection"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(11))
+    for n, k, dtype, kind in _TOPK_CASES:
+        _topk_case(ex, fn, rng, n, k, dtype, kind)
+    passed(ex, len(_TOPK_CASES))
+
+
+def _topk_case(ex, fn, rng, n, k, dtype, kind) -> None:
+    g = _topk_input(rng, n, dtype, kind)
+    g0 = g.copy()
+    where = f"n={n}, k={k}, {np.dtype(dtype)}" + ("" if kind == "normal" else f", {kind}")
+    hint = ("k = 0 asks for nothing: return two empty arrays" if k == 0 else
+            f"k can be larger than n (a layer with {n} entries): then send all of them" if k > n else
+            "try your function by hand on a small array, printing what it returns")
+    idx, values = _pair(ex, where, _call(ex, fn, where, hint, g, k), "(indices, values)")
+    _unchanged(ex, where, g, g0)
+    idx, values = np.asarray(idx), np.asarray(values)
+    want = min(k, n)
+    if idx.dtype == bool:
+        fail(ex, f"{where}: the indices are a mask of {idx.size} booleans", "send the positions, not a mask")
+    if idx.shape != (want,):
+        fail(ex, f"{where}: sent {idx.size} indices, expected {want}", _count_mistake(n, k, idx.size))
+    if values.shape != (want,):
+        fail(ex, f"{where}: {values.size} values for {want} indices", "one value for each index")
+    if want == 0:
+        return
+    if idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= n or len(set(idx.tolist())) != want:
+        fail(ex, f"{where}: the indices must be {want} different integers in 0..{n - 1}, got {idx[:8]}",
+             "the positions of the entries in g, each at most once")
+    _check_topk_values(ex, where, g0, idx, values)
+    mag = np.abs(g0.astype(np.float64))
+    rest = np.ones(n, dtype=bool)
+    rest[idx] = False
+    if rest.any() and mag[idx].min() < mag[rest].max():
+        fail(ex, f"{where}: an entry of magnitude {mag[rest].max():.4g} was left while {mag[idx].min():.4g} was sent",
+             _which_mistake(g0.astype(np.float64), idx, want))
+
+
+def _count_mistake(n, k, got) -> str:
+    if k == 0 and got == n:
+        return "for k = 0 you sent everything: x[-0:] is all of x, since -0 is 0"
+    if k > n:
+        return f"k = {k} is more than n = {n}: send all n entries, no more"
+    if abs(got - k) == 1:
+        return "off by one: check where your slice starts for k = 1 by hand"
+    return "one index per entry sent"
+
+
+def _check_topk_values(ex, where, g, idx, values) -> None:
+    right = g[idx]
+    if np.array_equal(values.astype(np.float64), right.astype(np.float64)):
+        return
+    if np.array_equal(values.astype(np.float64), np.abs(right).astype(np.float64)):
+        hint = "you send |g|: the sign is lost, and the receiver adds the wrong number"
+    else:
+        hint = "values[i] must be g[indices[i]], exactly"
+    fail(ex, f"{where}: the values sent are not g at the indices sent", hint)
+
+
+def _which_mistake(g, idx, k) -> str:
+    """Which wrong order the student's indices follow."""
+    got = set(idx.tolist())
+
+    def same(order):
+        return got == set(order[:k].tolist())
+    if same(np.argsort(np.abs(g), kind="stable")):
+        return "you return the k smallest magnitudes: sorting puts the smallest first, the largest are at the end"
+    if same(np.argsort(-g, kind="stable")):
+        return "you choose by value: a large negative entry matters as much as a large positive one (magnitude)"
+    if same(np.argsort(g, kind="stable")):
+        return "you return the most negative entries: choose by magnitude, whatever the sign"
+    return "choose the k entries whose magnitude, |g|, is largest"
+
+
+# ---- summing every rank's sparse pieces -----------------------------------------------------------------------------
+
+# (n, number of pieces, entries per piece, dtype, kind) of the cases, in order
+_SUM_CASES = ((10, 1, 3, np.float64, "random"), (20, 3, 6, np.float32, "random"), (5, 4, 1, np.float64, "same"),
+              (8, 3, 2, np.float64, "one empty"), (1000, 8, 50, np.float32, "random"), (6, 2, 6, np.float32, "random"))
+
+
+def _sum_input(rng, n, p, k, dtype, kind) -> list:
+    pieces = []
+    for r in range(p):
+        if kind == "one empty" and r == 1:  # a rank with nothing to send this step
+            idx = np.zeros(0, dtype=np.int32)
+        elif kind == "same":  # every rank sends the same entry
+            idx = np.array([2], dtype=np.int32)
+        else:
+            idx = rng.choice(n, k, replace=False).astype(np.int32)
+        pieces.append((idx, rng.standard_normal(idx.size).astype(dtype)))
+    return pieces
+
+
+@recorded
+def sparse_sum(fn) -> None:
+    """Exercise (lab 10): ``fn(pieces, n) -> dense``, the sum of every rank's sparse piece ``(indices, values)``.
+
+    Checked on 6 cases (n from 5 to 1,000, 1 to 8 pieces, float32 and float64, indices shared between pieces, every
+    piece on the same index, an empty piece): a dense array of n entries in the values' dtype, equal to the sum
+    (to 1e-6 relative), the pieces left unchanged.
+    """
+    ex = "summing sparse pieces"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(12))
+    for n, p, k, dtype, kind in _SUM_CASES:
+        _sum_case(ex, fn, rng, n, p, k, dtype, kind)
+    passed(ex, len(_SUM_CASES))
+
+
+def _sum_case(ex, fn, rng, n, p, k, dtype, kind) -> None:
+    pieces = _sum_input(rng, n, p, k, dtype, kind)
+    before = [(i.copy(), v.copy()) for i, v in pieces]
+    where = f"n={n}, {p} piece{'s' if p > 1 else ''} of {k} entr{'y' if k == 1 else 'ies'}, {np.dtype(dtype)}" + (
+        "" if kind == "random" else f", {kind}")
+    hint = ("an empty piece (a rank that sent nothing) has indices and values of length 0" if kind == "one empty"
+            else "try your function by hand on two small pieces, printing what it returns")
+    got = _call(ex, fn, where, hint, pieces, n)
+    if any(not (np.array_equal(i, i0) and np.array_equal(v, v0)) for (i, v), (i0, v0) in zip(pieces, before)):
+        fail(ex, f"{where}: a piece was modified", "read the pieces; write only into your own result")
+    want = np.zeros(n)
+    for i, v in before:
+        np.add.at(want, i, v.astype(np.float64))
+    try:
+        a = np.asarray(got)
+    except (TypeError, ValueError):
+        a = np.asarray(None)
+    if a.shape != (n,):
+        fail(ex, f"{where}: expected a dense array of {n} entries, got {type(got).__name__}"
+                 + (f" of shape {a.shape}" if a.ndim else ""),
+             "the sum has an entry for every position of the gradient, 0 where nobody sent anything")
+    if a.dtype != np.dtype(dtype):
+        fail(ex, f"{where}: the sum is {a.dtype}, the values sent are {np.dtype(dtype)}",
+             "start from zeros of the values' dtype: the gradient keeps its precision")
+    tol = 1e-6 if dtype == np.float64 else 1e-5
+    if np.allclose(a, want, rtol=tol, atol=tol):
+        return
+    last = np.zeros(n)
+    for i, v in before:
+        last[i] = v
+    if p > 1 and np.allclose(a, want / p, rtol=tol, atol=tol):
+        why = f"you average over the {p} pieces: the allreduce sums (the training divides by the ranks later)"
+    elif np.allclose(a, last, rtol=tol, atol=tol):
+        why = ("where two pieces hold the same index only one value arrived: out[idx] = v overwrites, and out[idx] += v "
+               "with an index repeated in idx adds it once")
+    else:
+        why = "every value of every piece goes into its index of the sum"
+    i = int(np.argmax(np.abs(a - want)))
+    fail(ex, f"{where}: entry {i} of the sum is {a[i]:.6g}, expected {want[i]:.6g}", why)
+
+
+# ---- top-k with error feedback -------------------------------------------------------------------------------------
 
 # (n, ratio, dtype) of the one-step cases, in the order they are drawn and checked
 _CASES = ((10, 0.3, np.float64), (1, 0.5, np.float64), (7, 0.01, np.float32), (1000, 0.01, np.float32),
@@ -63,7 +404,7 @@ def _check_indices(ex, where, idx, values, n, k) -> None:
     """k indices and k values, the indices k different integers in 0..n-1."""
     if idx.shape != (k,) or values.shape != (k,):
         fail(ex, f"{where}: sent {idx.shape} indices and {values.shape} values, expected {k} of each",
-              "k = max(1, ceil(ratio * n)): at least one entry, never more than n")
+              "k is ratio * n rounded up: at least one entry, never more than n")
     if idx.dtype.kind not in "iu" or len(set(idx.tolist())) != k or idx.min() < 0 or idx.max() >= n:
         fail(ex, f"{where}: the indices must be {k} different integers in 0..{n - 1}, got {idx[:8]}")
 
@@ -74,11 +415,11 @@ def _check_largest(ex, where, idx, corrected, g0, n, k) -> None:
     if np.abs(corrected[idx]).min() < kth * (1 - 1e-6):
         plain = np.sort(np.argpartition(g0, n - k)[n - k:])
         if np.array_equal(np.sort(idx), plain) or np.array_equal(np.sort(idx), np.sort(np.argsort(corrected)[n - k:])):
-            hint = "choose by magnitude, np.abs(...): large negative entries matter as much as large positive ones"
+            hint = "choose by magnitude: large negative entries matter as much as large positive ones"
         elif np.abs(g0[idx]).min() >= np.sort(np.abs(g0))[n - k] * (1 - 1e-6):
             hint = "choose from g + residual, not from g alone: the residual is what earlier steps did not send"
         else:
-            hint = "np.argpartition(np.abs(corrected), n - k)[n - k:] gives the k largest magnitudes"
+            hint = "send the k entries of g + residual with the largest magnitudes (your my_topk finds them)"
         fail(ex, f"{where}: the sent entries are not the {k} largest in magnitude of g + residual", hint)
 
 
@@ -95,8 +436,13 @@ def _check_residual(ex, where, idx, new_res, corrected, n) -> None:
     want_res = corrected.copy()
     want_res[idx] = 0
     if np.shape(new_res) != (n,) or not np.allclose(new_res, want_res, rtol=1e-6, atol=1e-7):
-        hint = ("the residual keeps what was NOT sent: g + residual with the sent entries set to 0"
-                if np.shape(new_res) == (n,) else f"the residual has the shape of g, ({n},)")
+        if np.shape(new_res) != (n,):
+            hint = f"the residual has the shape of g, ({n},)"
+        elif np.allclose(new_res, np.zeros(n)):
+            hint = ("the residual is not carried to the next step: it must keep what was NOT sent, g + residual with "
+                    "the sent entries set to 0")
+        else:
+            hint = "the residual keeps what was NOT sent: g + residual with the sent entries set to 0"
         fail(ex, f"{where}: wrong new residual", hint)
 
 
@@ -114,6 +460,45 @@ def _many_steps(ex, fn, rng) -> None:
 
 
 EXERCISES = (
+    Exercise("int8_quantise", "10", "compression", references=(
+        "labkit.compression:int8_nearest", "labkit.compression:to_int8"), hints=(
+        "The receiver gets only q and scale, and rebuilds each entry as q * scale. Read that backwards: what is q, "
+        "given an entry of g and the scale?",
+        "q must stay within -127..127. Which entry of g decides how large the scale has to be? Mind the sign: a "
+        "large negative entry needs room too.",
+        "Make that one entry land exactly on +-127: solve for the scale. np.abs(g).max() is its size. A larger "
+        "scale would fit as well, but its steps are coarser than they need to be.",
+        "Round to the nearest step (np.rint) before converting to int8: .astype(np.int8) alone cuts 3.9 down to 3.",
+        "An all-zero gradient has largest magnitude 0: dividing by a scale of 0 gives NaN. Any positive scale "
+        "works there; q is all zeros.",
+    )),
+    Exercise("topk_select", "10", "compression", references=(
+        "labkit.compression:top_k_indices", "labkit.compression:top_k"), hints=(
+        "Rank the entries by size whatever their sign: np.abs(g) gives the magnitudes.",
+        "np.argsort(a) gives the positions of a from smallest to largest; np.argpartition(a, m) only splits them "
+        "at position m, which is faster. Either way, the largest come last.",
+        "Take the last k positions. Try k = 0 by hand: x[-0:] is all of x, because -0 is 0. Slice from n - k "
+        "instead, or handle k = 0 on its own.",
+        "k may be larger than n (a small layer): clip it to n first. The values are g at your indices, sign "
+        "and all.",
+    )),
+    Exercise("sparse_sum", "10", "compression", references=(
+        "labkit.compression:sparse_sum", "labkit.compression:sparse_allreduce"), hints=(
+        "Start from n zeros in the dtype of the values: the entries nobody sent stay 0.",
+        "Within one piece the indices are all different, but two pieces may hold the same index: both values "
+        "must count.",
+        "out[idx] = v overwrites what an earlier piece put there. And try out[idx] += v by hand with idx = [1, 1]: "
+        "NumPy adds only once for a repeated index. Add one piece at a time, or look up np.add.at.",
+    )),
     Exercise("topk_feedback", "10", "compression", references=(
-        "labkit.compression:top_k", "labkit.compression:ErrorFeedback", "labkit.compression:_SparsifyWithResidual")),
+        "labkit.compression:top_k", "labkit.compression:ErrorFeedback", "labkit.compression:_SparsifyWithResidual",
+        "labkit.compression:top_k_with_feedback", "labkit.compression:top_k_indices"), hints=(
+        "Before choosing, add back what earlier steps did not send: work on g + residual, a new array, and leave "
+        "both inputs as they are.",
+        "k is the fraction ratio of the n entries, rounded up (math.ceil), at least 1 and at most n.",
+        "Choose the k entries of the corrected gradient with your my_topk; send the corrected gradient's values "
+        "there, not g's.",
+        "The new residual is what did not go out this step: a copy of the corrected gradient with the sent "
+        "entries set to 0. It comes back as `residual` at the next step.",
+    )),
 )

@@ -1,0 +1,68 @@
+"""Lab 06's exercises (labkit.check.collectives): the checks under a real mpiexec, and how they count rounds and name
+a deadlock from the recorded messages."""
+
+import pytest
+from conftest import ranks, run_mpi_cases
+
+from labkit.check import collectives as cc
+from labkit.check.exercises import in_lab
+
+SEND, RECV, SR_SEND, SR_RECV, STUCK_SEND, STUCK_RECV = cc.SEND, cc.RECV, cc.SR_SEND, cc.SR_RECV, cc.STUCK_SEND, cc.STUCK_RECV
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", ranks(2, 3, 4))
+def test_exercise_checks_pass_right_answers_and_name_mistakes_under_mpiexec(n):
+    """Right answers pass; blank ones are "not written yet"; each typical mistake is named, also when recorded and
+    replayed by the grader (tests/mpi/cases_collectives_exercise.py)."""
+    out = run_mpi_cases("cases_collectives_exercise.py", n)
+    for ex in ("linear reduce", "tree broadcast", "recursive doubling"):
+        assert f"✔ {ex} on 1 to {n} ranks" in out
+
+
+def test_lab_06_declares_three_exercises_with_hints():
+    declared = {e.name: e for e in in_lab("06")}
+    assert list(declared) == ["linear_reduce", "recursive_doubling", "tree_broadcast"]
+    for e in declared.values():
+        assert e.mpi and e.module == "collectives" and len(e.hints) >= 3 and e.references
+
+
+def _sends(pairs):
+    """Logs of a program where rank s sends to rank d, in this order, and d receives in the same order."""
+    k = 1 + max(max(p) for p in pairs)
+    logs = [[] for _ in range(k)]
+    for s, d in pairs:
+        logs[s].append((s, d, 8, SEND))
+    for s, d in pairs:
+        logs[d].append((s, d, 8, RECV))
+    return logs
+
+
+def test_rounds_on_a_one_port_machine():
+    # linear broadcast from 0 on 4 ranks: the root sends one message a round
+    arrived, rounds = cc.schedule(_sends([(0, 1), (0, 2), (0, 3)]))
+    assert rounds == 3 and arrived == [(1, 0, 1), (2, 0, 2), (3, 0, 3)]
+    # binomial tree: rank 1 forwards in round 2 what it got in round 1
+    logs = [[(0, 1, 8, SEND), (0, 2, 8, SEND)], [(0, 1, 8, RECV), (1, 3, 8, SEND)], [(0, 2, 8, RECV)], [(1, 3, 8, RECV)]]
+    assert cc.schedule(logs) == ([(1, 0, 1), (2, 0, 2), (2, 1, 3)], 2)
+    # a linear reduce: the root receives one message a round, whatever the order they were sent in
+    assert cc.schedule(_sends([(1, 0), (2, 0), (3, 0)]))[1] == 3
+    # a Sendrecv exchange is one round; a Send then a Recv each way, two
+    both = [[(1, 0, 8, SR_RECV), (0, 1, 8, SR_SEND)], [(0, 1, 8, SR_RECV), (1, 0, 8, SR_SEND)]]
+    assert cc.schedule(both) == ([(1, 0, 1), (1, 1, 0)], 1)
+    ordered = [[(0, 1, 8, SEND), (1, 0, 8, RECV)], [(0, 1, 8, RECV), (1, 0, 8, SEND)]]
+    assert cc.schedule(ordered)[1] == 2
+    assert "round 1: 0->1; round 2: 0->2" in cc._show_schedule(cc.schedule(_sends([(0, 1), (0, 2)]))[0])
+
+
+def test_a_deadlock_is_named_from_what_each_rank_was_stuck_in():
+    both_send = [[(0, 1, 8, STUCK_SEND)], [(1, 0, 8, STUCK_SEND)]]
+    assert "ranks 0 and 1 both wait in Send to each other" in cc.deadlock(both_send, 3)
+    both_recv = [[(1, 0, 0, STUCK_RECV)], [(0, 1, 0, STUCK_RECV)]]
+    assert "both wait to receive from each other" in cc.deadlock(both_recv, 3)
+    gone = [[], [(0, 1, 0, STUCK_RECV)]]
+    assert cc.deadlock(gone, 3) == ("rank 1 waited 3 s for a message from rank 0, which never came: rank 0 returned "
+                                    "without a matching Send to rank 1")
+    chain = [[(0, 2, 8, SEND)], [(2, 1, 0, STUCK_RECV)], [(2, 3, 8, STUCK_SEND)], []]
+    assert "rank 2 was itself stuck sending to rank 3" in cc.deadlock(chain, 3)
+    assert cc.deadlock([[], []], 3) is None

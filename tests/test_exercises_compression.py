@@ -1,0 +1,328 @@
+"""The exercises of lab 10 (labkit.check.compression): the right answer passes, a blank one is "not written yet", the
+typical wrong ones are each named by the check's message, every failed run shows one more hint, and the grader's
+replay gives the plain check's verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from labkit import check, compression, questions
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import exercise, in_lab
+from labkit.grading import replay
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts at the first hint: the count of failed runs is per process."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- right answers, as a student would write them ---------------------------------------------------------------
+
+def right_int8(g):
+    peak = np.abs(g).max()
+    scale = peak / 127 if peak > 0 else 1.0
+    return np.rint(g / scale).astype(np.int8), scale
+
+
+def right_topk(g, k):
+    order = np.argsort(np.abs(g))
+    chosen = order[len(g) - min(k, len(g)):]
+    return chosen, g[chosen]
+
+
+def feedback_choosing_with(topk, g, residual, ratio):
+    corrected = g + residual
+    k = min(corrected.size, max(1, math.ceil(ratio * corrected.size)))
+    indices, values = topk(corrected, k)
+    left = corrected.copy()
+    left[indices] = 0
+    return indices, values, left
+
+
+def right_feedback(g, residual, ratio):  # built on the student's own top-k, as lab 10 suggests
+    return feedback_choosing_with(right_topk, g, residual, ratio)
+
+
+def right_sum(pieces, n):
+    out = np.zeros(n, dtype=pieces[0][1].dtype)
+    for indices, values in pieces:
+        np.add.at(out, indices, values)
+    return out
+
+
+RIGHT = {"int8_quantise": right_int8, "topk_select": right_topk, "sparse_sum": right_sum,
+         "topk_feedback": right_feedback}
+
+
+# ---- wrong answers, as students write them ------------------------------------------------------------------------
+
+def int8_with(scale_of=lambda g: np.abs(g).max() / 127, rounding=np.rint):
+    def fn(g):
+        scale = scale_of(g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return rounding(g / scale).astype(np.int8), scale
+    return fn
+
+
+def topk_with(order=lambda g: np.argsort(np.abs(g)), slice_=lambda order, k: order[-k:], values=lambda g, i: g[i]):
+    def fn(g, k):
+        chosen = slice_(order(g), k)
+        return chosen, values(g, chosen)
+    return fn
+
+
+WRONG = {
+    "int8_quantise": int8_with(scale_of=lambda g: np.abs(g).mean() / 127),
+    "topk_select": topk_with(order=lambda g: np.argsort(g)),
+    "sparse_sum": lambda pieces, n: overwriting(pieces, n),
+    "topk_feedback": lambda g, r, ratio: right_feedback(g, np.zeros_like(r), ratio),
+}
+
+
+def test_every_exercise_of_lab_10_is_tested_here_and_has_hints():
+    declared = {e.name for e in in_lab("10")}
+    assert declared == set(RIGHT)
+    assert all(len(exercise(name).hints) >= 3 for name in declared)
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_right_answer_passes(name, capsys):
+    getattr(check, name)(RIGHT[name])
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        getattr(check, name)(blank)
+    assert "Step 1" not in str(e.value)
+
+
+def test_labkits_own_functions_pass_their_checks(capsys):
+    check.int8_quantise(compression.int8_nearest)
+    check.topk_select(compression.top_k_indices)
+    check.sparse_sum(compression.sparse_sum)
+    check.topk_feedback(compression.top_k_with_feedback)
+    assert capsys.readouterr().out.count("passed") == 4
+
+
+# ---- int8 quantisation --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong, match", [
+    (int8_with(scale_of=lambda g: np.abs(g).mean() / 127), "uses the mean magnitude, not the largest"),
+    (int8_with(rounding=lambda x: x), r"astype\(np.int8\) cuts toward zero"),
+    (int8_with(rounding=np.floor), "np.floor rounds down"),
+    (int8_with(scale_of=lambda g: g.max() / 127), "largest value, not the largest magnitude"),
+    (int8_with(scale_of=lambda g: np.abs(g).max() / 128), "lands on 128, which int8 cannot hold"),
+    (int8_with(scale_of=lambda g: np.abs(g).max() / 255), "int8 is signed"),
+    (int8_with(scale_of=lambda g: 127 / np.abs(g).max()), "upside down"),
+    (int8_with(scale_of=lambda g: np.abs(g).max() / 100), "coarser than they need"),
+    (int8_with(scale_of=lambda g: np.abs(g).max() / 127 if np.abs(g).max() > 0 else 0.0), "all-zero gradient"),
+    (lambda g: (np.rint(g / (np.abs(g).max() / 127)), np.abs(g).max() / 127), "what travels must be int8"),
+    (lambda g: right_int8(g)[0], r"expected a tuple \(q, scale\)"),
+    (lambda g: (right_int8(g)[0], np.full(g.shape, right_int8(g)[1])), "one number for the whole tensor"),
+])
+def test_int8_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.int8_quantise(wrong)
+
+
+def test_int8_that_changes_its_input_is_named():
+    def in_place(g):
+        q, scale = right_int8(g)
+        g /= scale
+        return q, scale
+    with pytest.raises(ExerciseError, match="g was modified"):
+        check.int8_quantise(in_place)
+
+
+# ---- top-k selection ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong, match", [
+    (topk_with(slice_=lambda order, k: order[:k]), "you return the k smallest magnitudes"),
+    (topk_with(order=lambda g: np.argsort(g)), "you choose by value"),
+    (topk_with(order=lambda g: np.argsort(-g)), "you return the most negative entries"),
+    (topk_with(), r"x\[-0:\] is all of x"),
+    (lambda g, k: right_topk(g, k) if k <= len(g) else np.argpartition(g, len(g) - k - 10), "k can be larger than n"),
+    (lambda g, k: (np.argpartition(np.abs(g), len(g) - k)[len(g) - k:],) * 2 if 0 < k <= len(g) else right_topk(g, k),
+     "not g at the indices"),
+    (topk_with(slice_=lambda order, k: order[len(order) - min(k, len(order)):], values=lambda g, i: np.abs(g[i])),
+     "the sign is lost"),
+    (lambda g, k: right_topk(g, k + 1 if 0 < k < len(g) else k), "off by one"),
+    (lambda g, k: (np.isin(np.arange(len(g)), right_topk(g, k)[0]), right_topk(g, k)[1]), "a mask"),
+    (lambda g, k: list(right_topk(g, k)), r"expected a tuple \(indices, values\)"),
+])
+def test_topk_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.topk_select(wrong)
+
+
+def test_topk_of_k_zero_that_raises_is_named():
+    def argpartition_only(g, k):
+        n = len(g)
+        chosen = np.argpartition(np.abs(g), n - min(k, n))[n - min(k, n):]
+        return chosen, g[chosen]
+    with pytest.raises(ExerciseError, match=r"k=0.*raised ValueError.*\n.*k = 0 asks for nothing"):
+        check.topk_select(argpartition_only)
+
+
+# ---- summing every rank's sparse pieces ----------------------------------------------------------------------------
+
+def overwriting(pieces, n):
+    out = np.zeros(n, dtype=pieces[0][1].dtype)
+    for indices, values in pieces:
+        out[indices] = values
+    return out
+
+
+def buffered(pieces, n):  # one fancy-indexed += over every piece at once: a repeated index adds once
+    out = np.zeros(n, dtype=pieces[0][1].dtype)
+    out[np.concatenate([i for i, _ in pieces])] += np.concatenate([v for _, v in pieces])
+    return out
+
+
+def in_float64(pieces, n):
+    out = np.zeros(n)
+    for indices, values in pieces:
+        np.add.at(out, indices, values)
+    return out
+
+
+def only_as_long_as_sent(pieces, n):
+    out = np.zeros(max(int(i.max()) for i, _ in pieces if i.size) + 1, dtype=pieces[0][1].dtype)
+    for indices, values in pieces:
+        np.add.at(out, indices, values)
+    return out
+
+
+def averaging(pieces, n):
+    return right_sum(pieces, n) / len(pieces)
+
+
+def sorting_in_place(pieces, n):
+    for indices, values in pieces:
+        order = np.argsort(indices)
+        indices[:], values[:] = indices[order], values[order]
+    return right_sum(pieces, n)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (overwriting, r"only one value arrived: out\[idx\] = v overwrites"),
+    (buffered, "only one value arrived"),
+    (in_float64, "the sum is float64, the values sent are float32"),
+    (only_as_long_as_sent, "expected a dense array of 5 entries"),
+    (averaging, "you average over the 3 pieces"),
+    (sorting_in_place, "a piece was modified"),
+    (lambda pieces, n: right_sum(pieces[:1], n), "every value of every piece"),
+])
+def test_sparse_sum_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.sparse_sum(wrong)
+
+
+def test_sparse_sum_that_fails_on_an_empty_piece_is_named():
+    def no_empty(pieces, n):
+        out = np.zeros(n, dtype=pieces[0][1].dtype)
+        for indices, values in pieces:
+            out[indices] += values if len(values) else 1 / 0
+        return out
+    with pytest.raises(ExerciseError, match=r"one empty: your function raised ZeroDivisionError(.|\n)*length 0"):
+        check.sparse_sum(no_empty)
+
+
+# ---- top-k with error feedback (more of its mistakes: tests/test_check.py) ------------------------------------------
+
+def test_feedback_that_drops_the_residual_is_named():
+    def forgets(g, residual, ratio):
+        indices, values, _ = right_feedback(g, residual, ratio)
+        return indices, values, np.zeros_like(g)
+    with pytest.raises(ExerciseError, match="the residual is not carried to the next step"):
+        check.topk_feedback(forgets)
+
+
+def test_feedback_that_ignores_the_residual_is_named():
+    with pytest.raises(ExerciseError, match=r"g \+ residual, not (from |of )g"):
+        check.topk_feedback(WRONG["topk_feedback"])
+
+
+# ---- hints --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_each_failed_run_shows_one_more_hint_and_never_the_whole_solution(name):
+    hints = exercise(name).hints
+    seen = []
+    for k in range(1, len(hints) + 2):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(WRONG[name])
+        message = str(e.value)
+        shown = min(k, len(hints))
+        assert f"Step {shown} of {len(hints)}" in message and hints[shown - 1] in message
+        assert ("run the check again" in message) == (shown < len(hints))
+        seen.append(message)
+    assert hints[-1] in seen[-1] and hints[-1] in seen[-2]  # the last hint repeats
+    with pytest.raises(ExerciseError) as e:  # a blank function gets no step
+        getattr(check, name)(blank)
+    assert "Step" not in str(e.value)
+
+
+# ---- the grader's replay gives the plain check's verdict ----------------------------------------------------------
+
+SEED = 1010
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
+    def record(folder, fn):
+        monkeypatch.setenv(capture.ENV, str(folder))
+        monkeypatch.setenv(capture.SEED_ENV, str(SEED))
+        try:
+            getattr(check, name)(fn)
+            return True, ""
+        except ExerciseError as e:
+            return False, f"ExerciseError: {e}"
+        finally:
+            monkeypatch.delenv(capture.ENV)
+            monkeypatch.delenv(capture.SEED_ENV)
+
+    assert record(tmp_path / "right", RIGHT[name]) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
+    plain = record(tmp_path / "wrong", WRONG[name])
+    assert plain[0] is False
+    monkeypatch.setattr(common, "_failed_runs", {})  # the grader counts its own failed runs
+    got = replay.replay(name, tmp_path / "wrong", SEED)
+    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("int8_quantise", compression.int8_nearest), ("topk_select", compression.top_k_indices),
+    ("sparse_sum", compression.sparse_sum),
+    ("topk_feedback", compression.top_k_with_feedback),
+    ("topk_feedback", lambda g, r, ratio: feedback_choosing_with(compression.top_k_indices, g, r, ratio)),
+])
+def test_labkits_own_function_handed_in_is_named_by_the_grader(tmp_path, monkeypatch, name, reference):
+    monkeypatch.setenv(capture.ENV, str(tmp_path))
+    monkeypatch.setenv(capture.SEED_ENV, str(SEED))
+    try:
+        getattr(check, name)(reference)
+    except ExerciseError:
+        pass  # a wrong answer that calls the reference: still named as using it
+    monkeypatch.delenv(capture.ENV)
+    passed, message = replay.replay(name, tmp_path, SEED)
+    assert not passed and "uses labkit's reference" in message
+
+
+def test_the_lab_falls_back_to_labkits_own_function_while_the_students_is_blank(capsys):
+    assert questions.yours_or_labkits(blank, right_int8, np.ones(3), what="my_int8") is right_int8
+    assert "my_int8 is not written yet: labkit's own runs in its place" in capsys.readouterr().out
+    assert questions.yours_or_labkits(right_int8, None, np.ones(3)) is right_int8
+    assert questions.yours_or_labkits(blank, None, what="my_topk_feedback") is None
+    assert "waits until it runs" in capsys.readouterr().out
