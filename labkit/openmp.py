@@ -11,6 +11,7 @@ cost, but the loss and gradients are *summed* over the batch, as network.py's ``
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +94,27 @@ def backprop_c(params, x, Y, version: str = "fused", opt: str = "-O2", threads: 
     loss = fn(W1, b1, W2, b2, x, Y, np.int32(x.shape[0]), n_in, n_hid, n_out,
               grads[0][0], grads[0][1], grads[1][0], grads[1][1], threads=threads)
     return float(loss), grads
+
+
+def without_simd(source: str) -> str:
+    """``source`` with its ``#pragma omp simd`` lines taken out: the same loops, which the compiler must then run in
+    the order written, one lane wide (a float sum may not be reordered unasked)."""
+    return re.sub(r"(?m)^[ \t]*#\s*pragma\s+omp\s+simd\b[^\n]*$", "", source)
+
+
+def time_simd(source: str, name: str = "layer_forward", n_out: int = 1000, n_in: int = 784, repeat: int = 25,
+              rounds: int = 3) -> dict[str, float]:
+    """Median seconds of lab 03's fused layer pass ``name(W, b, x, a, n_out, n_in)`` from ``source``, compiled at -O2
+    as written and again :func:`without_simd`, timed side by side in interleaved rounds on an (n_out, n_in) layer."""
+    from . import bench
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    b, x = rng.standard_normal(n_out, dtype=np.float32), rng.random(n_in, dtype=np.float32)
+    a = np.empty(n_out, np.float32)
+    args = (W, b, x, a, np.int32(n_out), np.int32(n_in))
+    fns = {"with omp simd": load_exercise(source).get_function(name),
+           "without": load_exercise(without_simd(source)).get_function(name)}
+    t = bench.interleaved({k: (lambda f=f: bench.measure(lambda: f(*args, threads=1), repeat=repeat).median)
+                           for k, f in fns.items()}, rounds)  # one thread: no team of idle OpenMP threads to wake
+    return {k: v.median for k, v in t.items()}

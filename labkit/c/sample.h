@@ -68,7 +68,7 @@ static double add_sample_plain(const float* W1, const float* b1, const float* W2
 
 /* How many threads were inside add_sample at the same moment, at most, since the last reset: the OpenMP exercise's
  * check tells a loop whose samples run side by side from one that lets one thread in at a time (omp critical around
- * each call). Counted only when compiled with -DLABKIT_OVERLAP; 0 otherwise. */
+ * each call). Counted only when compiled with -DCOUNT_SAMPLE_OVERLAP; 0 otherwise. */
 static int labkit_inside_, labkit_most_inside_;
 
 int labkit_overlap(int reset)
@@ -82,7 +82,7 @@ static double add_sample(const float* W1, const float* b1, const float* W2, cons
                          const float* ys, int n_in, int n_hid, int n_out, float* work,
                          float* gW1, float* gb1, float* gW2, float* gb2)
 {
-#ifdef LABKIT_OVERLAP
+#ifdef COUNT_SAMPLE_OVERLAP
     const int now = __atomic_add_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
     int most = __atomic_load_n(&labkit_most_inside_, __ATOMIC_SEQ_CST);
     while (now > most && !__atomic_compare_exchange_n(&labkit_most_inside_, &most, now, 0, __ATOMIC_SEQ_CST,
@@ -91,7 +91,7 @@ static double add_sample(const float* W1, const float* b1, const float* W2, cons
     float *a1 = work, *d1 = work + n_hid;
     double cost = 0.0;
     SAMPLE_BODY(PRAGMA(omp simd reduction(+ : acc)), PRAGMA(omp simd))
-#ifdef LABKIT_OVERLAP
+#ifdef COUNT_SAMPLE_OVERLAP
     __atomic_sub_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
 #endif
     return cost;

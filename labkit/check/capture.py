@@ -498,6 +498,11 @@ def session(check: str):
         s.close()
 
 
+def replaying() -> bool:
+    """Whether a check runs now in the grader's replay (its verdict, not a student's run)."""
+    return isinstance(_session, Replay)
+
+
 def student(fn, label: str = "fn", ex: str = ""):
     """The student's function as the check should call it: itself (plain), recorded, or the record (replay)."""
     s = _session

@@ -86,6 +86,82 @@ def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
               "keep the signature given in the exercise: the check launches it with exactly those arguments")
 
 
+def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str) -> None:
+    """Launch, naming an access out of bounds: past the edge of C (a missing guard) where the size is awkward, a wrong
+    index formula where it is a multiple of the block."""
+    import re
+
+    from .. import kernels
+
+    try:
+        kernel(grid, block, args)
+    except kernels.KernelError as e:
+        m = re.search(r"out-of-bounds access (\w+)\[", str(e))
+        if m and awkward:
+            verb = "write outside C" if m.group(1) == "C" else f"read outside {m.group(1)}"
+            fail(ex, f"{what}: threads past the edge {verb} (the emulator stopped your kernel: {e})",
+                 "the grid is rounded up to whole blocks, so some threads have row >= M or col >= N: they must not "
+                 "touch A, B or C")
+        if m:
+            fail(ex, f"{what}: an index runs outside {m.group(1)}, although the size is a multiple of the block (the "
+                 f"emulator stopped your kernel: {e})", f"{m.group(1)} is row-major: element [r][c] of a matrix with "
+                 "n_cols columns is at r * n_cols + c")
+        fail(ex, f"{what}: the emulator stopped your kernel: {e}")
+    except (TypeError, ValueError) as e:
+        fail(ex, f"your kernel's parameters do not fit the launch: {e}",
+             "keep the signature given in the exercise: the check launches it with exactly those arguments")
+
+
+@recorded
+def naive_matmul(source: str, name: str = "matmul_naive", block: int = 16) -> None:
+    """Lab 05: C = A B with one thread per entry of C, every operand read from global memory.
+
+    Signature (const float* A, const float* B, float* C, int M, int N, int K); launched with block (16, 16) and grid
+    (ceil(N/16), ceil(M/16)): x along the columns of C, y along its rows. Checked on the emulator in checked mode.
+    """
+    ex = "naive matmul"
+    source = capture.source(source)
+    k = load_student_kernel(ex, source, name, {})
+    rng = np.random.default_rng(capture.seed(2))
+    checks = 0
+    for M, N, K in [(block, block, block), (2 * block, 3 * block, block), (1, 1, 1), (block + 1, 2 * block + 1, 19),
+                    (37, 5, 70), (5, 37, 3)]:
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        b = rng.standard_normal((K, N)).astype(np.float32)
+        c = np.full((M, N), np.nan, np.float32)
+        gx, gy = -(-N // block), -(-M // block)
+        awkward = M % block != 0 or N % block != 0
+        what = f"M={M}, N={N}, K={K}"
+        _edge(ex, k, (gx, gy), (block, block), (a, b, c, np.int32(M), np.int32(N), np.int32(K)), awkward, what)
+        want = a.astype(np.float64) @ b
+        close = np.isclose(c, want, rtol=1e-4, atol=1e-4)
+        if close.all():
+            checks += 1
+            continue
+        written = ~np.isnan(c)
+        if np.allclose(c.reshape(N, M), want.T, rtol=1e-4, atol=1e-4) and M * N > 1:
+            fail(ex, f"{what}: row and col swapped: C is transposed (your C[i, j] holds entry (j, i) of A B)",
+                 "the thread that computes C[row][col] writes C[row * N + col] and multiplies row `row` of A by column "
+                 "`col` of B")
+        rows, cols = np.arange(M)[:, None], np.arange(N)[None, :]
+        if not written.all() and (written == ((rows < min(M, gx * block)) & (cols < min(N, gy * block)))).all():
+            fail(ex, f"{what}: {int((~written).sum())} entries of C were never written: row and col come from the wrong "
+                 "dimensions (row from x, col from y)", "the grid's x runs along the columns of C (N of them) and its y "
+                 "along the rows (M): col comes from the x indices, row from the y ones")
+        if not written.all() and written[:block, :block].all() and not written[block:, :].any() \
+                and not written[:, block:].any():
+            fail(ex, f"{what}: only the first {block} x {block} entries of C were written: every block computes the same "
+                 "entries", "a thread's row and col count over the whole grid: add the block's offset, blockIdx times "
+                 "blockDim")
+        i, j = map(int, np.argwhere(~close)[0])
+        unwritten = int((~written).sum())
+        fail(ex, f"{what}: C[{i}, {j}] is {float(c[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
+             f"{int((~close).sum())} of {c.size} entries wrong" + (f", {unwritten} never written" if unwritten else ""),
+             "" if unwritten else "C[row][col] is the sum over k of A[row][k] * B[k][col], A (M, K) and B (K, N) "
+             "row-major")
+    passed(ex, checks)
+
+
 @recorded
 def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = None) -> None:
     """Lab 05: C = A B with tile x tile blocks staged in shared memory.
@@ -125,8 +201,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
             unwritten = np.isnan(c).sum()
             fail(ex, f"M={M}, N={N}, K={K}: C[{i}, {j}] is {float(c[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
                   f"{int(bad.sum())} of {c.size} entries wrong" + (f", {unwritten} never written" if unwritten else ""),
-                  hint or "check the indices: row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x, "
-                  "and the tile loads A[row][t + threadIdx.x], B[t + threadIdx.y][col]")
+                  hint or "check the index of each tile load and of the write: which element of A and of B does "
+                  "thread (ty, tx) load at step t, and which products does it add from the tiles?")
         checks += 1
     passed(ex, checks)
 
@@ -163,6 +239,39 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
 
 
 EXERCISES = (
-    Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),)),
-    Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),)),
+    Exercise("naive_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
+        "The launch covers C with blocks of 16 x 16 threads: the grid's x runs along the columns of C (ceil(N / 16) "
+        "blocks), its y along the rows (ceil(M / 16)). Each thread computes one entry of C.",
+        "A thread's column counts over the whole grid, not only its block: the blocks to its left hold blockIdx.x * "
+        "blockDim.x columns, and threadIdx.x more are to its left inside its block. Its row comes the same way from "
+        "the y indices.",
+        "The grid is rounded up to whole blocks, so on sizes that are not multiples of 16 some threads fall past the "
+        "edge of C (row >= M or col >= N): they must read and write nothing.",
+        "C[row][col] is the sum over k of A[row][k] * B[k][col]. The arrays are row-major: A[row][k] is at "
+        "row * K + k, B[k][col] at k * N + col, C[row][col] at row * N + col.",
+    )),
+    Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),), hints=(
+        "A block of TILE x TILE threads computes one TILE x TILE tile of C; thread (ty, tx) owns one entry, whose "
+        "row and col come from the block and thread indices as in your naive kernel (with TILE as the block size).",
+        "Walk along K one tile at a time, t = 0, TILE, 2 TILE, ... At each step every thread loads ONE element of the "
+        "current tile of A and one of B into two __shared__ TILE x TILE arrays: thread (ty, tx) loads A[row][t + tx] "
+        "and B[t + ty][col].",
+        "Wait with __syncthreads() after the loads (before any thread reads the tiles), add the TILE products of row "
+        "ty of A's tile and column tx of B's tile, and wait again before the next step's loads overwrite the tiles.",
+        "Sizes need not be multiples of TILE: load 0.0f where the element lies outside A or B (row >= M or t + tx >= "
+        "K; t + ty >= K or col >= N), write C only where row < M and col < N, and never return early: every thread "
+        "must reach every __syncthreads().",
+    )),
+    Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),), hints=(
+        "There may be fewer threads than values: first let each thread add up its own share into a private sum. "
+        "Start at its index in the whole grid, blockIdx.x * blockDim.x + threadIdx.x, and step by the number of "
+        "threads in the grid, gridDim.x * blockDim.x (a grid-stride loop).",
+        "Store the private sum in a __shared__ array of 256 floats at s[threadIdx.x], and wait for every thread. "
+        "Then halve: with h = blockDim.x / 2, the threads below h add s[threadIdx.x + h] into s[threadIdx.x]; repeat "
+        "with h / 2, ... down to 1.",
+        "Between two levels of the tree every thread of the block must wait at __syncthreads(), the threads that add "
+        "nothing too: put the barrier outside the if that selects the adding threads.",
+        "At the end s[0] holds the block's total. Blocks cannot see each other's shared memory, so thread 0 alone "
+        "adds it to the result with atomicAdd(out, s[0]).",
+    )),
 )

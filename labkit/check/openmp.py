@@ -61,6 +61,94 @@ def _call(ex: str, fn, args, hint: str, **kw):
         fail(ex, f"your function's parameters do not fit: {e}", "keep the signature given in the exercise")
 
 
+def _simd_loops(code: str):
+    """(pragma line, loop body) of every loop under ``#pragma omp simd`` (or ``omp for simd``, ``parallel for simd``)
+    in comment-free C: the body is the braced block, or the one statement, after the loop's header."""
+    from ..kernels.source import matching_bracket
+
+    for m in re.finditer(r"#\s*pragma\s+omp\s+(?:[\w\s]*\s)?simd\b[^\n]*", code):
+        loop = re.compile(r"\bfor\s*\(").search(code, m.end())
+        if loop is None:
+            continue
+        close = matching_bracket(code, loop.end() - 1, "(", ")")
+        rest = code[close + 1:]
+        start = len(rest) - len(rest.lstrip())
+        if rest[start:start + 1] == "{":
+            end = matching_bracket(rest, start, "{", "}")
+            body = rest[start:end + 1]
+        else:
+            body = rest[start:rest.find(";", start) + 1]
+        yield m.group(0), body
+
+
+def _simd_races(code: str) -> list[str]:
+    """The variables a simd loop sums into (``v += ...`` or ``v = v + ...``) that are declared outside the loop and
+    not named in a reduction clause of its pragma: every vector lane adds into the one variable at once."""
+    races = []
+    for pragma, body in _simd_loops(code):
+        reduced = set()
+        for clause in re.findall(r"reduction\s*\(\s*[^:]*:([^)]*)\)", pragma):
+            reduced |= {v.strip().split("[")[0] for v in clause.split(",")}
+        declared = set(re.findall(r"\b(?:float|double|int|long)\s+(\w+)\s*[=;]", body))
+        sums = re.findall(r"(?<![\w\].>])(\w+)\s*[+\-]=", body) + re.findall(r"(?<![\w\].>])(\w+)\s*=\s*\1\s*[+\-]", body)
+        races += [v for v in dict.fromkeys(sums) if v not in reduced and v not in declared]
+    return races
+
+
+@recorded
+def simd_forward(source: str, name: str = "layer_forward") -> None:
+    """Lab 03: ``layer_forward(W, b, x, a, n_out, n_in)`` computes a = sigmoid(W x + b) for one sample in one fused
+    pass per row, its dot product vectorised with ``omp simd`` and a reduction. Checked for values (with the
+    sanitizers) on awkward sizes against NumPy in float64; the pragma and its reduction are read from the source."""
+    from ..hostc import strip_comments
+
+    ex = "simd forward"
+    source = capture.source(source)
+    if isinstance(source, str) and KERNEL_TODO not in source:
+        code = strip_comments(source)
+        if not re.search(r"#\s*pragma\s+omp\s+(?:[\w\s]*\s)?simd\b", code):
+            fail(ex, "your code has no #pragma omp simd: without it the compiler must add the products one after the "
+                 "other, in the order written (reordering a float sum changes its last bits), so the loop runs on one "
+                 "vector lane", "put #pragma omp simd on the line before the loop over j")
+        races = _simd_races(code)
+        if races:
+            fail(ex, f"a race between vector lanes: the simd loop adds into {', '.join(races)} from every lane at once, "
+                 "and the pragma has no reduction for it; the compiler may then give a wrong sum", "each lane needs a "
+                 "partial sum of its own, added up after the loop: that is what a reduction clause on the pragma asks")
+    checked = _compile(ex, source, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
+    rng = np.random.default_rng(capture.seed(4))
+    n = 0
+    for n_out, n_in in ((1, 1), (5, 5), (3, 7), (30, 784), (10, 1001), (7, 33)):
+        W = rng.standard_normal((n_out, n_in), dtype=np.float32) / np.sqrt(n_in).astype(np.float32)
+        b = rng.standard_normal(n_out, dtype=np.float32)
+        x = rng.random(n_in, dtype=np.float32)
+        a = np.full(n_out, np.nan, np.float32)
+        _call(ex, checked, (W, b, x, a, np.int32(n_out), np.int32(n_in)),
+              "row i of W is n_in floats from W + i * n_in; a and b hold n_out floats, x n_in")
+        z = W.astype(np.float64) @ x + b
+        want = 1 / (1 + np.exp(-z))
+        where = f"n_out={n_out}, n_in={n_in}"
+        if np.allclose(a, want, rtol=1e-5, atol=1e-6):
+            n += 1
+            continue
+        wrong = [(np.isnan(a).all(), "a is never written", "store each row's result in a[i]"),
+                 (np.allclose(a, z, rtol=1e-4, atol=1e-5), "a holds z = W x + b: the sigmoid is missing",
+                  "a[i] = sigmoid(z_i); sample.h's sigmoid(float) is there for you"),
+                 (np.allclose(a, 1 / (1 + np.exp(-(W.astype(np.float64) @ x))), rtol=1e-5, atol=1e-6),
+                  "the bias b is missing", "start each row's sum at b[i], or add it before the sigmoid"),
+                 (n_out == n_in and np.allclose(a, 1 / (1 + np.exp(-(W.T.astype(np.float64) @ x + b))), rtol=1e-5,
+                                                atol=1e-6),
+                  "W is read by columns: you computed sigmoid(W^T x + b)", "row i of W starts at W + i * n_in, and "
+                  "W[i][j] is at i * n_in + j")]
+        for found, what, hint in wrong:
+            if found:
+                fail(ex, f"{where}: {what}", hint)
+        k = int(np.argmax(~np.isclose(a, want, rtol=1e-5, atol=1e-6)))
+        fail(ex, f"{where}: a[{k}] is {a[k]:.6g} (yours) but should be {want[k]:.6g} (spec)",
+             "a[i] = sigmoid(b[i] + sum over j of W[i][j] * x[j])")
+    passed(ex, n)
+
+
 @recorded
 def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> None:
     """Lab 03: ``outer_acc(d, x, g, B, n_out, n_in)`` adds sum_s d_s x_s^T into g (n_out, n_in), with loops in an order
@@ -194,11 +282,11 @@ def _takes_turns(source: str) -> bool:
 
 def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], runs: int) -> int:
     """The most threads inside labkit's add_sample at the same moment, over ``runs`` calls at each of ``threads``
-    (the student's code built with -DLABKIT_OVERLAP, which counts them)."""
+    (the student's code built with -DCOUNT_SAMPLE_OVERLAP, which counts them)."""
     from .. import hostc, openmp
 
     module = hostc.CModule(openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True,
-                           options=("-DLABKIT_OVERLAP",))
+                           options=("-DCOUNT_SAMPLE_OVERLAP",))
     fn, overlap = module.get_function(name), module.get_function("labkit_overlap")
     W1, b1, W2, b2, x, Y = arrays
     B, n_hid, n_out = len(x), len(b1), len(b2)
@@ -214,6 +302,31 @@ def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], run
 
 
 EXERCISES = (
-    Exercise("loop_interchange", "03", "openmp"),
-    Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),)),
+    Exercise("simd_forward", "03", "openmp", hints=(
+        "One row at a time: row i of W is n_in contiguous floats starting at W + i * n_in, and z_i is its dot product "
+        "with x, plus b[i]. Fuse the three steps into one pass per row: start a sum at b[i], add the products, then "
+        "store a[i] = sigmoid(sum).",
+        "The dot product is one loop over j along contiguous memory. Vectorising it means running several j at once, "
+        "one per vector lane: #pragma omp simd on the line before that loop tells the compiler it may.",
+        "The lanes all add into the one running sum: a race between lanes, unless each lane keeps a partial sum of its "
+        "own that the compiler adds up after the loop. Name the sum in a reduction(+ : ...) clause of the pragma.",
+    )),
+    Exercise("loop_interchange", "03", "openmp", hints=(
+        "Write down what each index walks through in memory. g (n_out, n_in), d (B, n_out) and x (B, n_in) are "
+        "row-major: consecutive j are neighbours in g and in x; consecutive s are a whole row apart in d and x.",
+        "The three loops may run in any order: every (i, j, s) adds one product into g[i][j], and additions commute. "
+        "Choose the order whose innermost loop walks along a row: j innermost.",
+        "For each row i of g, for each sample s, add d[s][i] times the row x[s] to the row g[i]. d[s][i] is one number "
+        "for the whole inner loop: keep it, and the two row pointers, in local variables outside the inner loop, so "
+        "the compiler can vectorise the inner loop.",
+    )),
+    Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),), hints=(
+        "The samples are independent: #pragma omp parallel opens a team of threads, and #pragma omp for on the loop "
+        "over s splits the samples among them. add_sample needs a work array of 2 * n_hid floats per thread: "
+        "allocate it inside the parallel region, so each thread has its own.",
+        "Every thread adds into the same gW1, gb1, gW2, gb2 and cost: a race, which loses updates. Give each thread "
+        "private accumulators that OpenMP adds up once at the end: a reduction(+ : ...) clause on the parallel region.",
+        "A reduction over an array needs the array's length, as an array section: gW1[:nW1]. Name the cost and all "
+        "four gradient arrays in the clause, each with its length (nW1, n_hid, nW2, n_out).",
+    )),
 )
