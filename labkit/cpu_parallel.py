@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from . import mlp
-from .bench import measure
+from .bench import interleaved, measure
 from .errors import LabkitError
 from .shards import shard_bounds
 
@@ -368,9 +369,90 @@ class ProcessBackprop:
         self.close()
 
 
+# -- combining the workers' results ---------------------------------------------------------------
+
+
+def combine_means(grads, counts):
+    """The whole batch's mean gradient from ``k`` workers' mean gradients (lab 02's third exercise).
+
+    ``grads[i]`` is worker i's params-like list of (dW, db), the mean over its shard of ``counts[i]`` samples. The
+    batch's mean is sum_i counts[i] grads[i] / sum_i counts[i]; an empty shard's mean (NaN, the mean of nothing)
+    is left out. Returns new arrays; ``grads`` is left as it was.
+    """
+    total = sum(int(c) for c in counts)
+    if total < 1:
+        raise ValueError(f"the shards hold no samples (counts {list(counts)})")
+    out = None
+    for g, c in zip(grads, counts):
+        if not c:
+            continue
+        scaled = [(gW * (c / total), gb * (c / total)) for gW, gb in g]
+        out = scaled if out is None else mlp.add_into(out, scaled)
+    return out
+
+
 # -- measuring ------------------------------------------------------------------------------------
 
 
 def time_per_batch(grad_fn, params, x, y, repeat: int = 5, **kw) -> float:
     """Median seconds of one gradient computation on the batch (x, y), after one warm-up call."""
     return measure(lambda: grad_fn(params, x, y, **kw), repeat=repeat, warmup=1).median
+
+
+def _seconds_of(fn, *args) -> Callable[[], float]:
+    """A job for :func:`labkit.bench.interleaved`: one call of ``fn(*args)``, its wall seconds."""
+    def job() -> float:
+        t0 = time.perf_counter()
+        fn(*args)
+        return time.perf_counter() - t0
+    return job
+
+
+def thread_speedups(params, x, y, threads, repeat: int = 3, work: str = "per_sample"):
+    """Lab 02's first timing: (serial seconds per batch, {"threads, <combine>": speedups over ``threads``}) of every
+    :class:`ThreadedBackprop` combine, each with one BLAS thread per call so that only the pool's threads overlap.
+    Every configuration runs once per round, side by side with the serial one (:func:`labkit.bench.interleaved`), so
+    a slow spell of a shared machine lands on all of them; each figure is the median over ``repeat`` rounds."""
+    from threadpoolctl import threadpool_limits
+
+    serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
+    pools = {(c, n): ThreadedBackprop(n, c, work) for c in ThreadedBackprop.COMBINES for n in threads}
+    try:
+        with threadpool_limits(1):
+            jobs = {"serial": _seconds_of(serial, params, x, y)}
+            jobs.update({key: _seconds_of(pool, params, x, y) for key, pool in pools.items()})
+            for job in jobs.values():  # warm up
+                job()
+            timed = interleaved(jobs, rounds=repeat)
+    finally:
+        for pool in pools.values():
+            pool.close()
+    t_serial = timed["serial"].median
+    speedups = {f"threads, {c}": t_serial / np.array([timed[(c, n)].median for n in threads])
+                for c in ThreadedBackprop.COMBINES}
+    return t_serial, speedups
+
+
+def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dict:
+    """Lab 02's width sweep: per hidden-layer width, the speedup of 2 threads (per-thread accumulators) and of 2
+    processes over one thread, per-sample backprop of [n_in, width, classes], one BLAS thread everywhere. The three
+    run side by side in ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`); each speedup is the
+    ratio of the medians."""
+    from threadpoolctl import threadpool_limits
+
+    sweep = {"threads (2), per-sample": [], "processes (2), per-sample": []}
+    with threadpool_limits(1):  # the workers' processes use one BLAS thread too
+        for width in widths:
+            sizes = [x.shape[1], int(width), classes]
+            p = mlp.init_params(sizes)
+            with ThreadedBackprop(2, "local", "per_sample") as threads, \
+                    ProcessBackprop(sizes, 2, max_batch=len(x), work="per_sample") as procs:
+                jobs = {"one": _seconds_of(mlp.loss_and_grads_per_sample, p, x, y),
+                        "threads": _seconds_of(threads, p, x, y), "processes": _seconds_of(procs, p, x, y)}
+                for job in jobs.values():  # warm up
+                    job()
+                timed = interleaved(jobs, rounds=2 * repeat + 1)
+            t1 = timed["one"].median
+            sweep["threads (2), per-sample"].append(t1 / timed["threads"].median)
+            sweep["processes (2), per-sample"].append(t1 / timed["processes"].median)
+    return sweep

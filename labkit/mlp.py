@@ -304,6 +304,36 @@ def loss_and_grads(params: Params, x, y, activation: str = "sigmoid", cost: str 
     return loss_and_grads_unchecked(params, x, Y, activation, cost, l2)
 
 
+def output_error(a, Y):
+    """The output layer's error dC/dz of every row, for sigmoid outputs ``a`` and the quadratic cost against one-hot
+    ``Y``: (a - y) sigma'(z), with sigma'(z) = a (1 - a) read from the output a = sigma(z). One row per sample, not
+    divided by the batch size (lab 01's first exercise)."""
+    return (a - Y) * act_prime_from_output("sigmoid", a)
+
+
+def layer_backward(delta, a_in, W):
+    """One layer's backward pass for a batch (lab 01's second exercise): the layer computes Z = A_in W^T + b; from
+    its error ``delta`` = dC/dZ (batch, n_out) return (dC/dW (n_out, n_in), dC/db (n_out,), dC/dA_in (batch, n_in)).
+    The sums run over the batch's rows: any 1/batch of a mean cost is already inside ``delta``."""
+    return delta.T @ a_in, delta.sum(axis=0), delta @ W
+
+
+def numerical_grad(f, W, eps: float = 1e-5):
+    """Central differences (f(W + eps e_i) - f(W - eps e_i)) / (2 eps) for every entry i of ``W`` (lab 01's fourth
+    exercise): ``f()`` reads ``W``, which is changed in place one entry at a time and restored. The error is of order
+    eps^2 (a one-sided difference: eps); checks an analytic gradient without another implementation of it."""
+    G = np.zeros(W.shape, dtype=np.float64)
+    for idx in np.ndindex(W.shape):
+        old = W[idx]
+        W[idx] = old + eps
+        up = float(f())
+        W[idx] = old - eps
+        down = float(f())
+        W[idx] = old
+        G[idx] = (up - down) / (2 * eps)
+    return G
+
+
 def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
     """Gradients of the mean loss over the mini-batch x (batch, n_in), y labels or one-hot."""
     return loss_and_grads(params, x, y, activation, cost, l2)[1]

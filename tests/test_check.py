@@ -13,7 +13,7 @@ def reference_backprop(params, x, Y):
 
 def test_backprop_check_passes_reference(capsys):
     check.backprop(reference_backprop)
-    assert "✔ vectorised backprop: all 3 checks passed" in capsys.readouterr().out
+    assert "✔ vectorised backprop: all 5 checks passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

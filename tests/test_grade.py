@@ -6,6 +6,7 @@ import json
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from test_grading_attacks import SERIAL_KEEP, _lab
 
 from labkit import cli, report
 from labkit.grading import assign, grade, notebook
@@ -128,7 +129,7 @@ def test_a_px_cell_is_graded_by_the_engines_own_error():
 
 
 def test_assign_records_the_release_and_locks_the_given_cells(tmp_path):
-    lab = report.find_notebooks(only="01_")[0]
+    lab = _lab("01_", SERIAL_KEEP, tmp_path / "instructor")  # lab 01's backprop exercise alone
     assign.write_student_versions([lab], tmp_path / "student", release_dir=tmp_path / "release")
     record = json.loads((tmp_path / "release" / assign.RELEASE_FILE).read_text())
     entry = record["notebooks"][lab.name]
@@ -148,7 +149,7 @@ def test_assign_records_the_release_and_locks_the_given_cells(tmp_path):
 @pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_grading_by_the_release_names_deleted_edited_and_converted_check_cells(tmp_path):
-    lab = report.find_notebooks(only="01_")[0]
+    lab = _lab("01_", SERIAL_KEEP, tmp_path / "instructor")  # lab 01's backprop exercise alone
     assign.write_student_versions([lab], tmp_path / "handout", release_dir=tmp_path / "release")
     teacher = nbformat.read(lab, as_version=4)
     solution = next(c for c in teacher.cells if assign.BEGIN in c.source)

@@ -1,4 +1,14 @@
-"""Checks of labs 01-02: the vectorised backward pass and the per-thread accumulator."""
+"""Checks of labs 01-02.
+
+Lab 01 builds the vectorised backward pass in three steps: the output layer's error (:func:`output_error`), one
+layer's backward pass (:func:`layer_backward`), and the whole of backprop (:func:`backprop`); then a check of any
+gradient from the cost alone, by central differences (:func:`numerical_gradient`). Lab 02 splits a batch
+over workers (:func:`split_batch`), sums per-sample gradients into a per-thread accumulator (:func:`accumulate`) and
+combines the workers' mean gradients into the batch's (:func:`combine_shards`).
+
+Each check runs the student's function on several sizes and edge cases drawn afresh when graded
+(:func:`capture.seed`), compares with labkit's own at the tolerance its lab states, and names the typical mistakes.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,166 @@ from . import capture
 from .common import ExerciseError, call, compare_grads, fail, passed, problems, recorded
 from .exercises import Exercise
 
+RTOL, ATOL = 1e-9, 1e-12  # float64 throughout: only rounding separates a right answer from labkit's
+
+
+def _array(ex: str, where: str, name: str, got) -> np.ndarray:
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: {name} should be a NumPy array, got {type(got).__name__}",
+              "compute it with NumPy on the whole arrays")
+    return a
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _compare(ex: str, where: str, name: str, got, want: np.ndarray, mistakes, hint: str = "") -> None:
+    """``got`` must equal ``want`` to RTOL; where it equals one of ``mistakes`` ((array, message) pairs), say that
+    message; else show both."""
+    a = _array(ex, where, name, got)
+    if _same(a, want):
+        return
+    if np.isnan(a).any() and not np.isnan(want).any():
+        fail(ex, f"{where}: {name} holds NaN", hint)
+    for wrong, why in mistakes:
+        if wrong is not None and _same(a, np.asarray(wrong, dtype=float)):
+            fail(ex, f"{where}: {name} is wrong: {why}")
+    if a.shape != want.shape:
+        fail(ex, f"{where}: {name} has shape {a.shape}, expected {want.shape}", hint)
+    err = float(np.nanmax(np.abs(a - want)))
+    fail(ex, f"{where}: {name} differs from labkit's by up to {err:.3g}\n"
+              f"  yours, first values:    {np.array2string(a.ravel()[:4], precision=5)}\n"
+              f"  expected, first values: {np.array2string(want.ravel()[:4], precision=5)}", hint)
+
+
+def _unchanged(ex: str, where: str, before, after, what: str) -> None:
+    for b, a in zip(before, after):
+        if not np.array_equal(b, a, equal_nan=True):
+            fail(ex, f"{where}: your function changed {what}", "compute into new arrays; leave the inputs as they were")
+
+
+# ---- lab 01 ---------------------------------------------------------------------------------------------------------
+
+@recorded
+def output_error(fn) -> None:
+    """Exercise (lab 01): ``fn(A, Y) -> delta``, the output layer's error dC/dz of every row (sigmoid outputs A of
+    shape (B, n_out), one-hot Y, quadratic cost), one row per sample and not divided by B."""
+    ex = "output error"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(10))
+    cases = []
+    for batch, n_out in ((1, 3), (8, 10), (13, 5)):
+        cases.append((rng.uniform(0.02, 0.98, (batch, n_out)), rng.integers(0, n_out, batch)))
+    # saturated outputs, near 0 and 1, right and wrong: sigma' is tiny there
+    cases.append((np.array([[1e-6, 0.5, 1 - 1e-6], [0.999, 0.001, 0.3], [0.02, 0.97, 0.5]]), np.array([0, 1, 1])))
+    for a, labels in cases:
+        Y = mlp.targets(labels, a.shape[1], np.float64)
+        batch, n_out = a.shape
+        where = f"batch of {batch}, {n_out} outputs"
+        a0, Y0 = a.copy(), Y.copy()
+        got = call(ex, fn, a, Y)
+        _unchanged(ex, where, (a0, Y0), (a, Y), "A or Y")
+        want = mlp.output_error(a, Y)
+        prime = a * (1 - a)
+        s = 0.5 * (np.tanh(0.5 * a) + 1)  # sigma applied to a again
+        _compare(ex, where, "delta", got, want, [
+            (a - Y, "the factor sigma'(z) is missing: a - y is dC/da; you need dC/dz, and a depends on z"),
+            ((Y - a) * prime, "the sign is flipped: the derivative of (a - y)^2 / 2 with respect to a is a - y"),
+            ((a - Y) * s * (1 - s), "you applied sigma to a again: a is sigma(z) already, so sigma'(z) is "
+                                    "written with a itself"),
+            ((a - Y) * a, "sigma'(z) is not a alone"),
+            ((a - Y) * (1 - a), "sigma'(z) is not (1 - a) alone"),
+            (want / batch if batch > 1 else None, "you divided by the batch size: each row is one sample's error; "
+                                                  "the 1/B of the mean comes in the backprop exercise"),
+            (want.T, "it is transposed: one row per sample, shape (B, n_out)"),
+        ], "one row per sample: (B, n_out), as A")
+    passed(ex, len(cases))
+
+
+@recorded
+def layer_backward(fn) -> None:
+    """Exercise (lab 01): ``fn(delta, A_in, W) -> (dW, db, dA_in)``, one layer's backward pass for a batch: the layer
+    computes Z = A_in W^T + b; delta = dC/dZ (B, n_out) with any 1/B already inside."""
+    ex = "one layer's backward pass"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(11))
+    shapes = [(5, 5, 4), (4, 3, 1), (3, 9, 2), (7, 6, 13)]  # (n_in, n_out, B); square first: a transpose fits there
+    shapes.append((int(rng.integers(2, 12)), int(rng.integers(2, 12)), int(rng.integers(2, 20))))
+    for n_in, n_out, batch in shapes:
+        delta = rng.standard_normal((batch, n_out)) * 0.1
+        a_in = rng.uniform(0.05, 0.95, (batch, n_in))
+        W = rng.standard_normal((n_out, n_in))
+        where = f"layer {n_in} -> {n_out}, batch of {batch}"
+        before = [delta.copy(), a_in.copy(), W.copy()]
+        got = call(ex, fn, delta, a_in, W)
+        _unchanged(ex, where, before, (delta, a_in, W), "delta, A_in or W")
+        if not isinstance(got, (list, tuple)) or len(got) != 3:
+            fail(ex, f"{where}: expected three arrays (dW, db, dA_in), got {type(got).__name__}"
+                 + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+                 "return dW, db, dA_in")
+        dW, db, da = mlp.layer_backward(delta, a_in, W)
+        _compare(ex, where, "dW", got[0], dW, [
+            (dW.T, "dW is transposed: it has W's shape (n_out, n_in), one row per output"),
+            (dW / batch if batch > 1 else None, "dW is the mean over the batch, not the sum: the 1/B of the mean "
+                                                "cost is already inside delta"),
+        ], "dW has W's shape (n_out, n_in)")
+        _compare(ex, where, "db", got[1], db, [
+            (delta, "db is not summed over the batch: add up delta's rows, one entry per output"),
+            (db / batch if batch > 1 else None, "db is the mean over the batch, not the sum: the 1/B is already "
+                                                "inside delta"),
+            (delta.sum(axis=1), "db is summed over the wrong axis: add up the rows (the samples), keep the outputs"),
+        ], "db has b's shape (n_out,)")
+        _compare(ex, where, "dA_in", got[2], da, [
+            (delta @ W.T if n_in == n_out else None, "dA_in went through W transposed: z_j depends on a_i through "
+                                                      "W[j, i], so sum delta_j W[j, i] over the outputs j"),
+            (da * a_in * (1 - a_in), "you multiplied by sigma' of A_in: that factor belongs to the layer below, "
+                                     "which knows its own activation; return dC/dA_in"),
+            (da / batch if batch > 1 else None, "dA_in is divided by the batch size: every sample keeps its own row"),
+        ], "dA_in has A_in's shape (B, n_in)")
+    passed(ex, len(shapes))
+
+
+def _variant(params, x, Y, output_prime=True, hidden_prime=True, transposed_back=False):
+    """Vectorised backprop (sigmoid, quadratic) with one of the typical mistakes, to name it when a student's matches."""
+    acts = [x]
+    for W, b in params:
+        acts.append(mlp.sigmoid(acts[-1] @ W.T + b))
+    out = acts[-1]
+    delta = (out - Y) * (out * (1 - out) if output_prime else 1) / x.shape[0]
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        grads[i] = (delta.T @ acts[i], delta.sum(axis=0))
+        if i:
+            W = params[i][0]
+            back = delta @ (W.T if transposed_back else W)
+            delta = back * (acts[i] * (1 - acts[i]) if hidden_prime else 1)
+    return grads
+
+
+def _matches(got, want) -> bool:
+    try:
+        return len(got) == len(want) and all(_same(np.asarray(g, dtype=float), w)
+                                             for gp, wp in zip(got, want) for g, w in zip(gp, wp))
+    except (TypeError, ValueError):
+        return False
+
+
+def _backprop_problems(seed: int):
+    """Square layers first (a transposed W fits there, so the mistake can be named), then [5, 4, 3] at batches 1 and
+    8 and [7, 6, 5, 3] at 13, then a network without a hidden layer."""
+    rng = np.random.default_rng(seed + 100)
+    extra = []
+    for sizes, batch in (([5, 5, 5], 6), ([6, 4], 5)):
+        params = mlp.init_params(sizes, seed=int(rng.integers(1000)), dtype=np.float64)
+        extra.append((params, rng.random((batch, sizes[0])),
+                      mlp.targets(rng.integers(0, sizes[-1], batch), sizes[-1], np.float64)))
+    yield extra[0]
+    yield from problems(seed)
+    yield extra[1]
+
 
 @recorded
 def backprop(fn) -> None:
@@ -19,15 +189,165 @@ def backprop(fn) -> None:
     ex = "vectorised backprop"
     fn = capture.student(fn, ex=ex)
     n = 0
-    for k, (params, x, Y) in enumerate(problems(capture.seed(0))):
+    for k, (params, x, Y) in enumerate(_backprop_problems(capture.seed(0))):
         before = [(W.copy(), b.copy()) for W, b in params]
         got = call(ex, fn, params, x, Y)
         if any(not np.array_equal(W, W0) or not np.array_equal(b, b0) for (W, b), (W0, b0) in zip(params, before)):
             fail(ex, f"problem {k + 1}: your function changed params", "compute gradients into new arrays; leave W and b alone")
         want = mlp.backprop(params, x, Y, "sigmoid", "quadratic")
-        compare_grads(ex, got, want, x.shape[0], f"problem {k + 1} (sizes {mlp.sizes_of(params)}, batch {x.shape[0]})")
+        where = f"problem {k + 1} (sizes {mlp.sizes_of(params)}, batch {x.shape[0]})"
+        try:
+            compare_grads(ex, got, want, x.shape[0], where)
+        except ExerciseError:
+            for mistake, why in (
+                    ({"output_prime": False}, "the output error lacks sigma'(z): dC/dz, not dC/da"),
+                    ({"hidden_prime": False}, "the error sent back to a hidden layer lacks that layer's sigma': "
+                                              "multiply dC/dA by sigma' of that layer's output"),
+                    ({"transposed_back": True}, "the error went back through W transposed: sum delta_j W[j, i] "
+                                                "over the outputs j (your layer_backward's dA_in)")):
+                try:
+                    wrong = _variant(params, x, Y, **mistake)
+                except ValueError:  # W transposed does not fit a layer that is not square
+                    continue
+                if _matches(got, wrong):
+                    fail(ex, f"{where}: {why}")
+            if len(params) > 1 and _matches(got, [(gW.T, gb) for gW, gb in want]):
+                fail(ex, f"{where}: every dW is transposed: dW has W's shape (n_out, n_in)")
+            raise
         n += 1
     passed(ex, n)
+
+
+def _gradient_cases(seed: int):
+    """(name, f, W, exact gradient): a cubic, a sine over a 2-D array, a single entry, a network's cost."""
+    rng = np.random.default_rng(seed)
+    W = rng.uniform(-1.5, 1.5, 4)
+    yield "sum(W**3) / 3 for W of shape (4,)", (lambda W=W: float((W ** 3).sum() / 3)), W, W ** 2
+    W, C = rng.uniform(-2, 2, (2, 3)), rng.uniform(0.5, 1.5, (2, 3))
+    yield "sum(C * sin(W)) for W of shape (2, 3)", (lambda W=W, C=C: float((C * np.sin(W)).sum())), W, C * np.cos(W)
+    W = rng.uniform(-1, 1, (1, 1))
+    yield "exp(2 W) for W of shape (1, 1)", (lambda W=W: float(np.exp(2 * W).sum())), W, 2 * np.exp(2 * W)
+    params = mlp.init_params([4, 3, 2], seed=int(rng.integers(1000)), dtype=np.float64)
+    x, Y = rng.random((5, 4)), mlp.targets(rng.integers(0, 2, 5), 2, np.float64)
+    W = params[0][0]
+    yield ("the mean cost of a [4, 3, 2] network for its first W (3, 4)", (lambda: mlp.loss(params, x, Y)), W,
+           mlp.backprop(params, x, Y)[0][0])
+
+
+def _one_sided(f, W, eps: float) -> np.ndarray:
+    G = np.zeros(W.shape)
+    base = float(f())
+    for idx in np.ndindex(W.shape):
+        old = W[idx]
+        W[idx] = old + eps
+        G[idx] = (float(f()) - base) / eps
+        W[idx] = old
+    return G
+
+
+@recorded
+def numerical_gradient(fn) -> None:
+    """Exercise (lab 01): ``fn(f, W, eps) -> G``, the gradient of the number ``f()`` with respect to every entry of the
+    array ``W`` (which ``f`` reads), from calls of ``f`` alone, accurate to order eps^2; ``W`` restored on return."""
+    ex = "numerical gradient"
+    fn = capture.student(fn, ex=ex)
+    eps = 1e-4
+    n = 0
+    for name, f, W, exact in _gradient_cases(capture.seed(12)):
+        where = f"f = {name}, eps = {eps:g}"
+        before = W.copy()
+        got = call(ex, fn, f, W, eps)
+        if not np.allclose(W, before, rtol=1e-12, atol=1e-15):
+            fail(ex, f"{where}: W was left changed, by up to {np.abs(W - before).max():.3g}: put each entry back "
+                      "after its calls of f, or the network would go on with perturbed weights")
+        a = _array(ex, where, "your gradient", got)
+        if a.shape != W.shape:
+            fail(ex, f"{where}: your gradient has shape {a.shape}; it needs W's shape {W.shape}, one entry per "
+                      "entry of W")
+        if np.allclose(a, exact, rtol=1e-6, atol=1e-7):
+            n += 1
+            continue
+        if not a.any():
+            fail(ex, f"{where}: your gradient is all zeros: f() reads W itself, so change W in place (not a copy) "
+                      "before each call")
+        for wrong, why in ((_one_sided(f, W, eps), "a one-sided difference: its error shrinks only like eps "
+                            "(here about 1e-4); step both ways from W so that the first-order errors cancel"),
+                           (_one_sided(f, W, -eps), "a one-sided difference (backwards): its error shrinks only like "
+                            "eps; step both ways from W"),
+                           (2 * exact, "twice too large: the two points you compare are 2 eps apart")):
+            if np.allclose(a, wrong, rtol=1e-6, atol=1e-9):
+                fail(ex, f"{where}: {why}")
+        err = float(np.abs(a - exact).max())
+        fail(ex, f"{where}: your gradient differs from the exact one by up to {err:.3g} (allowed: 1e-7 plus 1e-6 "
+                  f"relative)\n  yours, first values:    {np.array2string(a.ravel()[:4], precision=6)}\n"
+                  f"  expected, first values: {np.array2string(exact.ravel()[:4], precision=6)}")
+    passed(ex, n)
+
+
+# ---- lab 02 ---------------------------------------------------------------------------------------------------------
+
+def _pairs(ex: str, where: str, got, k: int) -> list[tuple[int, int]]:
+    try:
+        pairs = [(a, b) for a, b in got]
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: expected a list of {k} (start, stop) pairs, got {type(got).__name__}",
+              "return [(start, stop), ...], one pair per shard")
+    for pair in pairs:
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair):
+            fail(ex, f"{where}: the pair {pair} holds {', '.join(type(v).__name__ for v in pair)}: bounds are whole "
+                      "numbers, as x[start:stop] needs (n / k is a float; n // k and n % k are ints)")
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def _named_split_mistake(n: int, k: int, pairs: list[tuple[int, int]]) -> str:
+    """What is wrong with ``pairs`` as k contiguous shards of range(n), longer ones first."""
+    base, extra = divmod(n, k)
+    if len(pairs) != k:
+        nonempty = sum(1 for lo, hi in shard_bounds(n, k) if hi > lo)
+        if k > n and len(pairs) == nonempty:
+            return (f"{len(pairs)} pairs for {k} workers: with more workers than samples some shards are empty; "
+                    "return all k pairs, an empty one as (i, i)")
+        return f"expected {k} (start, stop) pairs, one per worker, got {len(pairs)}"
+    sizes = [hi - lo for lo, hi in pairs]
+    if pairs[0][0] != 0:
+        return f"the first shard starts at {pairs[0][0]}, not at 0"
+    for i in range(1, k):
+        if pairs[i][0] != pairs[i - 1][1]:
+            return (f"shard {i} starts at {pairs[i][0]} but shard {i - 1} stops at {pairs[i - 1][1]}: each shard "
+                    "starts where the one before stops, with no gap and no overlap")
+    if min(sizes) < 0:
+        return f"a shard has a negative size (sizes {sizes})"
+    if pairs[-1][1] < n and sizes == [base] * k:
+        return (f"the last shard loses the remainder: the shards stop at {pairs[-1][1]}, so {n - pairs[-1][1]} of "
+                f"the {n} samples (n % k) are never used")
+    if pairs[-1][1] != n:
+        return f"the shards cover range({pairs[-1][1]}), not range({n})"
+    if k > 1 and sizes == [base] * (k - 1) + [base + extra]:
+        return (f"the last shard takes the whole remainder (sizes {sizes}): its worker is the slowest; spread the "
+                "n % k extra samples, one each")
+    if max(sizes) - min(sizes) > 1:
+        return (f"the sizes {sizes} differ by more than one: with ceil(n / k) per shard the last ones come up "
+                "short" if sizes[0] == -(-n // k) else f"the sizes {sizes} differ by more than one")
+    return f"the longer shards come last (sizes {sizes}); labkit's convention, which its pools use, puts them first"
+
+
+@recorded
+def split_batch(fn) -> None:
+    """Exercise (lab 02): ``fn(n, k) -> [(start, stop), ...]``, k contiguous shards of range(n) whose sizes differ by
+    at most one, the longer ones first (:func:`labkit.shards.shard_bounds`)."""
+    ex = "splitting a batch into shards"
+    fn = capture.student(fn, ex=ex)
+    cases = [(10, 4), (12, 4), (10, 3), (7, 7), (3, 5), (0, 3), (1, 1), (100, 1), (5, 2)]
+    rng = np.random.default_rng(capture.seed(30))
+    cases += [(int(rng.integers(0, 1000)), int(rng.integers(1, 18))) for _ in range(3)]
+    for n, k in cases:
+        where = f"n = {n} samples, k = {k} workers"
+        got = call(ex, fn, n, k)
+        pairs = _pairs(ex, where, got, k)
+        want = shard_bounds(n, k)
+        if pairs != want:
+            fail(ex, f"{where}: {_named_split_mistake(n, k, pairs)}\n  yours:    {pairs}\n  expected: {want}")
+    passed(ex, len(cases))
 
 
 @recorded
@@ -77,12 +397,141 @@ def accumulate(fn) -> None:
     passed(ex, n)
 
 
+def _scaled(grads, weights):
+    """sum_i weights[i] grads[i], layer by layer (NaN where a weighted gradient is NaN)."""
+    out = [(np.zeros_like(gW), np.zeros_like(gb)) for gW, gb in grads[0]]
+    for g, w in zip(grads, weights):
+        for (oW, ob), (gW, gb) in zip(out, g):
+            oW += w * gW
+            ob += w * gb
+    return out
+
+
+def _combine_cases(seed: int):
+    """(params, x, Y, k): equal shards, uneven ones, more workers than samples, one worker, and a random draw."""
+    rng = np.random.default_rng(seed)
+    draw = (([6, 5, 4], int(rng.integers(2, 20)), int(rng.integers(2, 7))),)
+    for sizes, batch, k in (([5, 4, 3], 8, 2), ([5, 4, 3], 13, 3), ([7, 6, 5, 3], 3, 5), ([5, 4, 3], 8, 1), *draw):
+        params = mlp.init_params(sizes, seed=int(rng.integers(1000)), dtype=np.float64)
+        x = rng.random((batch, sizes[0]))
+        yield params, x, mlp.targets(rng.integers(0, sizes[-1], batch), sizes[-1], np.float64), k
+
+
+@recorded
+def combine_shards(fn) -> None:
+    """Exercise (lab 02): ``fn(grads, counts) -> grads``, the batch's mean gradient from k workers' mean gradients
+    over shards of ``counts`` samples; an empty shard's mean is NaN."""
+    ex = "combining the workers' gradients"
+    fn = capture.student(fn, ex=ex)
+    n = 0
+    for params, x, Y, k in _combine_cases(capture.seed(31)):
+        bounds = shard_bounds(x.shape[0], k)
+        counts = [hi - lo for lo, hi in bounds]
+        grads = [mlp.backprop(params, x[lo:hi], Y[lo:hi]) if hi > lo else
+                 [(np.full_like(W, np.nan), np.full_like(b, np.nan)) for W, b in params] for lo, hi in bounds]
+        before = [a.copy() for g in grads for pair in g for a in pair]
+        where = f"batch of {x.shape[0]} over {k} worker{'s' if k > 1 else ''} (counts {counts})"
+        got = call(ex, fn, grads, counts)
+        _unchanged(ex, where, before, [a for g in grads for pair in g for a in pair], "the workers' gradients (grads)")
+        want = mlp.backprop(params, x, Y)
+        if _matches(got, want):
+            n += 1
+            continue
+        if not isinstance(got, (list, tuple)) or len(got) != len(params):
+            fail(ex, f"{where}: expected a list of {len(params)} (dW, db) pairs, like params, got "
+                 f"{type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+                 "return one (dW, db) pair per layer, as each worker's gradients are")
+        full = [g for g, c in zip(grads, counts) if c]
+        sizes = [c for c in counts if c]
+        batch = sum(counts)
+        try:
+            has_nan = any(np.isnan(np.asarray(a, dtype=float)).any() for pair in got for a in pair)
+        except (TypeError, ValueError):
+            has_nan = False
+        if has_nan and 0 in counts:
+            fail(ex, f"{where}: your result holds NaN: an empty shard's gradient (NaN, the mean of no samples) got "
+                      "in; 0 x NaN is still NaN, so leave out shards of size 0")
+        for wrong, why in (
+                (_scaled(full, [1 / len(full)] * len(full)), "a plain mean of the workers' gradients: right only when "
+                 "every shard has the same size; weight each by its number of samples"),
+                (_scaled(full, sizes), "the weighted sum is not divided by the batch size (the sum of counts)"),
+                (_scaled(full, [c / k for c in sizes]), "divided by the number of workers, not by the number of samples"),
+                (_scaled(full, [1] * len(full)), "the sum of the workers' means is no mean: weight each by its shard's "
+                 "size and divide by the batch size"),
+                (_scaled(full, [c / batch / batch for c in sizes]), "divided by the batch size twice")):
+            if _matches(got, wrong):
+                fail(ex, f"{where}: {why}")
+        compare_grads(ex, got, want, 1, where)  # names the first layer that differs, from the output back
+        n += 1
+    passed(ex, n)
+
+
+# ---- the registry ---------------------------------------------------------------------------------------------------
+
 _PER_SAMPLE = ("per_sample_sum", "_sample_forward", "_sample_output_error", "_sample_backward", "_times_act_prime")
 _MLP = ("backprop", "loss_and_grads", "loss_and_grads_unchecked", "backprop_per_sample", "loss_and_grads_per_sample",
-        "backprop_one", *_PER_SAMPLE)
+        "backprop_one", "output_error", "layer_backward", "act_prime_from_output", *_PER_SAMPLE)
 
 EXERCISES = (
-    Exercise("backprop", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in _MLP)),
+    Exercise("output_error", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in (
+        "output_error", "act_prime_from_output", "_sample_output_error", "_times_act_prime")), hints=(
+        "By the chain rule, dC/dz = dC/da * da/dz, element by element: each output a_j = sigma(z_j) depends on its "
+        "own z_j only.",
+        "For C = ||a - y||^2 / 2, dC/da is a - y.",
+        "da/dz is sigma'(z). Differentiate sigma(z) = 1 / (1 + exp(-z)) and write the result with sigma(z) itself.",
+        "sigma'(z) = sigma(z) (1 - sigma(z)), and the A you are given is sigma(z) already: no z needed. NumPy's * "
+        "multiplies element by element, every row at once.",
+    )),
+    Exercise("layer_backward", "01", "serial", references=("labkit.mlp:layer_backward", "labkit.mlp:_sample_backward"),
+             hints=(
+        "Write one sample first: z_j = sum_i W[j, i] a_i + b_j. Which z does W[j, i] change, and by how much?",
+        "dz_j/dW[j, i] = a_i, so for one sample dC/dW[j, i] = delta_j a_i: the outer product of delta and a. The "
+        "batch's cost is a sum over samples, so its gradient adds up every row's outer product.",
+        "Adding up the outer products of all rows is one matrix product of delta (B, n_out) and A_in (B, n_in): "
+        "transpose the one that makes the shape (n_out, n_in).",
+        "dz_j/db_j = 1, so db adds up delta's rows. And a_i reaches every z_j through W[j, i]: dC/da_i = sum_j "
+        "delta_j W[j, i], for every row at once one more product of delta with W, of shape (B, n_in).",
+    )),
+    Exercise("backprop", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in _MLP), hints=(
+        "Forward first, keeping every layer's output: A^0 = x, A^l = sigma(A^(l-1) W_l^T + b_l). The backward pass "
+        "needs them all.",
+        "The mean cost is (1/B) sum_k C_k: the last layer's error is your output error, divided by B.",
+        "Then go from the last layer to the first: your layer_backward gives the layer's dW and db, and dC/dA of the "
+        "layer below.",
+        "dC/dA^(l-1) is not yet the error of layer l-1, which is dC/dZ^(l-1): multiply by that layer's sigma', "
+        "written with its output A^(l-1). The input x has no sigma and needs no error.",
+    )),
+    Exercise("numerical_gradient", "01", "serial", references=("labkit.mlp:numerical_grad",), hints=(
+        "df/dW[idx] is how much f changes per unit change of the one entry W[idx], the others held fixed: change "
+        "that entry a little, call f again, and compare.",
+        "A one-sided difference, from W[idx] to W[idx] + eps, is off by about eps f''/2. Step both ways, to "
+        "W[idx] + eps and to W[idx] - eps: the first-order errors cancel, and the two points are 2 eps apart.",
+        "f() reads W itself, so change the entry in place, call f, and put the old value back before the next "
+        "entry. np.ndindex(W.shape) walks over every index of an array of any shape.",
+    )),
+    Exercise("split_batch", "02", "serial", references=("labkit.shards:shard_bounds",), hints=(
+        "Every shard gets at least n // k samples, and n % k samples are left over.",
+        "Give the left-over samples one each to the first n % k shards: shard i holds n // k + 1 samples if "
+        "i < n % k, else n // k.",
+        "Shard i starts where shard i - 1 stopped, and shard 0 at 0: keep a running start, or count what comes "
+        "before shard i (i shards of n // k, plus min(i, n % k) extra samples).",
+    )),
     Exercise("accumulate", "02", "serial", references=(*(f"labkit.mlp:{f}" for f in _PER_SAMPLE),
-                                                      "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop")),
+                                                      "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop"),
+             hints=(
+        "Loop over the rows of x: one sample is the batch x[k:k+1], Y[k:k+1], and "
+        "mlp.loss_and_grads_per_sample gives its loss and its (dW, db) per layer.",
+        "The mean over a batch of one sample is that sample's own gradient: add each layer's dW and db into acc's "
+        "two arrays for that layer, and add up the losses.",
+        "Add in place, acc_W += dW: acc_W = acc_W + dW makes a new array and leaves acc as it was. Return the "
+        "summed loss.",
+    )),
+    Exercise("combine_shards", "02", "serial",
+             references=("labkit.cpu_parallel:combine_means", "labkit.mlp:mean_from_sums"), hints=(
+        "A shard's mean gradient times its number of samples is its sum.",
+        "The batch's mean is the sum of every shard's sum, divided by the number of samples in the batch (all "
+        "counts added up), not by the number of workers.",
+        "An empty shard adds nothing, but 0 x NaN is NaN: skip the shards of size 0. Build new arrays layer by "
+        "layer (np.zeros_like), leaving the workers' arrays as they are.",
+    )),
 )

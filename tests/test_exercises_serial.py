@@ -1,0 +1,422 @@
+"""The exercises of labs 01-02 (labkit.check.serial): the right answer passes, a blank one is "not written yet", the
+typical wrong ones are each named by the check's message, and every failed run shows one more hint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labkit import check, cpu_parallel, mlp
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import exercise, in_lab
+from labkit.grading import replay
+from labkit.shards import shard_bounds
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts at the first hint: the count of failed runs is per process."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- right answers, as a student would write them ---------------------------------------------------------------
+
+def right_output_error(A, Y):
+    return (A - Y) * A * (1 - A)
+
+
+def right_layer_backward(delta, A_in, W):
+    return delta.T @ A_in, delta.sum(axis=0), delta @ W
+
+
+def right_backprop(params, x, Y):  # built from the two functions above, as lab 01 suggests
+    acts = [x]
+    for W, b in params:
+        acts.append(mlp.sigmoid(acts[-1] @ W.T + b))
+    delta = right_output_error(acts[-1], Y) / x.shape[0]
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        dW, db, dA = right_layer_backward(delta, acts[i], params[i][0])
+        grads[i] = (dW, db)
+        delta = dA * acts[i] * (1 - acts[i])
+    return grads
+
+
+def right_numerical_grad(f, W, eps):
+    G = np.zeros(W.shape)
+    for idx in np.ndindex(W.shape):
+        W[idx] += eps
+        up = f()
+        W[idx] -= 2 * eps
+        down = f()
+        W[idx] += eps  # back where it was, up to rounding
+        G[idx] = (up - down) / (2 * eps)
+    return G
+
+
+def right_split(n, k):
+    base, extra = divmod(n, k)
+    out, start = [], 0
+    for i in range(k):
+        stop = start + base + (i < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def right_accumulate(params, x, Y, acc):
+    total = 0.0
+    for k in range(len(x)):
+        loss, g = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])
+        total += loss
+        for (aW, ab), (gW, gb) in zip(acc, g):
+            aW += gW
+            ab += gb
+    return total
+
+
+def right_combine(grads, counts):
+    n = sum(counts)
+    out = [(np.zeros_like(W), np.zeros_like(b)) for W, b in grads[0]]
+    for g, c in zip(grads, counts):
+        if c:
+            for (oW, ob), (gW, gb) in zip(out, g):
+                oW += gW * c / n
+                ob += gb * c / n
+    return out
+
+
+RIGHT = {"output_error": right_output_error, "layer_backward": right_layer_backward, "backprop": right_backprop,
+         "numerical_gradient": right_numerical_grad, "split_batch": right_split, "accumulate": right_accumulate,
+         "combine_shards": right_combine}
+
+
+def test_every_exercise_of_labs_01_and_02_is_tested_here_and_has_hints():
+    declared = {e.name for e in in_lab("01") + in_lab("02")}
+    assert declared == set(RIGHT)
+    assert all(len(exercise(name).hints) >= 3 for name in declared)
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_right_answer_passes(name, capsys):
+    getattr(check, name)(RIGHT[name])
+    assert "✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        getattr(check, name)(blank)
+    assert "Step 1" not in str(e.value)
+
+
+def test_labkits_own_functions_pass_their_checks(capsys):
+    check.output_error(mlp.output_error)
+    check.layer_backward(mlp.layer_backward)
+    check.numerical_gradient(mlp.numerical_grad)
+    check.split_batch(shard_bounds)
+    check.combine_shards(cpu_parallel.combine_means)
+    assert capsys.readouterr().out.count("✔") == 5
+
+
+# ---- the typical mistakes, each named -----------------------------------------------------------------------------
+
+def _sig(a):
+    return 0.5 * (np.tanh(0.5 * a) + 1)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda A, Y: A - Y, r"sigma'\(z\) is missing"),
+    (lambda A, Y: (Y - A) * A * (1 - A), "sign is flipped"),
+    (lambda A, Y: (A - Y) * _sig(A) * (1 - _sig(A)), "applied sigma to a again"),
+    (lambda A, Y: (A - Y) * A, "not a alone"),
+    (lambda A, Y: (A - Y) * A * (1 - A) / len(A), "divided by the batch size"),
+    (lambda A, Y: ((A - Y) * A * (1 - A)).T, "transposed"),
+    (lambda A, Y: ((A - Y) * A * (1 - A)).sum(axis=0), r"has shape \(3,\), expected \(1, 3\)|has shape"),
+])
+def test_output_error_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.output_error(wrong)
+
+
+def test_output_error_that_changes_its_input_is_named():
+    def in_place(A, Y):
+        A -= Y
+        return A * 0
+    with pytest.raises(ExerciseError, match="changed A or Y"):
+        check.output_error(in_place)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda d, A, W: (A.T @ d, d.sum(axis=0), d @ W), "dW is transposed"),
+    (lambda d, A, W: (d.T @ A / len(d), d.sum(axis=0), d @ W), "dW is the mean over the batch"),
+    (lambda d, A, W: (d.T @ A, d, d @ W), "db is not summed over the batch"),
+    (lambda d, A, W: (d.T @ A, d.mean(axis=0), d @ W), "db is the mean over the batch"),
+    (lambda d, A, W: (d.T @ A, d.sum(axis=1), d @ W), "summed over the wrong axis"),
+    (lambda d, A, W: (d.T @ A, d.sum(axis=0), d @ W.T), "went through W transposed"),
+    (lambda d, A, W: (d.T @ A, d.sum(axis=0), d @ W * A * (1 - A)), "multiplied by sigma' of A_in"),
+    (lambda d, A, W: (d.T @ A, d.sum(axis=0)), "expected three arrays"),
+])
+def test_layer_backward_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.layer_backward(wrong)
+
+
+def _backprop_with(params, x, Y, output_prime=True, hidden_prime=True, back_T=False, dW_T=False, mean=True):
+    acts = [x]
+    for W, b in params:
+        acts.append(mlp.sigmoid(acts[-1] @ W.T + b))
+    out = acts[-1]
+    delta = (out - Y) * (out * (1 - out) if output_prime else 1) / (x.shape[0] if mean else 1)
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        grads[i] = ((acts[i].T @ delta) if dW_T else (delta.T @ acts[i]), delta.sum(axis=0))
+        if i:
+            W = params[i][0]
+            delta = (delta @ (W.T if back_T else W)) * (acts[i] * (1 - acts[i]) if hidden_prime else 1)
+    return grads
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"output_prime": False}, r"output error lacks sigma'\(z\)"),
+    ({"hidden_prime": False}, "lacks that layer's sigma'"),
+    ({"back_T": True}, "went back through W transposed|shape"),
+    ({"dW_T": True}, "transposed"),
+    ({"mean": False}, "batch size"),
+])
+def test_backprop_mistakes_are_named(kw, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.backprop(lambda p, x, Y: _backprop_with(p, x, Y, **kw))
+
+
+def test_backprop_transposed_back_pass_is_named_on_square_layers():
+    """On [5, 4, 3] W^T does not fit (the student's function raises); the square problem names the mistake."""
+    def back_T_where_it_fits(params, x, Y):
+        if any(W.shape[0] != W.shape[1] for W, _ in params[1:]):
+            return mlp.backprop(params, x, Y)
+        return _backprop_with(params, x, Y, back_T=True)
+    with pytest.raises(ExerciseError, match="went back through W transposed"):
+        check.backprop(back_T_where_it_fits)
+
+
+def _numerical_with(f, W, eps, forward=False, step=2, restore=True, on_copy=False):
+    G = np.zeros(W.shape)
+    for idx in np.ndindex(W.shape):
+        V = W.copy() if on_copy else W
+        old = V[idx]
+        V[idx] = old + eps
+        up = f()
+        V[idx] = old if forward else old - eps
+        down = f()
+        if restore:
+            V[idx] = old
+        G[idx] = (up - down) / (step * eps if not forward else eps)
+    return G
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"forward": True}, "a one-sided difference"),
+    ({"step": 1}, "twice too large"),
+    ({"restore": False}, "W was left changed"),
+    ({"on_copy": True}, "all zeros"),
+])
+def test_numerical_gradient_mistakes_are_named(kw, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.numerical_gradient(lambda f, W, eps: _numerical_with(f, W, eps, **kw))
+
+
+def test_numerical_gradient_of_the_wrong_shape_is_named():
+    with pytest.raises(ExerciseError, match="needs W's shape"):
+        check.numerical_gradient(lambda f, W, eps: right_numerical_grad(f, W, eps).ravel()[:, None])
+
+
+def _split_floor_only(n, k):
+    return [(i * (n // k), (i + 1) * (n // k)) for i in range(k)]
+
+
+def _split_last_takes_rest(n, k):
+    b = n // k
+    return [(i * b, (i + 1) * b if i < k - 1 else n) for i in range(k)]
+
+
+def _split_ceil(n, k):
+    c = -(-n // k)
+    return [(min(i * c, n), min((i + 1) * c, n)) for i in range(k)]
+
+
+def _split_longer_last(n, k):
+    sizes = [len(range(n)[i::k]) for i in range(k)][::-1]
+    starts = np.cumsum([0] + sizes[:-1])
+    return [(int(s), int(s + z)) for s, z in zip(starts, sizes)]
+
+
+def _split_skips_empty(n, k):
+    return [(a, b) for a, b in right_split(n, k) if b > a]
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_split_floor_only, "the last shard loses the remainder"),
+    (_split_last_takes_rest, "the last shard takes the whole remainder"),
+    (_split_ceil, "ceil"),
+    (_split_longer_last, "the longer shards come last"),
+    (_split_skips_empty, "some shards are empty; return all k pairs"),
+    (lambda n, k: [(i * n / k, (i + 1) * n / k) for i in range(k)], "whole numbers"),
+    (lambda n, k: [(a, b + 1 if b < n else b) for a, b in right_split(n, k)], "no gap and no overlap"),
+])
+def test_split_batch_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.split_batch(wrong)
+
+
+def _combine_with(grads, counts, weights):
+    out = [(np.zeros_like(W), np.zeros_like(b)) for W, b in grads[0]]
+    for g, c in zip(grads, counts):
+        if c:
+            w = weights(c, counts, len(grads))
+            for (oW, ob), (gW, gb) in zip(out, g):
+                oW += w * gW
+                ob += w * gb
+    return out
+
+
+def _nan_in(grads, counts):
+    n = sum(counts)
+    out = [(np.zeros_like(W), np.zeros_like(b)) for W, b in grads[0]]
+    for g, c in zip(grads, counts):
+        for (oW, ob), (gW, gb) in zip(out, g):
+            oW += gW * c / n
+            ob += gb * c / n
+    return out
+
+
+def _in_place(grads, counts):
+    n = sum(counts)
+    for g, c in zip(grads, counts):
+        for gW, gb in g:
+            gW *= c / n
+            gb *= c / n
+    return right_combine(grads, [1 if c else 0 for c in counts])
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda g, c: _combine_with(g, c, lambda ci, cs, k: 1 / sum(1 for x in cs if x)), "a plain mean"),
+    (lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci), "not divided by the batch size"),
+    (lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci / k), "divided by the number of workers"),
+    (lambda g, c: _combine_with(g, c, lambda ci, cs, k: 1), "the sum of the workers' means is no mean"),
+    (_nan_in, "empty shard's gradient"),
+    (_in_place, "changed the workers' gradients"),
+])
+def test_combine_shards_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.combine_shards(wrong)
+
+
+# ---- hints: one more step after each failed run -------------------------------------------------------------------
+
+WRONG = {"output_error": lambda A, Y: A - Y,
+         "layer_backward": lambda d, A, W: (A.T @ d, d.sum(axis=0), d @ W),
+         "backprop": lambda p, x, Y: _backprop_with(p, x, Y, output_prime=False),
+         "numerical_gradient": lambda f, W, eps: _numerical_with(f, W, eps, forward=True),
+         "split_batch": _split_floor_only,
+         "accumulate": lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2,
+         "combine_shards": lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci)}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_each_failed_run_shows_one_more_hint_and_never_the_whole_solution(name):
+    hints = exercise(name).hints
+    seen = []
+    for k in range(1, len(hints) + 2):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(WRONG[name])
+        message = str(e.value)
+        shown = min(k, len(hints))
+        assert f"Step {shown} of {len(hints)}" in message and hints[shown - 1] in message
+        assert ("run the check again" in message) == (shown < len(hints))
+        seen.append(message)
+    assert hints[-1] in seen[-1] and hints[-1] in seen[-2]  # the last hint repeats
+    with pytest.raises(ExerciseError) as e:  # a blank function gets no step
+        getattr(check, name)(blank)
+    assert "Step" not in str(e.value)
+
+
+# ---- the grader's replay gives the plain check's verdict ----------------------------------------------------------
+
+SEED = 777
+
+
+@pytest.mark.parametrize("name", ["output_error", "layer_backward", "numerical_gradient", "split_batch",
+                                  "combine_shards"])
+def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
+    def record(folder, fn):
+        monkeypatch.setenv(capture.ENV, str(folder))
+        monkeypatch.setenv(capture.SEED_ENV, str(SEED))
+        try:
+            getattr(check, name)(fn)
+            return True, ""
+        except ExerciseError as e:
+            return False, f"ExerciseError: {e}"
+        finally:
+            monkeypatch.delenv(capture.ENV)
+            monkeypatch.delenv(capture.SEED_ENV)
+
+    assert record(tmp_path / "right", RIGHT[name]) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
+    plain = record(tmp_path / "wrong", WRONG[name])
+    assert plain[0] is False
+    assert "\nStep 1 of " in plain[1]  # the student saw the mistake and the first step of the derivation...
+    student_saw = plain[1].split("\nStep 1 of ")[0]
+    assert replay.replay(name, tmp_path / "wrong", SEED) == (False, student_saw)  # ...the grader the mistake alone
+
+
+@pytest.mark.parametrize("name, reference", [("output_error", mlp.output_error), ("layer_backward", mlp.layer_backward),
+                                             ("numerical_gradient", mlp.numerical_grad), ("split_batch", shard_bounds),
+                                             ("combine_shards", cpu_parallel.combine_means)])
+def test_labkits_own_function_handed_in_is_named_by_the_grader(tmp_path, monkeypatch, name, reference):
+    monkeypatch.setenv(capture.ENV, str(tmp_path))
+    monkeypatch.setenv(capture.SEED_ENV, str(SEED))
+    getattr(check, name)(reference)
+    monkeypatch.delenv(capture.ENV)
+    passed, message = replay.replay(name, tmp_path, SEED)
+    assert not passed and "uses labkit's reference" in message
+
+
+# ---- labkit's own answers, the references ------------------------------------------------------------------------
+
+def test_labkits_pieces_compose_into_its_backprop_and_agree_with_finite_differences():
+    rng = np.random.default_rng(5)
+    params = mlp.init_params([6, 5, 4, 3], seed=2, dtype=np.float64)
+    x, Y = rng.random((7, 6)), mlp.targets(rng.integers(0, 3, 7), 3, np.float64)
+    acts = mlp.forward(params, x)
+    delta = mlp.output_error(acts[-1], Y) / len(x)
+    for i in range(len(params) - 1, -1, -1):
+        dW, db, dA = mlp.layer_backward(delta, acts[i], params[i][0])
+        want = mlp.backprop(params, x, Y)[i]
+        np.testing.assert_allclose(dW, want[0], rtol=1e-12)
+        np.testing.assert_allclose(db, want[1], rtol=1e-12)
+        delta = dA * acts[i] * (1 - acts[i])
+    W = params[1][0]
+    before = W.copy()
+    numeric = mlp.numerical_grad(lambda: mlp.loss(params, x, Y), W, 1e-5)
+    assert np.array_equal(W, before)
+    np.testing.assert_allclose(numeric, mlp.backprop(params, x, Y)[1][0], atol=1e-9)
+
+
+def test_combine_means_leaves_out_empty_shards_and_refuses_an_empty_batch():
+    rng = np.random.default_rng(6)
+    params = mlp.init_params([4, 3, 2], dtype=np.float64)
+    x, y = rng.random((3, 4)), rng.integers(0, 2, 3)
+    bounds = shard_bounds(3, 5)
+    nan = [(np.full_like(W, np.nan), np.full_like(b, np.nan)) for W, b in params]
+    grads = [mlp.backprop(params, x[a:b], y[a:b]) if b > a else nan for a, b in bounds]
+    got = cpu_parallel.combine_means(grads, [b - a for a, b in bounds])
+    for (gW, gb), (wW, wb) in zip(got, mlp.backprop(params, x, y)):
+        np.testing.assert_allclose(gW, wW, rtol=1e-12)
+        np.testing.assert_allclose(gb, wb, rtol=1e-12)
+    assert np.isnan(grads[-1][0][0]).all(), "the workers' arrays are left as they were"
+    with pytest.raises(ValueError, match="no samples"):
+        cpu_parallel.combine_means([nan], [0])
