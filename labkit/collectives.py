@@ -40,6 +40,14 @@ def op_name(op) -> str:
     return next((name for o, _, name in _OPS if o == op), repr(op))
 
 
+def combiner(op):
+    """The NumPy ufunc that combines two arrays as ``op`` does (np.add for MPI.SUM...)."""
+    found = next((ufunc for o, ufunc, _ in _OPS if o == op), None)
+    if found is None:
+        raise ValueError(f"no combiner for {op!r}: the collectives take MPI.SUM, MPI.PROD, MPI.MAX or MPI.MIN")
+    return found
+
+
 class CollectiveError(LabkitError, ValueError):
     """Ranks called a collective with inconsistent buffers (lengths, dtypes or shapes)."""
 

@@ -290,3 +290,47 @@ class ShardedSGD:
             b[...] = bv
         self.params[:] = self.original
         self.closed = True
+
+
+# -- the pieces of a data-parallel step, written out (labkit's answers to labs 07 and 08's exercises) --------------
+
+
+def ring_reduce_scatter(comm, x, op=None) -> np.ndarray:
+    """The first half of :func:`labkit.collectives.ring_allreduce`, alone: p - 1 steps around the ring, after which
+    rank r holds chunk (r + 1) mod p of the result; returns that chunk (a new array). ZeRO's sharded update
+    (:class:`ShardedSGD`) needs no more than this: each rank its block of the summed gradient."""
+    from mpi4py import MPI
+
+    from .collectives import combiner
+    from .shards import ring_chunks
+
+    combine = combiner(MPI.SUM if op is None else op)
+    p, r = comm.Get_size(), comm.Get_rank()
+    out = np.array(x).reshape(-1)
+    chunks = shard_bounds(out.size, p)
+    for step in range(p - 1):
+        (s_lo, s_hi), (r_lo, r_hi) = (chunks[c] for c in ring_chunks(r, step, p))
+        incoming = np.empty(r_hi - r_lo, dtype=out.dtype)
+        comm.Sendrecv(out[s_lo:s_hi], dest=(r + 1) % p, recvbuf=incoming, source=(r - 1) % p)
+        combine(out[r_lo:r_hi], incoming, out=out[r_lo:r_hi])
+    lo, hi = chunks[(r + 1) % p]
+    return out[lo:hi].copy()
+
+
+def mean_of_shards(comm, grads: list, n: int) -> list:
+    """The mean gradient over every rank's samples, on every rank, from this rank's mean ``grads`` over its own ``n``
+    samples (anything, NaN say, where n is 0): each rank's sum (mean times n) added up, divided by the batch size
+    (every rank's n added up). Returns new arrays."""
+    total = comm.allreduce(int(n))
+    if total == 0:
+        raise ValueError("no rank has any rows: the mean of no rows is undefined")
+    out = []
+    for gW, gb in grads:
+        pair = []
+        for a in (gW, gb):
+            mine = a * n if n else np.zeros_like(a)
+            summed = np.empty_like(mine)
+            comm.Allreduce(mine, summed)
+            pair.append(summed / total)
+        out.append(tuple(pair))
+    return out

@@ -2,6 +2,11 @@
 
 ``LABKIT_DEVICE=cpu`` forces NumPy; ``LABKIT_DEVICE=gpu`` demands CuPy and fails loudly without it.
 CuPy is imported only when asked for, so ``import labkit`` never needs a GPU.
+
+Lab 04 (offloading backprop's products to a device) finds here the references of its exercises (:func:`backward`,
+:func:`offload_time`, :func:`offload_crossover`) and its measurements: one offloaded product's copy and kernel
+times per width (:func:`offload_tables`), the costs fitted to them (:func:`fit_offload_costs`), the per-sample sweep
+(:func:`offload_sweep`) and one batch four ways (:func:`batch_step_times`).
 """
 
 from __future__ import annotations

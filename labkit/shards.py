@@ -24,6 +24,23 @@ def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def shard_of(n: int, parts: int, k: int) -> tuple[int, int]:
+    """Shard ``k`` of :func:`shard_bounds` (n, parts), computed alone: the rows one rank of ``parts`` takes, without
+    building every rank's list (labkit's answer to lab 08's first exercise)."""
+    if not 0 <= k < parts:
+        raise ValueError(f"k must be between 0 and parts - 1 = {parts - 1}, got {k}")
+    base, extra = divmod(n, parts)
+    start = k * base + min(k, extra)
+    return start, start + base + (1 if k < extra else 0)
+
+
+def ring_chunks(rank: int, step: int, parts: int) -> tuple[int, int]:
+    """(the chunk sent, the chunk received) by ``rank`` at step ``step`` (0 .. parts - 2) of a ring reduce-scatter on
+    ``parts`` ranks, in which every rank sends its own chunk first, to its right-hand neighbour (labkit's answer to
+    lab 07's first exercise). After the last step the rank holds chunk (rank + 1) mod parts finished."""
+    return (rank - step) % parts, (rank - step - 1) % parts
+
+
 def flatten(grads: list, extra: tuple[float, ...] = ()) -> np.ndarray:
     """All arrays of a params-like list of (W, b) pairs (then ``extra`` scalars) as one new contiguous 1-D buffer."""
     parts = [a.reshape(-1) for pair in grads for a in pair]

@@ -1,6 +1,13 @@
-"""Checks of labs 07-09, run on every MPI rank (``%%px``): the ring allreduce, the data-parallel step and the
-asynchronous parameter-server worker. Each runs the student's function on sub-communicators of 1..p ranks; the
-ranks agree after every case, so all raise together and none waits on a peer that gave up."""
+"""Checks of labs 07 and 08: the ring allreduce and the data-parallel step, each a ladder of exercises.
+
+Lab 07: the chunks a rank sends and receives at each step of the ring (a plain function), the reduce-scatter phase
+alone, then the whole ring allreduce. Lab 08: the rows of the batch one rank takes (a plain function), the mean
+gradient from every rank's mean over its own rows, then the whole data-parallel step.
+
+The MPI checks run on every rank (``%%px``): each runs the student's function on sub-communicators of 1..p ranks
+(:func:`collective_check`); the ranks agree after every case, so all raise together and none waits on a peer that
+gave up. Every check names the mistake it recognises.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +15,11 @@ import numpy as np
 
 from .. import mlp
 from ..errors import LabkitError
+from ..shards import ring_chunks as _ring_chunks
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, compare_grads, not_written, passed, recorded
+from .common import ExerciseError, call, compare_grads, fail, not_written, passed, recorded
 from .exercises import Exercise
-
-
-@recorded
-def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
-    """Exercise (lab 07): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
-
-    Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and
-    not divisible by the rank count, several dtypes and ops; compares with ``MPI_Allreduce``, checks that
-    ``x`` is untouched, and records the traffic: 2 (k - 1) messages per rank, all to the right-hand
-    neighbour, about 2 (k - 1)/k of the array in total. Every rank raises the same ExerciseError on failure.
-    """
-    from mpi4py import MPI
-
-    comm = comm or MPI.COMM_WORLD
-    ex = "ring allreduce"
-    fn = capture.student(fn, ex=ex)
-    cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
-
-    def run(sub, k):
-        for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
-            for dtype, op in cases:
-                yield lambda n=n, dtype=dtype, op=op: ring_case(fn, sub, k, n, dtype, op, timeout, ex)
-
-    collective_check(comm, ex, run)
 
 
 def collective_check(comm, ex: str, cases) -> None:
@@ -66,12 +50,145 @@ def collective_check(comm, ex: str, cases) -> None:
         passed(f"{ex} on 1 to {p} ranks", n_checks)
 
 
+# ==== lab 07, exercise 1: the chunks of each step (a plain function) ===============================================
+
+@recorded
+def ring_chunks(fn) -> None:
+    """Exercise (lab 07): ``fn(r, s, p) -> (send, recv)``, the chunks rank r sends to its right-hand neighbour and
+    receives from its left-hand one at step s = 0 .. p - 2 of the ring's reduce-scatter on p ranks, where at step 0
+    every rank sends its own chunk. Checked for every r and s on 2 to 9 ranks, and on one larger ring drawn afresh
+    whenever a notebook is graded."""
+    ex = "ring chunks"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(70))
+    n = 0
+    for p in [3, 2, *range(4, 10), int(rng.integers(10, 24))]:  # 3 first: the smallest ring where every rule shows
+        table = {}
+        for r in range(p):
+            for s in range(p - 1):
+                table[r, s] = _chunk_pair(ex, call(ex, fn, r, s, p), r, s, p)
+                n += 1
+        mistake = _ring_chunks_mistake(table, p)
+        if mistake:
+            fail(ex, f"p = {p}: {mistake[0]}", mistake[1])
+    passed(ex, n)
+
+
+def _chunk_pair(ex: str, got, r: int, s: int, p: int) -> tuple[int, int]:
+    where = f"p = {p}, rank {r}, step {s}"
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(ex, f"{where}: expected a pair (send, recv) of chunk numbers, got {type(got).__name__}"
+             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""), "end with `return send, recv`")
+    pair = []
+    for name, v in zip(("send", "recv"), got):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            fail(ex, f"{where}: {name} is {v!r} ({type(v).__name__}), expected a whole number",
+                 "a chunk's number is an int: use // and %, not /")
+        if not 0 <= v < p:
+            fail(ex, f"{where}: {name} is chunk {int(v)}, but the chunks are numbered 0 to p - 1 = {p - 1}",
+                 "the ring wraps around: the chunk before chunk 0 is chunk p - 1. Take the number mod p (Python's % "
+                 "gives 0 .. p - 1 even for a negative number)")
+        pair.append(int(v))
+    return pair[0], pair[1]
+
+
+def _ring_chunks_mistake(t: dict, p: int) -> tuple[str, str] | None:
+    """What is wrong with the table {(r, s): (send, recv)} of one ring, from the first rule it breaks (None: right)."""
+    steps = range(p - 1)
+    want = {(r, s): _ring_chunks(r, s, p) for r in range(p) for s in steps}
+    if t == want:
+        return None
+    if p > 2 and all(t[k] == want[k][::-1] for k in t):
+        return ("you return (recv, send)", "the pair is (send, recv): the chunk sent first")
+    for r in range(p):
+        if t[r, 0][0] != r:
+            return (f"at step 0 rank {r} sends chunk {t[r, 0][0]}",
+                    f"at step 0 every rank sends its own chunk: rank {r} sends chunk {r}")
+    if p > 2 and all(t[r, s][0] == (r + s) % p for r in range(p) for s in steps):
+        return ("step s sends chunk (r + s) mod p: the ring turns the wrong way",
+                "chunks travel to the right, so what a rank sends next is what came in from its left: a chunk "
+                "numbered lower, not higher")
+    for r in range(p):
+        left, right = (r - 1) % p, (r + 1) % p
+        for s in steps:
+            send, recv = t[r, s]
+            if recv == send:
+                return (f"at step {s} rank {r} receives chunk {recv}, the chunk it sends itself",
+                        f"rank {r} receives what its left-hand neighbour, rank {left}, sends at the same step")
+            if p > 2 and recv == t[right, s][0] and recv != t[left, s][0]:
+                return (f"at step {s} rank {r} receives chunk {recv}: that is what its right-hand neighbour, rank "
+                        f"{right}, sends", f"messages go to the right, so rank {r} receives from its left-hand "
+                        f"neighbour, rank {left}: chunk {t[left, s][0]} at step {s}")
+            if recv != t[left, s][0]:
+                return (f"at step {s} rank {r} receives chunk {recv}, but its left-hand neighbour, rank {left}, "
+                        f"sends chunk {t[left, s][0]} then", "what a rank receives is what its left-hand neighbour "
+                        "sends at the same step")
+    for r in range(p):
+        for s in range(p - 2):
+            if t[r, s + 1][0] != t[r, s][1]:
+                return (f"rank {r} receives and combines chunk {t[r, s][1]} at step {s}, but sends chunk "
+                        f"{t[r, s + 1][0]} at step {s + 1}", "a rank passes on the chunk it has just combined: "
+                        "each step adds one more rank's copy to it")
+    wrong = next(k for k in t if t[k] != want[k])
+    return f"rank {wrong[0]}, step {wrong[1]}: yours {t[wrong]}, expected {want[wrong]}", ""
+
+
+# ==== lab 07, exercises 2 and 3: the reduce-scatter, then the whole ring (MPI) =====================================
+
+@recorded
+def ring_reduce_scatter(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 07): ``fn(comm, x, op)`` must be the ring's reduce-scatter phase, returning (a new array) the one
+    chunk this rank holds finished after p - 1 steps. Call on every MPI rank (``%%px``).
+
+    Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and not
+    divisible by the rank count, three dtypes and ops; compares the chunk with ``MPI_Allreduce``'s, checks that ``x``
+    is untouched, and records the traffic: p - 1 messages per rank, all to the right-hand neighbour, one chunk each.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "ring reduce-scatter"
+    fn = capture.student(fn, ex=ex)
+    cases = [(np.float64, MPI.SUM), (np.int32, MPI.PROD), (np.float32, MPI.MAX)]
+
+    def run(sub, k):
+        for n in [2 * k + 3, 100, *sorted({0, 1, max(k - 1, 1), k + 1} - {2 * k + 3})]:  # the edge cases last
+            for dtype, op in cases:
+                yield lambda n=n, dtype=dtype, op=op: ring_case(fn, sub, k, n, dtype, op, timeout, ex, phase="rs")
+
+    collective_check(comm, ex, run)
+
+
+@recorded
+def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 07): ``fn(comm, x, op)`` must be a ring allreduce. Call on every MPI rank (``%%px``).
+
+    Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks, with lengths 0, 1, shorter than, equal to and
+    not divisible by the rank count, several dtypes and ops; compares with ``MPI_Allreduce``, checks that
+    ``x`` is untouched, and records the traffic: 2 (k - 1) messages per rank, all to the right-hand
+    neighbour, about 2 (k - 1)/k of the array in total. Every rank raises the same ExerciseError on failure.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "ring allreduce"
+    fn = capture.student(fn, ex=ex)
+    cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
+
+    def run(sub, k):
+        for n in sorted({0, 1, max(k - 1, 1), k + 1, 2 * k + 3, 1000}):
+            for dtype, op in cases:
+                yield lambda n=n, dtype=dtype, op=op: ring_case(fn, sub, k, n, dtype, op, timeout, ex)
+
+    collective_check(comm, ex, run)
+
+
 class RingMistake(LabkitError):
     """A student's ring did something no ring does (the message says what); raised at once, not after a timeout."""
 
 
 def _ring_comm(comm, timeout):
-    """A TrafficComm for the ring check that stops a student's function at once, naming the mistake, when it sends to
+    """A TrafficComm for the ring checks that stops a student's function at once, naming the mistake, when it sends to
     or receives from a rank other than its ring neighbours, or calls one of the library's own collectives."""
     from mpi4py import MPI
 
@@ -88,7 +205,7 @@ def _ring_comm(comm, timeout):
 
     def library(name: str):
         return RingMistake(f"your function called comm.{name}, the library's own collective. The exercise builds the "
-                           "allreduce from point-to-point messages: 2 (p - 1) steps of comm.Sendrecv, each sending one "
+                           "ring from point-to-point messages: steps of comm.Sendrecv, each sending one "
                            "chunk to the right-hand neighbour and receiving one from the left-hand one")
 
     class RingComm(TrafficComm):
@@ -137,48 +254,50 @@ def _wrong_values_hint(got, want, n, k, r, sent_messages) -> str:
     """What a ring that returns wrong values most likely got wrong, from which chunks are right."""
     if k > 1 and sent_messages == k - 1:
         return ("you sent p - 1 messages: the reduce-scatter ran, but the allgather phase is missing. After the "
-                "reduce-scatter rank r holds the full result only in chunk (r + 1) mod p; p - 1 more steps pass the "
-                "finished chunks around (send chunk (r - s + 1) mod p, store the received chunk (r - s) mod p)")
+                "reduce-scatter each rank holds one chunk finished; p - 1 more steps pass the finished chunks around")
     chunks = shard_bounds(n, k)
     right = [bool(np.allclose(got[lo:hi], want[lo:hi], rtol=1e-5)) for lo, hi in chunks]
     finished = chunks[(r + 1) % k]
     if k > 1 and finished[1] > finished[0] and right[(r + 1) % k] and not all(right):
-        return ("chunk (r + 1) mod p is right, so the reduce-scatter works; the allgather phase is wrong: in step s "
-                "send chunk (r - s + 1) mod p and store (do not combine) the received chunk (r - s) mod p")
-    return ("check which chunk you send and receive at each step: in the reduce-scatter, step s, rank r sends chunk "
-            "(r - s) mod p and receives chunk (r - s - 1) mod p, and combines it with its own copy")
+        return ("the chunk this rank finishes in the reduce-scatter is right, so the reduce-scatter works; the "
+                "allgather phase is wrong: it starts from the finished chunk, passes on what it received, and stores "
+                "(does not combine) what arrives")
+    return ("check which chunk you send and receive at each step (your my_ring_chunks), that the reduce-scatter combines "
+            "what arrives with op, and that the allgather stores it")
 
 
-def ring_case(fn, sub, k, n, dtype, op, timeout, ex) -> str | None:
-    """One check on one sub-communicator; returns what went wrong (or None), never raises."""
+def _ring_x(k, j, n, dtype, op):
+    """Rank j's x on a ring of k ranks (every rank can draw every rank's: the checks name a mistake from them)."""
+    from mpi4py import MPI
+
+    rng = np.random.default_rng(capture.seed(100 * k + j))
+    return (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
+
+
+def ring_case(fn, sub, k, n, dtype, op, timeout, ex, phase: str = "allreduce") -> str | None:
+    """One check on one sub-communicator (``phase`` "allreduce", or "rs": the reduce-scatter alone); returns what went
+    wrong (or None), never raises."""
     from ..collectives import op_name
 
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, n={n}, {np.dtype(dtype)}, MPI.{op_name(op)}, rank {r}"
-    x, before, want = _ring_inputs(sub, k, r, n, dtype, op)
+    x = _ring_x(k, r, n, dtype, op)
+    before = x.copy()
+    want = np.empty_like(x)
+    sub.Allreduce(x, want, op=op)
     work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
     tc = _ring_comm(work, timeout)
     got, error = _call_ring(fn, tc, x, op, where, ex)
-    if error is None:
+    if error is None and phase == "rs":
+        error = _scatter_result_error(got, x, before, want, n, k, r, tc.log, where, ex, dtype, op)
+    elif error is None:
         error = _ring_result_error(got, x, before, want, n, k, r, tc.log, where, ex)
     if error is None and k > 1 and n >= k:
-        error = _ring_traffic_error(tc.log, x.itemsize, n, k, r, where, ex)
+        error = _ring_traffic_error(tc.log, x.itemsize, n, k, r, where, ex, steps=k - 1 if phase == "rs" else 2 * (k - 1))
     if error:
         return error  # work is not freed: a rank may have abandoned an operation on it
     work.Free()
     return None
-
-
-def _ring_inputs(sub, k, r, n, dtype, op):
-    """This rank's x (drawn from its own seed), a copy to tell whether it changed, and MPI_Allreduce's answer."""
-    from mpi4py import MPI
-
-    rng = np.random.default_rng(capture.seed(100 * k + r))
-    x = (rng.integers(1, 4, n) if op == MPI.PROD else rng.integers(-50, 50, n)).astype(dtype)
-    before = x.copy()
-    want = np.empty_like(x)
-    sub.Allreduce(x, want, op=op)
-    return x, before, want
 
 
 def _call_ring(fn, tc, x, op, where, ex):
@@ -208,7 +327,10 @@ def _ring_result_error(got, x, before, want, n, k, r, log, where, ex) -> str | N
     if not isinstance(got, np.ndarray):
         return f"{ex} ({where}): returned {type(got).__name__}, expected a NumPy array"
     if got.shape != want.shape or got.dtype != want.dtype:
-        return f"{ex} ({where}): returned shape {got.shape} {got.dtype}, expected {want.shape} {want.dtype}"
+        hint = ("\nHint: that is one chunk: the reduce-scatter alone. The allgather phase is missing: it passes the "
+                "finished chunks around until every rank holds the whole result"
+                if got.ndim == 1 and got.size < n and got.dtype == want.dtype else "")
+        return f"{ex} ({where}): returned shape {got.shape} {got.dtype}, expected {want.shape} {want.dtype}{hint}"
     if not np.array_equal(x, before):
         return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and return it"
     if not np.allclose(got, want, rtol=1e-5):
@@ -219,8 +341,66 @@ def _ring_result_error(got, x, before, want, n, k, r, log, where, ex) -> str | N
     return None
 
 
-def _ring_traffic_error(log, itemsize, n, k, r, where, ex) -> str | None:
+def _scatter_result_error(got, x, before, want, n, k, r, log, where, ex, dtype, op) -> str | None:
+    """What is wrong with the chunk a reduce-scatter returned (type, size, which chunk, values) or with x, or None."""
+    chunks = shard_bounds(n, k)
+    f = (r + 1) % k  # the chunk rank r finishes when step 0 sends its own chunk
+    lo, hi = chunks[f]
+    if not isinstance(got, np.ndarray):
+        return f"{ex} ({where}): returned {type(got).__name__}, expected a NumPy array (the finished chunk)"
+    if not np.array_equal(x, before):
+        return f"{ex} ({where}): x was modified\nHint: work on a copy (out = x.copy()) and cut the chunks from it"
+    if got.dtype != x.dtype:
+        return f"{ex} ({where}): returned {got.dtype}, expected {x.dtype}, the dtype of x"
+    if got.shape != (hi - lo,):
+        if got.size == n and n > max(b - a for a, b in chunks):
+            return (f"{ex} ({where}): returned the whole array ({n} elements)\nHint: after the reduce-scatter only "
+                    f"one chunk is finished on each rank, here {hi - lo} elements: return a copy of just that chunk")
+        found = _which_values(got, x, want, chunks, n, k, r, f, dtype, op)
+        if found:
+            return f"{ex} ({where}): {found}"
+        return (f"{ex} ({where}): returned shape {got.shape}, expected ({hi - lo},), the one chunk rank {r} finishes"
+                "\nHint: which chunk has rank r combined with every other rank's copy after the last step?")
+    if np.allclose(got, want[lo:hi], rtol=1e-5):
+        return None
+    sent = sum(row[0] == r for row in log)
+    found = _which_values(got, x, want, chunks, n, k, r, f, dtype, op)
+    if found:
+        return f"{ex} ({where}): {found}"
+    bad = np.flatnonzero(~np.isclose(got, want[lo:hi], rtol=1e-5))
+    hint = (f"you sent {sent} message{'s' if sent != 1 else ''}: the reduce-scatter takes p - 1 = {k - 1} "
+            f"step{'s' if k != 2 else ''}" if sent != k - 1
+            else "check which chunk you send and receive at each step (your my_ring_chunks), and that you combine what "
+                 "arrives with op into your copy of that chunk")
+    return (f"{ex} ({where}): wrong values at {len(bad)} of {hi - lo} positions of the chunk, first at index "
+            f"{lo + bad[0]}: got {got[bad[0]]}, expected {want[lo + bad[0]]}\nHint: {hint}")
+
+
+def _which_values(got, x, want, chunks, n, k, r, f, dtype, op) -> str | None:
+    """Name what a wrong chunk holds instead: another chunk's total, this rank's own input, or one rank's input alone."""
+    def same(a):
+        return a.shape == got.shape and got.size > 0 and np.allclose(got, a, rtol=1e-5)
+
+    for j, (lo, hi) in enumerate(chunks):
+        if j != f and same(want[lo:hi]):
+            return (f"you returned the total of chunk {j}, but with every rank sending its own chunk at step 0, "
+                    f"rank {r} finishes chunk {f}\nHint: at step 0 rank r sends chunk r: your ring starts elsewhere")
+    lo, hi = chunks[f]
+    for j, (a, b) in enumerate(chunks):
+        if same(x[a:b]):
+            return (f"these are rank {r}'s own values for chunk {j}, never combined with the others'\nHint: return "
+                    "the chunk this rank received and combined at the last step")
+    for q in range(k):
+        if q != r and same(_ring_x(k, q, n, dtype, op)[lo:hi]):
+            return (f"the chunk holds rank {q}'s values alone: what arrives was stored over this rank's copy\n"
+                    "Hint: combine the received chunk with your copy (np.add for MPI.SUM, np.multiply for MPI.PROD, "
+                    "np.maximum, np.minimum), do not overwrite it")
+    return None
+
+
+def _ring_traffic_error(log, itemsize, n, k, r, where, ex, steps: int | None = None) -> str | None:
     """What is wrong with the messages this rank sent (to whom, how many, how many bytes), or None."""
+    steps = 2 * (k - 1) if steps is None else steps
     sent = [row for row in log if row[0] == r]
     if not sent:
         return (f"{ex} ({where}): no messages were recorded\nHint: use the buffer methods of comm "
@@ -229,16 +409,244 @@ def _ring_traffic_error(log, itemsize, n, k, r, where, ex) -> str | None:
     if any(dest != right for _, dest, _, _ in sent):
         return (f"{ex} ({where}): rank {r} sent to ranks {sorted({d for _, d, _, _ in sent})}; "
                 f"a ring sends only to its right-hand neighbour {right}")
-    if len(sent) != 2 * (k - 1):
-        return (f"{ex} ({where}): rank {r} sent {len(sent)} messages; a ring allreduce sends 2 (p - 1) = "
-                f"{2 * (k - 1)}: p - 1 in the reduce-scatter, p - 1 in the allgather")
+    if len(sent) != steps:
+        what = (f"a ring allreduce sends 2 (p - 1) = {steps}: p - 1 in the reduce-scatter, p - 1 in the allgather"
+                if steps == 2 * (k - 1) else
+                f"a reduce-scatter sends p - 1 = {steps}" + (": that is the whole allreduce, both phases; the "
+                                                              "reduce-scatter is the first" if len(sent) == 2 * steps else ""))
+        return f"{ex} ({where}): rank {r} sent {len(sent)} messages; {what}"
     nbytes = sum(b for _, _, b, _ in sent)
-    lo, hi = 2 * (k - 1) * (n // k) * itemsize, 2 * (k - 1) * -(-n // k) * itemsize
+    lo, hi = steps * (n // k) * itemsize, steps * -(-n // k) * itemsize
     if not lo <= nbytes <= hi:
-        return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; a ring sends about 2 (p - 1)/p of the array "
-                f"({lo} to {hi} bytes)\nHint: send one chunk of about n/p elements per step, not the whole array")
+        return (f"{ex} ({where}): rank {r} sent {nbytes} bytes; {steps} messages of one chunk each make "
+                f"{lo} to {hi} bytes\nHint: send one chunk of about n/p elements per step, not the whole array")
     return None
 
+
+# ==== lab 08, exercise 1: the rows of one rank (a plain function) ==================================================
+
+@recorded
+def rank_rows(fn) -> None:
+    """Exercise (lab 08): ``fn(batch, p, rank) -> (lo, hi)``, the rows x[lo:hi] of a batch that one of p ranks
+    backprops: floor(batch/p) each, the first batch % p ranks one more, in rank order. Checked for every rank of
+    batches of 0 to 13 rows and 100 on 1 to 8 ranks, and on large ones drawn afresh whenever a notebook is graded."""
+    ex = "rows of a rank"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(80))
+    cases = [(10, 4), (7, 3)] + [(b, p) for p in (1, 2, 3, 4, 5, 8) for b in (0, 1, 2, 3, 5, 7, 10, 12, 13, 100)]
+    cases += [(int(rng.integers(1000, 1_000_000)), int(rng.integers(9, 65))) for _ in range(2)]
+    n = 0
+    for batch, p in cases:
+        got = [_row_pair(ex, call(ex, fn, batch, p, r), batch, p, r) for r in range(p)]
+        n += p
+        want = shard_bounds(batch, p)
+        if got != want:
+            what, hint = _rows_mistake(got, want, batch, p)
+            fail(ex, f"batch = {batch} rows, p = {p} ranks: {what}\n  yours:    {_short(got)}\n  expected: "
+                 f"{_short(want)}", hint)
+    passed(ex, n)
+
+
+def _short(pairs) -> str:
+    return str(pairs) if len(pairs) <= 8 else f"{str(pairs[:4])[:-1]}, ..., {str(pairs[-2:])[1:]}"
+
+
+def _row_pair(ex: str, got, batch: int, p: int, r: int) -> tuple[int, int]:
+    where = f"batch = {batch} rows, p = {p} ranks, rank {r}"
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(ex, f"{where}: expected a pair (lo, hi), got {type(got).__name__}"
+             + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""),
+             "return this rank's two bounds only, `return lo, hi`, not every rank's")
+    for v in got:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            fail(ex, f"{where}: returned {got!r}, expected two whole numbers", "row numbers are ints: use // and %, not /")
+    return int(got[0]), int(got[1])
+
+
+def _rows_mistake(got, want, batch: int, p: int) -> tuple[str, str]:
+    """The first thing wrong with every rank's (lo, hi), named."""
+    base, extra = divmod(batch, p)
+    sizes = [hi - lo for lo, hi in got]
+    if all(hi == w - 1 for (_, hi), (_, w) in zip(got, want)) and all(lo == w for (lo, _), (w, _) in zip(got, want)):
+        return "every hi is one short", "hi is exclusive: x[lo:hi] holds rows lo .. hi - 1, so hi = lo + count"
+    if sizes == [hi - lo for lo, hi in want][::-1] and extra:
+        return ("the remainder goes to the last ranks instead of the first",
+                f"batch % p = {extra} rows are left over: they go one each to the first {extra} rank"
+                + ("s" if extra > 1 else "") + f", so rank{'s 0 to' if extra > 1 else ''} {extra - 1} take"
+                + ("" if extra > 1 else "s") + " one row more than the others")
+    if any(hi > batch or lo > batch for lo, hi in got):
+        r = next(r for r, (lo, hi) in enumerate(got) if hi > batch or lo > batch)
+        return (f"rank {r}'s rows {got[r][0]}:{got[r][1]} run past the end of the batch (row {batch - 1} is the last)",
+                "ceil(batch / p) rows each is more than there are: every rank gets batch // p, and only batch % p "
+                "ranks one more")
+    if got[0][0] != 0:
+        return f"rank 0 starts at row {got[0][0]}", "rank 0 takes the first rows: lo = 0"
+    for r in range(1, p):
+        if got[r][0] != got[r - 1][1]:
+            return (f"rank {r} starts at row {got[r][0]}, but rank {r - 1} stops at row {got[r - 1][1]}",
+                    "the shards follow each other with no gap and no overlap: rank r starts where rank r - 1 stops")
+    if sum(sizes) < batch:
+        return (f"{batch - sum(sizes)} of the {batch} rows belong to no rank",
+                f"batch // p = {base} rows each leaves batch % p = {extra} over: the first {extra} ranks take one more")
+    if max(sizes) - min(sizes) > 1:
+        return (f"the shards hold {sorted(set(sizes))} rows: sizes differ by more than one",
+                "balance the ranks: batch // p each, and one more for the first batch % p ranks")
+    return "these are not the floor + remainder shards", ""
+
+
+# ==== lab 08, exercise 2: the mean gradient over every rank's rows (MPI) ===========================================
+
+_MG_SIZES = [4, 3, 2]  # the network whose gradients the check averages
+
+
+def _mg_counts(k: int, rng) -> list[list[int]]:
+    """Rows per rank for the cases on k ranks: uneven (first: it tells the most mistakes apart), equal, some ranks with
+    none, all on the last rank, drawn."""
+    patterns = [[5, 2, 7, 1, 3, 6, 2, 4][:k] if k <= 8 else [1 + j % 5 for j in range(k)], [4] * k,
+                [0 if j % 2 == 0 else 3 + j for j in range(k)], [0] * (k - 1) + [6]]
+    drawn = [int(v) for v in rng.integers(0, 9, k)]
+    patterns.append(drawn if sum(drawn) else [1] * k)
+    out = []
+    for c in patterns:
+        if sum(c) and c not in out:
+            out.append(c)
+    return out
+
+
+def _mg_sums(k: int, case: int, j: int, n: int) -> list:
+    """Rank j's sum of per-sample gradients over its n rows (each rank can draw every rank's)."""
+    rng = np.random.default_rng(capture.seed(1000 * k + 10 * case + j))
+    sums = []
+    for a, b in zip(_MG_SIZES[:-1], _MG_SIZES[1:]):
+        sums.append((rng.normal(size=(b, a)) * max(n, 1) if n else np.zeros((b, a)),
+                     rng.normal(size=b) * max(n, 1) if n else np.zeros(b)))
+    return sums
+
+
+def _mg_mean(sums, n: int) -> list:
+    """The mean over n rows: NaN where there are none (the mean of nothing)."""
+    with np.errstate(invalid="ignore"):
+        return [(gW / n if n else np.full_like(gW, np.nan), gb / n if n else np.full_like(gb, np.nan))
+                for gW, gb in sums]
+
+
+@recorded
+def mean_gradient(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 08): ``fn(comm, grads, n) -> grads`` on every rank (``%%px``): ``grads`` is this rank's mean
+    gradient over its own ``n`` rows (NaN where n is 0); the result must be the mean over every rank's rows, the
+    same on every rank. Checked on 1..p ranks with equal, uneven and empty shares."""
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "mean gradient"
+    fn = capture.student(fn, ex=ex)
+
+    def run(sub, k):
+        for case, counts in enumerate(_mg_counts(k, np.random.default_rng(capture.seed(90 + k)))):
+            yield lambda case=case, counts=counts: mean_gradient_case(fn, sub, k, case, counts, timeout, ex)
+
+    collective_check(comm, ex, run)
+
+
+def mean_gradient_case(fn, sub, k, case, counts, timeout, ex) -> str | None:
+    """One set of shares on one sub-communicator; returns what went wrong (or None), never raises."""
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, rows per rank {counts}, rank {r}"
+    sums = [_mg_sums(k, case, j, counts[j]) for j in range(k)]
+    total = sum(counts)
+    want = [(sum(s[i][0] for s in sums) / total, sum(s[i][1] for s in sums) / total) for i in range(len(sums[0]))]
+    mine = _mg_mean(sums[r], counts[r])
+    work = sub.Dup()
+    try:
+        got, error = fn(_timed_comm(work, timeout), mine, counts[r]), None
+    except NotImplementedError:
+        got, error = None, not_written(ex)
+    except (ExerciseError, capture.NotRecorded) as e:
+        got, error = None, f"{e} ({where})"
+    except Exception as e:
+        got, error = None, f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
+    if error is None:
+        error = _mean_gradient_error(got, want, sums, counts, r, where, ex)
+    if error:
+        return error  # work is not freed: a rank may have abandoned an operation on it
+    work.Free()
+    return None
+
+
+def _mean_gradient_error(got, want, sums, counts, r, where, ex) -> str | None:
+    if not _dp_shaped(got, want):
+        return (f"{ex} ({where}): expected a list of {len(want)} (dW, db) pairs shaped like grads, got "
+                f"{type(got).__name__}\nHint: return one (dW, db) pair per layer, in the order of grads")
+    flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for g in got for a in g])
+
+    def of(pairs):
+        return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for g in pairs for a in g])
+
+    if np.allclose(flat, of(want), rtol=1e-9, atol=1e-12):
+        return None
+    k, total = len(counts), sum(counts)
+    if np.isnan(flat).any():
+        if 0 in counts:
+            return (f"{ex} ({where}): the result holds NaN\nHint: a rank with n = 0 rows holds NaN, the mean of "
+                    "nothing, and 0 x NaN is NaN: such a rank contributes zeros (np.zeros_like), not n x its mean")
+        return f"{ex} ({where}): the result holds NaN"
+    zero = [[(np.zeros_like(a), np.zeros_like(b)) for a, b in s] for s in sums]
+    means = [_mg_mean(sums[j], counts[j]) if counts[j] else zero[j] for j in range(k)]
+
+    def summed(parts, scale=1.0):
+        return np.sum([of(p) for p in parts], axis=0) * scale
+
+    named = [
+        (summed(means, 1 / k), "you averaged the ranks' means (divided by p): a rank with more rows must weigh "
+                               "more\nHint: the mean divides by the batch, not by p: add up every rank's sum (its "
+                               "mean times its n) and divide by the total number of rows"),
+        (summed(means, 1 / max(1, sum(c > 0 for c in counts))),
+         "you averaged the means of the ranks that have rows: a rank with more rows must weigh more\nHint: the mean "
+         "divides by the batch, not by the number of ranks"),
+        (summed(means), "you added up the ranks' means\nHint: each mean stands for n rows: weigh it by its n, then "
+                        "divide by the batch size"),
+        (summed(sums), "that is the sum over the whole batch\nHint: divide by the batch size, every rank's n added up"),
+        (summed(sums, 1 / k), "the mean divides by the batch, not by p\nHint: the batch size is every rank's n added "
+                              "up (comm.allreduce(n))"),
+        (of(means[r]), "each rank returned its own mean: the other ranks' rows are missing\nHint: add up over the "
+                       "ranks with comm.Allreduce, so every rank holds the total"),
+        (of(sums[r]) / total, "each rank returned only its own share; added up over the ranks it would be right\n"
+                              "Hint: sum the shares with comm.Allreduce, so every rank holds the total"),
+    ]
+    if counts[r]:
+        named.append((summed(sums) / counts[r], "you divided by this rank's n: the batch is every rank's rows\n"
+                                                "Hint: no rank knows the batch size: add up the n's too "
+                                                "(comm.allreduce(n))"))
+    for wrong, why in named:
+        if np.allclose(flat, wrong, rtol=1e-9, atol=1e-12):
+            return f"{ex} ({where}): {why}"
+    err = np.abs(flat - of(want)).max()
+    return (f"{ex} ({where}): differs from the mean over the whole batch by up to {err:.3g}\n"
+            f"  yours, first values:    {np.array2string(flat[:4], precision=5)}\n"
+            f"  expected, first values: {np.array2string(of(want)[:4], precision=5)}")
+
+
+def _timed_comm(comm, timeout):
+    """A TrafficComm whose lowercase ``allreduce`` of a number waits at most ``timeout`` too: a rank whose function
+    raised before the allreduce of the counts must not leave the others waiting for ever."""
+    from mpi4py import MPI
+
+    from ..collectives import wait_all
+    from ..traffic import TrafficComm
+
+    class TimedComm(TrafficComm):
+        def allreduce(self, obj, op=MPI.SUM):
+            if isinstance(obj, bool) or not isinstance(obj, (int, float, np.integer, np.floating)):
+                return self._comm.allreduce(obj, op=op)
+            a = np.array([obj])
+            out = np.empty_like(a)
+            wait_all([self._comm.Iallreduce(a, out, op)], self.timeout, "allreduce", self)
+            return type(obj)(out[0]) if type(obj) in (int, float) else out[0]
+
+    return TimedComm(comm, timeout=timeout)
+
+
+# ==== lab 08, exercise 3: the whole data-parallel step (MPI) =======================================================
 
 @recorded
 def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
@@ -277,8 +685,8 @@ def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
         error = _shares_not_summed(sub, got, want, where, ex)
     if error is None and shaped and any(np.isnan(np.asarray(a, dtype=np.float64)).any() for g in got for a in g):
         error = (f"{ex} ({where}): rank {r}'s gradients hold NaN: it used rows outside its shard {lo}:{hi} (the check "
-                 "puts NaN in the other ranks' rows)\nHint: each rank backprops only its floor + remainder share, "
-                 "lo, hi = shard_bounds(len(x), p)[rank], and the allreduce brings in the rest")
+                 "puts NaN in the other ranks' rows)\nHint: each rank backprops only its own rows, your my_rows"
+                 "(len(x), p, rank), and the allreduce brings in the rest")
     if error:
         return error  # work is not freed: a rank may have abandoned an operation on it
     work.Free()
@@ -310,10 +718,8 @@ def _own_rows_only(x, Y, lo, hi):
 
 def _call_dp(fn, work, timeout, params, x, Y, where, ex):
     """The student's ``fn(comm, params, x, Y)``: (what it returned, None), or (None, what went wrong) when it raised."""
-    from ..traffic import TrafficComm
-
     try:
-        return fn(TrafficComm(work, timeout=timeout), params, x, Y), None
+        return fn(_timed_comm(work, timeout), params, x, Y), None
     except NotImplementedError:
         return None, not_written(ex)
     except (ExerciseError, capture.NotRecorded) as e:
@@ -342,12 +748,67 @@ def _shares_not_summed(sub, got, want, where, ex) -> str | None:
     return None
 
 
-# the training run of the lab 09 check: layer sizes, learning rate, batch size, epochs
+# ==== the exercises =================================================================================================
+
 _COLLECTIVES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce", "recursive_doubling_allreduce",
                 "mpi_allreduce")
+_ALLREDUCES = tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES)
 
 EXERCISES = (
-    Exercise("ring_allreduce", "07", "mpi", references=tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES), mpi=True),
+    Exercise("ring_chunks", "07", "mpi", references=("labkit.shards:ring_chunks",), hints=(
+        "Whatever rank r receives at step s is what its left-hand neighbour, rank (r - 1) mod p, sends at that "
+        "same step.",
+        "A rank combines what it receives into its own copy of that chunk, and at the next step passes that chunk "
+        "on: what it sends at step s + 1 is what it received at step s.",
+        "So rank r's send starts at its own chunk r and, step by step, takes the number of the chunk that came from "
+        "the left. Write send as r minus something, recv from the left neighbour's send, and wrap both into 0 .. p - 1 "
+        "with % p.",
+    )),
+    Exercise("ring_reduce_scatter", "07", "mpi", mpi=True,
+             references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES), hints=(
+        "Work on a copy, out = x.copy(), cut into p chunks with shard_bounds(len(x), p). Each step is one "
+        "comm.Sendrecv: the chunk your my_ring_chunks says to send goes to the right-hand neighbour, the one it says to "
+        "receive comes from the left-hand one, into a new buffer of that chunk's size.",
+        "The chunk that arrives is a partial result, and so is your copy of it: combine them in place with op's "
+        "NumPy function (np.add for MPI.SUM, np.multiply, np.maximum, np.minimum), C.op_name(op) names it.",
+        "After p - 1 steps one chunk has been combined with every rank's copy: the one this rank received at the "
+        "last step, s = p - 2. Return a copy of that chunk, and nothing else.",
+    )),
+    Exercise("ring_allreduce", "07", "mpi", references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES),
+             mpi=True, hints=(
+        "Start as your reduce-scatter does, on out = x.copy(), but keep the whole of out: afterwards every rank holds "
+        "one chunk of it finished. The allgather passes the finished chunks around the same ring, in p - 1 more "
+        "steps, to the right again.",
+        "What arrives in the allgather is already the total: store it into out (Sendrecv can receive straight into "
+        "the slice of out); combining it again would count it twice.",
+        "At step 0 of the allgather a rank sends the chunk it finished; at step s + 1 it sends on the chunk it "
+        "received at step s, and it receives what its left-hand neighbour sends. Write these indices as you did "
+        "in my_ring_chunks, with the starting chunk one further on.",
+    )),
+    Exercise("rank_rows", "08", "mpi", references=("labkit.shards:shard_bounds", "labkit.shards:shard_of"), hints=(
+        "Every rank gets at least batch // p rows, and batch % p rows are left over: the first batch % p ranks "
+        "take one more each.",
+        "Rank r's rows start after those of ranks 0 .. r - 1: r ranks of batch // p rows, plus one for each of "
+        "those ranks that took an extra row. Count them without a loop.",
+        "Of ranks 0 .. r - 1, all r took an extra row if r <= batch % p, else batch % p of them: min says it. hi is "
+        "lo plus this rank's own number of rows (hi is exclusive).",
+    )),
+    Exercise("mean_gradient", "08", "mpi", mpi=True, references=("labkit.data_parallel:mean_of_shards",), hints=(
+        "The mean over the batch is the sum of every row's gradient divided by the number of rows in the batch. "
+        "A rank's mean times its n is the sum over its own rows.",
+        "Add up the ranks' sums with comm.Allreduce(send, recv), one call per array (recv = np.empty_like(send)). "
+        "No rank knows the batch size: the ranks' n add up the same way (comm.allreduce(n) for a number).",
+        "Divide by the batch size, not by p: a rank with more rows weighs more. A rank with n = 0 holds NaN, and "
+        "0 x NaN is NaN: it sends zeros (np.zeros_like).",
+    )),
     Exercise("data_parallel_step", "08", "mpi", mpi=True,
-             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD")),
+             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
+                         "labkit.data_parallel:mean_of_shards"), hints=(
+        "Every rank holds the same batch x, Y. Its own rows are your my_rows(len(x), p, rank): backprop only "
+        "those; the check fills the other ranks' rows with NaN.",
+        "mlp.backprop(params, x[lo:hi], Y[lo:hi]) is the mean gradient over this rank's rows. A rank with no rows "
+        "cannot backprop (ValueError): give it any gradient-shaped arrays, mlp.zeros_like(params) say.",
+        "Your my_mean_gradient turns every rank's mean over its own rows into the mean over the whole batch, the "
+        "same on every rank: the step is those three pieces in a row.",
+    )),
 )

@@ -180,3 +180,183 @@ def _copy_in(dev: _Device, bufs: list, W, delta) -> None:
 
 
 __all__ = ["MODES", "PHASES", "OffloadedBackprop", "transfer_breakdown"]
+
+
+# ---- lab 04: offloading one product, as a model and as a measurement ---------------------------------------------
+
+FLOAT_BYTES = 4  # the kernels take float32
+OFFLOAD_MODES = ("copy", "resident")
+
+
+def backward(xp, Ws, acts, delta) -> list:
+    """One sample's weight gradients, from the output layer back, on the array module ``xp`` (numpy or cupy).
+
+    ``Ws[i]`` (n_{i+1}, n_i) are the weights, ``acts[i]`` (n_i, 1) the sigmoid activations of the forward pass
+    (``acts[0]`` the input), ``delta`` (n_L, 1) the output layer's error dC/dz. Returns [nabla_W_0, ...,
+    nabla_W_{L-1}]. Lab 04's first exercise; :func:`labkit.mlp.backprop_one` does the same inside the whole step.
+    """
+    nabla = [None] * len(Ws)
+    for i in range(len(Ws) - 1, -1, -1):
+        nabla[i] = xp.dot(delta, acts[i].T)
+        if i:
+            delta = xp.dot(Ws[i].T, delta) * (acts[i] * (1 - acts[i]))
+    return nabla
+
+
+def sample_forward(params, x, y):
+    """One sample's forward pass as :func:`backward` takes it: (Ws, acts, delta), column vectors, sigmoid layers and
+    the quadratic cost's output error (a - y) a (1 - a); ``x`` one image (n_in,), ``y`` its label."""
+    acts = [np.asarray(x, dtype=params[0][0].dtype)[:, None]]
+    for W, b in params:
+        acts.append(mlp.sigmoid(W @ acts[-1] + b[:, None]))
+    target = np.zeros_like(acts[-1])
+    target[int(y)] = 1
+    return [W for W, _ in params], acts, (acts[-1] - target) * acts[-1] * (1 - acts[-1])
+
+
+def offload_time(n_out: int, n_in: int, costs: dict, resident: bool = False) -> float:
+    """Modelled seconds of one offloaded W^T delta, W (n_out, n_in) float32, from ``costs``: ``launch`` (s per kernel
+    launch), ``copy`` (s per copy, before its bytes move), ``bandwidth`` (bytes/s of a copy) and ``throughput``
+    (flop/s of the kernel). ``resident``: W is already on the device. The phases run one after another."""
+    arrays = (n_out, n_in) if resident else (n_out * n_in, n_out, n_in)  # what crosses the link, in floats
+    moving = sum(costs["copy"] + FLOAT_BYTES * n / costs["bandwidth"] for n in arrays)
+    return moving + costs["launch"] + 2 * n_out * n_in / costs["throughput"]
+
+
+def offload_crossover(widths, host, copy, kernel):
+    """The smallest width from which offloading beats the host at that width and every wider one, or None.
+
+    ``host``, ``copy``, ``kernel``: seconds, shape (repetitions, len(widths)); the offloaded time of a repetition is
+    its copy plus its kernel time. Each width is judged by medians, so one fluke repetition decides nothing."""
+    offloaded = np.median(np.asarray(copy, dtype=float) + np.asarray(kernel, dtype=float), axis=0)
+    wins = offloaded < np.median(np.asarray(host, dtype=float), axis=0)
+    if not wins[-1]:
+        return None
+    first = len(wins) - 1
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return widths[first]
+
+
+def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Seconds of one W^T delta for W of each width x ``n_in``, per mode ("copy", "resident"): a dict of tables
+    ``{"host", "copy", "kernel"}`` of shape (repeat, len(widths)), one row per repetition.
+
+    ``host`` is NumPy's ``W.T @ delta``; ``copy`` is everything of the offloaded product but its kernel (allocate,
+    copy in, copy out, free; in resident mode W is on the device already, so only delta and the result travel);
+    ``kernel`` the launch until the kernel has finished. Host and both modes take turns in every repetition, so
+    a slow moment of the machine touches them alike. The first round compiles and warms up and is not counted."""
+    from . import synchronize, wt_delta
+    from .loader import backend as kernels_backend
+
+    which = backend or kernels_backend()
+    if repeat < 1 or len(widths) == 0:
+        raise ValueError(f"need repeat >= 1 and at least one width, got {repeat} and {list(widths)}")
+    transfers = _transfers(which)
+    tables = {m: {k: np.zeros((repeat, len(widths))) for k in ("host", "copy", "kernel")} for m in OFFLOAD_MODES}
+    rng = np.random.default_rng(0)
+    for j, w in enumerate(widths):
+        W = rng.standard_normal((int(w), n_in)).astype(np.float32)
+        delta = rng.standard_normal(int(w)).astype(np.float32)
+        d_W = transfers[0](W)  # resident mode's weights, copied once
+        for r in range(-1, repeat):  # round -1: compile and warm up
+            for mode in OFFLOAD_MODES:
+                t = _offloaded_once(W, delta, d_W if mode == "resident" else None, transfers,
+                                    lambda *a: wt_delta(*a, backend=which), lambda: synchronize(which))
+                if r >= 0:
+                    tables[mode]["copy"][r, j], tables[mode]["kernel"][r, j] = t
+            t0 = time.perf_counter()
+            W.T @ delta
+            if r >= 0:
+                for mode in OFFLOAD_MODES:
+                    tables[mode]["host"][r, j] = time.perf_counter() - t0
+        del d_W
+    return tables
+
+
+def _transfers(which: str):
+    """(to_device, to_host, empty) of the kernels' back end: CuPy's copies and allocation, or the emulator's (host
+    memory: a copy is a memcpy)."""
+    if which == "cupy":
+        import cupy
+
+        return cupy.asarray, lambda d: d.get(), lambda n: cupy.empty(n, np.float32)
+    return np.copy, np.copy, lambda n: np.empty(n, np.float32)
+
+
+def _offloaded_once(W, delta, d_W, transfers, kernel, sync) -> tuple[float, float]:
+    """(seconds outside the kernel, seconds of the kernel) of one offloaded W^T delta; d_W given: W is resident."""
+    to_device, to_host, empty = transfers
+    sync()
+    t0 = time.perf_counter()
+    d_W = to_device(W) if d_W is None else d_W
+    d_delta, d_out = to_device(delta), empty(W.shape[1])
+    sync()
+    t1 = time.perf_counter()
+    kernel(d_W, d_delta, d_out)
+    sync()
+    t2 = time.perf_counter()
+    to_host(d_out)
+    del d_W, d_delta, d_out  # freed here: copy mode's W too (resident mode's stays with the caller)
+    sync()
+    return (t1 - t0) + (time.perf_counter() - t2), t2 - t1
+
+
+def fit_offload_costs(widths, n_in: int, tables: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """(costs, host) fitted to :func:`offload_tables`' medians: ``costs`` as :func:`offload_time` takes them (launch,
+    copy, bandwidth, throughput), ``host`` the host product's ``latency`` (s) and ``throughput`` (flop/s).
+
+    Copies: time = copies x copy + bytes / bandwidth over both modes (3 copies in copy mode, 2 resident); kernel and
+    host: time = latency + flops / throughput (:func:`labkit.costmodel.fit`, each point weighted by 1/t)."""
+    from ..costmodel import fit
+
+    w = np.asarray(widths, dtype=float)
+    med = {m: {k: np.median(t, axis=0) for k, t in tables[m].items()} for m in tables}
+    copies = np.concatenate([np.full_like(w, 3.0), np.full_like(w, 2.0)])
+    nbytes = FLOAT_BYTES * np.concatenate([w * n_in + w + n_in, w + n_in])
+    t_copy = np.concatenate([med["copy"]["copy"], med["resident"]["copy"]])
+    A = np.stack([copies, nbytes], axis=1) / t_copy[:, None]
+    per_copy, per_byte = np.linalg.lstsq(A, np.ones_like(t_copy), rcond=None)[0]
+    flops = 2 * w * n_in
+    kernel = fit(np.concatenate([flops, flops]), np.concatenate([med[m]["kernel"] for m in OFFLOAD_MODES]))
+    host = fit(flops, med["copy"]["host"])
+    costs = {"launch": kernel.alpha, "copy": max(float(per_copy), 0.0), "bandwidth": 1 / max(float(per_byte), 1e-15),
+             "throughput": kernel.bandwidth}
+    return costs, {"latency": host.alpha, "throughput": host.bandwidth}
+
+
+def host_time(n_out: int, n_in: int, host: dict) -> float:
+    """Modelled seconds of NumPy's W^T delta on the host, from :func:`fit_offload_costs`' ``host``."""
+    return host["latency"] + 2 * n_out * n_in / host["throughput"]
+
+
+def offload_sweep(widths, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, list[float]]:
+    """Median seconds of one batch (x, y) of per-sample backprop on [n_in, width, n_out] for each width: the host
+    loop (``mlp.loss_and_grads_per_sample``) and both modes of ``OffloadedBackprop``."""
+    from ..cpu_parallel import time_per_batch
+
+    ways = {"host": mlp.loss_and_grads_per_sample, "offloaded, copy": OffloadedBackprop("copy"),
+            "offloaded, resident": OffloadedBackprop("resident")}
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    for w in widths:
+        p = mlp.init_params([x.shape[1], int(w), n_out])
+        for k, fn in ways.items():
+            times[k].append(time_per_batch(fn, p, x, y, repeat=repeat))
+    return times
+
+
+def batch_step_times(width: int, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, float]:
+    """Median seconds of the loss and gradients of one batch (x, y) on [n_in, width, n_out], cross-entropy, four
+    ways: per sample on the host, per sample offloaded (resident), vectorised on the host, batched on the device
+    (``DeviceMLP``: everything on the device, the batch copied in and the gradients out included)."""
+    from ..cpu_parallel import time_per_batch
+    from .loader import backend
+    from .network import DeviceMLP
+
+    p = mlp.init_params([x.shape[1], int(width), n_out])
+    net = DeviceMLP(p, batch_size=x.shape[0], cost="cross_entropy")
+    ways = {"host, per sample": mlp.loss_and_grads_per_sample,
+            "offloaded per sample, resident": OffloadedBackprop("resident"),
+            "host, vectorised": mlp.loss_and_grads,
+            f"device, batched ({backend()})": lambda _p, xb, yb, **kw: net.loss_and_grads(xb, yb)}
+    return {k: time_per_batch(fn, p, x, y, repeat=repeat, cost="cross_entropy") for k, fn in ways.items()}

@@ -1,0 +1,386 @@
+"""Checks of lab 04: the two products of per-sample backprop written on an array module, the modelled time of one
+offloaded product, and the crossover width read from noisy timing tables."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import mlp
+from ..kernels import offload
+from . import capture
+from .common import call, fail, passed, recorded
+from .exercises import Exercise
+
+# ---- 1. the backward pass on xp --------------------------------------------------------------------------------------
+
+# (layer sizes, dtype): every layer 4 wide first, so that no mistake can hide behind a shape error; then every width
+# different, one layer (nothing to send back), single neurons, and lab 04's sizes in float32
+_BACKWARD_CASES = (([4, 4, 4, 4], np.float64), ([7, 6, 5, 3], np.float64), ([3, 2], np.float64),
+                   ([1, 1, 1], np.float64), ([784, 100, 10], np.float32))
+
+# the typical mistakes, as variants of the backward pass: (keyword arguments of _variant, what the check says)
+_BACKWARD_MISTAKES = (
+    (dict(outer="transposed"), "nabla_W is transposed: delta a^T has the shape of W, (n_out, n_in)"),
+    (dict(outer="output"), "nabla_W pairs delta with the activation that came OUT of the layer; the weights multiplied "
+                           "the one that went in"),
+    (dict(back="W"), "delta went back through W, not W^T: W maps the layer's input to its output, W^T sends the error "
+                     "from the output back to the input"),
+    (dict(back="none"), "delta was not sent back: every layer below the output needs the error sent back through the "
+                        "layers above it"),
+    (dict(prime="next"), "you multiplied by sigma'(z) of the wrong layer: the error sent back to acts[{up}] passes "
+                         "through the sigmoid that produced acts[{up}], not through the one above it"),
+    (dict(prime="none"), "the error sent back lost sigma'(z): it must pass back through the sigmoid as well as "
+                         "through W^T"),
+    (dict(prime="sigma_of_a"), "sigma'(z) from the output a is a (1 - a): a is sigma(z) already, do not apply the "
+                               "sigmoid to it again"),
+)
+
+
+def _forward(rng, sizes, dtype):
+    """Weights, the sigmoid activations of one sample's forward pass, and an output error, as column vectors."""
+    Ws = [(rng.standard_normal((n_out, n_in)) * 2 / np.sqrt(n_in)).astype(dtype) for n_in, n_out in zip(sizes, sizes[1:])]
+    acts = [rng.random((sizes[0], 1)).astype(dtype)]
+    for W in Ws:
+        acts.append(mlp.sigmoid(W @ acts[-1] + rng.standard_normal((W.shape[0], 1))).astype(dtype))
+    delta = (rng.standard_normal((sizes[-1], 1)) * acts[-1] * (1 - acts[-1])).astype(dtype)
+    return Ws, acts, delta
+
+
+def _variant(Ws, acts, delta, outer="right", back="right", prime="right"):
+    """The backward pass with one mistake (or none): the layers it gets to before a shape stops it."""
+    nabla = [None] * len(Ws)
+    try:
+        for i in range(len(Ws) - 1, -1, -1):
+            g = delta @ (acts[i + 1] if outer == "output" else acts[i]).T
+            nabla[i] = g.T if outer == "transposed" else g
+            if i:
+                sent = Ws[i] @ delta if back == "W" else delta if back == "none" else Ws[i].T @ delta
+                a = acts[i + 1] if prime == "next" else mlp.sigmoid(acts[i]) if prime == "sigma_of_a" else acts[i]
+                delta = sent if prime == "none" else sent * (a * (1 - a))
+                if delta.shape != (Ws[i].shape[1], 1):
+                    break
+    except ValueError:  # shapes that do not fit: this mistake cannot be made on these sizes
+        pass
+    return nabla
+
+
+def _close(a, b, dtype) -> bool:
+    rtol, atol = (1e-4, 1e-6) if dtype == np.float32 else (1e-7, 1e-12)
+    return a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol)
+
+
+@recorded
+def device_backward(fn) -> None:
+    """Exercise (lab 04): ``fn(xp, Ws, acts, delta) -> [nabla_W_0, ..., nabla_W_{L-1}]``, one sample's weight gradients
+    from the output layer back, written on the array module ``xp``; checked with xp = numpy against
+    :func:`labkit.offload.backward` on five networks (square layers, all widths different, one layer, single neurons,
+    [784, 100, 10] in float32), relative tolerance 1e-7 (float64) and 1e-4 (float32)."""
+    ex = "backward on xp"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(40))
+    for sizes, dtype in _BACKWARD_CASES:
+        Ws, acts, delta = _forward(rng, sizes, dtype)
+        kept = [a.copy() for a in (*Ws, *acts, delta)]
+        where = f"sizes {sizes} ({np.dtype(dtype)})"
+        got = call(ex, fn, np, Ws, acts, delta)
+        if any(not np.array_equal(a, b) for a, b in zip((*Ws, *acts, delta), kept)):
+            fail(ex, f"{where}: your function changed its inputs (Ws, acts or delta)",
+                 "compute new arrays (delta = ... makes a new one; delta *= ... changes the caller's)")
+        _compare_backward(ex, where, got, Ws, acts, delta, dtype)
+    passed(ex, len(_BACKWARD_CASES))
+
+
+def _compare_backward(ex, where, got, Ws, acts, delta, dtype) -> None:
+    """From the output layer back (as the error flows): the first wrong layer, and the mistake that explains it."""
+    L = len(Ws)
+    if not isinstance(got, (list, tuple)) or len(got) != L:
+        fail(ex, f"{where}: expected a list of {L} arrays, one nabla_W per layer, got {type(got).__name__}"
+             + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+             "make a list of len(Ws) entries and fill it from the last layer to the first")
+    want = offload.backward(np, Ws, acts, delta)
+    for i in range(L - 1, -1, -1):
+        layer = f"{where}, layer {i} " + ("(the output layer)" if i == L - 1 else "(counting from 0 at the input)")
+        try:
+            g = np.asarray(got[i], dtype=float)
+        except (TypeError, ValueError):
+            fail(ex, f"{layer}: nabla_W is a {type(got[i]).__name__}, not an array")
+        if _close(g, want[i], dtype):
+            continue
+        for kw, why in _BACKWARD_MISTAKES:
+            wrong = _variant(Ws, acts, delta, **kw)[i]
+            if wrong is not None and not _close(wrong, want[i], dtype) and _close(g, wrong, dtype):
+                fail(ex, f"{layer}: {why.format(up=i + 1)}")
+        if g.shape != want[i].shape:
+            fail(ex, f"{layer}: nabla_W has shape {g.shape}, expected {want[i].shape}, the shape of Ws[{i}]")
+        err = float(np.abs(g - want[i]).max())
+        fail(ex, f"{layer}: nabla_W differs from the reference by up to {err:.3g}"
+             + (", and the layers above it are right" if i < L - 1 else ""))
+
+
+# ---- 2. the time of one offloaded product ----------------------------------------------------------------------------
+
+_GPU = {"launch": 5e-6, "copy": 10e-6, "bandwidth": 25e9, "throughput": 1.5e12}   # an assumed GPU over PCIe
+_EMULATOR = {"launch": 3e-4, "copy": 2e-6, "bandwidth": 20e9, "throughput": 2e9}  # about labkit's CPU emulator
+_HUGE = 1e30  # a bandwidth or a throughput that makes its term vanish
+
+
+def _mode(resident: bool) -> str:
+    return "resident" if resident else "copy mode"
+
+
+@recorded
+def offload_time(fn) -> None:
+    """Exercise (lab 04): ``fn(n_out, n_in, costs, resident) -> seconds`` of one offloaded W^T delta. Each term alone
+    first (the other costs made zero or negligible): the bytes copied, the flops, the fixed costs of the copies and
+    the launch; then the whole time on shapes from 1 x 1 to 80,000 x 784, both modes, three sets of costs, relative
+    tolerance 1e-9."""
+    ex = "offload time"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(41))
+    drawn = (int(rng.integers(2, 400)), int(rng.integers(2, 400)))
+    shapes = (drawn, (30, 784), (100, 100), (1, 1), (80_000, 784))
+    n = 0
+    for resident in (False, True):
+        _copy_term(ex, fn, shapes[:3], resident)
+        _kernel_term(ex, fn, shapes[:3], resident)
+        _fixed_costs(ex, fn, drawn, resident)
+        n += 3
+    costs = (_GPU, _EMULATOR, {k: v * float(rng.uniform(0.5, 2.0)) for k, v in _GPU.items()})
+    for c in costs:
+        for shape in shapes:
+            for resident in (False, True):
+                got = _seconds(ex, fn, shape, c, resident)
+                want = offload.offload_time(*shape, c, resident)
+                if not np.isclose(got, want, rtol=1e-9, atol=0):
+                    fail(ex, f"W of {shape[0]} x {shape[1]}, {_mode(resident)}, costs {c}: your time is {got:.6g} s, "
+                         f"expected {want:.6g} s (each term alone was right)",
+                         "the phases run one after another, each waiting for the one before: their times add")
+        n += 1
+    passed(ex, n)
+
+
+def _seconds(ex, fn, shape, costs, resident) -> float:
+    got = call(ex, fn, shape[0], shape[1], dict(costs), resident)
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        fail(ex, f"expected a number of seconds, got {type(got).__name__}")
+
+
+def _copy_term(ex, fn, shapes, resident) -> None:
+    """Copies alone (no fixed costs, an instant kernel, 1 byte/s): the time is the bytes copied."""
+    costs = {"launch": 0.0, "copy": 0.0, "bandwidth": 1.0, "throughput": _HUGE}
+    got = {s: _seconds(ex, fn, s, costs, resident) for s in shapes}
+    for (n_out, n_in), b in got.items():
+        want = offload.FLOAT_BYTES * (n_out + n_in + (0 if resident else n_out * n_in))
+        if np.isclose(b, want, rtol=1e-9):
+            continue
+        where = f"the copies alone, W of {n_out} x {n_in}, {_mode(resident)}"
+        with_W = offload.FLOAT_BYTES * (n_out + n_in + n_out * n_in)
+        if resident and any(np.isclose(b, x, rtol=1e-9) for x in (with_W, with_W / 4)):
+            fail(ex, f"{where}: you copy W, but resident means W is already on the device: only the vectors delta and "
+                 "the result travel, so the copies grow with n, not n^2")
+        if np.isclose(b, want / offload.FLOAT_BYTES, rtol=1e-9):
+            fail(ex, f"{where}: you count {b:,.0f} floats as bytes: the bandwidth is in bytes per second, and a "
+                 f"float32 is {offload.FLOAT_BYTES} bytes")
+        if not resident and _grows_linearly(got):
+            fail(ex, f"{where}: the copy time must grow with the bytes copied: W alone is {n_out} x {n_in} floats, "
+                 "so the copies grow with n_out x n_in (n^2 for a square layer), not with n_out + n_in")
+        if np.isclose(b, want + offload.FLOAT_BYTES * (n_out - n_in), rtol=1e-9) and n_out != n_in:
+            fail(ex, f"{where}: the result copied back is W^T delta, one value per input: {n_in} floats, not {n_out}")
+        fail(ex, f"{where}: your copies take {b:,.6g} s at 1 byte/s, so they move {b:,.6g} bytes; expected {want:,} bytes")
+
+
+def _grows_linearly(got: dict) -> bool:
+    """Whether the (square) 100 x 100 case moved far less than 100 x 100 floats: a copy term without n_out x n_in."""
+    return got[(100, 100)] < offload.FLOAT_BYTES * 100 * 100
+
+
+def _kernel_term(ex, fn, shapes, resident) -> None:
+    """The kernel alone (no fixed costs, instant copies, 1 flop/s): the time is the kernel's flops."""
+    costs = {"launch": 0.0, "copy": 0.0, "bandwidth": _HUGE, "throughput": 1.0}
+    got = {s: _seconds(ex, fn, s, costs, resident) for s in shapes}
+    for (n_out, n_in), f in got.items():
+        want = 2 * n_out * n_in
+        if np.isclose(f, want, rtol=1e-9):
+            continue
+        where = f"the kernel alone, W of {n_out} x {n_in}, {_mode(resident)}"
+        if np.isclose(f, want / 2, rtol=1e-9):
+            fail(ex, f"{where}: you count {f:,.0f} flops: each entry of W is multiplied AND added, two flops")
+        if got[(100, 100)] < 100 * 100:
+            fail(ex, f"{where}: the kernel's work must grow with the entries of W, n_out x n_in, not with n_out + n_in")
+        fail(ex, f"{where}: your kernel takes {f:,.6g} s at 1 flop/s, so it does {f:,.6g} flops; expected {want:,}")
+
+
+def _fixed_costs(ex, fn, shape, resident) -> None:
+    """The fixed costs alone (instant bytes and flops): one launch, and one fixed cost per copy."""
+    huge = {"bandwidth": _HUGE, "throughput": _HUGE}
+    launches = _seconds(ex, fn, shape, {"launch": 1.0, "copy": 0.0, **huge}, resident)
+    if not np.isclose(launches, 1.0, rtol=1e-9):
+        yours = "has no launch in it" if abs(launches) < 1e-6 else f"is {launches:g} s"
+        fail(ex, f"the launch alone (launch = 1 s, nothing else costs), {_mode(resident)}: your time {yours}, "
+             "expected 1 s: one product is one kernel launch, and it pays costs['launch'] once")
+    copies = _seconds(ex, fn, shape, {"launch": 0.0, "copy": 1.0, **huge}, resident)
+    want = 2 if resident else 3
+    if not np.isclose(copies, want, rtol=1e-9):
+        why = ("resident: W is already on the device, so only delta goes in and the result comes out" if resident and
+               np.isclose(copies, 3) else "every array that crosses the link is one copy, and pays costs['copy'] once"
+               + (" (in copy mode: W and delta in, the result out)" if not resident else ""))
+        fail(ex, f"the fixed cost of the copies alone (copy = 1 s, nothing else costs), {_mode(resident)}: your time is "
+             f"{copies:g} s, so your copies pay costs['copy'] {copies:g} times; expected {want}: {why}")
+
+
+# ---- 3. the crossover width ------------------------------------------------------------------------------------------
+
+_WIDTHS = [100, 300, 1000, 3000, 10_000, 30_000]
+_SPREAD = np.array([0.97, 0.985, 1.0, 1.015, 1.03])  # 5 repetitions around each median, shuffled per width
+
+# (what the case is, offloaded time / host time of each width, the flukes: (repetition, width index, factor on the
+# offloaded time)); the widths and the timings are scaled by the check's draw
+_CROSSOVER_CASES = (
+    ("a clean crossover", [3, 2, 1.5, 0.7, 0.4, 0.2], ()),
+    ("no crossover", [5, 4, 3, 2, 1.5, 1.2], ()),
+    ("offloading wins at every width", [0.9, 0.8, 0.5, 0.3, 0.2, 0.1], ()),
+    ("offloading wins at the widest width only", [4, 3, 2, 1.5, 1.1, 0.9], ()),
+    ("a win by noise before the crossover", [2, 0.95, 1.3, 1.2, 0.8, 0.5], ()),
+    ("one slow repetition (a hiccup)", [3, 2, 1.4, 0.8, 0.6, 0.4], ((1, 3, 20.0),)),
+    ("one fast repetition (a fluke)", [3, 2, 1.5, 1.3, 0.7, 0.5], ((2, 3, 0.5),)),
+    ("a single width", [0.5], ()),
+)
+_COPY_SHARE = 0.6  # of the offloaded time: the kernel alone would win where the ratio is below 1 / (1 - 0.6)
+
+
+def _crossover_table(rng, widths, ratios, flukes):
+    """(host, copy, kernel), each (repetitions, widths), whose medians are host and ratio x host at each width."""
+    host_median = np.asarray(widths, dtype=float) * 784 * 2 / float(rng.uniform(5e9, 2e10))
+    shuffled = np.stack([rng.permutation(_SPREAD) for _ in widths], axis=1)
+    host = host_median * np.stack([rng.permutation(_SPREAD) for _ in widths], axis=1)
+    offloaded = np.asarray(ratios, dtype=float) * host_median * shuffled
+    for r, j, factor in flukes:
+        offloaded[r, j] *= factor
+    return host, _COPY_SHARE * offloaded, (1 - _COPY_SHARE) * offloaded
+
+
+def _first_of_last_run(widths, wins):
+    if not wins[-1]:
+        return None
+    first = len(wins) - 1
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return widths[first]
+
+
+def _crossover_mistakes(widths, host, copy, kernel):
+    """(answer, what the check says) of the typical mistakes on one table."""
+    med = lambda t: np.median(t, axis=0)  # noqa: E731
+    wins = med(copy + kernel) < med(host)
+    first_win = widths[int(np.argmax(wins))] if wins.any() else None
+    return (
+        (_first_of_last_run(widths, med(kernel) < med(host)),
+         "offloading costs the copies too: compare copy + kernel with the host, not the kernel alone"),
+        (first_win, "offloading won at that width but lost again at a wider one: a win that does not last is noise; "
+                    "the crossover is the width from which it keeps winning"),
+        (_first_of_last_run(widths, (copy + kernel).mean(0) < host.mean(0)),
+         "one slow repetition (a hiccup) moved your average: judge each width by a typical time that one fluke "
+         "cannot move"),
+        (_first_of_last_run(widths, (copy + kernel).min(0) < host.min(0)),
+         "the fastest repetition can be a fluke as much as the slowest can be a hiccup: judge each width by a typical "
+         "time that one fluke cannot move"),
+    )
+
+
+@recorded
+def offload_crossover(fn) -> None:
+    """Exercise (lab 04): ``fn(widths, host, copy, kernel) -> width or None``, the smallest width from which offloading
+    (copy + kernel) beats the host at that width and every wider one, from tables of (repetitions, widths) seconds.
+    Checked on synthetic tables: a clean crossover, none, at the first and at the last width, a win by noise, one
+    slow and one fast repetition, a single width, and one drawn afresh; the answer must be exactly the width, or None."""
+    ex = "offload crossover"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(42))
+    scale = int(rng.integers(1, 4))
+    ratios = np.sort(rng.uniform(0.2, 3.0, 6))[::-1]
+    drawn = ("a table drawn afresh", list(ratios), ())
+    for k, (what, ratio, flukes) in enumerate((*_CROSSOVER_CASES, drawn)):
+        widths = [w * scale for w in _WIDTHS[len(_WIDTHS) - len(ratio):]]
+        host, copy, kernel = _crossover_table(rng, widths, ratio, flukes)
+        want = offload.offload_crossover(widths, host, copy, kernel)
+        got = call(ex, fn, list(widths), host.copy(), copy.copy(), kernel.copy())
+        _judge_crossover(ex, f"case {k + 1}, {what} (widths {widths}, {host.shape[0]} repetitions)", got, want,
+                         widths, host, copy, kernel)
+    passed(ex, len(_CROSSOVER_CASES) + 1)
+
+
+def _same(got, want) -> bool:
+    if want is None or got is None:
+        return got is None and want is None
+    return isinstance(got, numbers.Real) and not isinstance(got, (bool, np.bool_)) and float(got) == float(want)
+
+
+def _judge_crossover(ex, where, got, want, widths, host, copy, kernel) -> None:
+    if _same(got, want):
+        return
+    if got is not None and (np.ndim(got) != 0 or not isinstance(got, numbers.Real) or isinstance(got, (bool, np.bool_))):
+        fail(ex, f"{where}: expected one width (a number) or None, got {type(got).__name__} {got!r}"[:300])
+    if got is not None and not any(_same(got, w) for w in widths) and any(_same(got, i) for i in range(len(widths))):
+        fail(ex, f"{where}: you returned {got!r}, an index; return the width itself ({want} here)")
+    for answer, why in _crossover_mistakes(widths, host, copy, kernel):
+        if not _same(answer, want) and _same(got, answer):
+            fail(ex, f"{where}: you returned {got}, expected {want}: {why}")
+    if want is None:
+        if _same(got, widths[-1]):
+            fail(ex, f"{where}: no crossover should give None, not the last width: offloading loses even at "
+                 f"{widths[-1]}")
+        fail(ex, f"{where}: offloading does not win at the widest width, so there is no crossover: return None, "
+             f"not {got!r}")
+    if got is None:
+        why = ""
+        if want == widths[-1]:
+            why = ": it wins at the widest width, and that is a crossover even with nothing wider to confirm it"
+        elif want == widths[0]:
+            why = f": it wins at every width, so the crossover is the first one, {widths[0]}"
+        fail(ex, f"{where}: offloading wins from width {want} on, but you returned None{why}")
+    if want == widths[0] and len(widths) > 1 and _same(got, widths[1]):
+        fail(ex, f"{where}: you returned {got}, expected {want}: offloading wins at every width, the first one included "
+             "(does your search start at index 1?)")
+    fail(ex, f"{where}: you returned {got!r}, expected {want}")
+
+
+EXERCISES = (
+    Exercise("device_backward", "04", "offload",
+             references=("labkit.kernels.offload:backward", "labkit.mlp:backprop_one", "labkit.mlp:_sample_backward"),
+             hints=(
+                 "Go from the last layer to the first. Layer i's weights Ws[i] take acts[i] (n_in values) to the layer's "
+                 "output (n_out values); nabla_W for layer i has the shape of Ws[i], (n_out, n_in).",
+                 "nabla_W is the outer product of two column vectors: the layer's error delta (n_out, 1) and the "
+                 "activation that went into the layer. Which order of the two gives (n_out, n_in)?",
+                 "To send delta back through layer i, multiply it by the transpose of Ws[i]: (n_in, n_out) times "
+                 "(n_out, 1) gives one value per input of the layer.",
+                 "The error arriving at acts[i] must also pass back through the sigmoid that made acts[i]: multiply it, "
+                 "entry by entry, by that sigmoid's derivative, which you can compute from its output a as a (1 - a).",
+                 "Layer 0 needs no error sent back (its input is the data). Write the products with xp.dot or @, and "
+                 "make any new array with xp, so the same lines run on CuPy arrays.",
+             )),
+    Exercise("offload_time", "04", "offload", references=("labkit.kernels.offload:offload_time",), hints=(
+        "List what crosses the link in one offloaded W^T delta: which arrays go to the device, which comes back. "
+        "With resident=True, which of them is there already?",
+        "Each copy pays costs['copy'] once, plus its bytes over costs['bandwidth']. A float32 is 4 bytes: count the "
+        "floats of each array you copy from n_out and n_in.",
+        "The kernel pays costs['launch'] once, plus its flops over costs['throughput']. It multiplies each entry of W by "
+        "an entry of delta and adds the product to a sum.",
+        "The phases run one after another: add their times. Then look at your sum: which terms grow with n_out x n_in "
+        "(n^2 for a square layer), and which only with n_out + n_in?",
+    )),
+    Exercise("offload_crossover", "04", "offload", references=("labkit.kernels.offload:offload_crossover",), hints=(
+        "Each row of a table is one repetition, each column one width. Reduce the repetitions of each width to one "
+        "typical time that a single fluke, too slow or too fast, cannot move: the median over axis 0.",
+        "The offloaded time of a repetition is its copy time plus its kernel time. Offloading wins at a width where its "
+        "typical time is strictly below the host's: a boolean array, one entry per width.",
+        "A win followed by a loss at a wider width is noise. The crossover is the first width of the unbroken run of "
+        "wins that reaches the widest width: walk back from the widest width while offloading wins.",
+        "If offloading loses at the widest width there is no such run: return None. If it wins everywhere, the run "
+        "starts at widths[0]. Return the width, not its index.",
+    )),
+)

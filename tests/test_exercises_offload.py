@@ -1,0 +1,350 @@
+"""Lab 04's exercises (labkit/check/offload.py): the right answer passes, a blank one is "not written yet", each
+typical mistake is named by the check's message, the hints come one more after each failed run, and the grader's
+replay gives the plain check's verdict. Also the lesson helpers of labkit.kernels.offload that lab 04 calls."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import needs_cxx
+
+from labkit import check, mlp
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import in_lab
+from labkit.kernels import offload
+
+# ---- the right answers, as a student would write them ----------------------------------------------------------------
+
+
+def right_backward(xp, Ws, acts, delta):
+    nabla = [None] * len(Ws)
+    for i in range(len(Ws) - 1, -1, -1):
+        nabla[i] = xp.dot(delta, acts[i].T)
+        if i:
+            delta = xp.dot(Ws[i].T, delta) * acts[i] * (1 - acts[i])
+    return nabla
+
+
+def right_time(n_out, n_in, costs, resident=False):
+    floats = [n_out, n_in] if resident else [n_out * n_in, n_out, n_in]
+    copies = sum(costs["copy"] + 4 * n / costs["bandwidth"] for n in floats)
+    return copies + costs["launch"] + 2 * n_out * n_in / costs["throughput"]
+
+
+def right_crossover(widths, host, copy, kernel):
+    return first_of_last_run(widths, np.median(copy + kernel, axis=0) < np.median(host, axis=0))
+
+
+def first_of_last_run(widths, wins):
+    if not wins[-1]:
+        return None
+    first = len(widths) - 1
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return widths[first]
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+RIGHT = {"device_backward": right_backward, "offload_time": right_time, "offload_crossover": right_crossover}
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts at the first hint, as a fresh kernel does."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_right_answer_passes(name, capsys):
+    getattr(check, name)(RIGHT[name])
+    assert "✔" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        getattr(check, name)(blank)
+    assert "Step" not in str(e.value)
+
+
+def test_the_three_exercises_are_lab_04s_with_hints():
+    assert sorted(e.name for e in in_lab("04")) == sorted(RIGHT)
+    for e in in_lab("04"):
+        assert len(e.hints) >= 4 and e.module == "offload" and e.references
+
+
+# ---- exercise 1: the backward pass on xp -----------------------------------------------------------------------------
+
+
+def backward_with(outer="right", back="right", prime="right"):
+    def fn(xp, Ws, acts, delta):
+        nabla = [None] * len(Ws)
+        for i in range(len(Ws) - 1, -1, -1):
+            a = acts[i + 1] if outer == "output" else acts[i]
+            nabla[i] = xp.dot(a, delta.T) if outer == "transposed" else xp.dot(delta, a.T)
+            if i:
+                sent = xp.dot(Ws[i], delta) if back == "W" else delta if back == "none" else xp.dot(Ws[i].T, delta)
+                p = acts[i + 1] if prime == "next" else mlp.sigmoid(acts[i]) if prime == "sigma_of_a" else acts[i]
+                delta = sent if prime == "none" else sent * p * (1 - p)
+        return nabla
+    return fn
+
+
+def changes_delta(xp, Ws, acts, delta):
+    nabla = right_backward(xp, Ws, acts, delta)
+    delta *= 2
+    return nabla
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (backward_with(outer="transposed"), r"layer 2 \(the output layer\): nabla_W is transposed"),
+    (backward_with(outer="output"), r"layer 2 \(the output layer\): nabla_W pairs delta with the activation that came OUT"),
+    (backward_with(back="W"), r"layer 1 \(counting from 0 at the input\): delta went back through W, not W\^T"),
+    (backward_with(back="none"), r"layer 1 .*: delta was not sent back"),
+    (backward_with(prime="next"), r"layer 1 .*: you multiplied by sigma'\(z\) of the wrong layer"),
+    (backward_with(prime="none"), r"layer 1 .*: the error sent back lost sigma'\(z\)"),
+    (backward_with(prime="sigma_of_a"), r"a is sigma\(z\) already"),
+    (changes_delta, "changed its inputs"),
+    (lambda xp, Ws, acts, delta: right_backward(xp, Ws, acts, delta)[1:], "expected a list of 3 arrays"),
+    (lambda xp, Ws, acts, delta: [g + 1e-3 for g in right_backward(xp, Ws, acts, delta)],
+     r"layer 2 \(the output layer\): nabla_W differs from the reference by up to"),
+    (lambda xp, Ws, acts, delta: 1 / 0, "your function raised ZeroDivisionError"),
+])
+def test_backward_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.device_backward(wrong)
+
+
+def test_backward_on_single_neurons_and_one_layer():
+    """The cases where a shape cannot give a mistake away: [1, 1, 1] (everything 1 x 1) and [3, 2] (one layer)."""
+    rng = np.random.default_rng(0)
+    from labkit.check.offload import _forward
+
+    for sizes in ([1, 1, 1], [3, 2]):
+        Ws, acts, delta = _forward(rng, sizes, np.float64)
+        got, want = right_backward(np, Ws, acts, delta), offload.backward(np, Ws, acts, delta)
+        assert len(got) == len(sizes) - 1 and all(np.allclose(g, w) for g, w in zip(got, want))
+
+
+# ---- exercise 2: the time of one offloaded product -------------------------------------------------------------------
+
+
+def time_with(bytes_per=4, w_floats="n_out*n_in", resident_ok=True, copies=None, flops=2, combine="sum",
+              result="n_in", launches=1):
+    def fn(n_out, n_in, costs, resident=False):
+        back = n_in if result == "n_in" else n_out
+        arrays = [n_out, back] if resident and resident_ok else [n_out * n_in if w_floats == "n_out*n_in" else n_out + n_in,
+                                                                 n_out, back]
+        moving = sum(bytes_per * n / costs["bandwidth"] for n in arrays)
+        fixed = costs["copy"] * (len(arrays) if copies is None else copies) + launches * costs["launch"]
+        kernel = flops * n_out * n_in / costs["throughput"]
+        return fixed + (moving + kernel if combine == "sum" else max(moving, kernel))
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (time_with(bytes_per=1), "you count .* floats as bytes: the bandwidth is in bytes per second"),
+    (time_with(w_floats="n_out+n_in"), r"the copy time must grow with the bytes copied: .* \(n\^2 for a square layer\)"),
+    (time_with(resident_ok=False), "resident means W is already on the device"),
+    (time_with(result="n_out"), "the result copied back is W\\^T delta, one value per input"),
+    (time_with(flops=1), "each entry of W is multiplied AND added, two flops"),
+    (time_with(launches=0), "the launch alone .* your time has no launch in it"),
+    (time_with(launches=2), "one product is one kernel launch"),
+    (time_with(copies=1), r"your copies pay costs\['copy'\] 1 times; expected 3"),
+    (time_with(combine="max"), "each term alone was right(.|\n)*their times add"),
+    (lambda n_out, n_in, costs, resident=False: "soon", "expected a number of seconds, got str"),
+    (lambda n_out, n_in, costs, resident=False: costs["latency"], "your function raised KeyError"),
+])
+def test_offload_time_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.offload_time(wrong)
+
+
+def test_offload_time_resident_with_its_own_copy_count_is_named():
+    """Resident mode with copy mode's three copies: W's copy dropped from the bytes but not from the count."""
+    def three_copies(n_out, n_in, costs, resident=False):
+        return right_time(n_out, n_in, costs, resident) + (costs["copy"] if resident else 0)
+
+    with pytest.raises(ExerciseError, match="resident: W is already on the device, so only delta goes in"):
+        check.offload_time(three_copies)
+
+
+# ---- exercise 3: the crossover width ---------------------------------------------------------------------------------
+
+
+def crossover_with(reduce="median", copies=True, rule="last run", index=False, none="None", start=0):
+    typical = {"median": lambda t: np.median(t, axis=0), "mean": lambda t: t.mean(0), "min": lambda t: t.min(0)}[reduce]
+
+    def fn(widths, host, copy, kernel):
+        wins = typical(copy + kernel if copies else kernel) < typical(host)
+        if rule == "first win":
+            found = [i for i in range(start, len(wins)) if wins[i]]
+            i = found[0] if found else None
+        elif not wins[-1]:
+            i = None
+        else:
+            i = len(wins) - 1
+            while i > start and wins[i - 1]:
+                i -= 1
+        if i is None:
+            return {"None": None, "last": widths[-1], "nan": math.nan, "zero": 0}[none]
+        return i if index else widths[i]
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (crossover_with(none="last"), "case 2, no crossover .*: no crossover should give None, not the last width"),
+    (crossover_with(none="nan"), "case 2, no crossover .*: offloading does not win at the widest width, .* return None"),
+    (crossover_with(copies=False), "case 1, .*offloading costs the copies too"),
+    (crossover_with(rule="first win"), "case 5, a win by noise .*a win that does not last is noise"),
+    (crossover_with(reduce="mean"), "case 6, one slow repetition .*moved your average"),
+    (crossover_with(reduce="min"), "case 7, one fast repetition .*the fastest repetition can be a fluke"),
+    (crossover_with(index=True), r"case 1, .*you returned 3, an index; return the width itself"),
+    (crossover_with(start=1), r"case 3, offloading wins at every width .*does your search start at index 1\?"),
+    (lambda widths, host, copy, kernel: None if right_crossover(widths, host, copy, kernel) == widths[-1]
+     else right_crossover(widths, host, copy, kernel), "case 4, .*it wins at the widest width, and that is a crossover"),
+    (lambda widths, host, copy, kernel: np.array(widths), "expected one width \\(a number\\) or None, got ndarray"),
+])
+def test_crossover_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.offload_crossover(wrong)
+
+
+def test_crossover_accepts_the_median_of_each_phase_added():
+    """Median of (copy + kernel) or median(copy) + median(kernel): the check's tables give both the same answer."""
+    def sum_of_medians(widths, host, copy, kernel):
+        return first_of_last_run(widths, np.median(copy, axis=0) + np.median(kernel, axis=0) < np.median(host, axis=0))
+
+    check.offload_crossover(sum_of_medians)
+
+
+# ---- the hints: one more after each failed run -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, wrong", [("device_backward", backward_with(prime="next")),
+                                         ("offload_time", time_with(flops=1)),
+                                         ("offload_crossover", crossover_with(reduce="mean"))])
+def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
+    hints = next(e.hints for e in in_lab("04") if e.name == name)
+    seen = []
+    for k in range(len(hints) + 1):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(wrong)
+        seen.append(str(e.value))
+        if k == 1:  # a blank run in between shows no hint and does not move on
+            with pytest.raises(ExerciseError, match="not written yet"):
+                getattr(check, name)(blank)
+    for k, message in enumerate(seen[:len(hints)], 1):
+        assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
+        assert ("run the check again" in message) == (k < len(hints))
+        assert all(h not in message for h in hints[k:]), "only the hints so far"
+    assert f"Step {len(hints)} of {len(hints)}" in seen[-1], "the last hint repeats"
+
+
+# ---- the grader's replay ---------------------------------------------------------------------------------------------
+
+WRONG = {"device_backward": backward_with(outer="transposed"), "offload_time": time_with(bytes_per=1),
+         "offload_crossover": crossover_with(none="last")}
+SEED = 4343
+
+
+def _record(monkeypatch, folder, name, fn):
+    monkeypatch.setenv(capture.ENV, str(folder))
+    monkeypatch.setenv(capture.SEED_ENV, str(SEED))
+    try:
+        getattr(check, name)(fn)
+        return True, ""
+    except ExerciseError as e:
+        return False, f"ExerciseError: {e}"
+    finally:
+        monkeypatch.delenv(capture.ENV)
+        monkeypatch.delenv(capture.SEED_ENV)
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
+    from labkit.grading import replay
+
+    assert _record(monkeypatch, tmp_path / "right", name, RIGHT[name]) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
+    plain = _record(monkeypatch, tmp_path / "wrong", name, WRONG[name])
+    verdict = replay.replay(name, tmp_path / "wrong", SEED)
+    assert verdict[0] is False and verdict[1] == plain[1].split("\nStep ")[0]  # the mistake, without the hint
+    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)
+    assert not passed and "was not recorded" in message
+
+
+@pytest.mark.parametrize("name, reference", [("device_backward", offload.backward), ("offload_time", offload.offload_time),
+                                             ("offload_crossover", offload.offload_crossover)])
+def test_labkits_own_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
+    from labkit.grading import replay
+
+    assert _record(monkeypatch, tmp_path, name, lambda *a: reference(*a)) == (True, "")
+    passed, message = replay.replay(name, tmp_path, SEED)
+    assert not passed and f"uses labkit's reference (labkit.kernels.offload.{reference.__name__})" in message
+
+
+# ---- labkit.kernels.offload's helpers for lab 04 ------------------------------------------------------------------------------
+
+
+def test_sample_forward_and_backward_give_backprop_ones_gradients():
+    params = mlp.init_params([12, 7, 4], seed=3, dtype=np.float64)
+    x = np.random.default_rng(1).random(12)
+    Ws, acts, delta = offload.sample_forward(params, x, 2)
+    _, want = mlp.backprop_one(params, x[:, None], np.eye(4)[2][:, None], "sigmoid", "quadratic")
+    for g, (w, _) in zip(offload.backward(np, Ws, acts, delta), want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_offload_time_counts_what_crosses_the_link():
+    costs = {"launch": 1.0, "copy": 10.0, "bandwidth": 4.0, "throughput": 2.0}
+    assert offload.offload_time(3, 5, costs) == 1 + 3 * 10 + (15 + 3 + 5) + 15
+    assert offload.offload_time(3, 5, costs, resident=True) == 1 + 2 * 10 + (3 + 5) + 15
+
+
+def test_fit_offload_costs_recovers_the_costs_of_a_model_table():
+    widths, n_in = [10, 100, 1000, 10_000], 784
+    costs = {"launch": 7e-6, "copy": 3e-6, "bandwidth": 12e9, "throughput": 9e11}
+    tables = {}
+    for mode in offload.OFFLOAD_MODES:
+        resident = mode == "resident"
+        floats = [w + n_in + (0 if resident else w * n_in) for w in widths]
+        copy = np.array([(2 if resident else 3) * costs["copy"] + 4 * f / costs["bandwidth"] for f in floats])
+        kernel = np.array([costs["launch"] + 2 * w * n_in / costs["throughput"] for w in widths])
+        host = np.array([2e-6 + 2 * w * n_in / 2e10 for w in widths])
+        tables[mode] = {k: np.tile(v, (3, 1)) for k, v in (("host", host), ("copy", copy), ("kernel", kernel))}
+    fitted, host = offload.fit_offload_costs(widths, n_in, tables)
+    for k, v in costs.items():
+        assert fitted[k] == pytest.approx(v, rel=1e-6), k
+    assert host["throughput"] == pytest.approx(2e10, rel=1e-6)
+    assert offload.host_time(100, n_in, host) == pytest.approx(2e-6 + 2 * 100 * n_in / 2e10, rel=1e-6)
+
+
+@needs_cxx
+def test_offload_tables_time_both_modes_every_repetition():
+    widths = [3, 20]
+    tables = offload.offload_tables(widths, 16, repeat=2, backend="emulator")
+    assert set(tables) == set(offload.OFFLOAD_MODES)
+    for t in tables.values():
+        assert set(t) == {"host", "copy", "kernel"}
+        assert all(v.shape == (2, 2) and (v > 0).all() for v in t.values())
+    costs, host = offload.fit_offload_costs(widths, 16, tables)
+    assert set(costs) == {"launch", "copy", "bandwidth", "throughput"} and all(v >= 0 for v in costs.values())
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        offload.offload_tables(widths, 16, repeat=0, backend="emulator")
+
+
+@needs_cxx
+def test_the_sweep_and_the_batch_step_time_every_way():
+    rng = np.random.default_rng(0)
+    x, y = rng.random((6, 12)).astype(np.float32), rng.integers(0, 4, 6)
+    sweep = offload.offload_sweep([3, 5], x, y, repeat=1, n_out=4)
+    assert set(sweep) == {"host", "offloaded, copy", "offloaded, resident"}
+    assert all(len(t) == 2 and min(t) > 0 for t in sweep.values())
+    times = offload.batch_step_times(5, x, y, repeat=1, n_out=4)
+    assert len(times) == 4 and "host, vectorised" in times and all(t > 0 for t in times.values())

@@ -1,0 +1,365 @@
+"""The exercises of labs 07 and 08 (labkit.check.mpi): the ring's chunks, its reduce-scatter and the whole ring
+allreduce; the rows of one rank, the mean gradient over every rank's rows and the whole data-parallel step.
+
+The right answer passes, a blank one is "not written yet", the typical wrong ones are each named by the check's
+message, every failed run shows one more hint, and the grader's replay gives the check's own verdict. The MPI checks
+run here on one rank (a plain Python, singleton MPI); their mistakes that show only on several ranks are the cases of
+tests/mpi/cases_steps_exercise.py (and cases_ring_exercise.py, cases_dp_exercise.py), run under a real mpiexec.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import run_mpi_cases
+
+from labkit import check, collectives, mlp
+from labkit.check import ExerciseError, capture, common
+from labkit.check.exercises import exercise, in_lab
+from labkit.data_parallel import mean_of_shards, ring_reduce_scatter
+from labkit.grading import replay
+from labkit.shards import ring_chunks, shard_bounds, shard_of
+
+SEED = 4343
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints(monkeypatch):
+    """Each test starts at the first hint: the count of failed runs is per process."""
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+@pytest.fixture(scope="module")
+def self_comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- right answers, as a student would write them ---------------------------------------------------------------
+
+def right_chunks(r, s, p):
+    send = (r - s) % p
+    return send, (send - 1) % p
+
+
+def right_rows(batch, p, rank):
+    size, extra = batch // p, batch % p
+    lo = rank * size + min(rank, extra)
+    return lo, lo + size + (rank < extra)
+
+
+def _ring(comm, x, op, allgather):
+    combine = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}[collectives.op_name(op)]
+    p, r = comm.Get_size(), comm.Get_rank()
+    out, chunks = x.copy(), shard_bounds(x.size, p)
+    for s in range(p - 1):
+        (a, b), (c, d) = chunks[(r - s) % p], chunks[(r - s - 1) % p]
+        incoming = np.empty(d - c, x.dtype)
+        comm.Sendrecv(out[a:b], dest=(r + 1) % p, recvbuf=incoming, source=(r - 1) % p)
+        combine(out[c:d], incoming, out=out[c:d])
+    if not allgather:
+        lo, hi = chunks[(r + 1) % p]
+        return out[lo:hi].copy()
+    for s in range(p - 1):
+        (a, b), (c, d) = chunks[(r - s + 1) % p], chunks[(r - s) % p]
+        comm.Sendrecv(out[a:b].copy(), dest=(r + 1) % p, recvbuf=out[c:d], source=(r - 1) % p)
+    return out
+
+
+def right_reduce_scatter(comm, x, op):
+    return _ring(comm, x, op, allgather=False)
+
+
+def right_ring(comm, x, op):
+    return _ring(comm, x, op, allgather=True)
+
+
+def right_mean(comm, grads, n):
+    batch = comm.allreduce(n)
+    out = []
+    for gW, gb in grads:
+        sums = [np.empty_like(gW), np.empty_like(gb)]
+        comm.Allreduce(gW * n if n else np.zeros_like(gW), sums[0])
+        comm.Allreduce(gb * n if n else np.zeros_like(gb), sums[1])
+        out.append((sums[0] / batch, sums[1] / batch))
+    return out
+
+
+def right_step(comm, params, x, Y):
+    lo, hi = right_rows(len(x), comm.Get_size(), comm.Get_rank())
+    grads = mlp.backprop(params, x[lo:hi], Y[lo:hi]) if hi > lo else mlp.zeros_like(params)
+    return right_mean(comm, grads, hi - lo)
+
+
+PURE = {"ring_chunks": right_chunks, "rank_rows": right_rows}
+MPI_RIGHT = {"ring_reduce_scatter": right_reduce_scatter, "ring_allreduce": right_ring,
+             "mean_gradient": right_mean, "data_parallel_step": right_step}
+# a mistake each MPI check sees on one rank already
+MPI_WRONG = {"ring_reduce_scatter": lambda c, x, op: x[:0].copy(),
+             "ring_allreduce": lambda c, x, op: x * 2,
+             "mean_gradient": lambda c, g, n: [(a * n, b * n) for a, b in g],
+             "data_parallel_step": lambda c, params, x, Y: mlp.zeros_like(params)}
+
+
+def run(name, fn, comm=None):
+    """The check ``name`` on ``fn``: on one rank (``comm``) for the MPI ones."""
+    return getattr(check, name)(fn) if name in PURE else getattr(check, name)(fn, comm=comm)
+
+
+# ---- what the labs declare ----------------------------------------------------------------------------------------
+
+def test_labs_07_and_08_declare_three_exercises_each_with_hints_and_references():
+    assert [e.name for e in in_lab("07")] == ["ring_allreduce", "ring_chunks", "ring_reduce_scatter"]
+    assert [e.name for e in in_lab("08")] == ["data_parallel_step", "mean_gradient", "rank_rows"]
+    for e in in_lab("07") + in_lab("08"):
+        assert e.module == "mpi" and len(e.hints) >= 3 and e.references, e.name
+        assert e.mpi == (e.name in MPI_RIGHT), e.name  # the plain functions need no MPI
+        for ref in e.references:  # each names a function or class of labkit that exists
+            module, attr = ref.split(":")
+            assert callable(getattr(__import__(module, fromlist=[attr]), attr)), ref
+
+
+ANSWERS = {"ring_chunks": ["r - s", "s - 1", "r + 1"], "rank_rows": ["min(rank", "min(r,", "r * (", "rank * "],
+           "ring_reduce_scatter": ["r + 1", "r - s", "(r + 1) mod p"],
+           "ring_allreduce": ["r - s", "r + 1", "(r - s + 1)"],
+           "mean_gradient": ["/ batch", "* n /", "/ comm.allreduce"], "data_parallel_step": ["shard_bounds("]}
+
+
+def test_the_hints_lead_to_the_answer_but_never_hold_it():
+    for e in in_lab("07") + in_lab("08"):
+        text = " ".join(e.hints)
+        assert not [bit for bit in ANSWERS[e.name] if bit in text], e.name
+
+
+# ---- the plain functions: right, blank, wrong -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, count", [("ring_chunks", "ring chunks: all"), ("rank_rows", "rows of a rank: all")])
+def test_the_right_answer_and_labkits_pass(name, count, capsys):
+    run(name, PURE[name])
+    run(name, {"ring_chunks": ring_chunks, "rank_rows": shard_of}[name])
+    assert capsys.readouterr().out.count(f"✔ {count}") == 2
+
+
+@pytest.mark.parametrize("name", sorted(PURE))
+def test_a_blank_plain_function_is_not_written_yet_without_a_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        run(name, blank)
+    assert "Step" not in str(e.value)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda r, s, p: ((r + s) % p, (r + s - 1) % p), r"step s sends chunk \(r \+ s\) mod p: the ring turns the wrong way"),
+    (lambda r, s, p: ((r + s) % p, (r + s + 1) % p), "the ring turns the wrong way"),
+    (lambda r, s, p: ((r - s) % p, (r - s) % p), "receives chunk 0, the chunk it sends itself"),
+    (lambda r, s, p: ((r - s) % p, (r - s + 1) % p), "that is what its right-hand neighbour, rank 1, sends"),
+    (lambda r, s, p: ((r - s - 1) % p, (r - s) % p), r"you return \(recv, send\)"),
+    (lambda r, s, p: ((r - s + 1) % p, (r - s) % p), "at step 0 rank 0 sends chunk 1(?s:.*)sends its own chunk"),
+    (lambda r, s, p: (r - s, r - s - 1), r"recv is chunk -1, but the chunks are numbered 0 to p - 1 = 2(?s:.*)mod p"),
+    (lambda r, s, p: (r, (r - 1) % p), "receives and combines chunk 2 at step 0, but sends chunk 0 at step 1"),
+    (lambda r, s, p: ((r - s) / p, 0), r"send is 0.0 \(float\), expected a whole number"),
+    (lambda r, s, p: [(r - s) % p], r"expected a pair \(send, recv\)"),
+])
+def test_ring_chunks_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.ring_chunks(wrong)
+
+
+def test_ring_chunks_checks_the_first_ring_where_every_rule_shows():
+    with pytest.raises(ExerciseError, match="^ring chunks: p = 3:"):
+        check.ring_chunks(lambda r, s, p: ((r + s) % p, (r + s - 1) % p))
+
+
+def _by_sizes(sizes_of):
+    """rank_rows from a list of shard sizes: (lo, hi) of contiguous shards."""
+    def fn(batch, p, rank):
+        sizes = sizes_of(batch, p)
+        return sum(sizes[:rank]), sum(sizes[:rank + 1])
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_by_sizes(lambda b, p: [b // p + (k >= p - b % p) for k in range(p)]),
+     "the remainder goes to the last ranks instead of the first(?s:.*)ranks 0 to 1 take one row more"),
+    (lambda b, p, r: (r * (b // p), (r + 1) * (b // p)), "2 of the 10 rows belong to no rank"),
+    (lambda b, p, r: (r * -(-b // p), (r + 1) * -(-b // p)), "rank 3's rows 9:12 run past the end of the batch"),
+    (lambda b, p, r: (min(r * -(-b // p), b), min((r + 1) * -(-b // p), b)), "sizes differ by more than one"),
+    (lambda b, p, r: (right_rows(b, p, r)[0], right_rows(b, p, r)[1] - 1), "every hi is one short"),
+    (lambda b, p, r: (right_rows(b, p, r)[0] + (r > 0), right_rows(b, p, r)[1]), "rank 1 starts at row 4, but rank 0"),
+    (lambda b, p, r: shard_bounds(b, p), r"expected a pair \(lo, hi\), got list of length 4"),
+    (lambda b, p, r: (b / p * r, b / p * (r + 1)), "expected two whole numbers"),
+])
+def test_rank_rows_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.rank_rows(wrong)
+
+
+def test_rank_rows_shows_both_bounds_of_a_large_batch_in_short():
+    wrong = _by_sizes(lambda b, p: [b // p + (k >= p - b % p) for k in range(p)])
+    right_small = {(10, 4), (7, 3), *((b, p) for p in (1, 2, 3, 4, 5, 8) for b in (0, 1, 2, 3, 5, 7, 10, 12, 13, 100))}
+
+    def only_large(b, p, r):  # right on the fixed cases, wrong on the drawn large batches
+        return right_rows(b, p, r) if (b, p) in right_small else wrong(b, p, r)
+
+    with pytest.raises(ExerciseError, match=r"yours:    \[\(0, \d+\), .*, \.\.\., \(\d+, \d+\), \(\d+, \d+\)\]") as e:
+        check.rank_rows(only_large)
+    assert "the remainder goes to the last ranks" in str(e.value)
+
+
+# ---- the MPI checks on one rank: right, blank, wrong --------------------------------------------------------------
+
+@pytest.mark.parametrize("name, count", [("ring_reduce_scatter", "ring reduce-scatter on 1 to 1 ranks"),
+                                         ("ring_allreduce", "ring allreduce on 1 to 1 ranks"),
+                                         ("mean_gradient", "mean gradient on 1 to 1 ranks"),
+                                         ("data_parallel_step", "data-parallel step on 1 to 1 ranks")])
+def test_the_right_answer_passes_on_one_rank(name, count, self_comm, capsys):
+    run(name, MPI_RIGHT[name], self_comm)
+    assert f"✔ {count}: all" in capsys.readouterr().out
+
+
+def test_labkits_own_functions_pass_on_one_rank(self_comm, capsys):
+    check.ring_reduce_scatter(ring_reduce_scatter, comm=self_comm)
+    check.ring_allreduce(collectives.ring_allreduce, comm=self_comm)
+    check.mean_gradient(mean_of_shards, comm=self_comm)
+    assert capsys.readouterr().out.count("✔") == 3
+
+
+@pytest.mark.parametrize("name", sorted(MPI_RIGHT))
+def test_a_blank_mpi_function_is_not_written_yet_without_a_hint(name, self_comm):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        run(name, blank, self_comm)
+    assert "Step" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, wrong, match", [
+    ("ring_reduce_scatter", lambda c, x, op: x[:0].copy(), r"returned shape \(0,\), expected \(5,\), the one chunk"),
+    ("ring_reduce_scatter", lambda c, x, op: x.astype(np.float32), "returned float32, expected float64"),
+    ("ring_reduce_scatter", lambda c, x, op: (x, x.__setitem__(slice(None), 0))[0].copy(), "x was modified"),
+    ("ring_reduce_scatter", lambda c, x, op: list(x), "returned list, expected a NumPy array"),
+    ("ring_reduce_scatter", lambda c, x, op: collectives.ring_allreduce(c, x, op) * 0 + 1 if x.size else x.copy(),
+     "wrong values"),
+    ("mean_gradient", lambda c, g, n: [(a * n, b * n) for a, b in g], "that is the sum over the whole batch"),
+    ("mean_gradient", lambda c, g, n: [a for pair in g for a in pair], r"expected a list of 2 \(dW, db\) pairs"),
+    ("mean_gradient", lambda c, g, n: [(a * 0, b) for a, b in g], "differs from the mean over the whole batch"),
+    ("mean_gradient", lambda c, g, n: 1 / 0, "your function raised ZeroDivisionError"),
+])
+def test_the_mpi_checks_name_what_one_rank_shows(name, wrong, match, self_comm):
+    with pytest.raises(ExerciseError, match=match):
+        run(name, wrong, self_comm)
+
+
+# ---- hints, one more after each failed run ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, wrong", [
+    ("ring_chunks", lambda r, s, p: ((r + s) % p, (r + s - 1) % p)),
+    ("rank_rows", lambda b, p, r: (r * (b // p), (r + 1) * (b // p))),
+    *MPI_WRONG.items(),
+])
+def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong, self_comm):
+    hints = exercise(name).hints
+    n = len(hints)
+    for k in range(1, n + 2):
+        with pytest.raises(ExerciseError) as e:
+            run(name, wrong, self_comm)
+        shown = min(k, n)
+        assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
+        assert ("run the check again" in str(e.value)) == (shown < n)
+
+
+# ---- the grader's replay ----------------------------------------------------------------------------------------
+
+def _record(monkeypatch, folder, name, fn, comm, seed=SEED):
+    monkeypatch.setenv(capture.ENV, str(folder))
+    monkeypatch.setenv(capture.SEED_ENV, str(seed))
+    try:
+        run(name, fn, comm)
+        return True, ""
+    except ExerciseError as e:
+        return False, f"ExerciseError: {e}"
+    finally:
+        monkeypatch.delenv(capture.ENV)
+        monkeypatch.delenv(capture.SEED_ENV)
+
+
+def _replay(name, folder, seed, comm):
+    return replay.replay(name, folder, seed, comm=comm if name in MPI_RIGHT else None)
+
+
+WRONG = {"ring_chunks": lambda r, s, p: ((r + s) % p, (r + s - 1) % p),
+         "rank_rows": lambda b, p, r: (r * (b // p), (r + 1) * (b // p)), **MPI_WRONG}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name, self_comm):
+    right = {**PURE, **MPI_RIGHT}[name]
+    assert _record(monkeypatch, tmp_path / "right", name, right, self_comm) == (True, "")
+    assert _replay(name, tmp_path / "right", SEED, self_comm)[0] is True
+    plain = _record(monkeypatch, tmp_path / "wrong", name, WRONG[name], self_comm)
+    assert plain[0] is False
+    graded = _replay(name, tmp_path / "wrong", SEED, self_comm)  # the mistake as the student saw it, without the steps
+    assert graded == (False, plain[1].split("\nStep ")[0]) and "\nStep 1 of" in plain[1]
+    passed, message = _replay(name, tmp_path / "right", SEED + 1, self_comm)  # the grader's own draw of the inputs
+    assert not passed and "was not recorded" in message
+
+
+def step_with_labkits_mean(c, params, x, Y):
+    lo, hi = shard_bounds(len(x), c.Get_size())[c.Get_rank()]
+    grads = mlp.backprop(params, x[lo:hi], Y[lo:hi]) if hi > lo else mlp.zeros_like(params)
+    return mean_of_shards(c, grads, hi - lo)
+
+
+@pytest.mark.parametrize("name, reference, says", [
+    ("ring_chunks", ring_chunks, "labkit.shards.ring_chunks"),
+    ("rank_rows", lambda b, p, r: shard_bounds(b, p)[r], "labkit.shards.shard_bounds"),
+    ("ring_reduce_scatter", ring_reduce_scatter, "labkit.data_parallel.ring_reduce_scatter"),
+    ("ring_allreduce", lambda c, x, op: collectives.ring_allreduce(c, x, op), "labkit.collectives.ring_allreduce"),
+    ("mean_gradient", mean_of_shards, "labkit.data_parallel.mean_of_shards"),
+    ("data_parallel_step", lambda c, params, x, Y: step_with_labkits_mean(c, params, x, Y),
+     "labkit.data_parallel.mean_of_shards"),
+])
+def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, monkeypatch, name, reference, says,
+                                                                    self_comm):
+    assert _record(monkeypatch, tmp_path, name, reference, self_comm) == (True, "")
+    passed, message = _replay(name, tmp_path, SEED, self_comm)
+    assert not passed and f"uses labkit's reference ({says})" in message
+
+
+# ---- several ranks, under a real mpiexec ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_reduce_scatter_and_mean_checks_under_mpiexec():
+    out = run_mpi_cases("cases_steps_exercise.py", 3)
+    assert "✔ ring reduce-scatter on 1 to 3 ranks" in out and "✔ mean gradient on 1 to 3 ranks" in out
+
+
+# ---- labkit's helpers ---------------------------------------------------------------------------------------------
+
+def test_shard_of_is_one_shard_of_shard_bounds():
+    for n in range(40):
+        for parts in range(1, 9):
+            assert [shard_of(n, parts, k) for k in range(parts)] == shard_bounds(n, parts)
+    with pytest.raises(ValueError, match="between 0 and parts - 1"):
+        shard_of(10, 3, 3)
+
+
+def test_ring_chunks_pass_on_what_they_received_and_finish_one_chunk_each():
+    for p in range(2, 9):
+        for r in range(p):
+            assert ring_chunks(r, 0, p)[0] == r  # a rank starts with its own chunk
+            for s in range(p - 2):
+                assert ring_chunks(r, s + 1, p)[0] == ring_chunks(r, s, p)[1]  # passes on what it combined
+                assert ring_chunks(r, s, p)[1] == ring_chunks((r - 1) % p, s, p)[0]  # from the left
+            assert ring_chunks(r, p - 2, p)[1] == (r + 1) % p  # the chunk it finishes
+
+
+def test_mean_of_shards_weighs_by_rows_and_ignores_an_empty_shard(self_comm):
+    g = [(np.full((2, 3), 4.0), np.full(2, 2.0))]
+    got = mean_of_shards(self_comm, g, 5)
+    assert np.allclose(got[0][0], 4.0) and got[0][0] is not g[0][0]
+    nan = [(np.full((2, 3), np.nan), np.full(2, np.nan))]
+    with pytest.raises(ValueError, match="no rank has any rows"):  # no mean of nothing
+        mean_of_shards(self_comm, nan, 0)
