@@ -7,6 +7,7 @@ from conftest import needs_cc, needs_cxx
 
 from labkit import cli, report
 from labkit.benchmarks import backprop
+from labkit.check.exercises import in_lab
 
 
 def test_help_lists_commands():
@@ -201,7 +202,8 @@ def test_bench_grading_quick_json(capsys):
     assert cli.main(["bench", "grading", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout
     # the reference passes every way: one job, a job per core, and one job without the sandbox
-    assert result["passed"] == {"1": [2, 2], str(result["cores"]): [2, 2], "1 unisolated": [2, 2]}
+    rows = [2 * len(in_lab("01"))] * 2  # two copies of lab 01, every exercise passed
+    assert result["passed"] == {"1": rows, str(result["cores"]): rows, "1 unisolated": rows}
     assert result["grading_notebooks_per_minute_jobs1"] > 0 and result["grading_parallel_speedup"] > 0
     assert 0 < result["grading_cores_busy_jobs1"] <= result["cores"] + 0.5
     assert ("grading_sandbox_overhead_s" in result) == result["isolated"]
