@@ -433,6 +433,13 @@ def thread_speedups(params, x, y, threads, repeat: int = 3, work: str = "per_sam
     return t_serial, speedups
 
 
+def _against_one(one, pool, repeat: int) -> float:
+    """The speedup of ``pool`` over ``one`` (two timed callables), warmed up, in interleaved rounds, medians."""
+    one(), pool()
+    timed = interleaved({"one": one, "pool": pool}, rounds=2 * repeat + 1)
+    return timed["one"].median / timed["pool"].median
+
+
 def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dict:
     """Lab 02's width sweep: per hidden-layer width, the speedup of 2 threads (per-thread accumulators) and of 2
     processes over one thread, per-sample backprop of [n_in, width, classes], one BLAS thread everywhere. The three
@@ -445,14 +452,12 @@ def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dic
         for width in widths:
             sizes = [x.shape[1], int(width), classes]
             p = mlp.init_params(sizes)
-            with ThreadedBackprop(2, "local", "per_sample") as threads, \
-                    ProcessBackprop(sizes, 2, max_batch=len(x), work="per_sample") as procs:
-                jobs = {"one": _seconds_of(mlp.loss_and_grads_per_sample, p, x, y),
-                        "threads": _seconds_of(threads, p, x, y), "processes": _seconds_of(procs, p, x, y)}
-                for job in jobs.values():  # warm up
-                    job()
-                timed = interleaved(jobs, rounds=2 * repeat + 1)
-            t1 = timed["one"].median
-            sweep["threads (2), per-sample"].append(t1 / timed["threads"].median)
-            sweep["processes (2), per-sample"].append(t1 / timed["processes"].median)
+            one = _seconds_of(mlp.loss_and_grads_per_sample, p, x, y)
+            # each pool against one thread, the other pool not alive: its idle workers would share the cores
+            with ThreadedBackprop(2, "local", "per_sample") as threads:
+                t = _against_one(one, _seconds_of(threads, p, x, y), repeat)
+            with ProcessBackprop(sizes, 2, max_batch=len(x), work="per_sample") as procs:
+                q = _against_one(one, _seconds_of(procs, p, x, y), repeat)
+            sweep["threads (2), per-sample"].append(t)
+            sweep["processes (2), per-sample"].append(q)
     return sweep
