@@ -45,6 +45,32 @@ def digits():
         return load_mnist(root=real_data_dir())
 
 
+@pytest.fixture(autouse=True)
+def hints_start_over(monkeypatch):
+    """Every test starts at an exercise's first hint, as a fresh kernel does: the count of failed runs is per process."""
+    from labkit.check import common
+
+    monkeypatch.setattr(common, "_failed_runs", {})
+
+
+def record_check(monkeypatch, folder, name: str, answer, seed: int) -> tuple[bool, str]:
+    """``check.<name>(answer)`` in record mode, as the grader runs a notebook (into ``folder``, on the inputs of
+    ``seed``): (passed, the message the student saw)."""
+    from labkit import check
+    from labkit.check import capture
+
+    monkeypatch.setenv(capture.ENV, str(folder))
+    monkeypatch.setenv(capture.SEED_ENV, str(seed))
+    try:
+        getattr(check, name)(answer)
+        return True, ""
+    except check.ExerciseError as e:
+        return False, f"ExerciseError: {e}"
+    finally:
+        monkeypatch.delenv(capture.ENV)
+        monkeypatch.delenv(capture.SEED_ENV)
+
+
 def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None, hosts=None) -> str:
     """Run the named cases of tests/mpi/<script> under the real mpiexec on n ranks (``only``: those whose name holds
     it; ``hosts``: spread over these, see labkit.cluster.hosts); assert every case passed, and on failure say which case failed

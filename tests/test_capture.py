@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import record_check
 
 from labkit import check, mlp
 from labkit.check import capture
@@ -20,17 +21,7 @@ SEED = 4242
 
 
 def _record(monkeypatch, folder, name, fn, seed=SEED):
-    monkeypatch.setenv(capture.ENV, str(folder))
-    monkeypatch.setenv(capture.SEED_ENV, str(seed))
-    try:
-        getattr(check, name)(fn)
-        plain = (True, "")
-    except check.ExerciseError as e:
-        plain = (False, f"ExerciseError: {e}")
-    finally:
-        monkeypatch.delenv(capture.ENV)
-        monkeypatch.delenv(capture.SEED_ENV)
-    return plain
+    return record_check(monkeypatch, folder, name, fn, seed)
 
 
 def right_backprop(params, x, Y):

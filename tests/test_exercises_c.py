@@ -11,21 +11,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import needs_cc, needs_cxx
+from conftest import needs_cc, needs_cxx, record_check
 
 from labkit import check, openmp, report
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError, common
 from labkit.check.exercises import exercise, in_lab
 from labkit.grading import assign, replay
 
 KDIR = Path(__file__).parent / "kernels"
 SEED = 515
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint: the count of failed runs is per process."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 def _lab(prefix: str):
@@ -295,17 +289,8 @@ def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, 
     wrong = right.replace(old, new)
     assert wrong != right
 
-    def record(folder, source):
-        monkeypatch.setenv(capture.ENV, str(folder))
-        monkeypatch.setenv(capture.SEED_ENV, str(SEED))
-        try:
-            getattr(check, name)(source)
-            return True, ""
-        except ExerciseError as e:
-            return False, f"ExerciseError: {e}"
-        finally:
-            monkeypatch.delenv(capture.ENV)
-            monkeypatch.delenv(capture.SEED_ENV)
+    def record(folder, source, seed=SEED):
+        return record_check(monkeypatch, folder, name, source, seed)
 
     assert record(tmp_path / "right", right) == (True, "")
     assert replay.replay(name, tmp_path / "right", SEED)[0] is True

@@ -8,17 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from conftest import record_check
 
 from labkit import check, compression, questions
 from labkit.check import ExerciseError, capture, common
 from labkit.check.exercises import exercise, in_lab
 from labkit.grading import replay
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint: the count of failed runs is per process."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 def blank(*args):
@@ -281,17 +276,8 @@ SEED = 1010
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
 def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
-    def record(folder, fn):
-        monkeypatch.setenv(capture.ENV, str(folder))
-        monkeypatch.setenv(capture.SEED_ENV, str(SEED))
-        try:
-            getattr(check, name)(fn)
-            return True, ""
-        except ExerciseError as e:
-            return False, f"ExerciseError: {e}"
-        finally:
-            monkeypatch.delenv(capture.ENV)
-            monkeypatch.delenv(capture.SEED_ENV)
+    def record(folder, fn, seed=SEED):
+        return record_check(monkeypatch, folder, name, fn, seed)
 
     assert record(tmp_path / "right", RIGHT[name]) == (True, "")
     assert replay.replay(name, tmp_path / "right", SEED)[0] is True

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import needs_cxx
+from conftest import needs_cxx, record_check
 
 from labkit import check, mlp
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError
 from labkit.check.exercises import in_lab
 from labkit.kernels import offload
 
@@ -51,12 +51,6 @@ def blank(*args):
 
 
 RIGHT = {"device_backward": right_backward, "offload_time": right_time, "offload_crossover": right_crossover}
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint, as a fresh kernel does."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -254,16 +248,7 @@ SEED = 4343
 
 
 def _record(monkeypatch, folder, name, fn):
-    monkeypatch.setenv(capture.ENV, str(folder))
-    monkeypatch.setenv(capture.SEED_ENV, str(SEED))
-    try:
-        getattr(check, name)(fn)
-        return True, ""
-    except ExerciseError as e:
-        return False, f"ExerciseError: {e}"
-    finally:
-        monkeypatch.delenv(capture.ENV)
-        monkeypatch.delenv(capture.SEED_ENV)
+    return record_check(monkeypatch, folder, name, fn, SEED)
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))

@@ -8,17 +8,12 @@ import re
 
 import numpy as np
 import pytest
+from conftest import record_check
 
 from labkit import check, model_parallel
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError, capture
 from labkit.check.exercises import exercise
 from labkit.grading import replay
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts with no failed runs: the first failure shows the first hint."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 def blank(*args):
@@ -286,16 +281,7 @@ def test_the_hints_come_one_more_after_each_failed_run(name):
 @pytest.mark.parametrize("name", sorted(RIGHT))
 def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
     def record(folder, fn, seed=7):
-        monkeypatch.setenv(capture.ENV, str(folder))
-        monkeypatch.setenv(capture.SEED_ENV, str(seed))
-        try:
-            getattr(check, name)(fn)
-            return True, ""
-        except ExerciseError as e:
-            return False, f"ExerciseError: {e}"
-        finally:
-            monkeypatch.delenv(capture.ENV)
-            monkeypatch.delenv(capture.SEED_ENV)
+        return record_check(monkeypatch, folder, name, fn, seed)
 
     assert record(tmp_path / "right", RIGHT[name]) == (True, "")
     assert replay.replay(name, tmp_path / "right", 7)[0] is True

@@ -14,19 +14,13 @@ import pytest
 from conftest import run_mpi_cases
 
 from labkit import check, collectives, mlp
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError, capture
 from labkit.check.exercises import exercise, in_lab
 from labkit.data_parallel import mean_of_shards, ring_reduce_scatter
 from labkit.grading import replay
 from labkit.shards import ring_chunks, shard_bounds, shard_of
 
 SEED = 4343
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint: the count of failed runs is per process."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 @pytest.fixture(scope="module")

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import record_check
 
 from labkit import check, cpu_parallel, mlp
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError, capture
 from labkit.check.exercises import exercise, in_lab
 from labkit.grading import replay
 from labkit.shards import shard_bounds
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint: the count of failed runs is per process."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 def blank(*args):
@@ -352,17 +347,8 @@ SEED = 777
 @pytest.mark.parametrize("name", ["output_error", "layer_backward", "numerical_gradient", "split_batch",
                                   "combine_shards"])
 def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
-    def record(folder, fn):
-        monkeypatch.setenv(capture.ENV, str(folder))
-        monkeypatch.setenv(capture.SEED_ENV, str(SEED))
-        try:
-            getattr(check, name)(fn)
-            return True, ""
-        except ExerciseError as e:
-            return False, f"ExerciseError: {e}"
-        finally:
-            monkeypatch.delenv(capture.ENV)
-            monkeypatch.delenv(capture.SEED_ENV)
+    def record(folder, fn, seed=SEED):
+        return record_check(monkeypatch, folder, name, fn, seed)
 
     assert record(tmp_path / "right", RIGHT[name]) == (True, "")
     assert replay.replay(name, tmp_path / "right", SEED)[0] is True

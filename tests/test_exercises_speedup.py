@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import record_check
 
 from labkit import bench, check, questions, scaling
 from labkit.bench import Timing
-from labkit.check import ExerciseError, capture, common
+from labkit.check import ExerciseError
 from labkit.check.exercises import exercise, in_lab
 from labkit.grading import replay
 
 SEED = 4242
-
-
-@pytest.fixture(autouse=True)
-def fresh_hints(monkeypatch):
-    """Each test starts at the first hint: the count of failed runs is per process."""
-    monkeypatch.setattr(common, "_failed_runs", {})
 
 
 def blank(*args):
@@ -254,16 +249,7 @@ def test_the_hints_lead_to_the_answer_but_never_hold_it():
 # ---- the grader's replay ----------------------------------------------------------------------------------------
 
 def _record(monkeypatch, folder, name, fn, seed=SEED):
-    monkeypatch.setenv(capture.ENV, str(folder))
-    monkeypatch.setenv(capture.SEED_ENV, str(seed))
-    try:
-        getattr(check, name)(fn)
-        return True, ""
-    except ExerciseError as e:
-        return False, f"ExerciseError: {e}"
-    finally:
-        monkeypatch.delenv(capture.ENV)
-        monkeypatch.delenv(capture.SEED_ENV)
+    return record_check(monkeypatch, folder, name, fn, seed)
 
 
 WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the table without p = 1

@@ -73,16 +73,20 @@ def not_written(exercise: str) -> str:
             "`raise NotImplementedError` line with your code, run the cell, then run this check again")
 
 
-def call(exercise: str, fn, *args):
+def call(exercise: str, fn, *args, where: str = "",
+         hint: str = "run it on a small batch by hand and print the shapes of every array"):
+    """The student's ``fn(*args)``: "not written yet" for NotImplementedError; anything else it raises fails the
+    exercise with ``where`` (the input) and ``hint``. In the grader's replay, an input never recorded passes through."""
     try:
         return fn(*args)
     except NotImplementedError:
         raise ExerciseError(not_written(exercise)) from None
-    except ExerciseError:
+    except (ExerciseError, capture.NotRecorded):
         raise
-    except Exception as e:
-        fail(exercise, f"your function raised {type(e).__name__}: {e}",
-              "run it on a small batch by hand and print the shapes of every array")
+    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised, on which input
+        if isinstance(e, TypeError) and "slice indices must be integers" in str(e):
+            hint = "slice bounds are whole numbers: compute them with // and %, not /"
+        fail(exercise, f"{where + ': ' if where else ''}your function raised {type(e).__name__}: {e}", hint)
 
 
 def problems(seed: int = 0):

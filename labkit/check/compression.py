@@ -9,20 +9,8 @@ import math
 import numpy as np
 
 from . import capture
-from .common import ExerciseError, call, fail, not_written, passed, recorded
+from .common import call, fail, passed, recorded
 from .exercises import Exercise
-
-
-def _call(ex: str, fn, where: str, hint: str, *args):
-    """``fn(*args)``; an exception other than NotImplementedError fails the exercise with ``where`` and ``hint``."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise ExerciseError(not_written(ex)) from None
-    except (ExerciseError, capture.NotRecorded):
-        raise
-    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised, on which input
-        fail(ex, f"{where}: your function raised {type(e).__name__}: {e}", hint)
 
 
 def _pair(ex: str, where: str, got, names: str):
@@ -83,7 +71,7 @@ def _int8_case(ex, fn, rng, n, dtype, kind) -> None:
     where = f"n={n}, {np.dtype(dtype)}, {kind} entries"
     hint = ("an all-zero gradient has largest magnitude 0: a scale of 0 makes g / scale divide by zero"
             if kind == "zeros" else "try your function by hand on a small array, printing q and scale")
-    q, scale = _pair(ex, where, _call(ex, fn, where, hint, g), "(q, scale)")
+    q, scale = _pair(ex, where, call(ex, fn, g, where=where, hint=hint), "(q, scale)")
     _unchanged(ex, where, g, g0)
     q = np.asarray(q)
     if q.dtype != np.int8:
@@ -212,7 +200,7 @@ def _topk_case(ex, fn, rng, n, k, dtype, kind) -> None:
     hint = ("k = 0 asks for nothing: return two empty arrays" if k == 0 else
             f"k can be larger than n (a layer with {n} entries): then send all of them" if k > n else
             "try your function by hand on a small array, printing what it returns")
-    idx, values = _pair(ex, where, _call(ex, fn, where, hint, g, k), "(indices, values)")
+    idx, values = _pair(ex, where, call(ex, fn, g, k, where=where, hint=hint), "(indices, values)")
     _unchanged(ex, where, g, g0)
     idx, values = np.asarray(idx), np.asarray(values)
     want = min(k, n)
@@ -315,7 +303,7 @@ def _sum_case(ex, fn, rng, n, p, k, dtype, kind) -> None:
         "" if kind == "random" else f", {kind}")
     hint = ("an empty piece (a rank that sent nothing) has indices and values of length 0" if kind == "one empty"
             else "try your function by hand on two small pieces, printing what it returns")
-    got = _call(ex, fn, where, hint, pieces, n)
+    got = call(ex, fn, pieces, n, where=where, hint=hint)
     if any(not (np.array_equal(i, i0) and np.array_equal(v, v0)) for (i, v), (i0, v0) in zip(pieces, before)):
         fail(ex, f"{where}: a piece was modified", "read the pieces; write only into your own result")
     want = np.zeros(n)

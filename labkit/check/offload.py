@@ -263,29 +263,20 @@ def _crossover_table(rng, widths, ratios, flukes):
     return host, _COPY_SHARE * offloaded, (1 - _COPY_SHARE) * offloaded
 
 
-def _first_of_last_run(widths, wins):
-    if not wins[-1]:
-        return None
-    first = len(wins) - 1
-    while first > 0 and wins[first - 1]:
-        first -= 1
-    return widths[first]
-
-
 def _crossover_mistakes(widths, host, copy, kernel):
     """(answer, what the check says) of the typical mistakes on one table."""
     med = lambda t: np.median(t, axis=0)  # noqa: E731
     wins = med(copy + kernel) < med(host)
     first_win = widths[int(np.argmax(wins))] if wins.any() else None
     return (
-        (_first_of_last_run(widths, med(kernel) < med(host)),
+        (offload.winning_from(widths, med(kernel) < med(host)),
          "offloading costs the copies too: compare copy + kernel with the host, not the kernel alone"),
         (first_win, "offloading won at that width but lost again at a wider one: a win that does not last is noise; "
                     "the crossover is the width from which it keeps winning"),
-        (_first_of_last_run(widths, (copy + kernel).mean(0) < host.mean(0)),
+        (offload.winning_from(widths, (copy + kernel).mean(0) < host.mean(0)),
          "one slow repetition (a hiccup) moved your average: judge each width by a typical time that one fluke "
          "cannot move"),
-        (_first_of_last_run(widths, (copy + kernel).min(0) < host.min(0)),
+        (offload.winning_from(widths, (copy + kernel).min(0) < host.min(0)),
          "the fastest repetition can be a fluke as much as the slowest can be a hiccup: judge each width by a typical "
          "time that one fluke cannot move"),
     )

@@ -13,22 +13,8 @@ import numbers
 import numpy as np
 
 from . import capture
-from .common import ExerciseError, fail, not_written, passed, recorded
+from .common import call, fail, passed, recorded
 from .exercises import Exercise
-
-
-def _call(ex: str, fn, hint: str, *args):
-    """The student's ``fn(*args)``; "not written yet" for NotImplementedError, and what else it raised with ``hint``."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise ExerciseError(not_written(ex)) from None
-    except ExerciseError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised
-        if isinstance(e, TypeError) and "slice indices must be integers" in str(e):
-            hint = "block bounds are whole numbers: count neurons with // and %, not /"
-        fail(ex, f"your function raised {type(e).__name__}: {e}", hint)
 
 
 def _relu(z):
@@ -77,8 +63,8 @@ def neuron_part(fn) -> None:
 
 
 def _part(ex, fn, W, b, x, r, p, where):
-    got = _call(ex, fn, "W1 has one row per neuron, shape (n, n_in); b1 one entry per neuron; x one row per sample",
-                W.copy(), b.copy(), x.copy(), r, p)
+    got = call(ex, fn, W.copy(), b.copy(), x.copy(), r, p,
+               hint="W1 has one row per neuron, shape (n, n_in); b1 one entry per neuron; x one row per sample")
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         fail(ex, f"{where}, rank {r}: expected a tuple (lo, hi, h), got {type(got).__name__}")
     lo, hi, h = got
@@ -175,8 +161,8 @@ def neuron_grads(fn) -> None:
         delta = rng.standard_normal((batch, n_out)) / batch
         for r, (lo, hi) in enumerate(shard_bounds(hidden, p)):
             where = f"[{n_in}, {hidden}, {n_out}], batch {batch}, rank {r} of {p} (neurons {lo}..{hi - 1})"
-            got = _call(ex, fn, "delta is (batch, n_out) and W2 is (n_out, hidden): which part of W2 belongs to your "
-                        "neurons?", x.copy(), h[:, lo:hi].copy(), delta.copy(), W2.copy(), lo, hi)
+            got = call(ex, fn, x.copy(), h[:, lo:hi].copy(), delta.copy(), W2.copy(), lo, hi,
+                       hint="delta is (batch, n_out) and W2 is (n_out, hidden): which part of W2 belongs to your neurons?")
             _check_grads(ex, where, got, x, h[:, lo:hi], delta, W2[:, lo:hi])
     passed(ex, len(cases))
 
@@ -235,7 +221,7 @@ def gpipe_schedule(fn) -> None:
     cases = list(_SCHEDULE_CASES) + [(int(rng.integers(2, 7)), int(rng.integers(1, 11)))]
     for S, M in cases:
         where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
-        got = _call(ex, fn, "return two integer arrays of shape (S, M): forward[s, m] and backward[s, m]", S, M)
+        got = call(ex, fn, S, M, hint="return two integer arrays of shape (S, M): forward[s, m] and backward[s, m]")
         forward, backward = _schedule_arrays(ex, where, got, S, M)
         _check_schedule(ex, where, forward, backward)
     passed(ex, len(cases))
@@ -363,7 +349,7 @@ def pipeline_step_time(fn) -> None:
     cases.append((np.round(rng.uniform(0.5, 3.0, S), 3), np.round(rng.uniform(0.5, 3.0, S), 3), int(rng.integers(1, 13))))
     for f, b, M in cases:
         where = f"fwd = {f.tolist()}, bwd = {b.tolist()}, M = {M}"
-        got = _call(ex, fn, "fwd and bwd are NumPy arrays of one time per stage", f.copy(), b.copy(), M)
+        got = call(ex, fn, f.copy(), b.copy(), M, hint="fwd and bwd are NumPy arrays of one time per stage")
         _check_step(ex, where, got, f, b, M, reference(f, b, M))
     passed(ex, len(cases))
 

@@ -229,7 +229,11 @@ def offload_crossover(widths, host, copy, kernel):
     ``host``, ``copy``, ``kernel``: seconds, shape (repetitions, len(widths)); the offloaded time of a repetition is
     its copy plus its kernel time. Each width is judged by medians, so one fluke repetition decides nothing."""
     offloaded = np.median(np.asarray(copy, dtype=float) + np.asarray(kernel, dtype=float), axis=0)
-    wins = offloaded < np.median(np.asarray(host, dtype=float), axis=0)
+    return winning_from(widths, offloaded < np.median(np.asarray(host, dtype=float), axis=0))
+
+
+def winning_from(widths, wins):
+    """The first width of the unbroken run of wins that reaches the widest width, or None when the widest loses."""
     if not wins[-1]:
         return None
     first = len(wins) - 1
