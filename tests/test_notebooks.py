@@ -1,4 +1,4 @@
-"""The lab notebooks: committed clean, structured for assignments, and executed on the quick profile."""
+"""The lab notebooks: committed clean, structured for assignments, executed on the quick profile and on the full one."""
 
 import json
 import re
@@ -14,9 +14,10 @@ NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
 WITH_EXERCISES = [p for p in NOTEBOOKS if "### BEGIN SOLUTION" in p.read_text()]
 
-# What each lab's text says its measurements show, as the notebook checks it with report.claim. On the quick
-# profile every listed claim must be made and hold, on the default data (the MNIST subset shipped with labkit) and
-# on the full MNIST; a claim that depends on the hardware (a GPU, the number of cores) is listed in MAY_BE_ABSENT.
+# What each lab's text says its measurements show, as the notebook checks it with report.claim. Every listed claim
+# must be made and hold on the quick profile with the default data (the MNIST subset shipped with labkit), and on the
+# full profile, which instructors publish, with the full MNIST; a claim that depends on the hardware (a GPU, the
+# number of cores) is listed in MAY_BE_ABSENT.
 CLAIMS = {
     "01_serial_backprop.ipynb": [
         "per-sample and vectorised backprop end the first epoch at the same accuracy",
@@ -75,7 +76,7 @@ CLAIMS = {
     "11_model_pipeline_parallel.ipynb": [
         "neuron parallelism computes the serial epoch",
         "the bubble falls with more micro-batches but stays above the formula",
-        "the pipeline computes the serial step (up to float32 rounding)",
+        "the pipeline computes the serial step",
     ],
     "12_speedup_plots.ipynb": [],  # every statement there is a timing on few shared cores: printed as readings
 
@@ -85,10 +86,7 @@ MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more
     "on a GPU the order is naive < tiled < register-blocked",
     "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
 }
-# the default data (no LABKIT_DATA: the shipped subset unless data/ holds MNIST), and the full MNIST where it is here
-DATA = {"default-data": {"LABKIT_DATA": None}}
-if real_data_dir() is not None:
-    DATA["full-mnist"] = {"LABKIT_DATA": str(real_data_dir())}
+FULL_MNIST = real_data_dir()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -113,22 +111,57 @@ def test_every_lab_lists_its_claims():
         assert bool(made) == bool(CLAIMS[path.name]), f"{path.name}: the claims it checks and CLAIMS disagree"
 
 
+# what labkit.questions prints when labkit's own function stands in for a student's (not written, raising, or wrong)
+STAND_IN = re.compile(r"stands in for it here|runs in its place here|waits until it runs")
+
+
+def _solutions_used(result):
+    """The instructor's version has every exercise solved: no later cell may fall back on labkit's own function
+    (lab 04 once passed a label where the probe's arguments go, so the solutions there never ran)."""
+    nb = nbformat.read(result.executed, as_version=4)
+    said = [(i, out.get("text", "")) for i, c in enumerate(nb.cells) if c.cell_type == "code" for out in c.outputs
+            if out.get("output_type") == "stream"]
+    fell_back = [f"cell {i}: {STAND_IN.search(t).group(0)!r} in {t.strip()[:200]!r}" for i, t in said if STAND_IN.search(t)]
+    assert not fell_back, "a solved exercise's function was not used: " + "; ".join(fell_back)
+
+
+def _claims_made_and_held(result, name):
+    made = {c["statement"]: c for c in result.claims}
+    unlisted = set(made) - set(CLAIMS[name])
+    assert not unlisted, f"claims not listed in CLAIMS: {unlisted}"
+    missing = set(CLAIMS[name]) - set(made) - MAY_BE_ABSENT
+    assert not missing, f"claims the notebook no longer checks: {missing}"
+    failed = [f"{c['statement']} ({c['reading']})" for c in made.values() if not c["holds"]]
+    assert not failed, "claims of the text that did not hold: " + "; ".join(failed)
+
+
 @pytest.mark.notebooks
-@pytest.mark.parametrize("env", DATA.values(), ids=DATA.keys())
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_quick_profile_and_its_claims_hold(path, env, tmp_path):
-    result = report.execute(path, tmp_path, {"PROFILE": "quick"}, timeout=300, progress=False, env=env)
+def test_notebook_runs_quick_profile_and_its_claims_hold(path, tmp_path):
+    # the default data: no LABKIT_DATA, so the shipped subset unless data/ holds MNIST
+    result = report.execute(path, tmp_path, {"PROFILE": "quick"}, timeout=300, progress=False, env={"LABKIT_DATA": None})
     assert result.ok, result.error
     assert result.figures, "every lab draws at least one figure"
     assert result.metrics, "every lab records its key numbers for the report"
     assert result.seconds < 120, f"quick profile took {result.seconds:.0f} s"
-    made = {c["statement"]: c for c in result.claims}
-    unlisted = set(made) - set(CLAIMS[path.name])
-    assert not unlisted, f"claims not listed in CLAIMS: {unlisted}"
-    missing = set(CLAIMS[path.name]) - set(made) - MAY_BE_ABSENT
-    assert not missing, f"claims the notebook no longer checks: {missing}"
-    failed = [f"{c['statement']} ({c['reading']})" for c in made.values() if not c["holds"]]
-    assert not failed, "claims of the text that did not hold: " + "; ".join(failed)
+    _claims_made_and_held(result, path.name)
+    _solutions_used(result)
+
+
+@pytest.mark.notebooks
+@pytest.mark.slow
+@pytest.mark.skipif(FULL_MNIST is None, reason="the full profile runs on the full MNIST, and none is here "
+                                              "(LABKIT_DATA, data/ or ../shared/data)")
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_runs_full_profile_and_its_claims_hold(path, tmp_path):
+    # What `labkit report --profile full` publishes: more epochs, steps, ranks and sizes, so a claim whose bound
+    # held only for a short run fails here (lab 11's float32 comparisons did). About 12 minutes for all 12 labs
+    # on 2 cores, lab 10 the longest at about 4.
+    result = report.execute(path, tmp_path, {"PROFILE": "full"}, timeout=600, progress=False,
+                            env={"LABKIT_DATA": str(FULL_MNIST)})
+    assert result.ok, result.error
+    _claims_made_and_held(result, path.name)
+    _solutions_used(result)
 
 
 def _errors(nb):
