@@ -120,13 +120,23 @@ def _cmd_assign(a) -> int:
 
 
 def _cmd_grade(a) -> int:
-    from .grading import grade
+    from .grading import exports, grade
     from .grading.sandbox import Limits
 
+    if a.roster and "canvas" not in (a.export or []):
+        raise SystemExit("labkit grade: --roster is for --export canvas")
+    before = exports.load(a.regrade) if a.regrade else None  # read first: the run may write into the same folder
+    if before is not None and not a.regrade_other_release and not a.merge:
+        _, sha = grade.load_release(a.release)
+        if sha != before.get("release_sha256"):
+            raise SystemExit(f"labkit grade: --regrade {a.regrade}: those grades come from another release than this "
+                             "run's, so their exercises may differ; give grades of the same release, or add "
+                             "--regrade-other-release to compare anyway")
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
         print(grade.summary(results))
         print(f"\nmerged {1 + len(a.more)} part(s) into {csv_path} and {json_path}")
+        _hand_on(a, json_path, before)
         return 0
     if a.more:
         raise SystemExit(f"labkit grade: one submissions folder, got {1 + len(a.more)} (several only with --merge)")
@@ -146,7 +156,31 @@ def _cmd_grade(a) -> int:
     if (Path(a.out) / "answers.csv").is_file():
         print(f"the answers to the questions, to read and score by hand: {Path(a.out) / 'answers.html'} (scores go in "
               f"the score column of {Path(a.out) / 'answers.csv'}; the next labkit grade into {a.out} keeps them)")
+    _hand_on(a, json_path, before)
     return 0
+
+
+def _hand_on(a, json_path: Path, before: dict | None) -> None:
+    """The gradebook exports and the regrade's changes.csv of a grading run, from the grades.json it wrote."""
+    from .grading import exports
+
+    data = exports.load(json_path)
+    for kind in dict.fromkeys(a.export or []):
+        if kind == "gradescope":
+            files = exports.gradescope(data, a.out)
+            print(f"Gradescope: {len(files)} results file(s) in {Path(a.out) / exports.GRADESCOPE_DIR}"
+                  + (f" and {Path(a.out) / 'results.json'}" if len(data["students"]) == 1 else ""))
+        elif kind == "canvas":
+            path, unplaced = exports.canvas(data, a.out, a.roster)
+            print(f"Canvas: {path} (Grades > Import)" + ("" if a.roster else "; without --roster the students' "
+                  "folder names stand in the Student and SIS Login ID columns, which Canvas must recognise"))
+            if unplaced:
+                print(f"Canvas: NOT in {path}, not found in the roster {a.roster}: {', '.join(unplaced)}",
+                      file=sys.stderr)
+    if before is not None:
+        rows = exports.changes(before, data, allow_other_release=True)  # the releases were compared before grading
+        path = exports.write_changes(rows, a.out)
+        print(exports.describe_changes(rows) + f"\n(every change, with the new message: {path})")
 
 
 def _cmd_bench(a) -> int:
@@ -331,6 +365,15 @@ def _add_grade(sub) -> None:
                                                       "are given into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
+    g.add_argument("--export", action="append", choices=["gradescope", "canvas"],
+                   help="also write the grades for a gradebook: gradescope (results.json per student) or canvas "
+                        "(canvas.csv for the gradebook import); may be given twice")
+    g.add_argument("--roster", default=None, metavar="CSV",
+                   help="with --export canvas: the gradebook exported from Canvas, whose ID columns identify the students")
+    g.add_argument("--regrade", default=None, metavar="PREVIOUS",
+                   help="an earlier run's output folder (or grades.json): write changes.csv, every verdict that changed")
+    g.add_argument("--regrade-other-release", action="store_true",
+                   help="with --regrade: compare even when the earlier grades come from another release")
 
 
 def _add_bench(sub) -> None:

@@ -1,0 +1,144 @@
+"""Grades in the shapes gradebooks take (Gradescope's results.json, Canvas's import CSV) and regrades that say what
+changed: checked against the formats' documented fields, and once end to end through `labkit grade`."""
+
+import csv
+import json
+
+import nbformat
+import pytest
+from test_grade import QUICK
+
+from labkit import cli
+from labkit.grading import exports
+
+SHA = "a" * 64
+
+
+def _grades(release=SHA, **students):
+    """A grades.json as labkit grade writes it: students -> notebook -> rows of (exercise, passed, message)."""
+    data = {"profile": "quick", "timeout_s": 60, "labkit_version": "0.test", "isolated": True,
+            "release_sha256": release, "students": {}}
+    for student, notebooks in students.items():
+        for nb, rows in notebooks.items():
+            results = [{"student": student, "notebook": nb, "exercise": ex, "passed": ok, "message": msg}
+                       for ex, ok, msg in rows]
+            data["students"].setdefault(student, {})[nb] = {
+                "passed": sum(ok for _, ok, _ in rows), "exercises": len(rows), "seconds": 12.5, "results": results}
+    return data
+
+
+CLASS = _grades(
+    ana={"05_cuda_kernels.ipynb": [("naive_matmul", True, "passed"), ("tiled_matmul", False, "the tile is not __shared__")],
+         "07_ring_allreduce.ipynb": [("ring_chunks", True, "passed")]},
+    ben={"05_cuda_kernels.ipynb": [("naive_matmul", False, "not written yet"), ("tiled_matmul", False, "not written yet")]},
+)
+
+
+def test_gradescope_results_follow_the_documented_format(tmp_path):
+    files = exports.gradescope(CLASS, tmp_path)
+    assert sorted(p.name for p in files) == ["ana.json", "ben.json"] and not (tmp_path / "results.json").exists()
+    ana = json.loads((tmp_path / "gradescope" / "ana.json").read_text())
+    assert set(ana) <= exports.GRADESCOPE_FIELDS and isinstance(ana["tests"], list)
+    for test in ana["tests"]:
+        assert set(test) <= exports.GRADESCOPE_TEST_FIELDS
+        assert isinstance(test["score"], float) and isinstance(test["max_score"], float) and isinstance(test["name"], str)
+        assert test["visibility"] in {"hidden", "after_due_date", "after_published", "visible"}
+        assert test["status"] in {"passed", "failed"} and (test["status"] == "passed") == (test["score"] == 1.0)
+    assert [(t["name"], t["score"], t["output"]) for t in ana["tests"]] == [
+        ("Lab 05 cuda kernels: naive_matmul", 1.0, "passed"),
+        ("Lab 05 cuda kernels: tiled_matmul", 0.0, "the tile is not __shared__"),
+        ("Lab 07 ring allreduce: ring_chunks", 1.0, "passed")]
+    assert ana["score"] == 2.0 and ana["execution_time"] == 25 and ana["visibility"] in {"visible", "hidden"}
+    one = _grades(ana={"07_ring_allreduce.ipynb": [("ring_chunks", True, "passed")]})
+    exports.gradescope(one, tmp_path / "autograder")  # one submission, as inside Gradescope's autograder image
+    assert json.loads((tmp_path / "autograder" / "results.json").read_text())["score"] == 1.0
+
+
+def test_canvas_csv_has_the_import_columns_points_possible_and_a_column_per_lab(tmp_path):
+    roster = tmp_path / "export.csv"  # a gradebook as Canvas exports it (a Points Possible row, a test student)
+    roster.write_text('Student,ID,SIS User ID,SIS Login ID,Section,Old quiz (123)\n'
+                      '    Points Possible,,,,,10\n'
+                      '"Ana, Alvarez",101,S101,ana,Lab A,7\n'
+                      '"Student, Test",999,,test,Lab A,\n', encoding="utf-8")
+    path, unplaced = exports.canvas(CLASS, tmp_path / "out", roster)
+    assert unplaced == ["ben"]  # not in the roster: left out, and said
+    rows = list(csv.reader(path.open()))
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
+                       "Lab 05 cuda kernels", "Lab 07 ring allreduce"]
+    assert rows[1] == ["Points Possible", "", "", "", "", "2", "1"]
+    assert rows[2] == ["Ana, Alvarez", "101", "S101", "ana", "Lab A", "1", "1"] and len(rows) == 3
+    path, unplaced = exports.canvas(CLASS, tmp_path / "bare")  # no roster: the folder names identify the students
+    rows = list(csv.DictReader(path.open()))
+    assert unplaced == [] and [(r["Student"], r["SIS Login ID"], r["Lab 07 ring allreduce"]) for r in rows[1:]] == [
+        ("ana", "ana", "1"), ("ben", "ben", "")]  # ben handed in no lab 07: a blank, not a zero Canvas would keep
+    (tmp_path / "bad.csv").write_text("name,score\nana,3\n")
+    with pytest.raises(ValueError, match="not a Canvas gradebook export"):
+        exports.canvas(CLASS, tmp_path / "x", tmp_path / "bad.csv")
+
+
+def test_answer_scores_count_in_canvas_and_not_in_gradescope(tmp_path):
+    data = _grades(ana={"01_serial_backprop.ipynb": [("backprop", True, "passed")]})
+    data["students"]["ana"]["01_serial_backprop.ipynb"].update(answers=[{}, {}], answer_points=3, answer_score=2)
+    rows = list(csv.reader(exports.canvas(data, tmp_path)[0].open()))
+    assert rows[1][-1] == "4" and rows[2][-1] == "3"  # 1 exercise + 3 answer points possible; 1 + 2 scored
+    result = exports.gradescope_result(data["students"]["ana"], data)
+    assert result["score"] == 1.0 and "2 written answer(s)" in result["output"]
+
+
+def test_changes_name_each_verdict_that_moved_and_refuse_another_release():
+    after = _grades(
+        ana={"05_cuda_kernels.ipynb": [("naive_matmul", True, "passed"), ("tiled_matmul", True, "passed")],
+             "07_ring_allreduce.ipynb": [("ring_chunks", False, "chunk 2 is sent twice")]},
+        ben={"05_cuda_kernels.ipynb": [("naive_matmul", False, "not written yet"), ("tiled_matmul", False, "x")]},
+        cy={"05_cuda_kernels.ipynb": [("naive_matmul", True, "passed")]})
+    rows = exports.changes(CLASS, after)
+    assert [(r["student"], r["exercise"], r["before"], r["after"], r["why"]) for r in rows] == [
+        ("ana", "tiled_matmul", "failed", "passed", "passed"),
+        ("ana", "ring_chunks", "passed", "failed", "chunk 2 is sent twice"),
+        ("cy", "naive_matmul", "not graded", "passed", "passed")]  # ben's message changed, his verdict did not
+    assert "3 verdict(s) changed for 2 student(s): 2 now pass, 1 no longer pass" in exports.describe_changes(rows)
+    other = dict(after, release_sha256="b" * 64)
+    with pytest.raises(ValueError, match="another release"):
+        exports.changes(CLASS, other)
+    assert len(exports.changes(CLASS, other, allow_other_release=True)) == 3
+
+
+def test_a_missing_or_foreign_grades_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no grades.json at"):
+        exports.load(tmp_path)
+    (tmp_path / "grades.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="not a grades.json written by labkit grade"):
+        exports.load(tmp_path)
+
+
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+def test_grade_exports_and_a_regrade_says_whose_verdict_changed(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for student in ("ana", "ben"):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(QUICK, tmp_path / "subs" / student / "97_quick.ipynb")
+    grade = ["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "first"), "--export", "gradescope",
+             "--export", "canvas"]
+    assert cli.main(grade) == 0
+    out = capsys.readouterr().out
+    assert "Gradescope: 2 results file(s)" in out and "Canvas: " in out
+    ben = json.loads((tmp_path / "first" / "gradescope" / "ben.json").read_text())
+    assert [t["status"] for t in ben["tests"]] == ["passed", "failed"]
+    assert list(csv.reader((tmp_path / "first" / "canvas.csv").open()))[2] == ["ana", "", "", "ana", "", "1"]
+    # ben fixes nothing but breaks his first answer; the grader is run again against the first run's grades
+    nb = nbformat.read(tmp_path / "subs" / "ben" / "97_quick.ipynb", as_version=4)
+    nb.cells[3].source = "check.karp_flatt(lambda p, s: 1 / s)"
+    nbformat.write(nb, tmp_path / "subs" / "ben" / "97_quick.ipynb")
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "second"),
+                     "--regrade", str(tmp_path / "first")]) == 0
+    assert "regrade: 1 verdict(s) changed for 1 student(s): 0 now pass, 1 no longer pass" in capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "second" / "changes.csv").open()))
+    assert [(r["student"], r["exercise"], r["before"], r["after"]) for r in rows] == [
+        ("ben", "karp_flatt", "passed", "failed")] and rows[0]["why"]
+    first = json.loads((tmp_path / "first" / "grades.json").read_text())
+    first["release_sha256"] = SHA
+    (tmp_path / "first" / "grades.json").write_text(json.dumps(first))
+    with pytest.raises(SystemExit, match="another release"):
+        cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "third"), "--regrade", str(tmp_path / "first")])
+    assert not (tmp_path / "third").exists()  # refused before grading anything
