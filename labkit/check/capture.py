@@ -384,7 +384,8 @@ class Record:
 def _rank() -> int:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        return mpi.COMM_WORLD.Get_rank()
+        world = mpi.COMM_WORLD  # the real one also while a check guards it (common.on_given_comm)
+        return getattr(world, "real_world", world).Get_rank()
     return 0
 
 

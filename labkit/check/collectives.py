@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import LabkitError
 from . import capture
-from .common import ExerciseError, not_written, recorded
+from .common import ExerciseError, not_written, on_given_comm, recorded
 from .exercises import Exercise
 from .mpi import collective_check
 
@@ -524,7 +524,7 @@ def linear_reduce(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "linear reduce"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
         for root in range(k):
@@ -632,7 +632,7 @@ def tree_broadcast(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "tree broadcast"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
         for root in range(k):
@@ -741,7 +741,7 @@ def recursive_doubling(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "recursive doubling"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
         for i, (n, dtype, op) in enumerate(_ALLREDUCE_CASES):

@@ -23,6 +23,56 @@ class ExerciseError(LabkitError, AssertionError):
         return [f"ExerciseError: {self}"]
 
 
+
+class WorldUsed(ExerciseError):
+    """The student's function reached for MPI.COMM_WORLD inside a check that runs it on a smaller communicator."""
+
+
+class _GuardedWorld:
+    """What ``MPI.COMM_WORLD`` is while a collective check runs the student's function (:func:`on_given_comm`): any
+    use of it fails at once, naming the mistake. Left alone, a call on the world from the ranks of a smaller
+    communicator waits for ranks that never join it, and the engines hang inside MPI, beyond any interrupt."""
+
+    def __init__(self, real, ex: str):
+        object.__setattr__(self, "real_world", real)
+        object.__setattr__(self, "ex", ex)
+
+    def __getattr__(self, name):
+        raise WorldUsed(f"{self.ex}: your function used MPI.COMM_WORLD.{name}. The check runs it on communicators of "
+                        "1 to p ranks, and a call on the world of all ranks would wait for ranks that are not taking "
+                        "part, forever. Use the communicator your function is given (its comm argument) for every "
+                        "message and every query of rank and size")
+
+    def __setattr__(self, name, value):
+        self.__getattr__(name)
+
+
+def on_given_comm(fn, ex: str):
+    """``fn`` (the student's function, as :func:`capture.student` gives it) called with ``MPI.COMM_WORLD`` out of
+    its reach: for the checks that run it on sub-communicators, where using the world deadlocks the engines."""
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        from mpi4py import MPI
+
+        real = MPI.COMM_WORLD
+        if isinstance(real, _GuardedWorld):
+            return fn(*args, **kwargs)
+        MPI.COMM_WORLD = _GuardedWorld(real, ex)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            MPI.COMM_WORLD = real
+
+    return guarded
+
+
+def world(mpi):
+    """The real ``MPI.COMM_WORLD`` of the module ``mpi``, also while :func:`on_given_comm` guards it."""
+    w = mpi.COMM_WORLD
+    return w.real_world if isinstance(w, _GuardedWorld) else w
+
+
 def recorded(check):
     """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.check.capture`),
     and whose failures carry the exercise's next hint (:func:`next_hint`)."""

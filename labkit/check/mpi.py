@@ -18,7 +18,7 @@ from ..errors import LabkitError
 from ..shards import ring_chunks as _ring_chunks
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, compare_grads, fail, not_written, passed, recorded
+from .common import ExerciseError, call, compare_grads, fail, not_written, on_given_comm, passed, recorded
 from .exercises import Exercise
 
 
@@ -148,7 +148,7 @@ def ring_reduce_scatter(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "ring reduce-scatter"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
     cases = [(np.float64, MPI.SUM), (np.int32, MPI.PROD), (np.float32, MPI.MAX)]
 
     def run(sub, k):
@@ -172,7 +172,7 @@ def ring_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "ring allreduce"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
     cases = [(np.float64, MPI.SUM), (np.int64, MPI.MAX), (np.int32, MPI.PROD), (np.float32, MPI.MIN)]
 
     def run(sub, k):
@@ -539,7 +539,7 @@ def mean_gradient(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "mean gradient"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
         for case, counts in enumerate(_mg_counts(k, np.random.default_rng(capture.seed(90 + k)))):
@@ -661,7 +661,7 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "data-parallel step"
-    fn = capture.student(fn, ex=ex)
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
         for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):

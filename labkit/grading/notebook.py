@@ -178,6 +178,8 @@ class NotebookRun:
         self.cgroups = sandbox.make_cgroup(self.limits) if self.isolate else []
         self.client = None
         self.cell, self.t0, self.killed = None, 0.0, None  # the cell running, since when; the cell killed
+        self.timed_out: set[int] = set()  # cells that ran to their limit (a %%px cell's interrupt raises nothing)
+        self.engines_stopped: int | None = None  # the cell after which the MPI engines were killed
 
     # -- while the notebook runs ------------------------------------------------------------------------------------
 
@@ -193,6 +195,11 @@ class NotebookRun:
         """Right after a check cell: its records go where the notebook cannot reach them."""
         import shutil
 
+        if time.monotonic() - self.t0 >= self.timeout and _interrupted(cell):
+            self.timed_out.add(cell_index)
+            if self.engines_stopped is None and _engine_cell(cell):
+                self.engines_stopped = cell_index
+                self.stop_engines()
         self.cell = None
         for name in self.by_cell.get(cell_index, []):
             target = self.private / "records" / name
@@ -241,6 +248,29 @@ class NotebookRun:
             except OSError:
                 pass
 
+    def stop_engines(self) -> list[int]:
+        """Kill the notebook's MPI engines and their mpiexec, leaving its kernel: after a cell that ran on them was
+        stopped at its limit, they may be blocked inside an MPI call (a collective that some ranks never join), where
+        no interrupt reaches; every later cell on them would wait its whole limit. Returns the pids killed."""
+        from . import sandbox
+
+        km = self.client.km if self.client is not None else None
+        kernel = getattr(getattr(getattr(km, "provisioner", None), "process", None), "pid", None)
+        pids = sandbox.cgroup_pids(self.cgroups) if self.cgroups else _descendants(kernel) if kernel else set()
+        killed = []
+        for pid in sorted(pids):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(ENGINE_PROGRAM.search(a.decode(errors="replace")) for a in argv[:4]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except OSError:
+                    pass
+        return killed
+
     def _watch(self, finished) -> None:
         """From outside the kernel: a cell that ignores the interrupt is killed with its kernel."""
         while not finished.wait(0.25):
@@ -285,6 +315,16 @@ class NotebookRun:
         forks = bool(self.cgroups) and sandbox.hit_process_limit(self.cgroups)
         outcomes = {}
         for i, name in self.exercises:
+            if i in self.timed_out and i != self.killed:
+                stopped_too = ("; the MPI engines were stopped with it, as they may be blocked in an MPI call that no "
+                               "interrupt reaches") if i == self.engines_stopped else ""
+                outcomes[name] = (False, f"stopped after the {self.timeout} s limit per cell (an endless loop, a "
+                                         f"deadlock, or far too slow?){stopped_too}")
+                continue
+            if self.engines_stopped is not None and i > self.engines_stopped and _engine_cell(self.nb.cells[i]):
+                outcomes[name] = (False, f"not run: the MPI engines were stopped after cell {self.engines_stopped} "
+                                         f"ran past the {self.timeout} s limit on them (blocked in an MPI call?)")
+                continue
             if i == self.killed:
                 outcomes[name] = (False, f"stopped after the {self.timeout} s limit per cell; it ignored the interrupt, "
                                          "so the kernel and everything it started (engines, MPI ranks) were killed")
@@ -364,6 +404,43 @@ def _unreadable(path: Path) -> str | None:
 
 
 GRACE = 10  # seconds a cell has, after the interrupt, to stop before its kernel is killed
+# the programs of a notebook's MPI engines (ipyparallel's engine and its nanny, MPICH's mpiexec and proxy)
+ENGINE_PROGRAM = re.compile(r"ipyparallel\.engine|(^|/)(mpiexec|mpirun|mpiexec\.hydra|hydra_pmi_proxy)$")
+
+
+def _interrupted(cell) -> bool:
+    """Whether a cell's outputs show the interrupt that stopped it: a KeyboardInterrupt, or for a %%px cell, whose
+    magic catches it and returns as if all went well, ipyparallel's line saying it passed the interrupt on."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error" and out.get("ename") == "KeyboardInterrupt":
+            return True
+        if out.get("output_type") == "stream" and "Received Keyboard Interrupt" in out.get("text", ""):
+            return True
+    return False
+
+
+def _engine_cell(cell) -> bool:
+    """Whether a code cell runs on the MPI engines: a %%px cell, or one that calls the cluster's view."""
+    source = cell.get("source", "")
+    return source.lstrip().startswith(("%%px", "%px")) or ".view" in source
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (read from /proc): a kernel's engines when there is no sandbox cgroup."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 RECORD_LIMIT = 256 << 20  # bytes: a larger record file is not read (the checks' records are a few MB at most)
 
 

@@ -80,6 +80,8 @@ def library_reduce(c, x, op=MPI.SUM, root=0):
 R = "linear_reduce"
 passes(R, "a right linear reduce passes", linear_reduce)
 mistake(R, "not written", not_written, "not written yet")
+mistake(R, "the world's rank", lambda c, x, op=MPI.SUM, root=0: linear_reduce(c, x, op, MPI.COMM_WORLD.Get_rank()),
+        "used MPI.COMM_WORLD.Get_rank")
 mistake(R, "the root leaves out its own x", lambda c, x, op=MPI.SUM, root=0: linear_reduce(c, x, op, root, own=False),
         "left out its own x", "Step ")
 mistake(R, "receiving into the result", lambda c, x, op=MPI.SUM, root=0: linear_reduce(c, x, op, root, fresh=False),

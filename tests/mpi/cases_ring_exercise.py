@@ -82,6 +82,14 @@ def not_written(c, x, op=MPI.SUM):
     raise NotImplementedError
 
 
+def world_allreduce(c, x, op=MPI.SUM):
+    # the world instead of the communicator given: on a sub-communicator this waits for ranks that never join it,
+    # inside MPI where no interrupt reaches (the engines hung in a graded class); the check names it at once
+    out = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, out, op)
+    return out
+
+
 def deadlocks(c, x, op=MPI.SUM):
     # everyone sends first with a blocking Send and nobody receives: waits forever without the timeout
     p, r = c.Get_size(), c.Get_rank()
@@ -103,4 +111,6 @@ mistake("the library's Allreduce", library_allreduce, "called comm.Allreduce", "
 mistake("the library's lowercase allreduce", lowercase_allreduce, "called comm.allreduce")
 mistake("not written", not_written, "not written yet")
 mistake("a deadlock ends in a timeout", deadlocks, "waited 3 s")
+mistake("MPI.COMM_WORLD instead of the comm given", world_allreduce, "used MPI.COMM_WORLD.Allreduce",
+        "the communicator your function is given")
 run_cases(comm)

@@ -120,6 +120,8 @@ MG = "mean_gradient"
 passes(MG, "labkit's mean passes", mean_of_shards)
 passes(MG, "a right student mean passes", mean_gradient)
 mistake(MG, "not written", not_written, "not written yet")
+mistake(MG, "the world's rank count", lambda c, g, n: mean_gradient(c, g, n) if MPI.COMM_WORLD.Get_size() else None,
+        "used MPI.COMM_WORLD.Get_size", "its comm argument")
 mistake(MG, "the means averaged over p", lambda c, g, n: mean_gradient(c, g, n, weigh=False, divide="p"),
         "you averaged the ranks' means (divided by p)", "divides by the batch, not by p")
 mistake(MG, "the means added up", lambda c, g, n: mean_gradient(c, g, n, weigh=False, divide="none"),
