@@ -359,3 +359,26 @@ def test_an_empty_a_broken_and_an_old_format_notebook_each_get_their_rows_and_th
     assert "not a notebook that can be read" in got["cyd"][1]
     assert not got["dan"][0] and "staleness of workers taking turns" in got["dan"][1]  # its check ran and failed
     assert csv_path.is_file()
+
+
+def test_the_engines_of_a_notebook_are_found_below_its_kernel():
+    # without a sandbox's cgroup, the MPI engines to stop after a hung %%px cell are the kernel's descendants
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+                               "print(child.pid, flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(parent.stdout.readline())
+        assert grandchild in notebook._descendants(parent.pid)
+        assert parent.pid not in notebook._descendants(parent.pid)
+        assert notebook.ENGINE_PROGRAM.search("/venv/bin/mpiexec") and notebook.ENGINE_PROGRAM.search(
+            "ipyparallel.engine") and not notebook.ENGINE_PROGRAM.search("ipykernel_launcher")
+    finally:
+        import os
+        import signal
+
+        os.kill(grandchild, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
