@@ -183,6 +183,14 @@ def _hand_on(a, json_path: Path, before: dict | None) -> None:
         print(exports.describe_changes(rows) + f"\n(every change, with the new message: {path})")
 
 
+def _cmd_similarity(a) -> int:
+    from .grading import similarity
+
+    result = similarity.run(a.folder, release=a.release, out=a.out, top=a.top, lab=a.lab, common=a.common)
+    print(similarity.summary(result, top=10))
+    return 0
+
+
 def _cmd_bench(a) -> int:
     from . import benchmarks
 
@@ -376,6 +384,23 @@ def _add_grade(sub) -> None:
                    help="with --regrade: compare even when the earlier grades come from another release")
 
 
+def _add_similarity(sub) -> None:
+    sim = _sub(sub, "similarity", "rank pairs of students by how much code of their own they share (MOSS-like)",
+               "Compare every two students' notebooks of the same lab, MOSS-like: comments, blank lines, docstrings\n"
+               "and names are normalised away and the code handed out is removed, then winnowed fingerprints of the\n"
+               "rest are matched. Writes DIR/similarity.html (the pairs ranked, the matching lines side by side) and\n"
+               "DIR/similarity.csv (every pair). A lead for a person to read, never a verdict.", _cmd_similarity)
+    sim.add_argument("folder", help="one folder per student holding their notebooks, or the notebooks themselves")
+    sim.add_argument("--release", default=None,
+                     help="the release record (release.json or its folder) from labkit assign, whose handed-out code "
+                          "is removed (default: release/ if there, else rebuilt from the instructor's notebooks)")
+    sim.add_argument("--out", default="similarity", help="output folder (default: similarity/)")
+    sim.add_argument("--top", type=int, default=50, help="pairs shown with their code in the HTML (default 50)")
+    sim.add_argument("--lab", default=None, metavar="NN", help="only the labs whose file name contains this, e.g. 07")
+    sim.add_argument("--common", type=int, default=10, metavar="N",
+                     help="code that more than N students of a lab share is an idiom, not a copy (default 10)")
+
+
 def _add_bench(sub) -> None:
     from .benchmarks import BENCHMARKS
 
@@ -420,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign,
-                _add_grade, _add_bench, _add_cluster, _add_gpu_check):
+                _add_grade, _add_similarity, _add_bench, _add_cluster, _add_gpu_check):
         add(sub)
     return p
 

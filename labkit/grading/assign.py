@@ -120,7 +120,9 @@ def lock_given_cells(nb) -> None:
 
 
 def release_entry(student) -> dict:
-    """What the grader needs of one handed-out notebook: its hash and, per exercise, the check cell (id, source)."""
+    """What the grader needs of one handed-out notebook: its hash and, per exercise, the check cell (id, source);
+    and the source of every code cell as handed out (``given_code``), which ``labkit similarity`` takes out of the
+    students' code before comparing it."""
     import hashlib
 
     text = nbformat.writes(student)
@@ -131,7 +133,9 @@ def release_entry(student) -> dict:
                           "check_sha256": hashlib.sha256(cell.source.encode()).hexdigest()})
     questions = [{"id": m["answer"], "kind": m["kind"], "points": int(m.get("points", 1)),
                   "question": answers.question_text(student, i)} for i, m in answers.answer_cells(student)]
-    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises, "answers": questions}
+    given = [cell.source for cell in student.cells if cell.cell_type == "code"]
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises, "answers": questions,
+            "given_code": given}
 
 
 def nbgrader_source(nb, points: int = 1):
