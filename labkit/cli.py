@@ -148,9 +148,16 @@ def _cmd_grade(a) -> int:
                              f"--part $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), got {a.part!r}")
         part = (int(k), int(n))
     limits = Limits(memory_mb=a.memory, processes=a.processes, cpu_seconds=a.cpu_seconds)
-    results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile, release=a.release,
-                                               jobs=a.jobs, isolate=False if a.no_sandbox else None, limits=limits,
-                                               part=part)
+    try:
+        results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile,
+                                                   release=a.release, jobs=a.jobs,
+                                                   isolate=False if a.no_sandbox else None, limits=limits, part=part,
+                                                   resume=a.resume)
+    except KeyboardInterrupt:
+        print(f"\nlabkit grade: interrupted. Every notebook it was grading was stopped, with its sandbox, kernel and "
+              f"engines; no grades were written. What was graded is kept in {Path(a.out) / grade.PROGRESS}: run the "
+              "same command with --resume to go on from there.", file=sys.stderr)
+        return 130
     print(grade.summary(results))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     if (Path(a.out) / "answers.csv").is_file():
@@ -373,6 +380,9 @@ def _add_grade(sub) -> None:
                                                       "are given into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
+    g.add_argument("--resume", action="store_true",
+                   help="go on with an interrupted run into the same --out, with the same options: the notebooks it "
+                        "finished (and that have not changed since) are not graded again")
     g.add_argument("--export", action="append", choices=["gradescope", "canvas"],
                    help="also write the grades for a gradebook: gradescope (results.json per student) or canvas "
                         "(canvas.csv for the gradebook import); may be given twice")

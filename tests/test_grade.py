@@ -382,3 +382,71 @@ def test_the_engines_of_a_notebook_are_found_below_its_kernel():
         os.kill(grandchild, signal.SIGKILL)
         parent.kill()
         parent.wait()
+
+
+SLOW = new_notebook(cells=[
+    new_markdown_cell("# Lab 96"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("import time\nfrom labkit import check\ntime.sleep(25)"),
+    new_code_cell("check.karp_flatt(lambda p, s: (1 / s - 1 / p) / (1 - 1 / p))"),
+])
+
+
+def _marked(mark: str) -> list[str]:
+    """The processes whose environment holds ``mark``: what a run started, wherever it was re-parented."""
+    from pathlib import Path
+
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes():
+                found.append(f"{environ.parent.name}: {(environ.parent / 'cmdline').read_bytes()[:120]!r}")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+@pytest.mark.slow
+def test_sigterm_stops_every_worker_and_sandbox_and_resume_grades_only_the_rest(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    for student, nb in (("ana", QUICK), ("ben", QUICK), ("cy", SLOW), ("dee", SLOW)):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / f"9{6 + (nb is QUICK)}_lab.ipynb")
+    mark = f"LABKIT_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "LABKIT_TEST_RUN": mark.split("=")[1], "LABKIT_PROGRESS": "0"}
+    argv = [sys.executable, "-m", "labkit", "grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"),
+            "--jobs", "2", "--timeout", "60"]
+    before = set(os.listdir("/tmp"))
+    run = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress = tmp_path / "out" / grade.PROGRESS
+    deadline = time.monotonic() + 240
+    while len(list(progress.glob("*.json"))) < 3 and time.monotonic() < deadline:  # run.json and the two quick ones
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.5)
+    assert len(list(progress.glob("*.json"))) == 3, "the two quick notebooks were not kept in time"
+    run.send_signal(signal.SIGTERM)  # while the two slow ones sleep in their sandboxes
+    _, err = run.communicate(timeout=90)
+    assert run.returncode == 130 and "interrupted" in err and "--resume" in err, err
+    time.sleep(1)
+    assert _marked(mark.split("=")[1]) == [], "processes outlived the interrupted run"
+    assert not (tmp_path / "out" / "grades.csv").exists() and not (tmp_path / "out" / "grades.json").exists()
+    assert not [d for d in set(os.listdir("/tmp")) - before if d.startswith(("labkit-sandbox-", "labkit-grader-"))]
+    kept = {json.loads(f.read_text())["student"]: json.loads(f.read_text())["seconds"]
+            for f in progress.glob("*.json") if f.name != "run.json"}
+    assert sorted(kept) == ["ana", "ben"]
+    with pytest.raises(subprocess.CalledProcessError):  # other options than the interrupted run's: refused
+        subprocess.run(argv + ["--resume", "--timeout", "90"], env=env, cwd=tmp_path, check=True, capture_output=True)
+    done = subprocess.run(argv + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    students = json.loads((tmp_path / "out" / "grades.json").read_text())["students"]
+    assert {s: students[s]["97_lab.ipynb"]["seconds"] for s in ("ana", "ben")} == {s: round(t, 1) for s, t in kept.items()}
+    assert [students[s]["96_lab.ipynb"]["passed"] for s in ("cy", "dee")] == [1, 1]
+    assert not progress.exists() and _marked(mark.split("=")[1]) == []

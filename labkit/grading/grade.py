@@ -104,7 +104,7 @@ def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
           jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
-          part: tuple[int, int] | None = None) -> tuple[list[ExerciseResult], Path, Path]:
+          part: tuple[int, int] | None = None, resume: bool = False) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
     With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
@@ -119,7 +119,12 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     submissions' code runs with the grader's rights.
 
     ``part=(k, n)`` grades only the k-th of n shares of the students (k = 0 .. n-1, every n-th student in name order):
-    one share per task of a SLURM array, say, each into its own ``out``, put together by :func:`merge`."""
+    one share per task of a SLURM array, say, each into its own ``out``, put together by :func:`merge`.
+
+    Each notebook's results are kept in ``out``/.progress as soon as it is graded. An interrupted run (Ctrl-C, or
+    SIGTERM, which is taken as Ctrl-C) stops its workers and every sandbox, kernel and engine they started, writes no
+    grades, and raises KeyboardInterrupt; ``resume=True`` then grades only what it had not finished (a notebook
+    changed since is graded again), with the same options."""
     from .. import __version__
     from ..machine import usable_cores
 
@@ -135,13 +140,18 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
               "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
     out = Path(out)
     threads = max(1, usable_cores() // jobs) if jobs > 1 else None
+    options = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "part": list(part) if part else None,
+               "limits": asdict(limits or Limits()), "isolated": bool(isolate)}
+    kept = _Progress(out, options, resume)
     work = [(path, student, out / "executed" / student, timeout, profile,
              record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,
              limits)
             for student, path in found]
     results: list[ExerciseResult] = []
     seconds, hashes = {}, {}
-    for (student, path), (mine, secs, digest) in zip(found, _grade_all(work, jobs, progress)):
+    with _sigterm_as_interrupt():
+        graded = _grade_all(work, jobs, progress, kept)
+    for (student, path), (mine, secs, digest) in zip(found, graded):
         results += mine
         seconds[(student, path.name)] = secs
         hashes[(student, path.name)] = digest
@@ -157,7 +167,91 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     students = _by_student(results, seconds, hashes)
     _add_answers(students, answered)
     csv_path, json_path = _write(out, results, {**meta, "students": students})
+    kept.finish()
     return results, csv_path, json_path
+
+
+PROGRESS = ".progress"
+
+
+class _Progress:
+    """The results of the notebooks graded so far in a run, one file each in ``out``/.progress, so that an
+    interrupted run can be resumed; removed when the run has written its grades."""
+
+    def __init__(self, out: Path, options: dict, resume: bool):
+        import shutil
+
+        self.folder = Path(out) / PROGRESS
+        self.options = json.loads(json.dumps(options))
+        run = self.folder / "run.json"
+        if resume:
+            if not run.is_file():
+                raise FileNotFoundError(f"nothing to resume in {out}: no interrupted labkit grade run left "
+                                        f"{self.folder} (run without --resume)")
+            earlier = json.loads(run.read_text())
+            if earlier != self.options:
+                differ = ", ".join(k for k in self.options if earlier.get(k) != self.options[k])
+                raise ValueError(f"the interrupted run in {out} graded with other options ({differ}): resume with "
+                                 "the same options, or run without --resume to start again")
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        run.write_text(json.dumps(self.options))
+
+    def _file(self, student: str, path: Path) -> Path:
+        import hashlib
+
+        return self.folder / (hashlib.sha256(f"{student}\0{Path(path).name}".encode()).hexdigest()[:24] + ".json")
+
+    def get(self, student: str, path: Path) -> tuple[list[ExerciseResult], float, str] | None:
+        """The results kept for this notebook, if it is unchanged since it was graded."""
+        import hashlib
+
+        f = self._file(student, path)
+        try:
+            kept = json.loads(f.read_text())
+            if kept["sha256"] != hashlib.sha256(Path(path).read_bytes()).hexdigest():
+                return None
+            return [ExerciseResult(**r) for r in kept["results"]], float(kept["seconds"]), kept["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, student: str, path: Path, item: tuple[list[ExerciseResult], float, str]) -> None:
+        mine, secs, digest = item
+        f = self._file(student, path)
+        tmp = f.with_suffix(".part")
+        tmp.write_text(json.dumps({"student": student, "notebook": Path(path).name, "sha256": digest, "seconds": secs,
+                                   "results": [asdict(r) for r in mine]}))
+        tmp.replace(f)
+
+    def finish(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (a kill, a scheduler's time limit) handled as Ctrl-C: the run unwinds, stopping what it started."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _answers(found: list[tuple[str, Path]], record: dict | None, out: Path) -> list[answer_cells.Answer]:
@@ -242,23 +336,62 @@ def _share(found: list[tuple[str, Path]], part: tuple[int, int] | None) -> list[
     return [(s, p) for s, p in found if s in mine]
 
 
-def _grade_all(work: list[tuple], jobs: int, progress: bool | None) -> list[tuple[list[ExerciseResult], float, str]]:
-    """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes."""
+def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
+               kept: _Progress | None = None) -> list[tuple[list[ExerciseResult], float, str]]:
+    """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes. What ``kept``
+    holds of an interrupted run is not graded again; what is graded is kept as soon as it is."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    done = []
-    with progress_bar(total=len(work), enable=progress, desc="grading", unit="nb") as bar:
+    done: dict[int, tuple] = {}
+    for k, args in enumerate(work):
+        if kept is not None and (item := kept.get(args[1], args[0])) is not None:
+            done[k] = item
+    todo = [k for k in range(len(work)) if k not in done]
+    with progress_bar(total=len(work), initial=len(done), enable=progress, desc="grading", unit="nb") as bar:
+        def finished(k, item):
+            done[k] = item
+            if kept is not None:
+                kept.put(work[k][1], work[k][0], item)
+            bar.update(1)
+
         if jobs == 1:
-            for args in work:
-                done.append(_grade_one(args))
-                bar.update(1)
+            for k in todo:
+                finished(k, _grade_one(work[k]))
         else:  # worker processes (spawned: no copy of this process's threads or state); map keeps the order
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-                for item in pool.map(_grade_one, work):
-                    done.append(item)
-                    bar.update(1)
-    return done
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_started)
+            try:
+                for k, item in zip(todo, pool.map(_grade_one, [work[k] for k in todo])):
+                    finished(k, item)
+            except BaseException:
+                _stop_workers(pool)
+                raise
+            pool.shutdown()
+    return [done[k] for k in range(len(work))]
+
+
+def _worker_started() -> None:
+    """In each worker: Ctrl-C is the parent's to handle; SIGTERM (sent by the parent when the run is interrupted)
+    unwinds the notebook being graded, whose sandbox, kernel and engines are then stopped and removed."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def _stop_workers(pool) -> None:
+    """Stop an interrupted run's workers and what they started: SIGTERM (each cleans up its notebook), then SIGKILL
+    for any still there after 30 s."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
 
 
 def _not_handed_in(found: list[tuple[str, Path]], record: dict) -> list[ExerciseResult]:
@@ -283,14 +416,17 @@ def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict) -> d
 
 
 def _write(out: Path, results: list[ExerciseResult], data: dict) -> tuple[Path, Path]:
+    """grades.csv and grades.json, each written whole or not at all (a temporary file renamed into place)."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out / "grades.csv", out / "grades.json"
-    with open(csv_path, "w", newline="") as f:
+    with open(csv_path.with_suffix(".csv.part"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["student", "notebook", "exercise", "passed", "message"])
         for r in results:
             w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    csv_path.with_suffix(".csv.part").replace(csv_path)
+    json_path.with_suffix(".json.part").write_text(json.dumps(data, indent=2) + "\n")
+    json_path.with_suffix(".json.part").replace(json_path)
     return csv_path, json_path
 
 
