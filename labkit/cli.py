@@ -172,9 +172,16 @@ def _hand_on(a, json_path: Path, before: dict | None) -> None:
     from .grading import exports
 
     data = exports.load(json_path)
+    hidden = {name.strip() for names in (a.hidden or []) for name in names.split(",") if name.strip()}
+    if a.feedback:
+        from .grading import feedback
+
+        pages = feedback.write(data, a.feedback, Path(json_path).parent, hidden)
+        print(f"feedback: {len(pages)} page(s), one per student and lab, in {a.feedback}"
+              + (f" ({len(hidden)} hidden check(s): they count, their messages are not shown)" if hidden else ""))
     for kind in dict.fromkeys(a.export or []):
         if kind == "gradescope":
-            files = exports.gradescope(data, a.out)
+            files = exports.gradescope(data, a.out, hidden)
             print(f"Gradescope: {len(files)} results file(s) in {Path(a.out) / exports.GRADESCOPE_DIR}"
                   + (f" and {Path(a.out) / 'results.json'}" if len(data["students"]) == 1 else ""))
         elif kind == "canvas":
@@ -380,6 +387,12 @@ def _add_grade(sub) -> None:
                                                       "are given into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
+    g.add_argument("--feedback", default=None, metavar="DIR",
+                   help="also write one HTML page per student and lab into DIR: their executed notebook with each "
+                        "exercise's verdict and message beside its check cell, their score and the limits")
+    g.add_argument("--hidden", action="append", metavar="NAME",
+                   help="an exercise whose check is hidden (may be repeated, or NAME,NAME): it counts, but the "
+                        "feedback and Gradescope show only whether it passed")
     g.add_argument("--resume", action="store_true",
                    help="go on with an interrupted run into the same --out, with the same options: the notebooks it "
                         "finished (and that have not changed since) are not graded again")

@@ -209,3 +209,39 @@ def test_an_exported_lab_page_renders_its_math_with_no_network(tmp_path):
         finally:
             browser.close()
     assert not outside, f"the page asked the network for {outside}"
+
+
+def test_a_feedback_page_reads_in_chromium_and_runs_none_of_the_students_script(tmp_path):
+    """A student's feedback page, opened in Chromium: the verdicts and the message read as text, the hidden check
+    says only that it failed, and nothing the student put in the notebook runs (no alert opens)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_exports import _feedback_class
+
+    from labkit.grading import feedback
+
+    chromium = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright is not installed (pip install -e '.[test]')")
+    (page_path,) = feedback.write(_feedback_class(tmp_path), tmp_path / "fb", tmp_path / "grades", hidden={"karp_flatt"})
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://") else route.abort())
+        try:
+            page.goto(page_path.as_uri())
+            page.wait_for_timeout(1000)
+            body = page.inner_text("body")
+            assert "Feedback: 97_quick.ipynb" in body and "Exercises passed: 0 of 2" in body
+            assert "✘ failed: exercise speedup_efficiency" in body and "speedup: rank 2 is ```wrong``` <i>x</i>" in body
+            assert "a hidden check failed" in body and "0.13" not in body
+            assert "<script>alert(1)</script>" in body  # shown as the text the student typed, not run
+            page.screenshot(path=str(tmp_path / "feedback.png"), full_page=True)
+        finally:
+            browser.close()
+    assert dialogs == [], f"the student's script ran: {dialogs}"

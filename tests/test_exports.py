@@ -6,7 +6,6 @@ import json
 
 import nbformat
 import pytest
-from test_grade import QUICK
 
 from labkit import cli
 from labkit.grading import exports
@@ -114,15 +113,19 @@ def test_a_missing_or_foreign_grades_file_is_named(tmp_path):
 @pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_grade_exports_and_a_regrade_says_whose_verdict_changed(tmp_path, capsys, monkeypatch):
+    from test_grade import QUICK  # here, not at the top: importing test_grade probes the sandbox
+
     monkeypatch.chdir(tmp_path)
     for student in ("ana", "ben"):
         (tmp_path / "subs" / student).mkdir(parents=True)
         nbformat.write(QUICK, tmp_path / "subs" / student / "97_quick.ipynb")
     grade = ["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "first"), "--export", "gradescope",
-             "--export", "canvas"]
+             "--export", "canvas", "--feedback", str(tmp_path / "feedback"), "--hidden", "karp_flatt#2"]
     assert cli.main(grade) == 0
     out = capsys.readouterr().out
-    assert "Gradescope: 2 results file(s)" in out and "Canvas: " in out
+    assert "Gradescope: 2 results file(s)" in out and "Canvas: " in out and "feedback: 2 page(s)" in out
+    page = (tmp_path / "feedback" / "ben" / "97_quick.html").read_text()
+    assert "✔ passed" in page and "✘ failed" in page and "a hidden check failed" in page
     ben = json.loads((tmp_path / "first" / "gradescope" / "ben.json").read_text())
     assert [t["status"] for t in ben["tests"]] == ["passed", "failed"]
     assert list(csv.reader((tmp_path / "first" / "canvas.csv").open()))[2] == ["ana", "", "", "ana", "", "1"]
@@ -142,3 +145,52 @@ def test_grade_exports_and_a_regrade_says_whose_verdict_changed(tmp_path, capsys
     with pytest.raises(SystemExit, match="another release"):
         cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "third"), "--regrade", str(tmp_path / "first")])
     assert not (tmp_path / "third").exists()  # refused before grading anything
+
+
+def _feedback_class(tmp_path):
+    """A graded class of one: ana's executed notebook (with hostile markdown and outputs) and its grades."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    nb = new_notebook(cells=[
+        new_markdown_cell("# Lab 97\n\nMy notes <script>alert(1)</script> and <img src=x onerror=alert(2)>, "
+                          "with <b>plain</b> tags kept."),
+        new_code_cell("check.speedup_efficiency(mine)", outputs=[
+            new_output("error", ename="ExerciseError", evalue="speedup: rank 2 is wrong", traceback=[])]),
+        new_code_cell("check.karp_flatt(mine)", outputs=[
+            new_output("stream", name="stdout", text="THE SECRET INPUTS 7 11 13")]),
+        new_code_cell("show()", outputs=[new_output("display_data", data={
+            "text/html": "<script>alert(3)</script>", "application/javascript": "alert(4)", "text/plain": "a table"})]),
+    ])
+    (tmp_path / "grades" / "executed" / "ana").mkdir(parents=True)
+    nbformat.write(nb, tmp_path / "grades" / "executed" / "ana" / "97_quick.ipynb")
+    return _grades(ana={"97_quick.ipynb": [("speedup_efficiency", False, "speedup: rank 2 is ```wrong``` <i>x</i>"),
+                                           ("karp_flatt", False, "e at p=7 should be 0.13")]})
+
+
+def test_feedback_pages_show_each_verdict_and_hide_what_is_hidden_and_run_no_script(tmp_path):
+    from labkit.grading import feedback
+
+    data = _feedback_class(tmp_path)
+    data["students"]["ana"]["97_quick.ipynb"].update(answers=[{"score": 1}, {"score": None}], answer_points=3)
+    (page,) = feedback.write(data, tmp_path / "fb", tmp_path / "grades", hidden={"karp_flatt"})
+    assert page == tmp_path / "fb" / "ana" / "97_quick.html"
+    text = page.read_text()
+    assert "Exercises passed:</strong> 0 of 2" in text and "1 of them hidden" in text
+    assert "1 of 3 points scored so far (1 of 2 still to be read)" in text and "each cell was allowed 60 s" in text
+    assert "speedup: rank 2 is ```wrong``` &lt;i&gt;x&lt;/i&gt;" in text  # the visible message, as literal text
+    assert "a hidden check failed" in text and "0.13" not in text and "THE SECRET INPUTS" not in text
+    assert "<script>alert" not in text and "<img src=x" not in text and "alert(3)" not in text and "alert(4)" not in text
+    assert "<b>plain</b>" in text and "a table" in text
+    # a lab with no executed notebook (not handed in) still gets its page, from the rows
+    data["students"]["ana"]["98_other.ipynb"] = {"passed": 0, "exercises": 1, "results": [
+        {"student": "ana", "notebook": "98_other.ipynb", "exercise": "backprop", "passed": False,
+         "message": "notebook not handed in"}]}
+    pages = feedback.write(data, tmp_path / "fb2", tmp_path / "grades")
+    assert "notebook not handed in" in (tmp_path / "fb2" / "ana" / "98_other.html").read_text() and len(pages) == 2
+
+
+def test_hidden_checks_show_in_gradescope_only_once_published():
+    result = exports.gradescope_result(CLASS["students"]["ana"], CLASS, hidden={"tiled_matmul"})
+    tiled = next(t for t in result["tests"] if t["name"].endswith("tiled_matmul"))
+    assert tiled["visibility"] == "after_published" and tiled["output"] == "a hidden check failed"
+    assert tiled["score"] == 0.0 and "__shared__" not in json.dumps(result)

@@ -54,14 +54,15 @@ def lab_name(notebook: str) -> str:
     return f"Lab {number} {rest.replace('_', ' ')}".strip() if number.isdigit() else stem.replace("_", " ")
 
 
-def gradescope(data: dict, out: Path | str) -> list[Path]:
+def gradescope(data: dict, out: Path | str, hidden: set[str] | None = None) -> list[Path]:
     """Write Gradescope's results.json for every student of ``data`` (a grades.json) into ``out``/gradescope/, and
-    into ``out`` itself when there is one student. Returns the files written."""
+    into ``out`` itself when there is one student. A ``hidden`` exercise's test is shown only once the grades are
+    published, and says no more than whether it passed. Returns the files written."""
     out = Path(out)
     written = []
     students = data["students"]
     for student, notebooks in sorted(students.items()):
-        result = gradescope_result(notebooks, data)
+        result = gradescope_result(notebooks, data, hidden or set())
         path = out / GRADESCOPE_DIR / f"{_safe(student)}.json"
         _write_json(path, result)
         written.append(path)
@@ -71,18 +72,20 @@ def gradescope(data: dict, out: Path | str) -> list[Path]:
     return written
 
 
-def gradescope_result(notebooks: dict, data: dict) -> dict:
+def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset()) -> dict:
     """One student's results.json: a one-point test per exercise, in the order of the notebooks and their cells."""
     tests, seconds, unscored = [], 0.0, 0
     for name, entry in sorted(notebooks.items()):
         seconds += float(entry.get("seconds") or 0)
         lab = lab_name(name)
         for k, r in enumerate(entry.get("results", []), 1):
+            secret = r["exercise"] in hidden or r["exercise"].split("#")[0] in hidden
+            output = r["message"] or ("passed" if r["passed"] else "failed")
             tests.append({"name": f"{lab}: {r['exercise']}", "number": f"{name[:2]}.{k}",
                           "score": 1.0 if r["passed"] else 0.0, "max_score": 1.0,
                           "status": "passed" if r["passed"] else "failed",
-                          "output": r["message"] or ("passed" if r["passed"] else "failed"),
-                          "visibility": "visible", "tags": [name]})
+                          "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
+                          "visibility": "after_published" if secret else "visible", "tags": [name]})
         unscored += len(entry.get("answers", []))
     lines = [f"labkit {data.get('labkit_version', '')}, profile {data.get('profile', 'quick')}, "
              f"{data.get('timeout_s', '?')} s per cell" + ("" if data.get("isolated") else ", not isolated")]

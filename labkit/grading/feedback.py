@@ -1,0 +1,187 @@
+"""Feedback a student can read: their executed notebook, with each exercise's verdict beside its check cell.
+
+    labkit grade submissions/ --out grades/ --feedback feedback/ [--hidden NAME ...]
+
+One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the score and the limits the notebook
+ran under; then the notebook as the grader ran it, and after every check cell a box with the grader's verdict and
+the check's message (the grader's replayed verdict, not what the cell itself printed).
+
+An exercise named in ``hidden`` counts for the grade like any other, but its page shows neither the check cell's
+output nor the check's message: only whether it passed, and "a hidden check failed" when it did not.
+
+The notebook is the student's, so the page keeps nothing that could run script on whoever opens it: outputs only
+as text and images (no HTML, JavaScript or SVG), raw HTML in markdown only as plain tags without attributes, every
+other tag shown as text; the messages are set as literal text. (nbconvert's own sanitiser would also escape the
+paragraphs and headings of every markdown cell.)
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+HIDDEN_FAILED = "a hidden check failed"
+
+
+SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg", "image/gif")
+_PLAIN_TAG = re.compile(r"</?(?:br|p|div|span|b|i|em|strong|code|pre|sub|sup|hr|ul|ol|li|blockquote|table|thead|tbody|"
+                        r"tr|td|th|h[1-6])\s*/?>", re.I)
+_ANY_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def safe_markdown(text: str) -> str:
+    """Markdown whose raw HTML is only attribute-free plain tags; any other tag (script, img with onerror, iframe,
+    a comment) is escaped, so it shows as text."""
+    out, last = [], 0
+    for m in _PLAIN_TAG.finditer(text):
+        out.append(_ANY_TAG.sub("&lt;", text[last:m.start()]))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(_ANY_TAG.sub("&lt;", text[last:]))
+    return "".join(out)
+
+
+def safe_cells(nb) -> None:
+    """The student's notebook made safe to open: markdown by :func:`safe_markdown`, outputs as text and images."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and not cell.metadata.get("labkit_feedback"):
+            cell.source = safe_markdown(cell.source)
+            cell.attachments = {}
+        elif cell.cell_type == "raw":
+            cell.cell_type, cell.source = "markdown", _fence(cell.source)
+            cell.pop("attachments", None)
+        elif cell.cell_type == "code":
+            for out in cell.get("outputs", []):
+                if "data" in out:
+                    data = {k: v for k, v in out["data"].items() if k in SAFE_OUTPUTS}
+                    out["data"] = data or {"text/plain": "(an output that is not text or an image)"}
+
+
+def _fence(text: str) -> str:
+    """``text`` as a fenced code block that no backtick run inside it can close: shown literally, never rendered."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool):
+    """The markdown cell put after a check cell: a quoted box with the verdict, and the message (as literal text)
+    unless the check is hidden."""
+    import nbformat
+
+    lines = [f"**{'✔ passed' if passed else '✘ failed'}**: exercise `{exercise}`"
+             + (" (a hidden check)" if hidden else "")]
+    if not passed and hidden:
+        lines += ["", f"{HIDDEN_FAILED}."]
+    elif not passed:
+        lines += ["", "What the grader's check said:", ""] + _fence(message).splitlines()
+    cell = nbformat.v4.new_markdown_cell("\n".join("> " + line if line else ">" for line in lines))
+    cell.metadata["labkit_feedback"] = True
+    return cell
+
+
+def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_here: int):
+    import nbformat
+
+    limits = data.get("limits") or {}
+    answers = entry.get("answers") or []
+    lines = [f"# Feedback: {html.escape(notebook)}",
+             f"**Student:** {html.escape(student)}  ",
+             f"**Exercises passed:** {entry.get('passed', 0)} of {entry.get('exercises', 0)}"
+             + (f" ({hidden_here} of them hidden checks: they count, their messages are not shown)" if hidden_here
+                else "") + "  "]
+    if answers:
+        scored = [a for a in answers if a.get("score") is not None]
+        lines.append(f"**Written answers:** {sum(a['score'] for a in scored)} of {entry.get('answer_points', 0)} "
+                     f"points scored so far ({len(answers) - len(scored)} of {len(answers)} still to be read)  ")
+    lines += ["",
+              f"Graded on the `{data.get('profile', 'quick')}` profile with labkit {data.get('labkit_version', '')}: "
+              f"each cell was allowed {data.get('timeout_s', '?')} s; the notebook "
+              + (("ran in a sandbox" + (f" with {limits['memory_mb']} MB of memory, {limits['processes']} processes "
+                                        f"and {limits['cpu_seconds']} CPU seconds per process" if limits else ""))
+                 if data.get("isolated") else "ran without a sandbox")
+              + ". Below is your notebook as the grader ran it; after each check cell, the grader's verdict."]
+    cell = nbformat.v4.new_markdown_cell("\n".join(lines))
+    cell.metadata["labkit_feedback"] = True
+    return cell
+
+
+def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, hidden: set[str]):
+    """The executed notebook with the summary at the top and a verdict after each check cell; a hidden check's
+    cell has its outputs removed."""
+    import nbformat
+
+    from .assign import exercises_in
+
+    nb = nbformat.from_dict(nb)
+    rows = {r["exercise"]: r for r in entry.get("results", [])}
+    after: dict[int, list] = {}
+    for i, name in exercises_in(nb):
+        row = rows.get(name)
+        if row is None:
+            continue
+        secret = name.split("#")[0] in hidden or name in hidden
+        if secret:
+            nb.cells[i].outputs = []
+        after.setdefault(i, []).append(verdict_cell(name, bool(row["passed"]), row.get("message", ""), secret))
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        cells.append(cell)
+        cells += after.get(i, [])
+    hidden_here = sum(1 for name in rows if name.split("#")[0] in hidden or name in hidden)
+    nb.cells = [summary_cell(student, notebook, entry, data, hidden_here)] + cells
+    safe_cells(nb)
+    return nb
+
+
+def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidden: set[str]):
+    """A page for a lab with no executed notebook (not handed in, or a file that could not be read): the rows."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [summary_cell(student, notebook, entry, data, 0)]
+    for r in entry.get("results", []):
+        secret = r["exercise"].split("#")[0] in hidden or r["exercise"] in hidden
+        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret))
+    return nb
+
+
+def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> list[Path]:
+    """One HTML page per student and lab in ``out`` from a grading run's grades.json (``data``) and the executed
+    notebooks beside it in ``grades_dir``/executed. Returns the pages written."""
+    import nbformat
+
+    from ..report import local_mathjax
+
+    hidden = set(hidden or ())
+    out = Path(out)
+    pages = []
+    for student, notebooks in sorted(data["students"].items()):
+        folder = out / _safe(student)
+        folder.mkdir(parents=True, exist_ok=True)
+        url = local_mathjax(out)
+        for name, entry in sorted(notebooks.items()):
+            executed = Path(grades_dir) / "executed" / student / name
+            try:
+                nb = feedback_notebook(nbformat.read(executed, as_version=4), student, name, entry, data, hidden)
+            except (OSError, ValueError):
+                nb = missing_notebook(student, name, entry, data, hidden)
+            exporter = _exporter("../" + url if url else None)
+            body, _ = exporter.from_notebook_node(nb)
+            page = folder / (Path(name).stem + ".html")
+            page.write_text(body, encoding="utf-8")
+            pages.append(page)
+    return pages
+
+
+def _exporter(mathjax_url: str | None):
+    from nbconvert import HTMLExporter
+
+    from ..report import _offline_exporter
+
+    return _offline_exporter(HTMLExporter, mathjax_url) if mathjax_url else HTMLExporter()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name) or "_"
