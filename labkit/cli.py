@@ -197,6 +197,16 @@ def _hand_on(a, json_path: Path, before: dict | None) -> None:
         print(exports.describe_changes(rows) + f"\n(every change, with the new message: {path})")
 
 
+def _cmd_check_submission(a) -> int:
+    from .grading.selfcheck import check_submission
+
+    try:
+        result = check_submission(a.notebook, timeout=a.timeout, profile=a.profile, release=a.release)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"labkit check-submission: {e}") from None
+    return 0 if result.results and result.passed == len(result.results) else 1
+
+
 def _cmd_similarity(a) -> int:
     from .grading import similarity
 
@@ -407,6 +417,20 @@ def _add_grade(sub) -> None:
                    help="with --regrade: compare even when the earlier grades come from another release")
 
 
+def _add_check_submission(sub) -> None:
+    c = _sub(sub, "check-submission", "run the grader on your own notebook before handing it in",
+             "Run your saved notebook as `labkit grade` does: top to bottom in a fresh kernel on the quick profile,\n"
+             "each cell under the same time limit, each check's verdict replayed by the grader, in a sandbox where\n"
+             "one can be made here (otherwise with your own rights, which it says). Prints each exercise's verdict\n"
+             "and 'public checks passed: k of n'; the instructor may grade with hidden checks too. Exit code 0\n"
+             "when every public check passed. From a notebook cell: labkit.grading.check_submission(PATH).",
+             _cmd_check_submission)
+    c.add_argument("notebook", help="your notebook (.ipynb), as saved")
+    c.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell, as the grader's default (60)")
+    c.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
+    c.add_argument("--release", default=None, help="the release record, if your instructor gave you one")
+
+
 def _add_similarity(sub) -> None:
     sim = _sub(sub, "similarity", "rank pairs of students by how much code of their own they share (MOSS-like)",
                "Compare every two students' notebooks of the same lab, MOSS-like: comments, blank lines, docstrings\n"
@@ -468,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign,
-                _add_grade, _add_similarity, _add_bench, _add_cluster, _add_gpu_check):
+                _add_grade, _add_check_submission, _add_similarity, _add_bench, _add_cluster, _add_gpu_check):
         add(sub)
     return p
 

@@ -207,6 +207,7 @@ def test_bench_grading_quick_json(capsys):
     assert result["grading_notebooks_per_minute_jobs1"] > 0 and result["grading_parallel_speedup"] > 0
     assert 0 < result["grading_cores_busy_jobs1"] <= result["cores"] + 0.5
     assert ("grading_sandbox_overhead_s" in result) == result["isolated"]
+    assert result["feedback_pages"] == 2 and 0 < result["feedback_seconds_per_notebook"] and result["exports_seconds"] > 0
 
 
 def test_assign_writes_student_versions(tmp_path, capsys):

@@ -10,7 +10,9 @@ this process's children): the most a job per core can gain is the core count div
 be made,
 ``grading_sandbox_overhead_s``: the seconds the sandbox adds per notebook (one job with it against one job without);
 and (not with ``--quick``) ``grading_seconds_per_lab``, every lab with exercises graded once as the instructor wrote
-it, with ``grading_max_seconds_per_notebook``.
+it, with ``grading_max_seconds_per_notebook``; ``feedback_seconds_per_notebook``, the seconds ``--feedback`` takes to
+write one student's page (the median of three writes of the whole class's pages, over the notebooks) and
+``exports_seconds``, the Gradescope and Canvas exports of the class.
 The configurations alternate over the rounds.
 """
 
@@ -26,7 +28,7 @@ from ..bench import interleaved, machine_info
 from ..machine import usable_cores
 
 TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s": ("<=", 2.0),
-           "grading_max_seconds_per_notebook": ("<=", 60.0)}
+           "grading_max_seconds_per_notebook": ("<=", 60.0), "feedback_seconds_per_notebook": ("<=", 1.0)}
 
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
@@ -37,15 +39,16 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     cores = usable_cores()
     n = 2 if quick else 2 * max(cores, 2)
     lab = report.find_notebooks(only="01_")[0]
-    timings, passed, busy, isolated = _grade_in_rounds(lab, n, cores, rounds)
+    timings, passed, busy, isolated, handing_on = _grade_in_rounds(lab, n, cores, rounds)
     per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
     result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
               "machine": machine_info(), "passed": {str(k): list(v) for k, v in passed.items()},
               "grading_notebooks_per_minute_jobs1": per_minute[1],
               "grading_notebooks_per_minute_jobsN": per_minute[cores],
               "grading_parallel_speedup": per_minute[cores] / per_minute[1],
-              "isolated": isolated, "seconds": {str(k): t.times for k, t in timings.items()}}
-    result["targets_met"] = {"grading_parallel_speedup": result["grading_parallel_speedup"] >= 1.7}
+              "isolated": isolated, "seconds": {str(k): t.times for k, t in timings.items()}, **handing_on}
+    result["targets_met"] = {"grading_parallel_speedup": result["grading_parallel_speedup"] >= 1.7,
+                             "feedback_seconds_per_notebook": result["feedback_seconds_per_notebook"] <= 1.0}
     if not quick:
         result.update(_every_lab_once())
     # what --jobs 1 already keeps busy (BLAS threads in the lab's cells): the most --jobs N can gain is cores / this
@@ -76,7 +79,28 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int):
             return _grading_job(subs, Path(tmp) / f"out{jobs}{isolate}", jobs, isolate, passed, busy)
 
         configs = {1: job(1, isolated), cores: job(cores, isolated), "plain": job(1, False)}
-        return interleaved(configs, rounds), passed, busy, isolated
+        timings = interleaved(configs, rounds)
+        return timings, passed, busy, isolated, _handing_on(Path(tmp) / f"out1{isolated}", n)
+
+
+def _handing_on(out: Path, n: int) -> dict:
+    """The seconds of what follows a graded class of ``n`` notebooks in ``out``: the feedback pages (per notebook,
+    the median of three writes) and the two gradebook exports."""
+    import statistics
+
+    from ..grading import exports, feedback
+
+    data = exports.load(out)
+    times = []
+    for k in range(3):
+        t0 = time.perf_counter()
+        pages = feedback.write(data, out / f"feedback{k}", out)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    exports.gradescope(data, out)
+    exports.canvas(data, out)
+    return {"feedback_seconds_per_notebook": statistics.median(times) / max(len(pages), 1),
+            "feedback_pages": len(pages), "exports_seconds": time.perf_counter() - t0}
 
 
 def _grading_job(subs: Path, out: Path, jobs: int, isolate: bool, passed: dict, busy: list):
@@ -128,7 +152,10 @@ def report(result: dict) -> str:
         f"  --jobs 1 keeps {result['grading_cores_busy_jobs1']:.2f} cores busy (without the sandbox): --jobs "
         f"{result['cores']} can gain at most {result['cores'] / result['grading_cores_busy_jobs1']:.2f}x",
         f"grading_parallel_speedup: {result['grading_parallel_speedup']:.2f} (target >= 1.7: "
-        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})"]
+        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})",
+        f"feedback_seconds_per_notebook: {result['feedback_seconds_per_notebook']:.2f} s (target <= 1: "
+        f"{'met' if result['targets_met']['feedback_seconds_per_notebook'] else 'NOT met'}); the Gradescope and "
+        f"Canvas exports of the class: {result['exports_seconds']:.2f} s"]
         + ([f"grading_sandbox_overhead_s: {result['grading_sandbox_overhead_s']:.2f} s per notebook (target <= 2: "
             f"{'met' if result['targets_met']['grading_sandbox_overhead_s'] else 'NOT met'})"]
            if "grading_sandbox_overhead_s" in result else
