@@ -205,3 +205,17 @@ def test_scaling_rounds_pool_every_round():
     assert [len(t.times) for t in s.timings] == [4, 4] and s.phases[1]["comm"] >= 0
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         scaling.strong_scaling("synthetic", ranks=(2,), size=40, rounds=0)
+
+
+def test_the_classroom_benchmark_hands_in_what_each_kind_of_student_would():
+    from labkit import report
+    from labkit.benchmarks import classroom
+
+    lab = report.find_notebooks(only="01_")[0]
+    kinds = [classroom.kind_of(i, 40) for i in range(40)]
+    assert kinds.count("endless") == 2 and kinds.count("blank") == 8 and kinds.count("wrong") == 10
+    wrong = "\n".join(c.source for c in classroom.submission(lab, "wrong").cells)
+    endless = "\n".join(c.source for c in classroom.submission(lab, "endless").cells)
+    blank = "\n".join(c.source for c in classroom.submission(lab, "blank").cells)
+    assert "return None" in wrong and "while True:\n        pass" in endless and "raise NotImplementedError" in blank
+    assert "### BEGIN SOLUTION" not in wrong + endless + blank

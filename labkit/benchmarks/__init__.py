@@ -12,6 +12,7 @@ BENCHMARKS = {
     "scaling": "strong and weak scaling of the data-parallel step on 1..4 ranks, with fitted serial fractions",
     "grading": "labkit grade on lab 01 copies: notebooks per minute with 1 job and with one job per core",
     "openmp": "network.py's backprop in C against NumPy per-sample, its single-thread versions, OpenMP on 1-2 threads",
+    "classroom": "a class of 40 students x 3 labs graded with a job per core, feedback pages and exports (target 15 min)",
 }
 
 
