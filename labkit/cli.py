@@ -1,4 +1,5 @@
-"""The ``labkit`` command: report, lab, data, doctor, assign, grade, bench.
+"""The ``labkit`` command: report, lab, data, doctor, assign, grade, check-submission, similarity, bench, cluster,
+gpu-check.
 
 Run: ``labkit --help``
 """
