@@ -205,7 +205,7 @@ _OFFLINE_PAGE = """{%- extends 'lab/index.html.j2' -%}
 """
 
 
-def _offline_exporter(html_exporter, mathjax_url: str):
+def offline_exporter(html_exporter, mathjax_url: str):
     import jinja2
 
     return html_exporter(mathjax_url=mathjax_url, template_file="labkit_offline.html.j2",
@@ -219,7 +219,7 @@ def export_html(nb, path: Path) -> Path | None:
         from nbconvert import HTMLExporter
 
         url = local_mathjax(path.parent)
-        body, _ = (_offline_exporter(HTMLExporter, url) if url else HTMLExporter()).from_notebook_node(nb)
+        body, _ = (offline_exporter(HTMLExporter, url) if url else HTMLExporter()).from_notebook_node(nb)
     except Exception as e:  # noqa: BLE001 - the report is still useful without this page
         print(f"labkit report: could not export {path.name} to HTML ({type(e).__name__}: {e})")
         return None

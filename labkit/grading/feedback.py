@@ -178,9 +178,9 @@ def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] 
 def _exporter(mathjax_url: str | None):
     from nbconvert import HTMLExporter
 
-    from ..report import _offline_exporter
+    from ..report import offline_exporter
 
-    return _offline_exporter(HTMLExporter, mathjax_url) if mathjax_url else HTMLExporter()
+    return offline_exporter(HTMLExporter, mathjax_url) if mathjax_url else HTMLExporter()
 
 
 def _safe(name: str) -> str:

@@ -70,7 +70,7 @@ def submissions(folder: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def _match(path: Path, record: dict) -> str | None:
+def released_name(path: Path, record: dict) -> str | None:
     """The released notebook a submission is: by file name, else (a flat folder named by students) the one most of
     whose check cells it holds, by id and by the check they call (ids alone repeat from notebook to notebook)."""
     import nbformat
@@ -144,7 +144,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
                "limits": asdict(limits or Limits()), "isolated": bool(isolate)}
     kept = _Progress(out, options, resume)
     work = [(path, student, out / "executed" / student, timeout, profile,
-             record["notebooks"][name] if record and (name := _match(path, record)) else None, threads, isolate,
+             record["notebooks"][name] if record and (name := released_name(path, record)) else None, threads, isolate,
              limits)
             for student, path in found]
     results: list[ExerciseResult] = []
@@ -262,7 +262,7 @@ def _answers(found: list[tuple[str, Path]], record: dict | None, out: Path) -> l
     answered: list[answer_cells.Answer] = []
     prompts: dict[tuple[str, str], str] = {}
     for student, path in found:
-        name = _match(path, record) if record else path.name
+        name = released_name(path, record) if record else path.name
         expected = (record["notebooks"][name].get("answers", []) if record and name in record["notebooks"] else None)
         try:
             nb = nbformat.read(path, as_version=4)
@@ -279,7 +279,7 @@ def _answers(found: list[tuple[str, Path]], record: dict | None, out: Path) -> l
                 student, name, q["id"], q["kind"], int(q["points"]), "", True, note=why))
         answered += list(mine.values())
     if record:  # a released notebook a student did not hand in: its questions unanswered
-        handed_in = {(s, _match(p, record)) for s, p in found}
+        handed_in = {(s, released_name(p, record)) for s, p in found}
         for student in sorted({s for s, _ in found}):
             for name, entry in record["notebooks"].items():
                 if (student, name) not in handed_in:
@@ -396,7 +396,7 @@ def _stop_workers(pool) -> None:
 
 def _not_handed_in(found: list[tuple[str, Path]], record: dict) -> list[ExerciseResult]:
     """A failed row for every exercise of every released notebook a student did not hand in."""
-    handed_in = {(s, _match(p, record)) for s, p in found}
+    handed_in = {(s, released_name(p, record)) for s, p in found}
     return [ExerciseResult(student, name, ex["name"], False, "notebook not handed in")
             for student in sorted({s for s, _ in found}) for name, entry in record["notebooks"].items()
             if (student, name) not in handed_in for ex in entry["exercises"]]

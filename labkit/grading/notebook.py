@@ -371,10 +371,10 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     stop within :data:`GRACE` more seconds has its kernel killed with everything it started."""
     import nbformat
 
-    unreadable = _unreadable(path)
-    if unreadable:  # an empty upload, a file that is not a notebook: its rows say so, the class goes on
+    why = unreadable(path)
+    if why:  # an empty upload, a file that is not a notebook: its rows say so, the class goes on
         names = ([ex["name"] for ex in released["exercises"]] if released else ["(the notebook)"])
-        return [ExerciseResult(student, Path(path).name, name, False, unreadable) for name in names]
+        return [ExerciseResult(student, Path(path).name, name, False, why) for name in names]
     run = NotebookRun(path, timeout, profile, released, threads, isolate, limits)
     try:
         stopped = run.execute()
@@ -386,7 +386,7 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     return run.results(student, outcomes)
 
 
-def _unreadable(path: Path) -> str | None:
+def unreadable(path: Path) -> str | None:
     """Why a submitted file cannot be graded as a notebook (empty, not JSON, not a notebook nbformat can read), or
     None. An older notebook format (nbformat 3) is read, converted, as it would be in JupyterLab."""
     import nbformat

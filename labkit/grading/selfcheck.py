@@ -64,8 +64,8 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
     itself would run itself again and again."""
     from ..check import capture
     from . import sandbox
-    from .grade import _match, load_release
-    from .notebook import _unreadable, grade_notebook
+    from .grade import load_release, released_name
+    from .notebook import grade_notebook, unreadable
 
     path = Path(notebook).expanduser()
     if capture.ENV in os.environ:
@@ -75,7 +75,7 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
         return result
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {path}: give the path of your saved .ipynb file")
-    why = _unreadable(path)
+    why = unreadable(path)
     if why:
         raise ValueError(f"{path.name}: {why}")
     ok, reason = sandbox.available()
@@ -83,7 +83,7 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
     if isolate and not ok:
         raise RuntimeError(f"cannot isolate the notebook here: {reason}")
     record, _ = load_release(release)
-    released = record["notebooks"][name] if record and (name := _match(path, record)) else None
+    released = record["notebooks"][name] if record and (name := released_name(path, record)) else None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="labkit-selfcheck-") as tmp:
         results = grade_notebook(path, "you", Path(tmp), timeout, profile, released, isolate=isolated)
