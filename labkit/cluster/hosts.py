@@ -59,6 +59,12 @@ class NamespaceHosts:
             out[name] = int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
         return out
 
+    def launch_errors(self) -> str:
+        """What the launcher said when it could not start a command (a host it does not know), in every run so far:
+        hydra can end the job before it reads the launcher's stderr, so the launcher also keeps it here."""
+        log = Path(self.launcher).parent / "launch-errors"
+        return log.read_text() if log.exists() else ""
+
     def run(self, host: int, argv: list[str], **kw) -> subprocess.CompletedProcess:
         """Run a command on one host (in its namespace, under its name)."""
         return subprocess.run([str(self.launcher), self.addresses[host], *argv], **kw)
@@ -105,7 +111,9 @@ while [ "${{1#-}}" != "$1" ]; do shift; done
 host="$1"; shift
 case "$host" in
 {cases}
-  *) echo "no namespace host $host" >&2; exit 255 ;;
+  *) echo "no namespace host $host" >&2
+     # hydra may end before it reads this line: keep it where run_mpi finds it
+     echo "no namespace host $host" >> "$(dirname "$0")/launch-errors"; exit 255 ;;
 esac
 exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$*"' "$name" "$*"
 """

@@ -139,6 +139,8 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
         env.update(extra_env)
         if "LABKIT_BIND_ADDRESS" in extra_env and (preload := loopback_preload()) is not None:
             env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD", "")]))
+    launch_errors = getattr(hosts, "launch_errors", None)
+    said_before = len(launch_errors()) if launch_errors else 0
     job = os.urandom(8).hex()
     env[JOB_MARK] = job
     cmd += ["-n", str(n)] + ([sys.executable, "-m", "mpi4py"] if python else []) + list(args)
@@ -154,6 +156,9 @@ def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         kill_marked(job)
+    if proc.returncode and launch_errors:
+        # the launcher's own words (a host it does not know), which hydra may have ended too soon to pass on
+        err += "".join(line + "\n" for line in launch_errors()[said_before:].splitlines() if line not in err)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
