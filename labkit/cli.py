@@ -229,6 +229,16 @@ def _cmd_bench(a) -> int:
         if a.hosts < 2:
             raise SystemExit("labkit bench: --hosts takes the number of namespace hosts, at least 2")
         extra["hosts"] = a.hosts
+    if a.link:
+        if not a.hosts:
+            raise SystemExit("labkit bench: --link shapes the cables between namespace hosts: give --hosts N with it")
+        from .cluster.hosts import rate_bits_per_second
+
+        try:
+            rate_bits_per_second(a.link)
+        except ValueError as e:
+            raise SystemExit(f"labkit bench: --link: {e}") from None
+        extra["link"] = a.link
     result = mod.run(quick=a.quick, progress=None if not a.json else False, **extra)
     text = json.dumps(result, indent=2)
     if a.out:
@@ -461,6 +471,8 @@ def _add_bench(sub) -> None:
     b.add_argument("--out", default=None, help="also write the JSON to this file")
     b.add_argument("--hosts", type=int, default=0, metavar="N",
                    help="allreduce: also run one rank on each of N namespace hosts made on this machine (root)")
+    b.add_argument("--link", default=None, metavar="RATE",
+                   help="with --hosts: shape each host's cable to RATE as tc writes it (100mbit, 1gbit)")
 
 
 def _add_cluster(sub) -> None:

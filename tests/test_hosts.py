@@ -285,3 +285,53 @@ def test_an_engine_on_a_dead_host_is_an_error_and_stop_leaves_nothing():
         finally:
             cluster.stop()
         assert not any(hosts.namespace_pids(ns) for ns in made.namespaces)
+
+
+@needs_hosts
+@pytest.mark.parametrize("link", ["100mbit", "1gbit"])
+def test_a_shaped_cable_carries_the_rate_asked_for(link):
+    """A ping-pong between two hosts whose cables are shaped gets the rate asked for, within 20 %, and an unshaped
+    pair is faster than either (a message there is a memory copy)."""
+    with hosts.namespace_hosts(2, link=link) as made:
+        assert made.link == link and "shaped to " + link in made.describe()
+        got = hosts.measure_link_rate(made, repeat=3)
+    assert 0.8 <= got["ratio"] <= 1.2, got
+    with hosts.namespace_hosts(2) as free:
+        assert free.link_bits_per_second is None
+        unshaped = hosts.measure_link_rate(free, nbytes=got["nbytes"], repeat=3)
+    assert unshaped["bits_per_second"] > 1.5 * got["bits_per_second"], (unshaped, got)
+
+
+FIT_ACROSS = """
+import json
+from mpi4py import MPI
+from labkit import costmodel
+sizes = [1_000, 10_000, 100_000, 500_000, 1_000_000, 2_000_000]
+t = costmodel.pingpong(MPI.COMM_WORLD, sizes, repeat=3, warmup=1)
+if t is not None:
+    m = costmodel.fit(sizes, t)
+    print("FIT", json.dumps([m.alpha, m.beta]), flush=True)
+"""
+
+
+@needs_hosts
+def test_lab06s_alpha_beta_fit_across_shaped_hosts_recovers_the_cables_beta(tmp_path):
+    prog = tmp_path / "fit.py"
+    prog.write_text(FIT_ACROSS)
+    with hosts.namespace_hosts(2, link="100mbit") as made:
+        res = cluster.run_mpi([str(prog)], n=2, hosts=made, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    alpha, beta = json.loads(res.stdout.split("FIT ", 1)[1].splitlines()[0])
+    bytes_per_second = 1 / beta
+    assert 0.8 * 12.5e6 <= bytes_per_second <= 1.2 * 12.5e6, (alpha, beta)  # 100 Mbit/s is 12.5 MB/s
+    # alpha stays this machine's (microseconds): a token bucket lets a message shorter than its burst (4 KB at
+    # 100 Mbit/s) pass at once, and adds no latency of a wire
+    assert 0 <= alpha < 0.001
+
+
+def test_a_rate_tc_cannot_read_is_refused_naming_the_form():
+    for bad in ("fast", "100", "100 mb", "-1gbit", "0mbit"):
+        with pytest.raises(ValueError, match="'100mbit' or '1gbit'"):
+            with hosts.namespace_hosts(2, link=bad):
+                pass
+    assert hosts.rate_bits_per_second("1gbit") == 1e9 and hosts.rate_bits_per_second("2.5mbps") == 2e7

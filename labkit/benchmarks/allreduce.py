@@ -47,25 +47,33 @@ def worker(cfg: dict) -> None:
         print(json.dumps({"p": comm.Get_size(), "rows": rows}), flush=True)
 
 
-def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None, hosts: int = 0) -> dict:
+def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None, hosts: int = 0,
+        link: str | None = None) -> dict:
     """One mpiexec job per rank count and round, the rounds interleaved (3, 1 with ``quick``); every time is the
     median over the rounds, each round's kept under ``seconds_per_round``.
 
     ``hosts`` > 1 adds jobs of one rank on each of that many namespace hosts (:mod:`labkit.cluster.hosts`, root only): every
-    message crosses between hosts over TCP, and the keys ``ring_vs_mpi_1e6_hostsN`` sit beside the one-host ones."""
+    message crosses between hosts over TCP, and the keys ``ring_vs_mpi_1e6_hostsN`` sit beside the one-host ones.
+    ``link`` ("100mbit", ...) shapes their cables to that rate; ``link_rate_measured_vs_set`` is then the rate a
+    ping-pong between two of them got, over the rate asked for (target 0.8-1.2)."""
     import contextlib
 
     from ..cluster import run_mpi
-    from ..cluster.hosts import namespace_hosts
+    from ..cluster.hosts import measure_link_rate, namespace_hosts
 
     ranks = (2,) if quick else (2, 4)
     rounds = (1 if quick else 3) if rounds is None else rounds
     sizes = [1e3, 1e5, 1e6, 1e7] if quick else [1e3, 1e4, 1e5, 1e6, 1e7]
     cfg = {"sizes": sizes, "repeat": 5 if quick else 9}
+    if link is not None and hosts < 2:
+        raise ValueError("a link rate shapes the cables between namespace hosts: give hosts=2 or more with it")
     configs = [(p, None) for p in ranks] + ([(hosts, "hosts")] if hosts > 1 else [])
     jobs: dict = {c: [] for c in configs}
+    rate = None
     with contextlib.ExitStack() as stack:
-        made = stack.enter_context(namespace_hosts(hosts)) if hosts > 1 else None
+        made = stack.enter_context(namespace_hosts(hosts, link=link)) if hosts > 1 else None
+        if link is not None:
+            rate = measure_link_rate(made, repeat=3)
         with progress_bar(total=rounds * len(configs), enable=progress, desc="allreduce bench", unit="job") as bar:
             for r in range(rounds):
                 k = r % len(configs)
@@ -79,7 +87,7 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
                     jobs[(p, where)].append(json.loads(lines[-1])["rows"])
                     bar.update(1)
     result = {"benchmark": "allreduce", "quick": quick, "rounds": rounds, "dtype": "float64", "sizes": sizes,
-              "ranks": list(ranks), "hosts": hosts if hosts > 1 else None, "machine": machine_info(),
+              "ranks": list(ranks), "hosts": hosts if hosts > 1 else None, "link": link, "machine": machine_info(),
               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": []}
     for (p, where), per_round in jobs.items():
         for i, n in enumerate(int(row["n"]) for row in per_round[0]):
@@ -92,10 +100,15 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
             result["rows"].append(entry)
             result[f"ring_vs_mpi_1e{round(np.log10(n))}_{f'hosts{p}' if where else f'p{p}'}"] = ratio["ring"]
     targets = dict(TARGETS)
+    if rate is not None:
+        result["link_rate"] = rate
+        result["link_rate_measured_vs_set"] = rate["ratio"]
+        targets["link_rate_measured_vs_set"] = ("within", (0.8, 1.2))
     if hosts > 1:
         targets.update({f"ring_vs_mpi_1e6_hosts{hosts}": ("<=", 1.3), f"ring_vs_mpi_1e7_hosts{hosts}": ("<=", 1.3)})
     result["targets"] = {k: [op, v] for k, (op, v) in targets.items()}
-    result["targets_met"] = {k: (result[k] <= v) for k, (_, v) in targets.items() if k in result}
+    result["targets_met"] = {k: (v[0] <= result[k] <= v[1] if op == "within" else result[k] <= v)
+                             for k, (op, v) in targets.items() if k in result}
     return result
 
 
@@ -109,10 +122,14 @@ def report(result: dict) -> str:
         cells = "".join(f"{format_seconds(e['seconds'][a]):>14} ({e['vs_mpi'][a]:5.2f}x)" for a in ALGORITHMS)
         lines.append(f"{e['p']:>2} {e.get('hosts', 1):>5} {e['n']:>9.0e}{cells}")
     lines.append("")
+    if result.get("link"):
+        lines.append(f"cables between the hosts shaped to {result['link']}; a ping-pong got "
+                     f"{result['link_rate']['bits_per_second'] / 1e6:.0f} Mbit/s")
     targets = result.get("targets") or {k: list(v) for k, v in TARGETS.items()}
     for k, (op, bound) in targets.items():
         if k in result:
-            lines.append(f"{k} = {result[k]:.2f}  (target {op} {bound:g}: "
+            bound = f"{bound[0]:g}-{bound[1]:g}" if op == "within" else f"{bound:g}"
+            lines.append(f"{k} = {result[k]:.2f}  (target {op} {bound}: "
                          f"{'met' if result['targets_met'][k] else 'NOT met'})")
     return "\n".join(lines)
 

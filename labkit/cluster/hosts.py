@@ -8,12 +8,18 @@ through a launcher script that stands in for ``ssh``: hydra runs ``SCRIPT -x HOS
 COMMAND in HOST's namespace under HOST's name.
 
 The same :func:`labkit.cluster.run_mpi` call then works for real hosts (hydra's own ``ssh`` launcher) and for these.
+
+A cable can be given a bandwidth, ``namespace_hosts(2, link="100mbit")``: a token-bucket filter (``tc``'s ``tbf``)
+on both ends of every host's cable limits what leaves and what enters each host to that rate, as a network card
+would, so that a message between hosts costs what it costs on a cluster instead of a memory copy.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,6 +56,17 @@ class NamespaceHosts:
     links: list[str]  # this machine's end of each host's cable (veth), for the byte counters
     launcher: Path  # hydra's -launcher-exec: runs a command on a host
     _tmp: Path = field(repr=False, default=None)
+    link: str | None = None  # each cable's bandwidth as tc writes it ("100mbit"), or None: as fast as memory copies
+
+    @property
+    def link_bits_per_second(self) -> float | None:
+        """The cables' bandwidth in bits per second, or None where they are not shaped."""
+        return None if self.link is None else rate_bits_per_second(self.link)
+
+    def describe(self) -> str:
+        """A line for a notebook: how many hosts, and what their cables carry."""
+        cable = f"cables shaped to {self.link}" if self.link else "unshaped cables (a message is a memory copy)"
+        return f"{len(self.names)} namespace hosts on one machine, {cable}"
 
     def interface_bytes(self) -> dict[str, int]:
         """Bytes that crossed each host's cable so far, both ways together (from the kernel's counters)."""
@@ -86,6 +103,43 @@ def available() -> tuple[bool, str]:
         if shutil.which(tool) is None:
             return False, f"namespace hosts need {tool} (apt install iproute2 util-linux)"
     return True, ""
+
+
+RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
+RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+              "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}  # tc's: bps is bytes per second
+
+
+def rate_bits_per_second(link: str) -> float:
+    """``"100mbit"`` -> 1e8: a rate as ``tc`` writes it (bit, kbit, mbit, gbit; bps... are bytes per second)."""
+    m = RATE.match(str(link).strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"link must be a rate as tc writes it, such as '100mbit' or '1gbit', got {link!r}")
+    return float(m.group(1)) * RATE_UNITS[m.group(2)]
+
+
+def shaping_available() -> tuple[bool, str]:
+    """Whether cables can be given a bandwidth here (namespace hosts, and ``tc``), and if not, why."""
+    ok, why = available()
+    if not ok:
+        return ok, why
+    if shutil.which("tc") is None:
+        return False, "shaped cables need tc (apt install iproute2)"
+    return True, ""
+
+
+def _shape(device: str, link: str, namespace: str | None = None) -> None:
+    """A token bucket on ``device``'s way out: ``link`` bits per second, bursts of 10 ms of it (at least 64 KB, one
+    segment as the kernel hands it over whole), a queue of at most 50 ms before packets are dropped."""
+    rate = rate_bits_per_second(link)
+    burst = max(int(rate / 8 * 0.00025), 4000)
+    cmd = ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{int(rate)}bit", "burst", str(burst),
+           "latency", "50ms"]
+    done = subprocess.run((["ip", "netns", "exec", namespace] if namespace else []) + cmd,
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise HostsUnavailable(f"cannot shape the cable {device} to {link}: {' '.join(cmd)} said "
+                               f"{done.stderr.strip() or done.returncode} (the kernel needs the tbf queueing discipline)")
 
 
 def _ip(*args: str) -> None:
@@ -150,9 +204,14 @@ def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: 
 
 
 @contextmanager
-def namespace_hosts(n: int = 2):
-    """Make ``n`` namespace hosts joined by a bridge; yield a :class:`NamespaceHosts`; remove all of it after."""
-    ok, why = available()
+def namespace_hosts(n: int = 2, link: str | None = None):
+    """Make ``n`` namespace hosts joined by a bridge; yield a :class:`NamespaceHosts`; remove all of it after.
+
+    ``link``: each host's cable carries at most this rate each way (``"100mbit"``, ``"1gbit"``, any rate ``tc``
+    takes); by default the cables are as fast as this machine copies memory."""
+    if link is not None:
+        rate_bits_per_second(link)  # a bad rate is the caller's mistake, wherever this runs
+    ok, why = available() if link is None else shaping_available()
     if not ok:
         raise HostsUnavailable(why)
     if not 1 <= n <= 16:
@@ -172,15 +231,18 @@ def namespace_hosts(n: int = 2):
         _ip("link", "set", bridge, "up")
         names, addresses = [], []
         for i in range(n):
-            ns, link, name, addr = f"{PREFIX}-{tag}-{i}", f"lkv{tag}{i}", f"{PREFIX}-host{i}", str(hosts[i + 1])
+            ns, cable, name, addr = f"{PREFIX}-{tag}-{i}", f"lkv{tag}{i}", f"{PREFIX}-host{i}", str(hosts[i + 1])
             _ip("netns", "add", ns)
             namespaces.append(ns)
-            _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            links.append(link)
-            _ip("link", "set", link, "master", bridge, "up")
+            _ip("link", "add", cable, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            links.append(cable)
+            _ip("link", "set", cable, "master", bridge, "up")
             _ip("-n", ns, "addr", "add", f"{addr}/{subnet.prefixlen}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
+            if link is not None:  # both ways: what enters the host (its cable's far end) and what leaves it
+                _shape(cable, link)
+                _shape("eth0", link, namespace=ns)
             names.append(name)
             addresses.append(addr)
         cases = "\n".join(f"  {shlex.quote(a)}|{shlex.quote(nm)}) ns={shlex.quote(ns)}; name={shlex.quote(nm)} ;;"
@@ -189,9 +251,40 @@ def namespace_hosts(n: int = 2):
         launcher = tmp / "launch-on-host"
         launcher.write_text(LAUNCHER.format(launcher=launcher.name, cases=cases))
         launcher.chmod(0o755)
-        yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp)
+        yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp, link)
     finally:
         _remove(namespaces, made_bridge, tmp, links)
+
+
+PINGPONG = """
+import json, sys
+from mpi4py import MPI
+from labkit.costmodel import pingpong
+t = pingpong(MPI.COMM_WORLD, [int(sys.argv[1])], repeat=int(sys.argv[2]), warmup=1)
+if t is not None:
+    print("ONE_WAY", json.dumps(float(t[0])), flush=True)
+"""
+
+
+def measure_link_rate(hosts: NamespaceHosts, nbytes: int | None = None, repeat: int = 5, timeout: float = 120.0) -> dict:
+    """The rate a ping-pong between host 0 and host 1 gets: one rank on each, ``nbytes`` each way (by default a
+    quarter of a second's worth at the cable's rate), the median of ``repeat`` round trips. Returns a dict with
+    ``bits_per_second`` measured (payload only: TCP's and Ethernet's headers ride on the cable too), ``set`` (the
+    cable's rate, or None), ``ratio`` (measured / set) and the message size."""
+    from .launch import run_mpi
+
+    if len(hosts.names) < 2:
+        raise ValueError("measuring a cable needs two hosts: namespace_hosts(2, link=...)")
+    rate = hosts.link_bits_per_second
+    if nbytes is None:
+        nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.25, 1 << 20), 64 << 20))
+    done = run_mpi(["-c", PINGPONG, str(int(nbytes)), str(int(repeat))], n=2, hosts=hosts, timeout=timeout)
+    if done.returncode != 0 or "ONE_WAY " not in done.stdout:
+        raise RuntimeError(f"the ping-pong between the hosts failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    one_way = json.loads(done.stdout.split("ONE_WAY ", 1)[1].split()[0])
+    measured = nbytes * 8 / one_way
+    return {"bits_per_second": measured, "set": rate, "ratio": None if rate is None else measured / rate,
+            "nbytes": int(nbytes), "one_way_seconds": one_way}
 
 
 def left_behind() -> list[str]:
