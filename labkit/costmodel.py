@@ -18,6 +18,7 @@ MPI engines); the rest is plain arithmetic.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -132,3 +133,35 @@ def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: 
     from .bench import measure
 
     return measure(lambda: fn(comm, x, **kw), repeat=repeat, warmup=warmup, clock="mpi", comm=comm).median
+
+
+PINGPONG = """
+import json, sys
+from mpi4py import MPI
+from labkit.costmodel import pingpong
+t = pingpong(MPI.COMM_WORLD, [int(sys.argv[1])], repeat=int(sys.argv[2]), warmup=1)
+if t is not None:
+    print("ONE_WAY", json.dumps(float(t[0])), flush=True)
+"""
+
+
+def measure_link_rate(hosts, nbytes: int | None = None, repeat: int = 5, timeout: float = 120.0) -> dict:
+    """The rate a ping-pong between host 0 and host 1 of namespace hosts (:func:`labkit.cluster.hosts.namespace_hosts`)
+    gets: one rank on each, ``nbytes`` each way (by default a
+    quarter of a second's worth at the cable's rate), the median of ``repeat`` round trips. Returns a dict with
+    ``bits_per_second`` measured (payload only: TCP's and Ethernet's headers ride on the cable too), ``set`` (the
+    cable's rate, or None), ``ratio`` (measured / set) and the message size."""
+    from .cluster import run_mpi
+
+    if len(hosts.names) < 2:
+        raise ValueError("measuring a cable needs two hosts: namespace_hosts(2, link=...)")
+    rate = hosts.link_bits_per_second
+    if nbytes is None:
+        nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.25, 1 << 20), 64 << 20))
+    done = run_mpi(["-c", PINGPONG, str(int(nbytes)), str(int(repeat))], n=2, hosts=hosts, timeout=timeout)
+    if done.returncode != 0 or "ONE_WAY " not in done.stdout:
+        raise RuntimeError(f"the ping-pong between the hosts failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    one_way = json.loads(done.stdout.split("ONE_WAY ", 1)[1].split()[0])
+    measured = nbytes * 8 / one_way
+    return {"bits_per_second": measured, "set": rate, "ratio": None if rate is None else measured / rate,
+            "nbytes": int(nbytes), "one_way_seconds": one_way}

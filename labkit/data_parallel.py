@@ -7,14 +7,19 @@ losses over the ranks with the chosen allreduce, and returns the mean gradient o
 every rank applies the same update and the weights stay identical, equal to a serial run's.
 
 ``fused=True`` packs all gradients (and the loss) into one buffer and does one allreduce, as Horovod's
-tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. With ``allreduce="shm"`` and
-``shard_update=True`` (ranks on one machine) the optimizer step is sharded too (:class:`ShardedSGD`): the weights
-live in shared memory for the run and each rank updates its block of them from every rank's gradient. Time spent computing
-and communicating is accumulated in :attr:`DataParallel.compute_seconds` and :attr:`comm_seconds`.
+tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. ``overlap=True`` hides the
+communication behind the backward pass, as PyTorch's DDP does: the gradients are cut into buckets of about
+``bucket_bytes``, last layer first, and each bucket's non-blocking allreduce starts as soon as backprop has
+produced it, while the layers below are still computing; the step waits for all of them before the update.
+With ``allreduce="shm"`` and ``shard_update=True`` (ranks on one machine) the optimizer step is sharded too
+(:class:`ShardedSGD`): the weights live in shared memory for the run and each rank updates its block of them from
+every rank's gradient. Time spent computing and communicating is accumulated in
+:attr:`DataParallel.compute_seconds` and :attr:`comm_seconds`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,6 +28,12 @@ import numpy as np
 from . import mlp
 from .device import array_module
 from .shards import flatten, shard_bounds, unflatten
+
+# overlap=True: how the allreduces in flight are moved on while backprop computes. "none": only when the step waits
+# for them; "layers": a test of them after every layer; "thread": a thread that tests them every POLL_SECONDS while
+# NumPy computes (BLAS lets go of Python's lock), as an MPI's own progress thread would
+PROGRESS = ("none", "layers", "thread")
+POLL_SECONDS = 0.0002
 
 
 def _allreduce_fn(allreduce) -> Callable | None:
@@ -54,8 +65,22 @@ class DataParallel:
     :class:`ShardedSGD` applies the step; ``l2`` is not supported there.
     """
 
-    def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None, shard_update: bool = False):
+    def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None, shard_update: bool = False,
+                 overlap: bool = False, bucket_bytes: int = 1 << 20, progress: str = "layers"):
         self.comm = comm
+        if overlap and allreduce != "mpi":
+            raise ValueError("overlap=True starts MPI's non-blocking allreduce (Iallreduce) for each bucket of "
+                             f"gradients: use allreduce='mpi', got {allreduce!r}")
+        if overlap and shard_update:
+            raise ValueError("overlap=True and shard_update=True do not go together: choose one")
+        if int(bucket_bytes) <= 0:
+            raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes!r}")
+        if progress not in PROGRESS:
+            raise ValueError(f"progress must be one of {', '.join(map(repr, PROGRESS))}, got {progress!r}")
+        # overlap: buckets of gradients, each allreduced as soon as backprop has made it; progress: how MPI is entered
+        # meanwhile, for an MPI that moves a non-blocking collective on only while it is called (PROGRESS)
+        self.overlap, self.bucket_bytes, self.progress = bool(overlap), int(bucket_bytes), progress
+        self._buckets = None
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(allreduce, "__name__", "custom")
         self._allreduce = _allreduce_fn(allreduce)
         self._builtin = isinstance(allreduce, str)
@@ -103,8 +128,26 @@ class DataParallel:
             self._key = None
 
     def __repr__(self) -> str:
-        return (f"DataParallel(ranks={self.comm.Get_size()}, allreduce={self.allreduce_name!r}, "
-                f"fused={self.fused})")
+        how = f"overlap=True, bucket_bytes={self.bucket_bytes}" if self.overlap else f"fused={self.fused}"
+        return f"DataParallel(ranks={self.comm.Get_size()}, allreduce={self.allreduce_name!r}, {how})"
+
+    def buckets(self, params) -> dict[int, tuple[int, int]]:
+        """overlap=True's buckets: {layer whose gradients complete the bucket: (start, end) in the flat buffer}.
+        Layers are taken last first, as backprop makes them, and a bucket closes once it holds ``bucket_bytes``
+        (a layer is never split); the layers of a bucket lie side by side in the buffer."""
+        itemsize = np.dtype(params[0][0].dtype).itemsize
+        ends, total = [], 0
+        for W, b in params:
+            total += W.size + b.size
+            ends.append(total)
+        out, hi, size = {}, ends[-1], 0
+        for i in range(len(params) - 1, -1, -1):
+            size += (params[i][0].size + params[i][1].size) * itemsize
+            if size >= self.bucket_bytes or i == 0:
+                lo = ends[i - 1] if i else 0
+                out[i] = (lo, hi)
+                hi, size = lo, 0
+        return out
 
     def _sum_inplace(self, a: np.ndarray) -> None:
         """Replace ``a`` by its sum over the ranks."""
@@ -164,6 +207,8 @@ class DataParallel:
         lo, hi = shard_bounds(n, self.comm.Get_size())[self.comm.Get_rank()]
         if self.shard_update:
             return self._sharded_call(params, x[lo:hi], Y[lo:hi], n, activation, cost, l2)
+        if self.overlap:
+            return self._overlapped_call(params, x[lo:hi], Y[lo:hi], n, activation, cost, l2)
         flat, grads = self._buffer(params)
         t0 = time.perf_counter()
         if hi > lo:  # my shard's share of the global mean, written straight into the buffer
@@ -193,6 +238,78 @@ class DataParallel:
             if self._shm is None:
                 for (gW, _), (W, _) in zip(grads, params):
                     gW += l2 * W
+            value += mlp.l2_penalty(params, l2)
+        return value, grads
+
+    def _overlapped_call(self, params, xs, Ys, n, activation, cost, l2):
+        """overlap=True: each bucket's Iallreduce starts inside backprop, as soon as its last layer is done."""
+        from mpi4py import MPI
+
+        from .collectives import wait_all
+
+        flat, grads = self._buffer(params)
+        key = (self._key, self.bucket_bytes)
+        if self._buckets is None or self._buckets[0] != key:
+            self._buckets = (key, self.buckets(params))
+        buckets = self._buckets[1]
+        reqs, started, done = [], [], {}
+
+        def poll() -> None:  # MPI moves a non-blocking collective on only while it is called (without a progress thread)
+            if reqs and len(done) < len(reqs):
+                for k in MPI.Request.Testsome(reqs) or ():
+                    done.setdefault(k, time.perf_counter())
+
+        lock = threading.Lock()  # one caller of MPI at a time: the thread, or this one
+        stop = threading.Event()
+
+        def poll_locked() -> None:
+            with lock:
+                poll()
+
+        def poller() -> None:
+            while not stop.wait(POLL_SECONDS):
+                poll_locked()
+
+        def on_layer(i: int) -> None:
+            if self.progress == "layers":
+                poll()
+            if i in buckets:
+                b_lo, b_hi = buckets[i]
+                with lock:
+                    started.append((time.perf_counter(), b_hi - b_lo))
+                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, flat[b_lo:b_hi], op=MPI.SUM))
+
+        thread = threading.Thread(target=poller, daemon=True) if self.progress == "thread" else None
+        if thread is not None:
+            thread.start()
+        t0 = time.perf_counter()
+        try:
+            if xs.shape[0]:
+                flat[-1], _ = mlp.loss_and_grads_unchecked(params, xs, Ys, activation, cost, 0.0, scale=1.0 / n,
+                                                           out=grads, on_layer=on_layer)
+            else:  # no samples here: nothing to compute, every bucket goes at once
+                flat[:] = 0
+                for i in sorted(buckets, reverse=True):
+                    on_layer(i)
+        finally:
+            if thread is not None:
+                stop.set()
+                thread.join()
+        t1 = time.perf_counter()
+        started.append((t1, 1))
+        reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, flat[-1:], op=MPI.SUM))  # the loss
+        wait_all(reqs, self.timeout, "the overlapped allreduce of the gradients", self.comm)
+        t2 = time.perf_counter()
+        self.steps += 1
+        self.record("backprop", "compute", t0, t1)
+        self.record("wait for the allreduces", "comm", t1, t2)  # only what backprop did not hide counts as comm
+        if self.timeline is not None:
+            for k, (ts, count) in enumerate(started[:-1]):
+                self.timeline.add(f"allreduce bucket {k} ({count} values)", "comm (in flight)", ts, done.get(k, t2))
+        value = float(flat[-1])
+        if l2:
+            for (gW, _), (W, _) in zip(grads, params):
+                gW += l2 * W
             value += mlp.l2_penalty(params, l2)
         return value, grads
 

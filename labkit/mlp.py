@@ -258,13 +258,15 @@ def loss(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadrat
 
 
 def loss_and_grads_unchecked(params: Params, x, Y, activation: str, cost: str, l2: float, scale: float | None = None,
-                    out: Params | None = None):
+                    out: Params | None = None, on_layer: Callable[[int], None] | None = None):
     """Vectorised backprop without the argument checks, for loops that validated their data once: (mean loss, grads).
 
     Y is one-hot (batch, n_out) of the parameters' dtype (:func:`check_batch` makes it); ``activation`` and ``cost``
     must be valid (:func:`check_options`).
     ``scale`` replaces the 1/batch of the mean (data parallelism passes 1/global batch, so a shard's
-    result is its share of the global mean); ``out`` is a params-like list of arrays to write into.
+    result is its share of the global mean); ``out`` is a params-like list of arrays to write into;
+    ``on_layer(i)`` is called as soon as layer i's gradients are final, last layer first (data parallelism starts
+    their allreduce there, while the layers below are still computing).
     """
     xp = array_module(x)
     acts = forward(params, x, activation, cost)
@@ -291,6 +293,8 @@ def loss_and_grads_unchecked(params: Params, x, Y, activation: str, cost: str, l
         if l2:
             gW += l2 * W
         grads[i] = (gW, gb)
+        if on_layer is not None:
+            on_layer(i)
         if i:  # the input layer needs no delta
             delta = delta @ W  # (batch, n_in): W^T delta for every sample
             delta *= act_prime_from_output(activation, acts[i])

@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import ROOT, run_mpi_cases
 
-from labkit import cluster
+from labkit import cluster, costmodel
 from labkit.cluster import hosts
 
 pytestmark = [pytest.mark.mpi, pytest.mark.hosts, pytest.mark.slow]
@@ -79,6 +79,7 @@ def test_the_ring_exercise_check_across_hosts(two_hosts):
 def test_data_parallel_equals_serial_across_hosts(two_hosts):
     for allreduce in ("ring", "mpi", "recursive_doubling"):  # the shared-memory allreduce refuses hosts, below
         run_mpi_cases("cases_data_parallel.py", 4, hosts=two_hosts, timeout=600, only=f"equal to serial: {allreduce}")
+    run_mpi_cases("cases_data_parallel.py", 4, hosts=two_hosts, timeout=600, only="overlapped buckets")
     res = cluster.run_mpi([str(ROOT / "tests" / "mpi" / "cases_data_parallel.py"), "-k", "equal to serial: shm"],
                           n=4, hosts=two_hosts, timeout=120)
     assert res.returncode != 0 and "needs every rank on one machine" in res.stdout + res.stderr
@@ -294,11 +295,11 @@ def test_a_shaped_cable_carries_the_rate_asked_for(link):
     pair is faster than either (a message there is a memory copy)."""
     with hosts.namespace_hosts(2, link=link) as made:
         assert made.link == link and "shaped to " + link in made.describe()
-        got = hosts.measure_link_rate(made, repeat=3)
+        got = costmodel.measure_link_rate(made, repeat=3)
     assert 0.8 <= got["ratio"] <= 1.2, got
     with hosts.namespace_hosts(2) as free:
         assert free.link_bits_per_second is None
-        unshaped = hosts.measure_link_rate(free, nbytes=got["nbytes"], repeat=3)
+        unshaped = costmodel.measure_link_rate(free, nbytes=got["nbytes"], repeat=3)
     assert unshaped["bits_per_second"] > 1.5 * got["bits_per_second"], (unshaped, got)
 
 

@@ -192,3 +192,19 @@ def test_runs_on_cupy_when_available():
     want = mlp.backprop(params, x, y, "relu", "cross_entropy")
     for (a, _), (b, _) in zip(got, want):
         np.testing.assert_allclose(cp.asnumpy(a), b, rtol=1e-6, atol=1e-9)
+
+
+def test_on_layer_is_called_as_each_layers_gradients_are_final_last_layer_first():
+    params = mlp.init_params([6, 5, 4, 3], seed=2, dtype=np.float64)
+    x = np.random.default_rng(0).random((7, 6))
+    Y = mlp.targets(np.arange(7) % 3, 3, np.float64)
+    expected = mlp.loss_and_grads_unchecked(params, x, Y, "relu", "cross_entropy", 0.0)[1]
+    seen, out = [], mlp.zeros_like(params)
+
+    def on_layer(i):  # layer i is final here: it must already equal the reference, and the layers above too
+        seen.append(i)
+        for j in range(i, len(params)):
+            np.testing.assert_array_equal(out[j][0], expected[j][0])
+
+    mlp.loss_and_grads_unchecked(params, x, Y, "relu", "cross_entropy", 0.0, out=out, on_layer=on_layer)
+    assert seen == [2, 1, 0]

@@ -59,7 +59,8 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     import contextlib
 
     from ..cluster import run_mpi
-    from ..cluster.hosts import measure_link_rate, namespace_hosts
+    from ..cluster.hosts import namespace_hosts
+    from ..costmodel import measure_link_rate
 
     ranks = (2,) if quick else (2, 4)
     rounds = (1 if quick else 3) if rounds is None else rounds

@@ -17,7 +17,6 @@ would, so that a message between hosts costs what it costs on a cluster instead 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import shlex
@@ -254,37 +253,6 @@ def namespace_hosts(n: int = 2, link: str | None = None):
         yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp, link)
     finally:
         _remove(namespaces, made_bridge, tmp, links)
-
-
-PINGPONG = """
-import json, sys
-from mpi4py import MPI
-from labkit.costmodel import pingpong
-t = pingpong(MPI.COMM_WORLD, [int(sys.argv[1])], repeat=int(sys.argv[2]), warmup=1)
-if t is not None:
-    print("ONE_WAY", json.dumps(float(t[0])), flush=True)
-"""
-
-
-def measure_link_rate(hosts: NamespaceHosts, nbytes: int | None = None, repeat: int = 5, timeout: float = 120.0) -> dict:
-    """The rate a ping-pong between host 0 and host 1 gets: one rank on each, ``nbytes`` each way (by default a
-    quarter of a second's worth at the cable's rate), the median of ``repeat`` round trips. Returns a dict with
-    ``bits_per_second`` measured (payload only: TCP's and Ethernet's headers ride on the cable too), ``set`` (the
-    cable's rate, or None), ``ratio`` (measured / set) and the message size."""
-    from .launch import run_mpi
-
-    if len(hosts.names) < 2:
-        raise ValueError("measuring a cable needs two hosts: namespace_hosts(2, link=...)")
-    rate = hosts.link_bits_per_second
-    if nbytes is None:
-        nbytes = 16 << 20 if rate is None else int(min(max(rate / 8 * 0.25, 1 << 20), 64 << 20))
-    done = run_mpi(["-c", PINGPONG, str(int(nbytes)), str(int(repeat))], n=2, hosts=hosts, timeout=timeout)
-    if done.returncode != 0 or "ONE_WAY " not in done.stdout:
-        raise RuntimeError(f"the ping-pong between the hosts failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    one_way = json.loads(done.stdout.split("ONE_WAY ", 1)[1].split()[0])
-    measured = nbytes * 8 / one_way
-    return {"bits_per_second": measured, "set": rate, "ratio": None if rate is None else measured / rate,
-            "nbytes": int(nbytes), "one_way_seconds": one_way}
 
 
 def left_behind() -> list[str]:
