@@ -225,7 +225,7 @@ def _cmd_bench(a) -> int:
         import inspect
 
         if "hosts" not in inspect.signature(mod.run).parameters:
-            raise SystemExit(f"labkit bench {a.name}: --hosts is for the allreduce benchmark")
+            raise SystemExit(f"labkit bench {a.name}: --hosts is for the allreduce and training benchmarks")
         if a.hosts < 2:
             raise SystemExit("labkit bench: --hosts takes the number of namespace hosts, at least 2")
         extra["hosts"] = a.hosts
@@ -470,7 +470,7 @@ def _add_bench(sub) -> None:
     b.add_argument("--json", action="store_true", help="print the results as JSON")
     b.add_argument("--out", default=None, help="also write the JSON to this file")
     b.add_argument("--hosts", type=int, default=0, metavar="N",
-                   help="allreduce: also run one rank on each of N namespace hosts made on this machine (root)")
+                   help="allreduce, training: also run one rank on each of N namespace hosts made on this machine (root)")
     b.add_argument("--link", default=None, metavar="RATE",
                    help="with --hosts: shape each host's cable to RATE as tc writes it (100mbit, 1gbit)")
 

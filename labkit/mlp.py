@@ -338,9 +338,16 @@ def numerical_grad(f, W, eps: float = 1e-5):
     return G
 
 
-def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0) -> Params:
-    """Gradients of the mean loss over the mini-batch x (batch, n_in), y labels or one-hot."""
-    return loss_and_grads(params, x, y, activation, cost, l2)[1]
+def backprop(params: Params, x, y, activation: str = "sigmoid", cost: str = "quadratic", l2: float = 0.0, *,
+             scale: float | None = None, out: Params | None = None, on_layer: Callable[[int], None] | None = None) -> Params:
+    """Gradients of the mean loss over the mini-batch x (batch, n_in), y labels or one-hot.
+
+    ``scale`` replaces the 1/batch of the mean; ``out`` (arrays shaped like ``params``) receives the gradients;
+    ``on_layer(i)`` is called as soon as layer i's gradients are final, last layer first, while the layers below
+    are still to be computed (lab 08 starts each layer's allreduce there)."""
+    check_options(activation, cost)
+    Y = check_batch(params, x, y)
+    return loss_and_grads_unchecked(params, x, Y, activation, cost, l2, scale=scale, out=out, on_layer=on_layer)[1]
 
 
 # -- the per-sample reference (network.py style) -------------------------------------------------

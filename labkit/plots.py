@@ -197,25 +197,34 @@ def plot_scaling(*results, title: str | None = None):
     return fig
 
 
-def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colour_by: str = "name"):
+def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colour_by: str = "name",
+                       lane_per_kind: bool = False):
     """One lane per rank, a bar per phase of :class:`labkit.bench.Timeline` events (rank, name, kind, start, end in
-    seconds), coloured by phase ``name`` or by ``kind`` (compute / comm): gaps are idle time, long comm bars waiting."""
+    seconds), coloured by phase ``name`` or by ``kind`` (compute / comm): gaps are idle time, long comm bars waiting.
+    ``lane_per_kind``: a lane per rank and kind, so that phases that run at once (an allreduce in flight during
+    backprop) are seen side by side instead of on top of each other."""
     plt = _plt()
     if not events:
         raise ValueError("no events to draw")
-    ranks = sorted({int(e["rank"]) for e in events})
+    kinds = list(dict.fromkeys(str(e["kind"]) for e in events))
+
+    def lane(e):
+        return (int(e["rank"]), kinds.index(str(e["kind"])) if lane_per_kind else 0)
+
+    lanes = sorted({lane(e) for e in events})
+    row = {ln: i for i, ln in enumerate(lanes)}
     keys = list(dict.fromkeys(str(e[colour_by]) for e in events))
     cmap = dict(zip(keys, colours(keys)))
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(ranks) + 1.8))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(lanes) + 1.8))
     t_min = min(e["start"] for e in events)
     for e in events:
-        ax.barh(int(e["rank"]), (e["end"] - e["start"]) * 1e3, left=(e["start"] - t_min) * 1e3,
+        ax.barh(row[lane(e)], (e["end"] - e["start"]) * 1e3, left=(e["start"] - t_min) * 1e3,
                 color=cmap[str(e[colour_by])], edgecolor="white", linewidth=0.5, height=0.7)
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=k) for k, c in cmap.items()], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_yticks(range(len(lanes)), [f"rank {r}: {kinds[k]}" if lane_per_kind else f"rank {r}" for r, k in lanes])
     ax.invert_yaxis()
     ax.set(xlabel="time (ms)", title=title)
     ax.grid(axis="x", alpha=0.3)

@@ -90,14 +90,43 @@ def right_step(comm, params, x, Y):
     return right_mean(comm, grads, hi - lo)
 
 
+def right_overlapped(comm, params, x, Y):
+    from mpi4py import MPI
+
+    lo, hi = right_rows(len(x), comm.Get_size(), comm.Get_rank())
+    grads, requests = mlp.zeros_like(params), []
+
+    def on_layer(i):
+        requests.extend(comm.Iallreduce(MPI.IN_PLACE, a) for a in grads[i])
+
+    if hi > lo:
+        mlp.backprop(params, x[lo:hi], Y[lo:hi], scale=1 / len(x), out=grads, on_layer=on_layer)
+    else:
+        for i in reversed(range(len(params))):
+            on_layer(i)
+    return grads, requests
+
+
+def overlapped_after_backprop(comm, params, x, Y):
+    """Right values, but every allreduce starts after backprop has returned: nothing overlaps."""
+    from mpi4py import MPI
+
+    lo, hi = right_rows(len(x), comm.Get_size(), comm.Get_rank())
+    grads = mlp.zeros_like(params)
+    if hi > lo:
+        mlp.backprop(params, x[lo:hi], Y[lo:hi], scale=1 / len(x), out=grads)
+    return grads, [comm.Iallreduce(MPI.IN_PLACE, a) for i in reversed(range(len(params))) for a in grads[i]]
+
+
 PURE = {"ring_chunks": right_chunks, "rank_rows": right_rows}
 MPI_RIGHT = {"ring_reduce_scatter": right_reduce_scatter, "ring_allreduce": right_ring,
-             "mean_gradient": right_mean, "data_parallel_step": right_step}
+             "mean_gradient": right_mean, "data_parallel_step": right_step, "overlapped_step": right_overlapped}
 # a mistake each MPI check sees on one rank already
 MPI_WRONG = {"ring_reduce_scatter": lambda c, x, op: x[:0].copy(),
              "ring_allreduce": lambda c, x, op: x * 2,
              "mean_gradient": lambda c, g, n: [(a * n, b * n) for a, b in g],
-             "data_parallel_step": lambda c, params, x, Y: mlp.zeros_like(params)}
+             "data_parallel_step": lambda c, params, x, Y: mlp.zeros_like(params),
+             "overlapped_step": overlapped_after_backprop}
 
 
 def run(name, fn, comm=None):
@@ -107,9 +136,9 @@ def run(name, fn, comm=None):
 
 # ---- what the labs declare ----------------------------------------------------------------------------------------
 
-def test_labs_07_and_08_declare_three_exercises_each_with_hints_and_references():
+def test_labs_07_and_08_declare_their_exercises_with_hints_and_references():
     assert [e.name for e in in_lab("07")] == ["ring_allreduce", "ring_chunks", "ring_reduce_scatter"]
-    assert [e.name for e in in_lab("08")] == ["data_parallel_step", "mean_gradient", "rank_rows"]
+    assert [e.name for e in in_lab("08")] == ["data_parallel_step", "mean_gradient", "overlapped_step", "rank_rows"]
     for e in in_lab("07") + in_lab("08"):
         assert e.module == "mpi" and len(e.hints) >= 3 and e.references, e.name
         assert e.mpi == (e.name in MPI_RIGHT), e.name  # the plain functions need no MPI
@@ -121,7 +150,8 @@ def test_labs_07_and_08_declare_three_exercises_each_with_hints_and_references()
 ANSWERS = {"ring_chunks": ["r - s", "s - 1", "r + 1"], "rank_rows": ["min(rank", "min(r,", "r * (", "rank * "],
            "ring_reduce_scatter": ["r + 1", "r - s", "(r + 1) mod p"],
            "ring_allreduce": ["r - s", "r + 1", "(r - s + 1)"],
-           "mean_gradient": ["/ batch", "* n /", "/ comm.allreduce"], "data_parallel_step": ["shard_bounds("]}
+           "mean_gradient": ["/ batch", "* n /", "/ comm.allreduce"], "data_parallel_step": ["shard_bounds("],
+           "overlapped_step": ["1 / len(x)", "reversed(range", "on_layer=on_layer", "requests.append("]}
 
 
 def test_the_hints_lead_to_the_answer_but_never_hold_it():
@@ -209,7 +239,8 @@ def test_rank_rows_shows_both_bounds_of_a_large_batch_in_short():
 @pytest.mark.parametrize("name, count", [("ring_reduce_scatter", "ring reduce-scatter on 1 to 1 ranks"),
                                          ("ring_allreduce", "ring allreduce on 1 to 1 ranks"),
                                          ("mean_gradient", "mean gradient on 1 to 1 ranks"),
-                                         ("data_parallel_step", "data-parallel step on 1 to 1 ranks")])
+                                         ("data_parallel_step", "data-parallel step on 1 to 1 ranks"),
+                                         ("overlapped_step", "overlapped step on 1 to 1 ranks")])
 def test_the_right_answer_passes_on_one_rank(name, count, self_comm, capsys):
     run(name, MPI_RIGHT[name], self_comm)
     assert f"✔ {count}: all" in capsys.readouterr().out
@@ -240,6 +271,9 @@ def test_a_blank_mpi_function_is_not_written_yet_without_a_hint(name, self_comm)
     ("mean_gradient", lambda c, g, n: [a for pair in g for a in pair], r"expected a list of 2 \(dW, db\) pairs"),
     ("mean_gradient", lambda c, g, n: [(a * 0, b) for a, b in g], "differs from the mean over the whole batch"),
     ("mean_gradient", lambda c, g, n: 1 / 0, "your function raised ZeroDivisionError"),
+    ("overlapped_step", overlapped_after_backprop, "sent after mlp.backprop had returned"),
+    ("overlapped_step", lambda c, params, x, Y: right_overlapped(c, params, x, Y)[0], r"return \(grads, requests\)"),
+    ("overlapped_step", lambda c, params, x, Y: (mlp.zeros_like(params), [1]), "requests must hold what"),
 ])
 def test_the_mpi_checks_name_what_one_rank_shows(name, wrong, match, self_comm):
     with pytest.raises(ExerciseError, match=match):
@@ -328,6 +362,7 @@ def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, mo
 def test_the_reduce_scatter_and_mean_checks_under_mpiexec():
     out = run_mpi_cases("cases_steps_exercise.py", 3)
     assert "✔ ring reduce-scatter on 1 to 3 ranks" in out and "✔ mean gradient on 1 to 3 ranks" in out
+    assert "✔ overlapped step on 1 to 3 ranks" in out
 
 
 # ---- labkit's helpers ---------------------------------------------------------------------------------------------

@@ -336,3 +336,21 @@ def test_a_rate_tc_cannot_read_is_refused_naming_the_form():
             with hosts.namespace_hosts(2, link=bad):
                 pass
     assert hosts.rate_bits_per_second("1gbit") == 1e9 and hosts.rate_bits_per_second("2.5mbps") == 2e7
+
+
+@needs_hosts
+def test_the_training_benchmark_across_shaped_hosts_reports_its_figures():
+    from labkit.benchmarks import training
+
+    with pytest.raises(ValueError, match="hosts=2 or more"):
+        training.run(quick=True, link="100mbit")
+    got = training.run(quick=True, progress=False, hosts=2, link="1gbit", hosts_only=True)
+    assert 0.8 <= got["link_rate_measured_vs_set"] <= 1.2
+    ov = got["overlap"]
+    assert ov["batch"] == training.overlap_batch(1e9) and 0 < ov["allreduce_share"] < 1
+    assert got["overlap_step_vs_blocking_hosts2"] == ov["step_seconds"]["overlap"] / ov["step_seconds"]["blocking"]
+    tt = got["topk_time"]
+    assert len(tt["dense"]["seconds"]) == tt["epochs"] and len(tt["topk1"]["seconds"]) == 2 * tt["epochs"]
+    assert set(got["targets_met"]) == set(training.hosts_targets(2))
+    text = training.report(got)
+    assert "a ping-pong got" in text and "overlap_step_vs_blocking_hosts2" in text

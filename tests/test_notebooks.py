@@ -58,6 +58,7 @@ CLAIMS = {
         "data parallelism trains as the serial run does: same accuracy, the same weights on every rank",
         "the synchronous runs train as one rank does",
         "no 2-process design beats the yardstick by more than the update it shares",
+        "the overlapped step trains to the blocking step's weights",
     ],
     "09_parameter_servers.ipynb": [
         "one worker still handles lr 0.6",

@@ -91,6 +91,12 @@ def test_rank_timeline_one_lane_per_rank():
     assert ax.get_xlabel() == "time (ms)"
     with pytest.raises(ValueError, match="no events"):
         plots.plot_rank_timeline([])
+    # overlap: an allreduce in flight during backprop gets a lane of its own beside the compute
+    events.append({"rank": 1, "name": "bucket 0", "kind": "comm (in flight)", "start": 0.001, "end": 0.003})
+    ax = plots.plot_rank_timeline(events, lane_per_kind=True).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0: compute", "rank 0: comm", "rank 1: compute",
+                                                            "rank 1: comm", "rank 1: comm (in flight)"]
+    assert len(ax.patches) == 5
 
 
 def test_figures_keep_every_series_visible_and_ticks_whole():

@@ -19,6 +19,18 @@ Run: ``labkit bench training [--quick] [--json]``
   top-k 1 % plus error feedback; dense accuracy minus compressed accuracy, and the bytes ratio.
 * ``async_accuracy_w4_m2``: test accuracy of [784,100,10] after 5 epochs (2 in the quick run) of the
   asynchronous parameter server with 4 workers and 2 masters (6 ranks), with its staleness and master loads.
+
+With ``--hosts N [--link RATE]`` (root: namespace hosts, :mod:`labkit.cluster.hosts`) three figures of a network
+that costs are added, one rank on each host:
+
+* ``link_rate_measured_vs_set``: the rate a ping-pong between two hosts gets over the cable's rate (0.8-1.2).
+* ``overlap_step_vs_blocking_hostsN``: the time of a data-parallel step of [784,512,512,10] whose gradient buckets are
+  allreduced while backprop runs (``DataParallel(overlap=True)``) over the time of the blocking step, in interleaved
+  rounds in one job; the batch is chosen from the cable's rate so that the allreduce is about half of the blocking
+  step (``overlap.allreduce_share`` says what it was). Target <= 0.8 where that share is at least one half.
+* ``topk_time_to_accuracy_vs_dense_hostsN``: [784,100,10] at batch 64; dense (ring allreduce) trains for some
+  epochs, top-k 1 % with error feedback for twice as many; the training time top-k needs to first reach dense's
+  final test accuracy over dense's training time (inf where it never does). Target <= 0.7.
 """
 
 from __future__ import annotations
@@ -31,6 +43,21 @@ from ..bench import machine_info
 from ..progress import progress_bar
 
 TARGETS = {"dp_speedup_p2": (">=", 1.6), "topk1_accuracy_gap": ("<=", 0.01), "async_accuracy_w4_m2": (">=", 0.95)}
+OVERLAP_NETWORK = [784, 512, 512, 10]
+
+
+def hosts_targets(hosts: int) -> dict:
+    """The targets of the figures measured across ``hosts`` namespace hosts."""
+    return {"link_rate_measured_vs_set": ("within", (0.8, 1.2)), f"overlap_step_vs_blocking_hosts{hosts}": ("<=", 0.8),
+            f"topk_time_to_accuracy_vs_dense_hosts{hosts}": ("<=", 0.7)}
+
+
+def overlap_batch(bits_per_second: float | None) -> int:
+    """A global batch whose backprop of :data:`OVERLAP_NETWORK` on one core takes about as long as the allreduce of
+    its gradient over a cable of this rate (measured here: about 4096 at 100 Mbit/s); 256..8192, a multiple of 256."""
+    if not bits_per_second:
+        return 256
+    return int(min(8192, max(256, round(4.1e11 / bits_per_second / 256) * 256)))
 
 
 def worker(cfg: dict) -> None:
@@ -81,6 +108,19 @@ def worker(cfg: dict) -> None:
             out.update(accuracy=mlp.accuracy(res.params, xt, yt, "relu", "cross_entropy"), seconds=res.seconds,
                        staleness_mean=float(res.staleness.mean()), staleness_max=int(res.staleness.max()),
                        staleness_histogram=np.bincount(res.staleness).tolist(), master_updates=res.master_updates.tolist())
+    elif cfg["part"] == "overlap":
+        out.update(_overlap_steps(comm, cfg))
+    elif cfg["part"] == "topk_time":
+        for name, epochs in (("dense", cfg["epochs"]), ("topk1", 2 * cfg["epochs"])):
+            params = mlp.init_params([784, 100, 10], seed=0, init="he")
+            ar = "ring" if name == "dense" else compression.CompressedAllreduce("topk", ratio=0.01)
+            h = mlp.train(params, (x, y), epochs=epochs, batch_size=64, lr=0.05, momentum=0.9,
+                          activation="relu", cost="cross_entropy", method=DataParallel(comm, allreduce=ar),
+                          test_data=(xt, yt), progress=False)
+            mine, slowest = np.array(h.epoch_time), np.empty(len(h.epoch_time))
+            comm.Allreduce(mine, slowest, op=MPI.MAX)  # the slowest rank's clock
+            times = np.cumsum(slowest).tolist()
+            out[name] = {"accuracy": h.test_accuracy, "seconds": times}
     else:
         for name in ("dense", "topk1"):
             params = mlp.init_params([784, 100, 10], seed=0, init="he")
@@ -95,31 +135,124 @@ def worker(cfg: dict) -> None:
         print(json.dumps(out), flush=True)
 
 
+def _overlap_steps(comm, cfg: dict) -> dict:
+    """Blocking and overlapped data-parallel steps of :data:`OVERLAP_NETWORK`, alternating in ``rounds`` rounds of
+    ``steps`` steps each; per-step medians, and the blocking step's compute / allreduce split."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from .. import mlp
+    from ..data_parallel import DataParallel
+
+    rng = np.random.default_rng(0)
+    batch = cfg["batch"]
+    x = rng.random((batch, OVERLAP_NETWORK[0]), dtype=np.float32)
+    Y = mlp.targets(rng.integers(0, 10, batch), 10, np.float32)
+    params = mlp.init_params(OVERLAP_NETWORK, seed=0, init="he")
+    methods = {"blocking": DataParallel(comm, allreduce="mpi", timeout=300),
+               "overlap": DataParallel(comm, allreduce="mpi", overlap=True, bucket_bytes=cfg["bucket_bytes"],
+                                       progress=cfg["progress"], timeout=300)}
+    per_step = {k: [] for k in methods}
+    split = []
+    for r in range(cfg["rounds"] + 1):  # round 0 warms up (buffers, connections)
+        for name in (list(methods) if r % 2 else list(methods)[::-1]):
+            dp = methods[name]
+            c0, m0 = dp.compute_seconds, dp.comm_seconds
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            for _ in range(cfg["steps"]):
+                dp(params, x, Y, "relu", "cross_entropy")
+            comm.Barrier()
+            t = comm.allreduce((MPI.Wtime() - t0) / cfg["steps"], op=MPI.MAX)
+            if r:
+                per_step[name].append(t)
+                if name == "blocking":
+                    split.append(((dp.compute_seconds - c0) / cfg["steps"], (dp.comm_seconds - m0) / cfg["steps"]))
+    med = {k: float(np.median(v)) for k, v in per_step.items()}
+    compute, allreduce = (float(np.median([s[i] for s in split])) for i in (0, 1))
+    return {"step_seconds": med, "per_round": per_step, "blocking_compute_seconds": compute,
+            "blocking_allreduce_seconds": allreduce, "allreduce_share": allreduce / (compute + allreduce)}
+
+
 def _no_exchange(comm, x, op):
     """An "allreduce" that sends nothing: each rank keeps its own shard's gradient."""
     return x
 
 
-def _job(cluster, cfg: dict, n: int) -> dict:
-    res = cluster.run_mpi(["-m", "labkit.benchmarks.training", json.dumps(cfg)], n=n, timeout=1800)
+def _job(cluster, cfg: dict, n: int, hosts=None) -> dict:
+    res = cluster.run_mpi(["-m", "labkit.benchmarks.training", json.dumps(cfg)], n=n, timeout=1800, hosts=hosts)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:
         raise RuntimeError(f"the {n}-rank training job failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
-def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
+def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None, hosts: int = 0,
+        link: str | None = None, hosts_only: bool = False) -> dict:
     """Run the jobs one after another (they must not share the cores) and collect the figures.
 
     The timed data-parallel jobs run in ``rounds`` interleaved rounds (3, or 1 with ``quick``): a slow spell of a
     shared machine then hits every configuration alike, and each one's run with the median time is reported.
+    ``hosts`` (and ``link``): see the module's docstring; ``hosts_only=True`` measures only those figures.
     """
-    from .. import cluster
-    from ..data import locate
-
     rounds = (1 if quick else 3) if rounds is None else rounds
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if (link is not None or hosts_only) and hosts < 2:
+        raise ValueError("the figures of a costly network need hosts=2 or more (namespace hosts, root)")
+    if hosts_only:
+        result = {"benchmark": "training", "quick": quick, "machine": machine_info(),
+                  "when": time.strftime("%Y-%m-%d %H:%M:%S"), "targets_met": {}}
+    else:
+        result = _one_machine(quick, progress, rounds)
+    if hosts > 1:
+        result.update(_across_hosts(quick, progress, rounds, hosts, link))
+        targets = hosts_targets(hosts)
+        result["targets_met"].update({k: (v[0] <= result[k] <= v[1] if op == "within" else result[k] <= v)
+                                      for k, (op, v) in targets.items() if result.get(k) is not None})
+    return result
+
+
+def _across_hosts(quick: bool, progress, rounds: int, hosts: int, link: str | None) -> dict:
+    """The figures of a network that costs: one rank on each of ``hosts`` namespace hosts, cables at ``link``."""
+    import numpy as np
+
+    from .. import cluster
+    from ..cluster.hosts import namespace_hosts
+    from ..costmodel import measure_link_rate
+
+    out: dict = {"hosts": {"n": hosts, "link": link}}
+    with namespace_hosts(hosts, link=link) as made, \
+            progress_bar(total=3, enable=progress, desc="training across hosts", unit="job") as bar:
+        rate = measure_link_rate(made, repeat=3)
+        out["hosts"]["link_rate"] = rate
+        out["link_rate_measured_vs_set"] = rate["ratio"]
+        bar.update(1)
+        ov_cfg = {"part": "overlap", "samples": 0, "batch": overlap_batch(made.link_bits_per_second),
+                  "bucket_bytes": 1 << 20, "progress": "layers", "steps": 3 if quick else 5, "rounds": 2 * rounds + 1}
+        ov = _job(cluster, ov_cfg, hosts, hosts=made)
+        out["overlap"] = {"network": OVERLAP_NETWORK, **{k: v for k, v in ov_cfg.items() if k not in ("part", "samples")},
+                          **{k: v for k, v in ov.items() if k not in ("p", "samples")}}
+        out[f"overlap_step_vs_blocking_hosts{hosts}"] = ov["step_seconds"]["overlap"] / ov["step_seconds"]["blocking"]
+        bar.update(1)
+        tt_cfg = {"part": "topk_time", "samples": 20000 if quick else 60000, "epochs": 2 if quick else 3}
+        tt = _job(cluster, tt_cfg, hosts, hosts=made)
+        target = tt["dense"]["accuracy"][-1]
+        reached = [t for t, a in zip(tt["topk1"]["seconds"], tt["topk1"]["accuracy"]) if a >= target]
+        dense_seconds = tt["dense"]["seconds"][-1]
+        out["topk_time"] = {"network": [784, 100, 10], "batch": 64, **tt_cfg, "dense": tt["dense"],
+                            "topk1": tt["topk1"], "target_accuracy": target,
+                            "topk1_seconds_to_target": reached[0] if reached else None}
+        out[f"topk_time_to_accuracy_vs_dense_hosts{hosts}"] = reached[0] / dense_seconds if reached else float(np.inf)
+        bar.update(1)
+    return out
+
+
+def _one_machine(quick: bool, progress, rounds: int) -> dict:
+    """The figures on this machine (the module's first three)."""
+    from .. import cluster
+    from ..data import locate
+
     dp_cfg = {"part": "dp", "samples": 20000 if quick else 60000, "epochs": 1 if quick else 2}
     tk_cfg = {"part": "topk", "samples": 60000, "epochs": 2 if quick else 5}
     as_cfg = {"part": "async", "samples": 60000, "epochs": 2 if quick else 5}
@@ -164,6 +297,9 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
 
 def report(result: dict) -> str:
     """A summary for people."""
+    if "dp" not in result:  # hosts_only
+        return "\n".join([f"training benchmark ({'quick' if result['quick'] else 'full'}), across hosts only",
+                          *report_hosts(result)])
     d, t = result["dp"], result["topk"]
     lines = [
         f"training benchmark ({'quick' if result['quick'] else 'full'}); data: {result['data']}",
@@ -189,7 +325,31 @@ def report(result: dict) -> str:
     ]
     for k, (op, bound) in TARGETS.items():
         lines.append(f"{k} = {result[k]:.3f}  (target {op} {bound:g}: {'met' if result['targets_met'][k] else 'NOT met'})")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *report_hosts(result)])
+
+
+def report_hosts(result: dict) -> list[str]:
+    """The lines of the figures measured across hosts (none where they were not)."""
+    if "hosts" not in result:
+        return []
+    h, ov, tt = result["hosts"], result["overlap"], result["topk_time"]
+    n, rate = h["n"], h["link_rate"]
+    s = ov["step_seconds"]
+    lines = [f"across {n} namespace hosts, one rank each, cables {h['link'] or 'unshaped'}: a ping-pong got "
+             f"{rate['bits_per_second'] / 1e6:.0f} Mbit/s",
+             f"  step of {ov['network']} at batch {ov['batch']}: blocking {s['blocking'] * 1e3:.1f} ms (backprop "
+             f"{ov['blocking_compute_seconds'] * 1e3:.1f} ms, allreduce {ov['blocking_allreduce_seconds'] * 1e3:.1f} ms, "
+             f"{ov['allreduce_share']:.0%} of it), overlapped {s['overlap'] * 1e3:.1f} ms",
+             f"  top-k 1 % + error feedback against dense, [784,100,10] batch 64: dense {tt['dense']['seconds'][-1]:.1f} s "
+             f"to {tt['target_accuracy']:.2%}; top-k "
+             + (f"{tt['topk1_seconds_to_target']:.1f} s to the same accuracy" if tt["topk1_seconds_to_target"]
+                else f"never reached it in {len(tt['topk1']['seconds'])} epochs ({tt['topk1']['accuracy'][-1]:.2%})"), ""]
+    for k, (op, bound) in hosts_targets(n).items():
+        if result.get(k) is None:
+            continue
+        shown = f"{bound[0]:g}-{bound[1]:g}" if op == "within" else f"{bound:g}"
+        lines.append(f"{k} = {result[k]:.3f}  (target {op} {shown}: {'met' if result['targets_met'][k] else 'NOT met'})")
+    return lines
 
 
 if __name__ == "__main__":

@@ -748,6 +748,144 @@ def _shares_not_summed(sub, got, want, where, ex) -> str | None:
     return None
 
 
+@recorded
+def overlapped_step(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 08): ``fn(comm, params, x, Y) -> (grads, requests)`` on every rank (``%%px``).
+
+    Once every request in ``requests`` has completed (the check waits for them), ``grads`` must be the gradient of
+    the mean quadratic cost over the whole batch on every rank, from this rank's own rows only, as in
+    :func:`data_parallel_step`. And the communication must overlap the backward pass: the check notes where each
+    ``comm.Iallreduce`` starts. On a rank with rows, layer i's two arrays must be handed to a non-blocking allreduce
+    while ``mlp.backprop`` is at layer i (in its ``on_layer(i)`` call), before the layers below are computed. A
+    blocking ``Allreduce``, or an allreduce started after backprop returned, overlaps nothing and fails.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "overlapped step"
+    # what is recorded and replayed is the step's outcome: the gradients once every request has completed, and
+    # where each array's allreduce started (live requests and call stacks do not keep)
+    step = on_given_comm(capture.student(_waited(capture.watched(fn), timeout, ex), ex=ex), ex)
+
+    def run(sub, k):
+        for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
+            yield lambda batch=batch: _overlapped_case(step, sub, k, batch, timeout, ex)
+
+    collective_check(comm, ex, run)
+
+
+AFTER_BACKPROP, NEVER = -1, -2  # where an array's allreduce started, besides a layer of backprop
+
+
+def _backprop_layer() -> int:
+    """The layer :func:`labkit.mlp.loss_and_grads_unchecked` is at, if it is on the call stack, else AFTER_BACKPROP."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is mlp.loss_and_grads_unchecked.__code__:
+            return int(frame.f_locals.get("i", AFTER_BACKPROP))
+        frame = frame.f_back
+    return AFTER_BACKPROP
+
+
+def _waited(fn, timeout, ex):
+    """The student's step run to its end: ``(grads, started, blocking)``, the gradients after every request it
+    returned has completed, for each array of each layer the layer backprop was at when its Iallreduce started
+    (:data:`AFTER_BACKPROP`, :data:`NEVER`), and how many blocking Allreduces it called."""
+    from mpi4py import MPI
+
+    from ..collectives import wait_all
+
+    def step(comm, params, x, Y):
+        posts: list[tuple[int, list]] = []
+        blocking: list[int] = []
+
+        class Noted(type(comm)):
+            def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
+                posts.append((_backprop_layer(), [b for b in (sendbuf, recvbuf) if isinstance(b, np.ndarray)]))
+                return self._comm.Iallreduce(sendbuf, recvbuf, op)
+
+            def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):  # noqa: N802
+                blocking.append(_backprop_layer())
+                return super().Allreduce(sendbuf, recvbuf, op)
+
+        comm.__class__ = Noted
+        got = fn(comm, params, x, Y)
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], (list, tuple))):
+            raise ExerciseError(f"{ex}: return (grads, requests): the gradients, and the list of the requests that "
+                                "comm.Iallreduce returned, still in flight (the check waits for them)")
+        grads, requests = got
+        if not all(isinstance(q, MPI.Request) for q in requests):
+            raise ExerciseError(f"{ex}: requests must hold what comm.Iallreduce returned, got {requests!r:.200}")
+        wait_all(list(requests), timeout, "the overlapped step's allreduces", comm)
+        if not _dp_shaped(grads, params):
+            raise ExerciseError(f"{ex}: grads must be a list of (dW, db) pairs shaped like params, "
+                                f"got {type(grads).__name__}")
+        started = [[next((layer for layer, bufs in posts if any(np.shares_memory(a, b) for b in bufs)), NEVER)
+                    for a in pair] for pair in grads]
+        # the order in which the layers' allreduces started: the layer of each post's buffer
+        order = [next((i for i, pair in enumerate(grads) for a in pair if any(np.shares_memory(a, b) for b in bufs)),
+                      NEVER) for _, bufs in posts]
+        return ([tuple(np.asarray(a) for a in pair) for pair in grads], np.array(started), len(blocking),
+                np.array(order, dtype=int))
+
+    return step
+
+
+def _overlapped_case(step, sub, k, batch, timeout, ex) -> str | None:
+    """One batch of the overlapped step on one sub-communicator; returns what went wrong (or None), never raises."""
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
+    params, x, Y, want = _dp_problem(batch)
+    lo, hi = shard_bounds(batch, k)[r]
+    mine_x, mine_Y = _own_rows_only(x, Y, lo, hi)
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    got, error = _call_dp(step, work, timeout, params, mine_x, mine_Y, where, ex)
+    if error is None and hi > lo:
+        error = _not_overlapped(got[1], got[2], where, ex)
+    misordered = error is None and hi == lo and bool((np.diff(got[3]) > 0).any())
+    # every rank takes part (a rank that failed says False): the rank at fault tells why, the others' wrong sums
+    # are only its consequence
+    if k > 1 and any(sub.allgather(misordered)) and not misordered:
+        return None
+    if misordered:
+        error = (f"{ex} ({where}): this rank has no rows and started its allreduces layer by layer in the order "
+                 f"{got[3].tolist()}; the ranks with rows start them last layer first, as backprop makes them. MPI "
+                 "pairs the collectives of the ranks in the order each rank starts them, so these sum the wrong arrays"
+                 "\nHint: a rank without rows must start the same allreduces in the same order as the others")
+    if error:
+        return error  # work is not freed: a rank may have abandoned an operation on it
+    work.Free()
+    try:
+        compare_grads(ex, got[0], want, batch, where)
+    except ExerciseError as e:
+        return str(e)
+    return None
+
+
+def _not_overlapped(started, blocking: int, where, ex) -> str | None:
+    """What says that some layer's allreduce did not overlap the backward pass, or None."""
+    if blocking:
+        return (f"{ex} ({where}): a blocking comm.Allreduce waits where it is called, and backprop waits with it: "
+                "nothing overlaps\nHint: comm.Iallreduce(MPI.IN_PLACE, array) returns at once with a request; "
+                "keep the requests and return them")
+    for i in range(len(started) - 1, -1, -1):
+        for name, layer in zip(("dW", "db"), started[i]):
+            if layer == NEVER:
+                return (f"{ex} ({where}): no comm.Iallreduce was started on layer {i}'s {name}: every array of the "
+                        "gradients must be summed over the ranks")
+            if layer == AFTER_BACKPROP:
+                return (f"{ex} ({where}): layer {i}'s {name} was sent after mlp.backprop had returned: by then "
+                        "the whole backward pass is over, and nothing overlapped\nHint: start it in the on_layer "
+                        "function you give mlp.backprop, which backprop calls as soon as layer i is done")
+            if layer != i:
+                return (f"{ex} ({where}): layer {i}'s {name} was handed to Iallreduce while backprop was at layer "
+                        f"{layer}, {'before its gradients were final' if layer > i else 'later than it could'}"
+                        "\nHint: on_layer(i) is called once layer i's gradients are final: start layer i's there")
+    return None
+
+
 # ==== the exercises =================================================================================================
 
 _COLLECTIVES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce", "recursive_doubling_allreduce",
@@ -800,6 +938,17 @@ EXERCISES = (
         "No rank knows the batch size: the ranks' n add up the same way (comm.allreduce(n) for a number).",
         "Divide by the batch size, not by p: a rank with more rows weighs more. A rank with n = 0 holds NaN, and "
         "0 x NaN is NaN: it sends zeros (np.zeros_like).",
+    )),
+    Exercise("overlapped_step", "08", "mpi", mpi=True,
+             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
+                         "labkit.data_parallel:mean_of_shards"), hints=(
+        "Allocate the gradients first, grads = mlp.zeros_like(params), and pass them as out=grads: backprop then "
+        "writes into arrays you already hold, and a rank with no rows simply keeps its zeros.",
+        "Each rank's share of the mean over the whole batch is its rows' sum divided by the whole batch, len(x): "
+        "pass that as scale. Then the allreduce's plain sum over the ranks is the mean, with no second step.",
+        "In on_layer(i), start one comm.Iallreduce(MPI.IN_PLACE, a) for each array a of grads[i] and keep the "
+        "requests in a list. A rank with no rows calls no backprop: it starts the allreduce of every layer itself, "
+        "last layer first, as the other ranks do.",
     )),
     Exercise("data_parallel_step", "08", "mpi", mpi=True,
              references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",

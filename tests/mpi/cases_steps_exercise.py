@@ -1,6 +1,6 @@
 """The MPI rungs between the plain functions and the whole algorithms of labs 07 and 08: the ring's reduce-scatter
-(check.ring_reduce_scatter) and the mean gradient over every rank's rows (check.mean_gradient) pass right answers and
-name typical mistakes, on every rank.
+(check.ring_reduce_scatter), the mean gradient over every rank's rows (check.mean_gradient) and the overlapped step
+(check.overlapped_step) pass right answers and name typical mistakes, on every rank.
 
 Run: mpiexec -n 3 python -m mpi4py tests/mpi/cases_steps_exercise.py [-k NAME]   (prints "OK <p>" on rank 0)
 """
@@ -10,7 +10,7 @@ import numpy as np
 from _cases import case, run_cases
 from mpi4py import MPI
 
-from labkit import check, collectives
+from labkit import check, collectives, mlp
 from labkit.collectives import op_name
 from labkit.data_parallel import mean_of_shards, ring_reduce_scatter
 from labkit.shards import shard_bounds
@@ -140,4 +140,36 @@ mistake(MG, "no allreduce", lambda c, g, n: mean_gradient(c, g, n, allreduce=Fal
         "each rank returned its own mean")
 mistake(MG, "a rank that raises stops the others in time", lambda c, g, n: 1 / n if n == 0 else mean_of_shards(c, g, n),
         "your function raised ZeroDivisionError")
+
+
+# ---- the overlapped step (lab 08, exercise 4) -------------------------------------------------------------------------
+
+def overlapped(c, params, x, Y, when="layer", scale="batch", order=-1, empty_waits=False):
+    """A student's overlapped step with a switchable mistake: the allreduces started after backprop, the mean over
+    the rank's own rows, a rank without rows starting its allreduces in the other order."""
+    lo, hi = shard_bounds(len(x), c.Get_size())[c.Get_rank()]
+    grads, requests = mlp.zeros_like(params), []
+
+    def on_layer(i):
+        requests.extend(c.Iallreduce(MPI.IN_PLACE, a) for a in grads[i])
+
+    if hi > lo:
+        mlp.backprop(params, x[lo:hi], Y[lo:hi], scale=1 / len(x) if scale == "batch" else None, out=grads,
+                     on_layer=on_layer if when == "layer" else None)
+        if when == "after":
+            for i in reversed(range(len(params))):
+                on_layer(i)
+    else:
+        for i in list(range(len(params)))[::order]:
+            on_layer(i)
+    return grads, requests
+
+
+OV = "overlapped_step"
+passes(OV, "a right overlapped step passes", overlapped)
+mistake(OV, "not written", not_written, "not written yet")
+mistake(OV, "started after backprop", lambda c, *a: overlapped(c, *a, when="after"), "after mlp.backprop had returned")
+mistake(OV, "the mean over the rank's own rows", lambda c, *a: overlapped(c, *a, scale="own"), "too large")
+mistake(OV, "a rank without rows starts the layers in another order",
+        lambda c, *a: overlapped(c, *a, order=1), "this rank has no rows", "in the same order as the others")
 run_cases(comm)
