@@ -939,6 +939,16 @@ EXERCISES = (
         "Divide by the batch size, not by p: a rank with more rows weighs more. A rank with n = 0 holds NaN, and "
         "0 x NaN is NaN: it sends zeros (np.zeros_like).",
     )),
+    Exercise("data_parallel_step", "08", "mpi", mpi=True,
+             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
+                         "labkit.data_parallel:mean_of_shards"), hints=(
+        "Every rank holds the same batch x, Y. Its own rows are your my_rows(len(x), p, rank): backprop only "
+        "those; the check fills the other ranks' rows with NaN.",
+        "mlp.backprop(params, x[lo:hi], Y[lo:hi]) is the mean gradient over this rank's rows. A rank with no rows "
+        "cannot backprop (ValueError): give it any gradient-shaped arrays, mlp.zeros_like(params) say.",
+        "Your my_mean_gradient turns every rank's mean over its own rows into the mean over the whole batch, the "
+        "same on every rank: the step is those three pieces in a row.",
+    )),
     Exercise("overlapped_step", "08", "mpi", mpi=True,
              references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
                          "labkit.data_parallel:mean_of_shards"), hints=(
@@ -949,15 +959,5 @@ EXERCISES = (
         "In on_layer(i), start one comm.Iallreduce(MPI.IN_PLACE, a) for each array a of grads[i] and keep the "
         "requests in a list. A rank with no rows calls no backprop: it starts the allreduce of every layer itself, "
         "last layer first, as the other ranks do.",
-    )),
-    Exercise("data_parallel_step", "08", "mpi", mpi=True,
-             references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
-                         "labkit.data_parallel:mean_of_shards"), hints=(
-        "Every rank holds the same batch x, Y. Its own rows are your my_rows(len(x), p, rank): backprop only "
-        "those; the check fills the other ranks' rows with NaN.",
-        "mlp.backprop(params, x[lo:hi], Y[lo:hi]) is the mean gradient over this rank's rows. A rank with no rows "
-        "cannot backprop (ValueError): give it any gradient-shaped arrays, mlp.zeros_like(params) say.",
-        "Your my_mean_gradient turns every rank's mean over its own rows into the mean over the whole batch, the "
-        "same on every rank: the step is those three pieces in a row.",
     )),
 )
