@@ -482,6 +482,85 @@ def ring_allreduce(comm, x, op=MPI.SUM, check: bool = True, timeout: float | Non
     return out
 
 
+class RingRequest:
+    """labkit's ring allreduce in non-blocking form, made by :func:`ring_iallreduce`: the sum goes into ``x`` in place.
+
+    Nothing moves between calls: each :meth:`Test` finishes the steps whose messages have arrived, starts the next
+    step's ``Isend``/``Irecv`` and says whether all 2 (p - 1) steps are done, as an MPI library's progress engine does
+    inside its own calls. :meth:`Wait` tests until done (a ``TimeoutError`` after ``timeout`` seconds). Several may be
+    in flight on one communicator: each gets its own tag, in the order the ranks start them, which must be the same
+    on every rank (as for MPI's non-blocking collectives).
+    """
+
+    _started: dict = {}  # per communicator handle: how many rings were started on it (their tags)
+
+    def __init__(self, comm, x: np.ndarray, op=MPI.SUM, timeout: float | None = None):
+        x = _check_array(x)
+        if not x.flags.c_contiguous:
+            raise ValueError("ring_iallreduce works in place on a C-contiguous array")
+        self.ufunc = _check_op(op, x.dtype)
+        self.comm, self.timeout = comm, default_timeout(timeout)
+        self.p, self.r = comm.Get_size(), comm.Get_rank()
+        key = MPI._handleof(comm) if hasattr(MPI, "_handleof") else id(comm)
+        n = RingRequest._started[key] = RingRequest._started.get(key, 0) + 1
+        self.tag = TAG + 100 + n % 20000
+        self.flat = x.reshape(-1)
+        self.chunks = shard_bounds(self.flat.size, self.p)
+        self.tmp = np.empty(max(hi - lo for lo, hi in self.chunks), dtype=x.dtype)
+        self.step, self.steps = 0, 2 * (self.p - 1) if self.flat.size else 0
+        self.reqs: list = []
+        self._post()
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+    def _chunk(self, k: int) -> tuple[int, int]:
+        return self.chunks[k % self.p]
+
+    def _post(self) -> None:
+        """Start the current step's two messages (none when all steps are done)."""
+        if self.done:
+            return
+        s, r, p = self.step, self.r, self.p
+        reduce = s < p - 1  # the reduce-scatter, then the allgather of the finished chunks
+        k = s if reduce else s - (p - 1)
+        s_lo, s_hi = self._chunk(r - k + (0 if reduce else 1))
+        r_lo, r_hi = self._chunk(r - k - (1 if reduce else 0))
+        into = self.tmp[: r_hi - r_lo] if reduce else self.flat[r_lo:r_hi]
+        self._into = (reduce, r_lo, r_hi, into)
+        self.reqs = [self.comm.Irecv(into, source=(r - 1) % p, tag=self.tag),
+                     self.comm.Isend(self.flat[s_lo:s_hi], dest=(r + 1) % p, tag=self.tag)]
+
+    def Test(self) -> bool:  # noqa: N802 - MPI's name, so that a list may hold these and MPI requests alike
+        """Move on as far as the messages that arrived allow; True once the sum is complete in ``x``."""
+        while not self.done and MPI.Request.Testall(self.reqs):
+            reduce, r_lo, r_hi, into = self._into
+            if reduce:
+                self.ufunc(self.flat[r_lo:r_hi], into, out=self.flat[r_lo:r_hi])
+            self.step += 1
+            self._post()
+        return self.done
+
+    def Wait(self) -> None:  # noqa: N802
+        """Test until done; a ``TimeoutError`` after ``timeout`` seconds. The ring stays in flight (a message already
+        sent cannot be called back): ``Wait`` again once the late rank has started it, or end the job."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while not self.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.r}: ring_iallreduce waited {self.timeout:g} s at step {self.step + 1} "
+                                   f"of {self.steps}. Another rank probably failed or did not start the same ring; "
+                                   "restart the MPI job (or the engines).")
+            time.sleep(1e-5)
+
+
+def ring_iallreduce(comm, x: np.ndarray, op=MPI.SUM, timeout: float | None = None) -> RingRequest:
+    """Start labkit's ring allreduce of ``x`` in place and return at once: a :class:`RingRequest`, whose ``Test()``
+    moves it on and whose ``Wait()`` finishes it. Every rank must start it with an array of the same length and dtype
+    (not checked: checking would be a blocking collective)."""
+    return RingRequest(comm, x, op, timeout)
+
+
 def mpi_allreduce(comm, x, op=MPI.SUM, check: bool = False, timeout: float | None = None,
                   out: np.ndarray | None = None) -> np.ndarray:
     """The MPI library's own ``Allreduce``, with the same signature (the reference); ``out=x`` works in place."""

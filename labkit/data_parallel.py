@@ -9,8 +9,9 @@ every rank applies the same update and the weights stay identical, equal to a se
 ``fused=True`` packs all gradients (and the loss) into one buffer and does one allreduce, as Horovod's
 tensor fusion does; ``fused=False`` does one allreduce per weight array and bias. ``overlap=True`` hides the
 communication behind the backward pass, as PyTorch's DDP does: the gradients are cut into buckets of about
-``bucket_bytes``, last layer first, and each bucket's non-blocking allreduce starts as soon as backprop has
-produced it, while the layers below are still computing; the step waits for all of them before the update.
+``bucket_bytes``, last layer first, and each bucket's non-blocking allreduce (MPI's ``Iallreduce`` with
+``allreduce="mpi"``, labkit's :func:`labkit.collectives.ring_iallreduce` with ``"ring"``) starts as soon as backprop
+has produced it, while the layers below are still computing; the step waits for all of them before the update.
 With ``allreduce="shm"`` and ``shard_update=True`` (ranks on one machine) the optimizer step is sharded too
 (:class:`ShardedSGD`): the weights live in shared memory for the run and each rank updates its block of them from
 every rank's gradient. Time spent computing and communicating is accumulated in
@@ -68,9 +69,9 @@ class DataParallel:
     def __init__(self, comm, allreduce="ring", fused: bool = True, timeout: float | None = None, shard_update: bool = False,
                  overlap: bool = False, bucket_bytes: int = 1 << 20, progress: str = "layers"):
         self.comm = comm
-        if overlap and allreduce != "mpi":
-            raise ValueError("overlap=True starts MPI's non-blocking allreduce (Iallreduce) for each bucket of "
-                             f"gradients: use allreduce='mpi', got {allreduce!r}")
+        if overlap and allreduce not in ("mpi", "ring"):
+            raise ValueError("overlap=True starts a non-blocking allreduce for each bucket of gradients, MPI's "
+                             f"Iallreduce or labkit's ring_iallreduce: use allreduce='mpi' or 'ring', got {allreduce!r}")
         if overlap and shard_update:
             raise ValueError("overlap=True and shard_update=True do not go together: choose one")
         if int(bucket_bytes) <= 0:
@@ -245,19 +246,25 @@ class DataParallel:
         """overlap=True: each bucket's Iallreduce starts inside backprop, as soon as its last layer is done."""
         from mpi4py import MPI
 
-        from .collectives import wait_all
+        from .collectives import ring_iallreduce, wait_all
 
         flat, grads = self._buffer(params)
+        ring = self.allreduce_name == "ring"
+
+        def start(a):  # a non-blocking sum of a over the ranks, in place
+            return ring_iallreduce(self.comm, a, MPI.SUM, self.timeout) if ring else \
+                self.comm.Iallreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+
         key = (self._key, self.bucket_bytes)
         if self._buckets is None or self._buckets[0] != key:
             self._buckets = (key, self.buckets(params))
         buckets = self._buckets[1]
         reqs, started, done = [], [], {}
 
-        def poll() -> None:  # MPI moves a non-blocking collective on only while it is called (without a progress thread)
-            if reqs and len(done) < len(reqs):
-                for k in MPI.Request.Testsome(reqs) or ():
-                    done.setdefault(k, time.perf_counter())
+        def poll() -> None:  # a non-blocking collective moves on only while it is tested (without a progress thread)
+            for k, q in enumerate(reqs):
+                if k not in done and q.Test():
+                    done[k] = time.perf_counter()
 
         lock = threading.Lock()  # one caller of MPI at a time: the thread, or this one
         stop = threading.Event()
@@ -277,7 +284,7 @@ class DataParallel:
                 b_lo, b_hi = buckets[i]
                 with lock:
                     started.append((time.perf_counter(), b_hi - b_lo))
-                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, flat[b_lo:b_hi], op=MPI.SUM))
+                    reqs.append(start(flat[b_lo:b_hi]))
 
         thread = threading.Thread(target=poller, daemon=True) if self.progress == "thread" else None
         if thread is not None:
@@ -297,8 +304,12 @@ class DataParallel:
                 thread.join()
         t1 = time.perf_counter()
         started.append((t1, 1))
-        reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, flat[-1:], op=MPI.SUM))  # the loss
-        wait_all(reqs, self.timeout, "the overlapped allreduce of the gradients", self.comm)
+        reqs.append(start(flat[-1:]))  # the loss
+        if ring:
+            for q in reqs:
+                q.Wait()
+        else:
+            wait_all(reqs, self.timeout, "the overlapped allreduce of the gradients", self.comm)
         t2 = time.perf_counter()
         self.steps += 1
         self.record("backprop", "compute", t0, t1)

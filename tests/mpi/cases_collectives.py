@@ -209,4 +209,39 @@ def _():
     refused(lambda: C.gather(comm, wide, root=0, timeout=10), CollectiveError, f"rank {last}", "trailing shape")
 
 
+@case("the non-blocking ring equals the library, several in flight, moved on only by Test")
+def _():
+    for dtype in (np.int64, np.float64, np.complex128):
+        for op in OPS if np.dtype(dtype).kind != "c" else [MPI.SUM, MPI.PROD]:
+            xs = [data(dtype, (n,), r, op) for n in LENGTHS]
+            want = [np.empty_like(x) for x in xs]
+            for x, w in zip(xs, want):
+                comm.Allreduce(x, w, op=op)
+            reqs = [C.ring_iallreduce(comm, x, op, timeout=30) for x in xs]  # all started before any is waited for
+            polls = 0
+            while not all([q.Test() for q in reqs]):
+                polls += 1
+                time.sleep(1e-4)
+            for x, w in zip(xs, want):
+                exact = np.dtype(dtype).kind == "i" or op in (MPI.MAX, MPI.MIN)  # floats: another order of adding
+                assert np.array_equal(x, w) if exact else np.allclose(x, w), (dtype, C.op_name(op), x.size)
+                same_everywhere(x)
+    one = np.ones(10)
+    C.ring_iallreduce(comm, one).Wait()
+    assert np.array_equal(one, np.full(10, float(p)))
+    if p > 1:  # a ring another rank has not started yet ends in a TimeoutError, not a hang, and stays in flight
+        late = np.ones(4)
+        first = C.ring_iallreduce(comm, late, timeout=0.5) if r == 0 else None
+        if r == 0:
+            refused(first.Wait, TimeoutError, "did not start the same ring")
+        comm.Barrier()
+        if r > 0:
+            C.ring_iallreduce(comm, late, timeout=30).Wait()
+        else:
+            first.timeout = 30
+            first.Wait()
+        assert np.array_equal(late, np.full(4, float(p)))
+    refused(lambda: C.ring_iallreduce(comm, np.ones((4, 4))[:, 1]), ValueError, "C-contiguous")
+
+
 run_cases(comm)

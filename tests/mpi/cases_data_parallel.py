@@ -49,17 +49,18 @@ for _allreduce in ("ring", "mpi", "recursive_doubling", "shm"):
 
 @case("overlapped buckets equal the blocking step")
 def _():  # DDP-style overlap: the same weights as the fused blocking step, for bucket sizes from one layer to all
-    for bucket_bytes, progress in ((1, "layers"), (300, "thread"), (1 << 20, "none")):
+    for bucket_bytes, progress, allreduce in ((1, "layers", "mpi"), (300, "thread", "mpi"), (1 << 20, "none", "mpi"),
+                                              (1, "layers", "ring"), (300, "none", "ring")):
         for batch in (20, 7, 3):  # 3 < 4 ranks: some ranks get no samples and send every bucket at once
             runs = {}
             for overlap in (False, True):
                 params = mlp.init_params([20, 16, 12, 5], seed=1, dtype=np.float64)
-                dp = DataParallel(comm, allreduce="mpi", timeout=60, overlap=overlap, bucket_bytes=bucket_bytes,
+                dp = DataParallel(comm, allreduce=allreduce, timeout=60, overlap=overlap, bucket_bytes=bucket_bytes,
                                   progress=progress)
                 hist = mlp.train(params, (x, y), epochs=2, batch_size=batch, lr=0.5, momentum=0.9, l2=1e-3,
                                  activation="relu", cost="cross_entropy", method=dp, progress=False)
                 runs[overlap] = (flatten(params), hist.train_loss)
-            what = f"bucket_bytes {bucket_bytes}, progress {progress}, batch {batch}"
+            what = f"{allreduce}, bucket_bytes {bucket_bytes}, progress {progress}, batch {batch}"
             np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-12, atol=1e-14, err_msg=what)
             np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-12, err_msg=what)
             everyone = comm.allgather(runs[True][0].tobytes())
@@ -67,7 +68,7 @@ def _():  # DDP-style overlap: the same weights as the fused blocking step, for 
     params = mlp.init_params([20, 16, 12, 5], seed=1, dtype=np.float64)
     assert list(DataParallel(comm, allreduce="mpi", overlap=True, bucket_bytes=1).buckets(params)) == [2, 1, 0]
     assert list(DataParallel(comm, allreduce="mpi", overlap=True, bucket_bytes=1 << 20).buckets(params)) == [0]
-    refused(lambda: DataParallel(comm, allreduce="ring", overlap=True), ValueError, "use allreduce='mpi'")
+    refused(lambda: DataParallel(comm, allreduce="naive", overlap=True), ValueError, "use allreduce='mpi' or 'ring'")
     refused(lambda: DataParallel(comm, allreduce="mpi", overlap=True, progress="often"), ValueError, "'thread'")
     refused(lambda: DataParallel(comm, allreduce="mpi", overlap=True, bucket_bytes=0), ValueError, "bucket_bytes")
 
