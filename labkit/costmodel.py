@@ -104,28 +104,29 @@ def pingpong(comm, sizes: Sequence[int], repeat: int = 20, warmup: int = 3, a: i
     # (milliseconds for a 1 KB message here), which would otherwise land on the first size
     one = np.zeros(1, dtype=np.uint8)
     for _ in range(20):
-        if r == a:
-            comm.Send(one, dest=b, tag=13)
-            comm.Recv(one, source=b, tag=13)
-        elif r == b:
-            comm.Recv(one, source=a, tag=13)
-            comm.Send(one, dest=a, tag=13)
+        _round_trip(comm, one, a, b)
     for size in sizes:
         buf = np.zeros(int(size), dtype=np.uint8)
         best = []
         for i in range(warmup + repeat):
             comm.Barrier()
             t0 = MPI.Wtime()
-            if r == a:
-                comm.Send(buf, dest=b, tag=11)
-                comm.Recv(buf, source=b, tag=12)
-            elif r == b:
-                comm.Recv(buf, source=a, tag=11)
-                comm.Send(buf, dest=a, tag=12)
+            _round_trip(comm, buf, a, b)
             if i >= warmup:
                 best.append((MPI.Wtime() - t0) / 2)
         out.append(float(np.median(best)))
     return np.array(out) if r == a else None
+
+
+def _round_trip(comm, buf: np.ndarray, a: int, b: int) -> None:
+    """``buf`` from rank a to rank b and back; other ranks do nothing."""
+    r = comm.Get_rank()
+    if r == a:
+        comm.Send(buf, dest=b, tag=11)
+        comm.Recv(buf, source=b, tag=12)
+    elif r == b:
+        comm.Recv(buf, source=a, tag=11)
+        comm.Send(buf, dest=a, tag=12)
 
 
 def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: int = 1, **kw) -> float:

@@ -664,14 +664,20 @@ def data_parallel_step(fn, comm=None, timeout: float = 20.0) -> None:
     fn = on_given_comm(capture.student(fn, ex=ex), ex)
 
     def run(sub, k):
-        for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
+        for batch in _dp_batches(k):
             yield lambda batch=batch: data_parallel_case(fn, sub, k, batch, timeout, ex)
 
     collective_check(comm, ex, run)
 
 
-def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
-    """One batch on one sub-communicator; returns what went wrong (or None), never raises."""
+def _dp_batches(k: int) -> list[int]:
+    """The batches a data-parallel step is checked on with k ranks: smaller than, equal to, not divisible by k."""
+    return sorted({1, max(k - 1, 1), k, 2 * k + 1, 12})
+
+
+def _dp_run(fn, sub, k, batch, timeout, ex):
+    """The student's step on one batch, each rank given only its own rows (the others NaN), on a duplicate of sub:
+    (rank, where, its rows lo and hi, the reference gradients, the duplicate, what fn returned, what went wrong)."""
     r = sub.Get_rank()
     where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
     params, x, Y, want = _dp_problem(batch)
@@ -679,6 +685,25 @@ def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
     mine_x, mine_Y = _own_rows_only(x, Y, lo, hi)
     work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
     got, error = _call_dp(fn, work, timeout, params, mine_x, mine_Y, where, ex)
+    return r, where, lo, hi, want, work, got, error
+
+
+def _dp_verdict(error, work, ex, got, want, batch, where) -> str | None:
+    """What went wrong, or the comparison with the reference once nothing did (the duplicate freed then only: a
+    rank that failed may have abandoned an operation on it)."""
+    if error:
+        return error
+    work.Free()
+    try:
+        compare_grads(ex, got, want, batch, where)
+    except ExerciseError as e:
+        return str(e)
+    return None
+
+
+def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
+    """One batch on one sub-communicator; returns what went wrong (or None), never raises."""
+    r, where, lo, hi, want, work, got, error = _dp_run(fn, sub, k, batch, timeout, ex)
     shaped = error is None and _dp_shaped(got, want)
     # every rank of sub takes part in the allgather (a rank that failed says False), so nobody waits alone
     if k > 1 and all(sub.allgather(shaped)):
@@ -687,14 +712,7 @@ def data_parallel_case(fn, sub, k, batch, timeout, ex) -> str | None:
         error = (f"{ex} ({where}): rank {r}'s gradients hold NaN: it used rows outside its shard {lo}:{hi} (the check "
                  "puts NaN in the other ranks' rows)\nHint: each rank backprops only its own rows, your my_rows"
                  "(len(x), p, rank), and the allreduce brings in the rest")
-    if error:
-        return error  # work is not freed: a rank may have abandoned an operation on it
-    work.Free()
-    try:
-        compare_grads(ex, got, want, batch, where)
-    except ExerciseError as e:
-        return str(e)
-    return None
+    return _dp_verdict(error, work, ex, got, want, batch, where)
 
 
 def _dp_problem(batch):
@@ -768,7 +786,7 @@ def overlapped_step(fn, comm=None, timeout: float = 20.0) -> None:
     step = on_given_comm(capture.student(_waited(capture.watched(fn), timeout, ex), ex=ex), ex)
 
     def run(sub, k):
-        for batch in sorted({1, max(k - 1, 1), k, 2 * k + 1, 12}):
+        for batch in _dp_batches(k):
             yield lambda batch=batch: _overlapped_case(step, sub, k, batch, timeout, ex)
 
     collective_check(comm, ex, run)
@@ -835,13 +853,7 @@ def _waited(fn, timeout, ex):
 
 def _overlapped_case(step, sub, k, batch, timeout, ex) -> str | None:
     """One batch of the overlapped step on one sub-communicator; returns what went wrong (or None), never raises."""
-    r = sub.Get_rank()
-    where = f"{k} rank{'s' if k > 1 else ''}, batch {batch}, rank {r}"
-    params, x, Y, want = _dp_problem(batch)
-    lo, hi = shard_bounds(batch, k)[r]
-    mine_x, mine_Y = _own_rows_only(x, Y, lo, hi)
-    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
-    got, error = _call_dp(step, work, timeout, params, mine_x, mine_Y, where, ex)
+    _, where, lo, hi, want, work, got, error = _dp_run(step, sub, k, batch, timeout, ex)
     if error is None and hi > lo:
         error = _not_overlapped(got[1], got[2], where, ex)
     misordered = error is None and hi == lo and bool((np.diff(got[3]) > 0).any())
@@ -854,14 +866,7 @@ def _overlapped_case(step, sub, k, batch, timeout, ex) -> str | None:
                  f"{got[3].tolist()}; the ranks with rows start them last layer first, as backprop makes them. MPI "
                  "pairs the collectives of the ranks in the order each rank starts them, so these sum the wrong arrays"
                  "\nHint: a rank without rows must start the same allreduces in the same order as the others")
-    if error:
-        return error  # work is not freed: a rank may have abandoned an operation on it
-    work.Free()
-    try:
-        compare_grads(ex, got[0], want, batch, where)
-    except ExerciseError as e:
-        return str(e)
-    return None
+    return _dp_verdict(error, work, ex, None if error else got[0], want, batch, where)
 
 
 def _not_overlapped(started, blocking: int, where, ex) -> str | None:
