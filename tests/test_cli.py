@@ -180,6 +180,8 @@ def test_bench_kernels_quick_json(capsys):
     assert 0 < result["emulator_matmul256_s"] < 30
     assert [r["kernel"] for r in result["emulator_rows"]] == ["matmul_naive", "matmul_tiled", "matmul_regblock", "numpy.matmul"]
     assert "emulator_matmul256_s" in result["targets_met"]
+    assert 0.3 < result["warp_overhead_matmul256"] < 3 and "warp_overhead_matmul256" in result["targets_met"]
+    assert 0 < result["emulator_warp_reduce_1e6_s"] < 30
     if result["backend"] == "cupy":
         assert 0 < result["sgemm_fraction_of_cublas"] and 0 < result["elementwise_fraction_of_copy"]
         assert result["copy_d2d_GBs"] > 0

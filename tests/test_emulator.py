@@ -268,12 +268,15 @@ def test_unsupported_features_are_named():
     extern "C" __global__ void warp_sum(float* x)
     {
         float v = x[threadIdx.x];
-        for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffff, v, o);
+        for (int o = 16; o > 0; o /= 2) v += __shfl_down(v, o);
         x[threadIdx.x] = v;
     }
     """
-    with pytest.raises(UnsupportedFeature, match=r"line 5: warp shuffles \(__shfl_down_sync\) are not supported"):
+    with pytest.raises(UnsupportedFeature, match=r"line 5: __shfl_down is the form without a mask, which CUDA removed.*"
+                                                 r"use __shfl_down_sync\(mask, ...\)"):
         load(src, backend="emulator")
+    with pytest.raises(UnsupportedFeature, match=r"__match_any_sync is not supported on the emulator"):
+        load('extern "C" __global__ void k(int* x) { x[0] = __match_any_sync(0xffffffff, x[0]); }', backend="emulator")
     with pytest.raises(UnsupportedFeature, match="#include is not supported"):
         load('#include <stdio.h>\nextern "C" __global__ void k(float* x) {}', backend="emulator")
 

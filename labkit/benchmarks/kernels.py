@@ -10,7 +10,10 @@ timed. On a GPU (keys only there):
   ``mnist_epoch_vs_torch``       one epoch of [784,1024,1024,10] at batch 256: our device step / PyTorch eager
                                  (when PyTorch is installed)
 and the measured copy bandwidths (device-to-device, host-to-device). Everywhere:
-  ``emulator_matmul256_s``       seconds for the 256^3 tiled matmul on the CPU emulator.
+  ``emulator_matmul256_s``       seconds for the 256^3 tiled matmul on the CPU emulator;
+  ``warp_overhead_matmul256``    that matmul's time with the block run warp by warp / run as one group of threads (the
+                                 scheduler before warps, compiled with LABKIT_EMU_NO_WARPS), launches interleaved;
+  ``emulator_warp_reduce_1e6_s`` seconds for a warp-shuffle sum of 10^6 floats (5 __shfl_down_sync a warp).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 from ..bench import format_seconds, machine_info, merge_rounds
 from ..progress import progress_bar
 
-TARGETS = {"emulator_matmul256_s": ("<=", 1.0), "sgemm_fraction_of_cublas": (">=", 0.5),
+TARGETS = {"emulator_matmul256_s": ("<=", 1.0), "warp_overhead_matmul256": ("<=", 1.1), "sgemm_fraction_of_cublas": (">=", 0.5),
            "elementwise_fraction_of_copy": (">=", 0.75), "mnist_epoch_vs_torch": ("<=", 1.5)}
 
 
@@ -48,7 +51,51 @@ def emulator_part(quick: bool) -> dict:
         rows.append({"kernel": f"matmul_{variant}", "n": n, "seconds": t, "GFLOPs": 2 * n**3 / t / 1e9})
     t_np = _timer(np, lambda: a @ b, 20)
     rows.append({"kernel": "numpy.matmul", "n": n, "seconds": t_np, "GFLOPs": 2 * n**3 / t_np / 1e9})
-    return {"emulator_rows": rows, "emulator_matmul256_s": rows[1]["seconds"]}
+    return {"emulator_rows": rows, "emulator_matmul256_s": rows[1]["seconds"], **_warps(a, b, quick)}
+
+
+WARP_REDUCE = r'''
+extern "C" __global__ void warp_reduce(const float* x, float* out, int n)
+{
+    float v = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v += x[i];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffff, v, offset);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out, v);
+}
+'''
+
+
+def _warps(a, b, quick: bool) -> dict:
+    """What warps cost the emulator: the tiled matmul scheduled warp by warp against the same kernel scheduled as one
+    group (medians of interleaved launches), and a warp-shuffle reduction of 10^6 floats."""
+    from .. import kernels as K
+    from ..bench import measure
+    from ..kernels.matmul import TILE
+
+    n = a.shape[0]
+    c = np.zeros((n, n), np.float32)
+    args = (a, b, c, *(np.int32(n),) * 3, np.int32(0), np.int32(0))
+    grid, block = (-(-n // TILE), -(-n // TILE)), (TILE, TILE)
+    with_warps = K.load_file("matmul", backend="emulator", checked=False).get_function("matmul_tiled")
+    before = K.load_file("matmul", backend="emulator", checked=False,
+                         defines={"LABKIT_EMU_NO_WARPS": 1}).get_function("matmul_tiled")
+    times: dict = {"warps": [], "before": []}
+    for _ in range(3 if quick else 7):
+        for name, k in (("warps", with_warps), ("before", before)):
+            times[name].append(measure(lambda k=k: k(grid, block, args), repeat=1, warmup=0).median)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-3)
+    x = np.random.default_rng(1).random(1_000_000).astype(np.float32)
+    total = np.zeros(1, np.float32)
+    reduce = K.load(WARP_REDUCE, backend="emulator", checked=False).get_function("warp_reduce")
+
+    def run_reduce():
+        total[0] = 0
+        reduce((256,), (256,), (x, total, np.int32(x.size)))
+
+    run_reduce()
+    np.testing.assert_allclose(total[0], x.sum(dtype=np.float64), rtol=1e-4)
+    return {"warp_overhead_matmul256": float(np.median(times["warps"]) / np.median(times["before"])),
+            "emulator_warp_reduce_1e6_s": _timer(np, run_reduce, 3 if quick else 7)}
 
 
 def gpu_part(quick: bool) -> dict:

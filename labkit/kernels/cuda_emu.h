@@ -7,7 +7,13 @@
 //    switches back to the block's scheduler, which resumes the next one; when every thread of the
 //    block waits at the barrier, all go on. __shared__ is `static thread_local`, so all fibers of a
 //    block see the same shared memory and different blocks (on different OS threads) do not.
-//  * a kernel without __syncthreads() runs each thread as a plain function call (no fibers).
+//  * the threads of a block form warps of 32 (thread i is lane i % 32 of warp i / 32), and the scheduler runs a
+//    block warp by warp. A warp intrinsic (__shfl_*_sync, __ballot_sync, __any_sync, __all_sync, __syncwarp,
+//    __activemask) parks the calling fiber; when every lane its mask names has arrived at the same intrinsic, the
+//    warp's values are exchanged at once and those lanes go on. A lane the mask names that cannot arrive (it
+//    returned, waits at __syncthreads, or waits at another warp operation), a shuffle from a lane outside the
+//    mask and a mask naming lanes the block does not have are reported with the kernel, warp and line.
+//  * a kernel without __syncthreads() or warp intrinsics runs each thread as a plain function call (no fibers).
 //  * checked mode (LABKIT_EMU_CHECKED, set by the loader, which also rewrites pointer parameters and
 //    __shared__ arrays into the checked types below) stops at the first out-of-bounds access and
 //    names the kernel, block, thread and source line.
@@ -57,6 +63,15 @@
 #define __constant__
 #define __shared__ static thread_local
 #define __syncthreads() ::labkit::syncthreads(__LINE__)
+#define __shfl_sync ::labkit::shfl_call<::labkit::SHFL_IDX>{__LINE__}
+#define __shfl_up_sync ::labkit::shfl_call<::labkit::SHFL_UP>{__LINE__}
+#define __shfl_down_sync ::labkit::shfl_call<::labkit::SHFL_DOWN>{__LINE__}
+#define __shfl_xor_sync ::labkit::shfl_call<::labkit::SHFL_XOR>{__LINE__}
+#define __ballot_sync ::labkit::vote_call<::labkit::BALLOT>{__LINE__}
+#define __any_sync ::labkit::vote_call<::labkit::ANY>{__LINE__}
+#define __all_sync ::labkit::vote_call<::labkit::ALL>{__LINE__}
+#define __syncwarp ::labkit::syncwarp_call{__LINE__}
+#define __activemask ::labkit::activemask_call{__LINE__}
 #define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define __threadfence_block() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
@@ -176,7 +191,12 @@ struct LaunchArgs {
 
 struct Fault {};  // thrown after the message is recorded; caught where the CUDA thread began
 
-enum FiberState { READY = 0, AT_BARRIER = 1, DONE = 2, FAULTED = 3 };
+enum FiberState { READY = 0, AT_BARRIER = 1, DONE = 2, FAULTED = 3, AT_WARP = 4 };
+
+// The warp operations a fiber can wait at (the order of WARP_OP_NAMES).
+enum WarpOp { SHFL_IDX = 0, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNCWARP, ACTIVEMASK };
+static const char* const WARP_OP_NAMES[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+                                            "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp", "__activemask"};
 
 struct Fiber {
     void* sp = nullptr;
@@ -185,6 +205,13 @@ struct Fiber {
 #endif
     int state = READY;
     int line = 0;
+    // at a warp operation: which, the mask, the value offered, the lane argument and width; then the result
+    int op = 0;
+    unsigned mask = 0;
+    uint64_t value = 0;
+    int arg = 0;
+    int width = 32;
+    uint64_t result = 0;
 };
 
 struct Launch;
@@ -457,6 +484,202 @@ inline void syncthreads(int line) {
     if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};
 }
 
+// A warp intrinsic: park this fiber at it until the lanes of its mask have all arrived (see resolve_warp).
+inline uint64_t warp_wait(int line, int op, unsigned mask, uint64_t value, int arg, int width) {
+    Worker* w = t_worker;
+#ifdef LABKIT_EMU_CHECKED
+    tick(line);
+#endif
+    if (!w->fibered) {
+        record("internal error: a warp intrinsic in a kernel run without fibers");
+        throw Fault{};
+    }
+    Fiber& f = w->fibers[w->current];
+    f.state = AT_WARP;
+    f.line = line;
+    f.op = op;
+    f.mask = mask;
+    f.value = value;
+    f.arg = arg;
+    f.width = width;
+    switch_to_scheduler(w);
+    if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};
+    return w->fibers[w->current].result;
+}
+
+template <class T> inline uint64_t bits_of(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "a warp shuffle moves values of at most 8 bytes");
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <class T> inline T from_bits(uint64_t b) { T v; std::memcpy(&v, &b, sizeof(T)); return v; }
+
+// __shfl_sync(mask, var, srcLane[, width]) and its up/down/xor forms: `__shfl_sync` expands to shfl_call<SHFL_IDX>{__LINE__}
+template <int OP> struct shfl_call {
+    int line;
+    template <class T> T operator()(unsigned mask, T var, int lane_arg, int width = 32) const {
+        return from_bits<T>(warp_wait(line, OP, mask, bits_of(var), lane_arg, width));
+    }
+};
+// __ballot_sync(mask, predicate), __any_sync, __all_sync
+template <int OP> struct vote_call {
+    int line;
+    template <class P> auto operator()(unsigned mask, P predicate) const {
+        unsigned r = (unsigned)warp_wait(line, OP, mask, predicate ? 1u : 0u, 0, 32);
+        if constexpr (OP == BALLOT) return r; else return (int)r;
+    }
+};
+struct syncwarp_call {
+    int line;
+    void operator()(unsigned mask = 0xffffffffu) const { warp_wait(line, SYNCWARP, mask, 0, 0, 32); }
+};
+struct activemask_call {
+    int line;
+    unsigned operator()() const { return (unsigned)warp_wait(line, ACTIVEMASK, 0, 0, 0, 32); }
+};
+
+inline void warp_where(Worker* w, int first, int warp, int line, char* buf, size_t n) {
+    set_thread(first);
+    std::snprintf(buf, n, "kernel '%s', block (%u,%u,%u), warp %d (threads %d-%d), line %d", w->launch->kernel,
+                  blockIdx.x, blockIdx.y, blockIdx.z, warp, warp * 32, std::min(w->nthreads, warp * 32 + 32) - 1, line);
+}
+
+[[gnu::format(printf, 5, 6)]] inline void warp_fault(Worker* w, int first, int line, int lo, const char* fmt, ...) {
+    char where_[200], what[560], msg[800];
+    warp_where(w, first, lo / 32, line, where_, sizeof where_);
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    std::snprintf(msg, sizeof msg, "%s: %s", where_, what);
+    record(msg);
+}
+
+// Where lane j of the warp starting at thread lo is, in words (for a lane that did not arrive).
+inline void lane_whereabouts(Worker* w, int lo, int j, char* buf, size_t n) {
+    const Fiber& g = w->fibers[lo + j];
+    if (g.state == DONE) std::snprintf(buf, n, "it returned from the kernel");
+    else if (g.state == AT_BARRIER) std::snprintf(buf, n, "it waits at __syncthreads() on line %d", g.line);
+    else if (g.state == AT_WARP)
+        std::snprintf(buf, n, "it waits at %s on line %d with mask 0x%08x", WARP_OP_NAMES[g.op], g.line, g.mask);
+    else std::snprintf(buf, n, "it stopped");
+}
+
+// Release the lanes of one group (they all arrived at `op` with `mask`): compute each lane's result.
+inline bool release_group(Worker* w, int lo, int nlanes, unsigned members, int op) {
+    Fiber* f = w->fibers + lo;
+    unsigned votes = 0;
+    for (int j = 0; j < nlanes; j++)
+        if ((members >> j & 1u) && f[j].value) votes |= 1u << j;
+    for (int j = 0; j < nlanes; j++) {
+        if (!(members >> j & 1u)) continue;
+        Fiber& me = f[j];
+        if (op <= SHFL_XOR) {
+            const int wd = me.width;
+            if (wd < 1 || wd > 32 || (wd & (wd - 1))) {
+                warp_fault(w, lo + j, me.line, lo, "%s: width %d must be a power of 2 from 1 to 32 (warpSize)",
+                           WARP_OP_NAMES[op], wd);
+                return false;
+            }
+            const int seg = j & ~(wd - 1);  // the first lane of this lane's segment of `width` lanes
+            const unsigned a = (unsigned)me.arg;
+            int src = j;
+            if (op == SHFL_IDX) src = seg + (int)(a & (unsigned)(wd - 1));
+            else if (op == SHFL_UP) src = (unsigned)(j - seg) >= a ? j - (int)a : j;
+            else if (op == SHFL_DOWN) src = (unsigned)(j - seg) + a < (unsigned)wd ? j + (int)a : j;
+            else { unsigned x = (unsigned)j ^ a; src = x < (unsigned)(seg + wd) ? (int)x : j; }
+            if (src != j && !(members >> src & 1u)) {
+                set_thread(lo + j);
+                uint3 t = threadIdx;
+                warp_fault(w, lo + j, me.line, lo, "%s: lane %d (thread (%u,%u,%u)) reads lane %d, which is not in the "
+                           "mask 0x%08x: a shuffle may only read lanes that take part (the value would be undefined)",
+                           WARP_OP_NAMES[op], j, t.x, t.y, t.z, src, me.mask);
+                return false;
+            }
+            me.result = f[src].value;
+        } else if (op == BALLOT) me.result = votes;
+        else if (op == ANY) me.result = votes != 0;
+        else if (op == ALL) me.result = votes == members;
+        else if (op == ACTIVEMASK) me.result = members;
+        else me.result = 0;
+    }
+    for (int j = 0; j < nlanes; j++)
+        if (members >> j & 1u) f[j].state = READY;
+    return true;
+}
+
+// After every lane of the warp at threads [lo, lo + nlanes) ran as far as it can: release each group of lanes that
+// all arrived at one warp operation with one mask. Returns the lanes released, or -1 after recording an error.
+inline int resolve_warp(Worker* w, int lo, int nlanes) {
+    Fiber* f = w->fibers + lo;
+    const unsigned present = nlanes == 32 ? 0xffffffffu : ((1u << nlanes) - 1);
+    int released = 0;
+    unsigned seen = 0;
+    for (int j = 0; j < nlanes; j++) {
+        if (f[j].state != AT_WARP || f[j].op == ACTIVEMASK || (seen >> j & 1u)) continue;
+        const unsigned mask = f[j].mask;
+        const int op = f[j].op;
+        if (!(mask >> j & 1u)) {
+            warp_fault(w, lo + j, f[j].line, lo, "%s with mask 0x%08x called by lane %d, which is not in its own mask",
+                       WARP_OP_NAMES[op], mask, j);
+            return -1;
+        }
+        if (mask & ~present) {
+            warp_fault(w, lo + j, f[j].line, lo, "%s: mask 0x%08x names lanes this warp does not have (the block's "
+                       "%d threads leave it %d lanes: mask 0x%08x)", WARP_OP_NAMES[op], mask, w->nthreads, nlanes, present);
+            return -1;
+        }
+        unsigned members = 0;
+        bool complete = true;
+        for (int k = 0; k < nlanes; k++) {
+            if (!(mask >> k & 1u)) continue;
+            if (f[k].state == AT_WARP && f[k].mask == mask && f[k].op != ACTIVEMASK) {
+                members |= 1u << k;
+                if (f[k].op != op) {
+                    warp_fault(w, lo + j, f[j].line, lo, "lanes of mask 0x%08x meet at different warp operations: lane %d "
+                               "at %s (line %d), lane %d at %s (line %d)", mask, j, WARP_OP_NAMES[op], f[j].line, k,
+                               WARP_OP_NAMES[f[k].op], f[k].line);
+                    return -1;
+                }
+            } else {
+                complete = false;
+            }
+        }
+        seen |= members;
+        if (!complete) continue;
+        if (!release_group(w, lo, nlanes, members, op)) return -1;
+        released += __builtin_popcount(members);
+    }
+    if (released) return released;
+    // nothing else can move in this warp: lanes at the same __activemask() are the lanes active there
+    for (int j = 0; j < nlanes; j++) {
+        if (f[j].state != AT_WARP || f[j].op != ACTIVEMASK) continue;
+        unsigned members = 0;
+        for (int k = j; k < nlanes; k++)
+            if (f[k].state == AT_WARP && f[k].op == ACTIVEMASK && f[k].line == f[j].line) members |= 1u << k;
+        release_group(w, lo, nlanes, members, ACTIVEMASK);
+        return __builtin_popcount(members);
+    }
+    for (int j = 0; j < nlanes; j++) {  // a lane waits for one that cannot come
+        if (f[j].state != AT_WARP) continue;
+        for (int k = 0; k < nlanes; k++) {
+            if (!(f[j].mask >> k & 1u)) continue;
+            if (f[k].state == AT_WARP && f[k].mask == f[j].mask && f[k].op != ACTIVEMASK) continue;
+            char there[160];
+            lane_whereabouts(w, lo, k, there, sizeof there);
+            set_thread(lo + k);
+            uint3 t = threadIdx;
+            warp_fault(w, lo + j, f[j].line, lo, "%s with mask 0x%08x waits for lane %d (thread (%u,%u,%u)), which "
+                       "never arrives: %s. Every lane a mask names must reach the same warp operation; pass the mask of "
+                       "the lanes that get there (__ballot_sync or __activemask before the branch)",
+                       WARP_OP_NAMES[f[j].op], f[j].mask, k, t.x, t.y, t.z, there);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 inline void fiber_main(void*) {
     Worker* w = t_worker;
     Launch* l = w->launch;
@@ -515,18 +738,37 @@ inline void run_block_fibered(Worker* w, char* stacks) {
     }
     for (;;) {
         int waiting = 0, done = 0, first_wait = -1, first_done = -1;
-        for (int i = 0; i < n; i++) {
-            Fiber& f = w->fibers[i];
-            if (f.state == READY) {
-                w->current = i;
-                set_thread(i);
-#ifdef LABKIT_EMU_USE_UCONTEXT
-                swapcontext(&w->sched_ctx, &f.ctx);
+#ifdef LABKIT_EMU_NO_WARPS
+        const int group = n;  // the scheduler before warps, kept to measure what warps cost (no warp operations)
 #else
-                labkit_ctx_switch(&w->sched_sp, f.sp);
+        const int group = 32;
 #endif
-                if (f.state == FAULTED) return;
+        for (int lo = 0; lo < n; lo += group) {  // warp by warp: its lanes run until each waits, a warp operation
+            const int nlanes = std::min(group, n - lo);  // releases its lanes, they run on, ...
+            for (;;) {
+                bool parked = false;
+                for (int i = lo; i < lo + nlanes; i++) {
+                    Fiber& f = w->fibers[i];
+                    if (f.state == READY) {
+                        w->current = i;
+                        set_thread(i);
+#ifdef LABKIT_EMU_USE_UCONTEXT
+                        swapcontext(&w->sched_ctx, &f.ctx);
+#else
+                        labkit_ctx_switch(&w->sched_sp, f.sp);
+#endif
+                        if (f.state == FAULTED) return;
+                    }
+                    parked |= f.state == AT_WARP;
+                }
+                if (!parked) break;
+                const int released = resolve_warp(w, lo, nlanes);
+                if (released < 0) return;
+                if (released == 0) break;
             }
+        }
+        for (int i = 0; i < n; i++) {
+            const Fiber& f = w->fibers[i];
             if (f.state == AT_BARRIER) { waiting++; if (first_wait < 0) first_wait = i; }
             else if (f.state == DONE) { done++; if (first_done < 0) first_done = i; }
         }

@@ -216,6 +216,11 @@ def _glue(kernels: list[KernelDecl], constants: list[str], fibered: bool) -> str
     return "\n".join(lines) + "\n"
 
 
+# what makes a thread wait for others, so that threads must run as fibers
+_WAITS = re.compile(r"\b__(syncthreads|syncwarp|activemask|shfl_sync|shfl_up_sync|shfl_down_sync|shfl_xor_sync|"
+                    r"ballot_sync|any_sync|all_sync)\b")
+
+
 def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[KernelDecl], list[str], bool]:
     """(C++ text to compile, kernels, constants, fibered) for one .cu source."""
     clean = strip_comments(source)
@@ -224,7 +229,7 @@ def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[Kernel
         raise UnsupportedFeature(f"{filename}: " + "; ".join(problems))
     kernels = find_kernels(clean)
     constants = find_constants(clean)
-    fibered = checked or "__syncthreads" in clean
+    fibered = checked or bool(_WAITS.search(clean))
     text = _limit_static_shared(_rewrite_dynamic_shared(clean, checked))
     if checked:
         shared = set(re.findall(r"__shared__\s+(?:unsigned\s+|signed\s+)?\w+\s+(\w+)\s*\[", text))

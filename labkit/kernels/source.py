@@ -25,12 +25,12 @@ class UnsupportedFeature(KernelCompileError):
 
 # (pattern, what to say) for what the emulator cannot run; checked on the source without comments.
 UNSUPPORTED = [
-    (r"\b__shfl(_up|_down|_xor)?(_sync)?\b",
-     "warp shuffles ({m}) are not supported; exchange values through __shared__ memory and __syncthreads()"),
-    (r"\b__(ballot|any|all|match_any|match_all|reduce_add|reduce_min|reduce_max)_sync\b",
-     "warp vote and reduce intrinsics ({m}) are not supported; use __shared__ memory and __syncthreads()"),
-    (r"\b__activemask\b", "{m} is not supported: the emulator has no warps"),
-    (r"\b__syncwarp\b", "{m} is not supported: the emulator has no warps; use __syncthreads()"),
+    (r"\b__shfl(_up|_down|_xor)?\b(?!_sync)",
+     "{m} is the form without a mask, which CUDA removed (Volta and later): use {m}_sync(mask, ...)"),
+    (r"\b__(any|all|ballot)\b(?!_sync)",
+     "{m} is the form without a mask, which CUDA removed (Volta and later): use {m}_sync(mask, ...)"),
+    (r"\b__(match_any|match_all|reduce_add|reduce_min|reduce_max|reduce_and|reduce_or|reduce_xor)_sync\b",
+     "{m} is not supported on the emulator; build it from __shfl_xor_sync or __ballot_sync"),
     (r"\bcooperative_groups\b|\bcg::", "cooperative groups are not supported; use __syncthreads() within a block"),
     (r"\b(tex1D|tex2D|tex3D|tex1Dfetch|surf2Dwrite|surf2Dread)\b|\btexture\s*<",
      "texture and surface memory ({m}) are not supported; read through a const pointer (and __ldg)"),
