@@ -1,16 +1,44 @@
-"""Every .cu compiles for real GPUs (sm_80, sm_90) without one; ptxas's resource report is read right."""
+"""Every kernel compiles for real GPUs (sm_80, sm_90) without one: labkit's .cu files, every kernel in the labs, and
+every kernel a check receives; what a GPU's compiler refuses fails the check even where the emulator runs it; ptxas's
+resource report is read right."""
 
+import ast
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import needs_cxx
 
-from labkit.kernels import KernelCompileError
-from labkit.kernels.tools import ARCHS, compile_check, compiler_for_check, parse_ptxas, resource_usage
+from labkit import check
+from labkit.check.common import ExerciseError
+from labkit.kernels import KernelCompileError, load
+from labkit.kernels.tools import ARCHS, compile_check, compile_for_gpus, compiler_for_check, nvcc, parse_ptxas, resource_usage
 
-CU_FILES = sorted(Path(__file__).resolve().parent.parent.joinpath("labkit", "kernels").glob("*.cu"))
+ROOT = Path(__file__).resolve().parent.parent
+CU_FILES = sorted(ROOT.joinpath("labkit", "kernels").glob("*.cu"))
 needs_compiler = pytest.mark.skipif(compiler_for_check() is None,
-                                    reason="neither nvcc nor NVRTC (cupy + nvidia-cuda-nvrtc-cu12) is installed")
-pytestmark = pytest.mark.compile  # nvcc or NVRTC: needs_compiler skips without either
+                                    reason="neither NVRTC (pip install nvidia-cuda-nvrtc-cu12) nor nvcc is installed")
+pytestmark = pytest.mark.compile  # NVRTC or nvcc: needs_compiler skips without either
+
+
+def notebook_kernels():
+    """(lab, first kernel's name, source) for every string in the labs' code cells that holds a __global__ kernel."""
+    found = []
+    for nb in sorted(ROOT.joinpath("notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "__global__" not in src:
+                continue
+            lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
+                    name = node.value.split("__global__", 1)[1].split("(", 1)[0].split()[-1]
+                    found.append((nb.stem[:2], name, node.value))
+    return found
+
+
+NOTEBOOK_KERNELS = notebook_kernels()
 
 
 def test_there_are_kernel_files():
@@ -49,7 +77,7 @@ def test_parse_ptxas():
     assert got["big"] == {"registers": 255, "shared_bytes": 0, "stack_bytes": 16, "spill_stores": 8, "spill_loads": 4}
 
 
-@pytest.mark.skipif(compiler_for_check() != "nvcc", reason="needs nvcc")
+@needs_compiler
 def test_resource_usage_of_the_matmuls():
     use = resource_usage("matmul", "sm_90")
     assert set(use) == {"matmul_naive", "matmul_tiled", "matmul_regblock"}
@@ -57,3 +85,89 @@ def test_resource_usage_of_the_matmuls():
     assert use["matmul_tiled"]["shared_bytes"] == 4 * (16 * 16 + 16 * 17)
     assert use["matmul_regblock"]["registers"] > use["matmul_tiled"]["registers"]  # the 8x8 accumulators live in registers
     assert use["matmul_regblock"]["spill_stores"] == 0
+
+
+def test_the_labs_hold_kernels():
+    assert {lab for lab, _, _ in NOTEBOOK_KERNELS} >= {"05"}
+    assert {"matmul_naive", "matmul_tiled", "block_sum"} <= {name for _, name, _ in NOTEBOOK_KERNELS}
+
+
+@needs_compiler
+@pytest.mark.parametrize("lab, name, source", NOTEBOOK_KERNELS, ids=[f"{lab}-{name}" for lab, name, _ in NOTEBOOK_KERNELS])
+def test_every_kernel_in_the_labs_compiles_for_the_gpu(lab, name, source):
+    """The solutions as the instructor's notebooks hold them, and every kernel the labs hand out whole."""
+    for arch in ARCHS:
+        compile_check(source, arch)
+
+
+# Four one-line kernels the host's C++ compiler accepts, so the emulator runs them, and a GPU's compiler does not
+REFUSED = {
+    "std::max": "x[0] = std::max(x[0], 1.0f);",
+    "strlen": 'x[0] = strlen("ab");',
+    "rand": "x[0] = rand();",
+    "std::sqrt": "x[0] = std::sqrt(x[0]);",
+}
+
+
+@needs_cxx
+@needs_compiler
+@pytest.mark.parametrize("what", REFUSED)
+def test_what_the_emulator_runs_and_a_gpu_compiler_refuses(what):
+    src = 'extern "C" __global__ void k(float* x)\n{\n    %s\n}\n' % REFUSED[what]
+    load(src, backend="emulator", checked=False).k((1,), (1,), (np.ones(1, np.float32),))  # runs on the CPU
+    with pytest.raises(KernelCompileError, match=rf"does not compile for sm_\d0 .*\n.*\(3\): error: .*{what.split(':')[-1]}"):
+        compile_for_gpus(src)
+
+
+@pytest.mark.skipif(nvcc() is None or compiler_for_check() != "nvrtc", reason="needs both nvcc and NVRTC")
+def test_nvcc_is_more_lenient_than_nvrtc(monkeypatch):
+    """nvcc's implicit CUDA headers bring device forms of std::sqrt and strlen, which NVRTC (what CuPy compiles a
+    RawKernel with) lacks: that is why the checks use NVRTC first."""
+    from labkit.kernels import tools
+
+    monkeypatch.setattr(tools, "compiler_for_check", lambda: "nvcc")
+    for what, body in REFUSED.items():
+        src = 'extern "C" __global__ void k(float* x)\n{\n    %s\n}\n' % body
+        if what in ("std::max", "rand"):
+            with pytest.raises(KernelCompileError, match="with nvcc"):
+                compile_check(src)
+        else:
+            assert compile_check(src) == "nvcc"
+
+
+BLOCK_SUM = r"""
+extern "C" __global__ void block_sum(const float* x, float* out, int n)
+{
+    __shared__ float s[256];
+    float v = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v = MAX(v + x[i], 0.0f);
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if (threadIdx.x < h) s[threadIdx.x] += s[threadIdx.x + h];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(out, s[0]);
+}
+"""
+
+
+@needs_cxx
+@needs_compiler
+def test_a_check_fails_a_kernel_that_only_the_emulator_compiles(capsys):
+    """The student's kernel passes every run on the emulator; the check still fails it, with NVRTC's message."""
+    with pytest.raises(ExerciseError, match=r"(?s)your kernel runs on the emulator but does not compile for a GPU:.*"
+                                            r"namespace \"std\" has no member \"max\".*Hint: .*fmaxf"):
+        check.block_reduction(BLOCK_SUM.replace("MAX(", "std::max("))
+    check.block_reduction(BLOCK_SUM.replace("MAX(", "fmaxf("))
+    assert "all 5 checks passed" in capsys.readouterr().out
+
+
+@needs_cxx
+def test_without_a_gpu_compiler_a_check_says_so(monkeypatch, capsys):
+    from labkit.kernels import tools
+
+    monkeypatch.setattr(tools, "compiler_for_check", lambda: None)
+    check.block_reduction(BLOCK_SUM.replace("MAX(", "fmaxf("))
+    out = capsys.readouterr().out
+    assert "no CUDA compiler here" in out and "pip install nvidia-cuda-nvrtc-cu12" in out and "all 5 checks passed" in out

@@ -124,6 +124,8 @@ def test_environment_yml_and_pyproject_list_the_same_packages():
     conda = _requirement_names(ln.split("#")[0].strip()[2:] for ln in lines
                                if ln.startswith("  - ") and not ln.strip().startswith("- pip:"))
     conda -= {"python", "pip", "cxx-compiler", "c-compiler"}  # the environment itself, the emulator's and lab 03's compilers
+    conda |= _requirement_names(ln.split("#")[0].strip()[2:].strip('"') for ln in lines  # what pip installs there
+                                if ln.startswith("      - ") and ln.strip() != "- -e .")
     assert pip_side == conda, {"only in pyproject": pip_side - conda, "only in environment.yml": conda - pip_side}
     assert not any("mpich" in r for r in project["dependencies"]), "PyPI's mpich belongs in the [mpi] extra"
 

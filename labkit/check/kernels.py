@@ -31,6 +31,7 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
         if name not in mod.kernel_names:
             fail(ex, f"no kernel called {name!r} in your source (found {mod.kernel_names or 'none'})",
                   f'declare it as extern "C" __global__ void {name}(...)')
+        compiles_for_gpus(ex, source)
         return mod.get_function(name)
 
     kernel = capture.build("kernel", compile_, ex)
@@ -39,6 +40,24 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
         if needle not in code:
             fail(ex, f"your kernel does not use {needle}", hint)
     return kernel
+
+
+GPU_HINT = ("the emulator compiles your kernel with this computer's C++ compiler, which also knows the C and C++ "
+            "standard libraries; a GPU knows neither. Use CUDA's own device functions (fmaxf, fminf, sqrtf, expf, ...) "
+            "instead of std::max, std::sqrt, rand() or strlen, and keep the kernel free of #include")
+
+
+def compiles_for_gpus(ex: str, source: str) -> None:
+    """Fail a kernel that the emulator runs but a GPU's compiler refuses (NVRTC or nvcc, for sm_80 and sm_90). Without
+    a CUDA compiler here, say so and go on: the emulator alone cannot tell."""
+    from ..kernels import tools
+
+    try:
+        tools.compile_for_gpus(source)
+    except tools.KernelCompileError as e:
+        fail(ex, f"your kernel runs on the emulator but does not compile for a GPU:\n{e}", GPU_HINT)
+    except RuntimeError as e:
+        print(f"note ({ex}): {e}; the checks below run on the emulator alone")
 
 
 def _tiles_staged(ex: str, source: str, name: str) -> None:

@@ -1,23 +1,37 @@
 """Looking at kernels without running them: a compile check for real GPUs and the resources each kernel uses.
 
-Both need no GPU: ``nvcc`` compiles for any architecture on a machine without one. Where nvcc is
-missing, the compile check falls back to NVRTC through CuPy (``pip install 'cupy-cuda12x[ctk]'``, which imports
-without a GPU).
+Neither needs a GPU. The compiler is NVRTC where it can be found, the compiler CuPy's RawKernel uses on a GPU: from
+the ``nvidia-cuda-nvrtc-cu12`` wheel (the test extra installs it, ``pip install nvidia-cuda-nvrtc-cu12`` anywhere),
+a CUDA toolkit's libnvrtc, or CuPy's. Else ``nvcc``. A kernel the emulator runs can still fail here: the emulator
+compiles with the host's C++ compiler, which knows ``std::max``, ``strlen`` and ``rand()``; a GPU does not.
+
+    compile_check(source, "sm_90")        # raises KernelCompileError with the compiler's message
+    compile_for_gpus(source)              # for sm_80 and sm_90, remembered per source in labkit's cache
+    resource_usage("matmul")              # {kernel: {"registers", "shared_bytes", ...}} from ptxas -v
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import glob
+import hashlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+from .. import settings
 from .loader import read_source
 from .source import KernelCompileError
 
 ARCHS = ("sm_80", "sm_90")
+NO_COMPILER = ("no CUDA compiler here to check that the kernel compiles for a GPU: pip install nvidia-cuda-nvrtc-cu12 "
+               "(NVRTC, about 90 MB, no GPU needed), or install the CUDA toolkit (nvcc)")
 
 
 def nvcc() -> str | None:
@@ -29,23 +43,97 @@ def nvcc() -> str | None:
     return found
 
 
-def nvrtc_available() -> bool:
+def nvrtc_library() -> str | None:
+    """The path of a libnvrtc: the nvidia-cuda-nvrtc wheel's, a CUDA toolkit's ($CUDA_HOME, /usr/local/cuda), or
+    the system's; None if there is none."""
+    places = []
+    try:
+        import nvidia.cuda_nvrtc as wheel  # the nvidia-cuda-nvrtc-cu12 wheel (a namespace package)
+
+        places += [os.path.join(d, "lib", "libnvrtc.so*") for d in wheel.__path__]
+        places += [os.path.join(d, "bin", "nvrtc64_*.dll") for d in wheel.__path__]
+    except ImportError:
+        pass
+    places += [os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "cu1*", "lib", "libnvrtc.so*")]
+    places.append(os.path.join(sys.prefix, "lib", "libnvrtc.so*"))  # a conda environment's cuda-nvrtc
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            places.append(os.path.join(home, "lib64", "libnvrtc.so*"))
+    for pattern in places:
+        found = sorted(f for f in glob.glob(pattern) if "builtins" not in f and ".alt." not in f)
+        if found:
+            return found[0]
+    return ctypes.util.find_library("nvrtc")
+
+
+@functools.cache
+def _nvrtc() -> ctypes.CDLL | None:
+    path = nvrtc_library()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+            return None
+    except OSError:
+        return None
+    return lib
+
+
+def _cupy_nvrtc():
     try:
         from cupy.cuda import nvrtc
 
         nvrtc.getVersion()
-        return True
+        return nvrtc
     except Exception:
-        return False
+        return None
+
+
+def nvrtc_available() -> bool:
+    return _nvrtc() is not None or _cupy_nvrtc() is not None
 
 
 def compiler_for_check() -> str | None:
-    """"nvcc", "nvrtc" or None: what compile_check would use here."""
-    if nvcc():
-        return "nvcc"
+    """"nvrtc", "nvcc" or None: what compile_check would use here (NVRTC first: it is what CuPy compiles with)."""
     if nvrtc_available():
         return "nvrtc"
+    if nvcc():
+        return "nvcc"
     return None
+
+
+def _nvrtc_compile(text: str, name: str, arch: str, verbose: bool) -> str:
+    """Compile with NVRTC for ``arch``; the log (ptxas's report with ``verbose``). Raises KernelCompileError."""
+    options = [f"--gpu-architecture={arch}", "-std=c++17"] + (["--ptxas-options=-v"] if verbose else [])
+    lib = _nvrtc()
+    if lib is None:
+        nvrtc = _cupy_nvrtc()
+        prog = nvrtc.createProgram(text, name, [], [])
+        try:
+            nvrtc.compileProgram(prog, options)
+            return nvrtc.getProgramLog(prog)
+        except nvrtc.NVRTCError as e:
+            raise KernelCompileError(f"{name} does not compile for {arch} with NVRTC:\n{nvrtc.getProgramLog(prog)}") from e
+        finally:
+            nvrtc.destroyProgram(prog)
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None) != 0:
+        raise KernelCompileError(f"{name}: NVRTC could not take the source")
+    try:
+        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        status = lib.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(max(size.value, 1))
+        lib.nvrtcGetProgramLog(prog, log)
+        text_log = log.value.decode(errors="replace").strip()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    if status != 0:
+        raise KernelCompileError(f"{name} does not compile for {arch} with NVRTC:\n{text_log}")
+    return text_log
 
 
 def _nvcc_cubin(text: str, name: str, arch: str, verbose: bool) -> str:
@@ -61,28 +149,48 @@ def _nvcc_cubin(text: str, name: str, arch: str, verbose: bool) -> str:
     return r.stderr
 
 
+def _compile(text: str, name: str, arch: str, verbose: bool) -> tuple[str, str]:
+    """(tool, log) of compiling for ``arch`` with the first compiler here; RuntimeError if there is none."""
+    tool = compiler_for_check()
+    if tool == "nvrtc":
+        return tool, _nvrtc_compile(text, name, arch, verbose)
+    if tool == "nvcc":
+        return tool, _nvcc_cubin(text, name if name.endswith(".cu") else name + ".cu", arch, verbose)
+    raise RuntimeError(NO_COMPILER)
+
+
 def compile_check(source: str | Path, arch: str = "sm_90") -> str:
     """Compile for a real GPU architecture (no GPU needed); raise KernelCompileError with the message if it fails.
 
     ``source`` is CUDA C, a .cu path, or the name of one of labkit's kernel files ("matmul"). Returns the tool used.
     """
     text, name = read_source(source)
-    tool = compiler_for_check()
-    if tool == "nvcc":
-        _nvcc_cubin(text, name, arch, verbose=False)
-    elif tool == "nvrtc":
-        from cupy.cuda import nvrtc
+    return _compile(text, name, arch, verbose=False)[0]
 
-        prog = nvrtc.createProgram(text, name, [], [])
+
+def compile_for_gpus(source: str | Path, archs: tuple[str, ...] = ARCHS) -> str:
+    """Compile for each of ``archs`` (sm_80 and sm_90) and return the tool; a source that compiled once is remembered
+    in labkit's cache, so a check run again does not compile again. Raises KernelCompileError naming the first
+    architecture that fails, RuntimeError where there is no compiler."""
+    text, name = read_source(source)
+    tool = compiler_for_check()
+    if tool is None:
+        raise RuntimeError(NO_COMPILER)
+    key = hashlib.sha256("\0".join([text, tool, *archs]).encode()).hexdigest()[:24]
+    try:
+        stamp = settings.cache_dir() / "gpu-compiled" / key
+    except OSError:  # no writable cache (a sandbox): compile every time
+        stamp = None
+    if stamp is not None and stamp.exists():
+        return tool
+    for arch in archs:
+        _compile(text, name, arch, verbose=False)
+    if stamp is not None:
         try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17"])
-        except nvrtc.NVRTCError as e:
-            raise KernelCompileError(f"{name} does not compile for {arch} with NVRTC:\n{nvrtc.getProgramLog(prog)}") from e
-        finally:
-            nvrtc.destroyProgram(prog)
-    else:
-        raise RuntimeError("no CUDA compiler here: install the CUDA toolkit (nvcc), "
-                           "or pip install 'cupy-cuda12x[ctk]'")
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(f"{name} compiled for {', '.join(archs)} with {tool}\n")
+        except OSError:
+            pass
     return tool
 
 
@@ -116,20 +224,20 @@ def parse_ptxas(text: str) -> dict[str, dict[str, int]]:
 
 
 def resource_usage(source: str | Path, arch: str = "sm_90") -> dict[str, dict[str, int]]:
-    """Registers, shared memory, stack and spills per kernel, as ptxas reports them for ``arch``.
+    """Registers, shared memory, stack and spills per kernel, as ptxas reports them for ``arch`` (no GPU needed).
 
-    Uses nvcc where present; on a machine with a working GPU and no nvcc, CuPy's kernel attributes
+    Uses NVRTC or nvcc where present; on a machine with a working GPU and neither, CuPy's kernel attributes
     (registers and static shared memory only, for the GPU present rather than ``arch``).
     """
     text, name = read_source(source)
-    if nvcc():
-        return parse_ptxas(_nvcc_cubin(text, name, arch, verbose=True))
+    if compiler_for_check() is not None:
+        return parse_ptxas(_compile(text, name, arch, verbose=True)[1])
     from ..device import gpu_status
     from .loader import Module
 
     ok, why = gpu_status()
     if not ok:
-        raise RuntimeError(f"resource_usage needs nvcc (the CUDA toolkit) or a working GPU: {why}")
+        raise RuntimeError(f"resource_usage needs NVRTC (pip install nvidia-cuda-nvrtc-cu12), nvcc or a working GPU: {why}")
     mod = Module(text, name, backend="cupy")
     out = {}
     for k in mod.kernel_names:
