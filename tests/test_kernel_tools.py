@@ -109,11 +109,15 @@ REFUSED = {
 }
 
 
+def one_line_kernel(statement: str) -> str:
+    return 'extern "C" __global__ void k(float* x)\n{\n    ' + statement + '\n}\n'
+
+
 @needs_cxx
 @needs_compiler
 @pytest.mark.parametrize("what", REFUSED)
 def test_what_the_emulator_runs_and_a_gpu_compiler_refuses(what):
-    src = 'extern "C" __global__ void k(float* x)\n{\n    %s\n}\n' % REFUSED[what]
+    src = one_line_kernel(REFUSED[what])
     load(src, backend="emulator", checked=False).k((1,), (1,), (np.ones(1, np.float32),))  # runs on the CPU
     with pytest.raises(KernelCompileError, match=rf"does not compile for sm_\d0 .*\n.*\(3\): error: .*{what.split(':')[-1]}"):
         compile_for_gpus(src)
@@ -127,7 +131,7 @@ def test_nvcc_is_more_lenient_than_nvrtc(monkeypatch):
 
     monkeypatch.setattr(tools, "compiler_for_check", lambda: "nvcc")
     for what, body in REFUSED.items():
-        src = 'extern "C" __global__ void k(float* x)\n{\n    %s\n}\n' % body
+        src = one_line_kernel(body)
         if what in ("std::max", "rand"):
             with pytest.raises(KernelCompileError, match="with nvcc"):
                 compile_check(src)
