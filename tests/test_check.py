@@ -161,24 +161,26 @@ def reduction_solution():
 @needs_cxx
 def test_tiled_matmul_solution_passes(tiled_solution, capsys):
     check.tiled_matmul(tiled_solution)
-    assert "all 5 checks passed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("tiled matmul: C on 5 sizes, then how often each element of A is loaded from global memory in "
+                          "one product of 64 x 64 matrices (a tiled kernel: 64 / TILE = 4 times)")
+    assert "all 6 checks passed" in out
 
 
 @needs_cxx
-@pytest.mark.parametrize("old,new,match", [
-    ("(row < M && t + tx < K) ? A[row * K + t + tx] : 0.0f", "A[row * K + t + tx]",
-     r"line 10: out-of-bounds access A\[1\]: 'A' has 1 elements(.|\n)*not a multiple of the tile"),
-    ("    float acc = 0.0f;", "    if (row >= M || col >= N) return;\n    float acc = 0.0f;", r"returned without reaching it"),
-    ("acc += As[ty][k] * Bs[k][tx]", "acc += As[ty][k] * Bs[tx][k]", r"C\[0, 0\] is .* \(yours\) but should be .* \(spec\)"),
-    ("        __syncthreads();\n    }", "    }", r"entries wrong"),
-    ("__shared__ float Bs[TILE][TILE];", "float Bs[TILE][TILE];", r"the array Bs that you store B into is not __shared__"),
-    ("float acc = 0.0f;", "float acc = 0.0f", r"does not compile:(.|\n)*kernel.cu:9"),
-    ("{\n    __shared__", "{\n    /* YOUR CODE HERE */\n    __shared__", "not written yet"),
-])
-def test_tiled_matmul_mistakes_are_named(tiled_solution, old, new, match):
-    assert old in tiled_solution
-    with pytest.raises(check.ExerciseError, match=match):
-        check.tiled_matmul(tiled_solution.replace(old, new))
+def test_tiled_matmul_that_reads_A_in_its_inner_product_fails_by_its_count(tiled_solution):
+    """Tiles stored, read and waited for, values right, and the source scan satisfied (A is read in a statement that
+    stores a tile), and yet every thread reads A from global memory in its inner product: the count finds it."""
+    cheat = tiled_solution.replace("acc += As[ty][k] * Bs[k][tx];",
+                                   "acc += (As[ty][k] = (row < M && t + k < K) ? A[row * K + t + k] : 0.0f) * Bs[k][tx];")
+    assert cheat != tiled_solution
+    with pytest.raises(check.ExerciseError, match=r"loads each element of A 68 times on average from global memory; "
+                                                  r"a tiled kernel loads it 64 / TILE = 4 times"):
+        check.tiled_matmul(cheat)
+    helper = tiled_solution.replace("#define TILE 16", "#define TILE 16\n__device__ float at(const float* p, int i) "
+                                    "{ return p[i]; }").replace("A[row * K + t + tx]", "at(A, row * K + t + tx)")
+    with pytest.raises(check.ExerciseError, match=r"hands A to a function or a pointer of its own"):
+        check.tiled_matmul(helper)
 
 
 @needs_cxx
@@ -199,7 +201,7 @@ def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
 @needs_cxx
 def test_tiled_matmul_with_another_tile_size_passes(tiled_solution, capsys):
     check.tiled_matmul(tiled_solution.replace("#define TILE 16", "#define TILE 8"))
-    assert "all 5 checks passed" in capsys.readouterr().out
+    assert "all 6 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx
@@ -221,3 +223,32 @@ def test_block_reduction_mistakes_are_named(reduction_solution, old, new, match)
     assert old in reduction_solution
     with pytest.raises(check.ExerciseError, match=match):
         check.block_reduction(reduction_solution.replace(old, new))
+
+
+@pytest.fixture(scope="module")
+def warp_solution():
+    return (KDIR / "warp_sum_solution.cu").read_text()
+
+
+@needs_cxx
+def test_warp_reduction_solution_passes(warp_solution, capsys):
+    check.warp_reduction(warp_solution)
+    assert "all 6 checks passed" in capsys.readouterr().out
+
+
+@needs_cxx
+@pytest.mark.parametrize("old,new,match", [
+    ("if ((threadIdx.x & 31) == 0) atomicAdd", "atomicAdd", r"only lane 0 of each warp, \(threadIdx.x & 31\) == 0"),
+    ("offset = 16", "offset = 8", "lane 0 collected 16 lanes, not 32"),
+    ("__shfl_down_sync", "__shfl_up_sync", "__shfl_up_sync moves values to higher lanes"),
+    ("    for (int offset", "    if (i < n) for (int offset", r"does not compile"),
+    ("    for (int offset", "    if (threadIdx.x < n) for (int offset",
+     r"__shfl_down_sync with mask 0xffffffff waits for lane 1 \(thread \(1,0,0\)\), which never arrives"),
+    ("i += gridDim.x * blockDim.x", "i += n", "grid-stride loop"),
+    ("float v = 0.0f;", "__shared__ float s[32];\n    float v = 0.0f;", "declares __shared__ memory"),
+    ("atomicAdd(out, v);", "out[0] = v;", "does not use atomicAdd"),
+])
+def test_warp_reduction_mistakes_are_named(warp_solution, old, new, match):
+    assert old in warp_solution
+    with pytest.raises(check.ExerciseError, match=match):
+        check.warp_reduction(warp_solution.replace(old, new))

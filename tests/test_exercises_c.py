@@ -29,11 +29,11 @@ def _lab(prefix: str):
 # ---- the ladders ----------------------------------------------------------------------------------------------------
 
 LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction"],
-           "05": ["naive_matmul", "tiled_matmul", "block_reduction"]}
+           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction"]}
 
 
 @pytest.mark.parametrize("lab", sorted(LADDERS))
-def test_three_exercises_a_lab_easy_to_hard_each_with_its_derivation_as_hints(lab):
+def test_the_exercises_of_a_lab_easy_to_hard_each_with_its_derivation_as_hints(lab):
     assert [name for _, name in assign.exercises_in(_lab(f"{lab}_"))] == LADDERS[lab]  # in the notebook's order
     assert sorted(e.name for e in in_lab(lab)) == sorted(LADDERS[lab])
     for name in LADDERS[lab]:

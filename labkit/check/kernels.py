@@ -195,6 +195,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
     tile = tile or (define(source, "TILE", 16) if isinstance(source, str) else 16)
     if not 1 <= tile <= 32:
         fail(ex, f"#define TILE {tile}: a block of TILE x TILE threads needs 1 <= TILE <= 32 (at most 1,024 threads)")
+    print(f"{ex}: C on 5 sizes, then how often each element of A is loaded from global memory in one product of "
+          f"{4 * tile} x {4 * tile} matrices (a tiled kernel: {4 * tile} / TILE = 4 times)")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "
@@ -223,7 +225,35 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
                   hint or "check the index of each tile load and of the write: which element of A and of B does "
                   "thread (ty, tx) load at step t, and which products does it add from the tiles?")
         checks += 1
+    if isinstance(source, str):
+        _loads_per_element(ex, source, tile)
+        checks += 1
     passed(ex, checks)
+
+
+def _loads_per_element(ex: str, source: str, tile: int) -> None:
+    """Fail a "tiled" kernel whose inner product still reads A from global memory: counted on the emulator, each
+    element of A must be loaded n / TILE times in an n x n x n product, not n times as the naive kernel does."""
+    from ..kernels import counts
+
+    from ..kernels import KernelCompileError
+
+    n = 4 * tile
+
+    def count():
+        try:
+            return counts.matmul_loads(source, "tiled", n)[0]
+        except KernelCompileError:
+            fail(ex, "the check counts the loads of A where your kernel reads A[...], and your kernel hands A to a "
+                 "function or a pointer of its own, where they cannot be counted", "read A as A[index] in the kernel "
+                 "itself (a __device__ helper may take the loaded value instead of the pointer)")
+
+    reads = capture.step("loads of A", count)
+    if reads > n / tile + 1e-9:
+        fail(ex, f"in a {n} x {n} product your kernel loads each element of A {reads:g} times on average from global "
+             f"memory; a tiled kernel loads it {n} / TILE = {n // tile} times", "the inner product must read only the "
+             "__shared__ tiles: each thread loads one element of A's tile and one of B's per step, and every other use "
+             "of them comes from shared memory")
 
 
 @recorded
@@ -255,6 +285,57 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
                   f"but should be {want:.6g} (spec)", hint)
         checks += 1
     passed(ex, checks)
+
+
+@recorded
+def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> None:
+    """Lab 05: *out += sum(x) with a warp-shuffle tree in each warp (no shared memory) and one atomicAdd per warp;
+    signature (const float* x, float* out, int n), launched with ``threads`` per block over a grid-stride loop."""
+    from ..kernels.source import strip_comments
+
+    ex = "warp reduction"
+    source = capture.source(source)
+    k = load_student_kernel(ex, source, name, {
+        "_sync(": "each warp sums its 32 values with __shfl_down_sync (or __shfl_xor_sync): one lane reads another's "
+                  "register, no shared memory needed",
+        "atomicAdd": "finish with atomicAdd(out, v) from lane 0 of each warp: warps cannot see each other's registers"})
+    if isinstance(source, str) and "__shared__" in strip_comments(source):
+        fail(ex, "your kernel declares __shared__ memory; this one sums within each warp through shuffles alone",
+             "the lanes of a warp exchange registers with __shfl_down_sync(0xffffffff, v, offset): no __shared__ array "
+             "and no __syncthreads() are needed")
+    rng = np.random.default_rng(capture.seed(2))
+    checks = 0
+    for n, blocks in [(1, 1), (32, 1), (33, 1), (threads, 1), (10_000, 8), (100_003, 16)]:
+        x = rng.random(n).astype(np.float32)
+        out = np.zeros(1, np.float32)
+        run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
+                           "every lane of a warp must reach each shuffle whose mask names it: keep the shuffles outside "
+                           "any if, and let the lanes without a value take part with 0.0f")
+        want = float(x.sum(dtype=np.float64))
+        if not np.isclose(out[0], want, rtol=1e-4):
+            hint = next((h for value, h in _warp_mistakes(x, blocks, threads) if np.isclose(out[0], value, rtol=1e-4)),
+                        "add the values of a grid-stride loop first, as in exercise 3, then shuffle")
+            fail(ex, f"n={n} over {blocks} blocks of {threads}: the sum is {float(out[0]):.6g} (yours) but should be "
+                 f"{want:.6g} (spec)", hint)
+        checks += 1
+    passed(ex, checks)
+
+
+def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float, str]]:
+    """(the sum it gives, what to say) for the usual mistakes of a warp-shuffle sum, worked out on the NumPy warp
+    (labkit.kernels.warp) from the same grid-stride partial sums."""
+    from ..kernels import warp
+
+    total = blocks * threads
+    part = np.pad(x.astype(np.float64), (0, -len(x) % total)).reshape(-1, total).sum(0).reshape(-1, warp.WARP)
+    every = sum(warp.tree_sum(w).sum() for w in part)
+    short = sum(warp.tree_sum(w, offsets=(8, 4, 2, 1))[0] for w in part)
+    up = sum(warp.tree_sum(w, kind="up")[0] for w in part)
+    return [(every, "every lane added what it holds: only lane 0 of each warp, (threadIdx.x & 31) == 0, calls atomicAdd"),
+            (short, "lane 0 collected 16 lanes, not 32: the first step's offset is 16, half the warp"),
+            (up, "__shfl_up_sync moves values to higher lanes, so lane 0 only doubles its own: use __shfl_down_sync, "
+                 "which brings them down to lane 0"),
+            (0.0, "nothing reached *out: lane 0 of each warp must atomicAdd the warp's total")]
 
 
 EXERCISES = (
@@ -292,5 +373,16 @@ EXERCISES = (
         "nothing too: put the barrier outside the if that selects the adding threads.",
         "At the end s[0] holds the block's total. Blocks cannot see each other's shared memory, so thread 0 alone "
         "adds it to the result with atomicAdd(out, s[0]).",
+    )),
+    Exercise("warp_reduction", "05", "kernels", sources=(("kernels/reduce.cu", "warp_sum"),), hints=(
+        "Start as in exercise 3: each thread adds up its share of x in a grid-stride loop, into a float in a register. "
+        "A thread whose loop never ran holds 0.0f and still takes part in what follows.",
+        "v = __shfl_down_sync(0xffffffff, v, offset) gives each lane the v of the lane `offset` above it. If every "
+        "lane adds what it receives to its own v, lane 0 then holds the sum of lanes 0 and offset: which offsets, in "
+        "which order, make lane 0 hold the sum of all 32?",
+        "Halve as the tree of exercise 3 did: offsets 16, 8, 4, 2, 1, each step `v += __shfl_down_sync(0xffffffff, "
+        "v, offset);`, in a loop every lane runs (no if around it: the mask says all 32 lanes arrive).",
+        "Lane 0 of each warp, the thread with (threadIdx.x & 31) == 0, then calls atomicAdd(out, v): one atomic per "
+        "warp, no __shared__ array and no __syncthreads().",
     )),
 )

@@ -28,6 +28,16 @@ extern "C" __global__ void sum_reduce(const float* __restrict__ x, float* __rest
     if (threadIdx.x == 0) atomicAdd(out, total);
 }
 
+// *out += sum(x), each warp summing its 32 lanes' values with shuffles (no shared memory), one atomicAdd per warp.
+// Launch with a multiple of 32 threads per block.
+extern "C" __global__ void warp_sum(const float* __restrict__ x, float* __restrict__ out, int n)
+{
+    float v = 0.0f;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) v += x[k];
+    for (int offset = warpSize / 2; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffff, v, offset);
+    if ((threadIdx.x & (warpSize - 1)) == 0) atomicAdd(out, v);
+}
+
 // *out += sum((a - b)^2): the squared error of outputs a against targets b.
 extern "C" __global__ void sse_reduce(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int n)
 {

@@ -60,10 +60,10 @@ def all_(predicates, mask: int = 0xFFFFFFFF) -> bool:
     return ballot(predicates, mask) == mask
 
 
-def tree_sum(values) -> np.ndarray:
-    """The warp-shuffle reduction: five ``__shfl_down_sync`` steps (offsets 16, 8, 4, 2, 1), each lane adding what it
-    reads; returns every lane's value after the last step (lane 0 holds the warp's total)."""
+def tree_sum(values, offsets=(16, 8, 4, 2, 1), kind: str = "down") -> np.ndarray:
+    """The warp-shuffle reduction: one ``v += __shfl_<kind>_sync(0xffffffff, v, offset)`` per offset (16, 8, 4, 2, 1:
+    lane 0 then holds the warp's total); returns every lane's value after the last step."""
     v = np.asarray(values).copy()
-    for offset in (16, 8, 4, 2, 1):
-        v = v + shfl(v, "down", offset)
+    for offset in offsets:
+        v = v + shfl(v, kind, offset)
     return v
