@@ -234,9 +234,7 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
 def _loads_per_element(ex: str, source: str, tile: int) -> None:
     """Fail a "tiled" kernel whose inner product still reads A from global memory: counted on the emulator, each
     element of A must be loaded n / TILE times in an n x n x n product, not n times as the naive kernel does."""
-    from ..kernels import counts
-
-    from ..kernels import KernelCompileError
+    from ..kernels import KernelCompileError, counts
 
     n = 4 * tile
 

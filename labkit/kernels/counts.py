@@ -1,6 +1,7 @@
-"""Counting what a kernel reads: how many times each element of one input array is loaded from global memory.
+"""Counting what a kernel reads and writes, on the emulator, where a GPU's profiler would count it.
 
     counts = loads(source, "matmul_naive", "A", grid, block, args)   # an array shaped like A: loads per element
+    t = traffic(source, "copy_strided", grid, block, args)          # requests, sectors, bank conflicts, per thread
 
 The kernel runs on the CPU emulator (on any machine, GPU or not) with that one pointer parameter wrapped in a counter:
 every subscript through it, in the kernel or in a macro the kernel uses, adds one to the element's count. A count is
@@ -10,7 +11,9 @@ reads each element of A N times, a tiled one N / TILE times.
 
 from __future__ import annotations
 
+import mmap
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,3 +90,93 @@ def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, 
         return float(counts.mean()), "yours"
     counts = loads("matmul", f"matmul_{variant}", "A", grid, block, (a, b, c, *size, np.int32(0), np.int32(0)))
     return float(counts.mean()), "labkit's (yours is not written yet)"
+
+
+FIELDS = ("load_requests", "load_sectors", "store_requests", "store_sectors", "shared_requests", "shared_wavefronts")
+
+
+@dataclass
+class Traffic:
+    """The memory traffic of one launch, as a GPU would see it (no caches): counted per thread and per warp.
+
+    A *request* is one load or store instruction of one warp: the 32 lanes' accesses of one subscript of the source,
+    on the same pass through it. Global memory moves 32-byte *sectors*: a warp's float load touches 4 when its lanes
+    read 32 neighbouring floats, 32 when they read one float each 32 floats apart. Shared memory has 32 banks of 4
+    bytes; a request takes as many *wavefronts* as the most distinct words any one bank must serve (all lanes reading
+    one word is a broadcast: 1), so ``bank_conflicts`` is the wavefronts beyond one per request.
+    """
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    thread_loads: np.ndarray    # global loads of each thread, shaped grid[::-1] + block[::-1] (z, y, x)
+    thread_stores: np.ndarray
+    warps: np.ndarray           # (blocks, warps per block, len(FIELDS)) in launch order
+
+    def total(self, field: str) -> int:
+        return int(self.warps[..., FIELDS.index(field)].sum())
+
+    @property
+    def global_loads(self) -> int:
+        return int(self.thread_loads.sum())
+
+    @property
+    def global_stores(self) -> int:
+        return int(self.thread_stores.sum())
+
+    @property
+    def sectors_per_load(self) -> float:
+        """Sectors per global load request: 4 for a warp reading 32 consecutive floats, up to 32."""
+        r = self.total("load_requests")
+        return self.total("load_sectors") / r if r else 0.0
+
+    @property
+    def sectors_per_store(self) -> float:
+        r = self.total("store_requests")
+        return self.total("store_sectors") / r if r else 0.0
+
+    @property
+    def bank_conflicts(self) -> int:
+        return self.total("shared_wavefronts") - self.total("shared_requests")
+
+    def summary(self) -> dict:
+        return {"kernel": self.kernel, "global_loads": self.global_loads, "global_stores": self.global_stores,
+                **{f: self.total(f) for f in FIELDS}, "sectors_per_load": self.sectors_per_load,
+                "sectors_per_store": self.sectors_per_store, "bank_conflicts": self.bank_conflicts}
+
+    def describe(self) -> str:
+        s = self.summary()
+        return (f"{self.kernel}: {s['global_loads']:,} global loads in {s['load_requests']:,} requests "
+                f"({s['sectors_per_load']:.1f} sectors each), {s['global_stores']:,} stores in {s['store_requests']:,} "
+                f"({s['sectors_per_store']:.1f} sectors each); {s['shared_requests']:,} shared-memory requests, "
+                f"{s['bank_conflicts']:,} bank conflicts")
+
+
+def traffic(source: str, name: str, grid, block, args, shared_mem: int = 0) -> Traffic:
+    """Run kernel ``name`` once on the emulator with every access counted (in checked mode, in a child process for a
+    source that is not labkit's) and return its :class:`Traffic`. ``source``: CUDA C text, a .cu path or a labkit
+    kernel file's name; ``args`` as for the kernel, NumPy arrays (they are written as by a normal launch)."""
+    grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+    block = tuple(block) + (1,) * (3 - len(tuple(block)))
+    text, filename = read_source(source)
+    nblocks, nthreads = int(np.prod(grid)), int(np.prod(block))
+    nwarps = -(-nthreads // 32)
+    sizes = (nblocks * nthreads * 4, nblocks * nthreads * 4, nblocks * nwarps * len(FIELDS) * 8)
+    region = mmap.mmap(-1, sum(sizes))  # shared with the child process that runs the launch
+    try:
+        raw = np.frombuffer(region, np.uint8)
+        loads_, stores_ = (raw[i * sizes[0]:(i + 1) * sizes[0]].view(np.uint32) for i in range(2))
+        warps = raw[2 * sizes[0]:].view(np.uint64).reshape(nblocks * nwarps, len(FIELDS))
+        module = Module(text, filename, backend="emulator", checked=True, counting=True)
+        module.count_into(loads_, stores_, warps)
+        module.get_function(name)(grid, block, args, shared_mem=shared_mem)
+        shape = grid[::-1] + block[::-1]
+        result = Traffic(name, grid, block, loads_.reshape(shape).copy(), stores_.reshape(shape).copy(),
+                         warps.reshape(nblocks, nwarps, len(FIELDS)).copy())
+        del raw, loads_, stores_, warps
+    finally:
+        try:
+            region.close()
+        except BufferError:  # a view still alive: the mapping goes with it
+            pass
+    return result

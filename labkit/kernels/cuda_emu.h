@@ -229,6 +229,7 @@ struct Worker {
     bool fibered = false;
     char* dyn_shared = nullptr;
     uint64_t countdown = 0;
+    struct CountState* counts = nullptr;  // counting mode: this block's accesses so far
 };
 
 static thread_local Worker* t_worker = nullptr;
@@ -318,6 +319,103 @@ inline void tick(int line) {
     }
 }
 
+
+#ifdef LABKIT_EMU_COUNT
+// ---- counting memory traffic (LABKIT_EMU_COUNT; labkit/kernels/counts.py) -----------------------------------------
+// The loader writes each subscript as at(__LINE__, i, site, kind): which subscript of the source it is and whether it
+// loads, stores or both. Every counted access is kept with its warp, its site and how many times this thread has
+// passed that site before: the k-th pass of one site by the lanes of a warp is one request, as a GPU issues it. At
+// the end of each block the requests are summed per warp: 32-byte sectors for global memory, and for shared memory
+// the wavefronts (the most distinct 4-byte words any of the 32 banks must serve; a broadcast of one word is free).
+enum AccessKind { LOAD = 0, STORE = 1, LOAD_STORE = 2, ADDRESS = 3 };
+enum WarpCount { W_LOAD_REQ = 0, W_LOAD_SECTORS, W_STORE_REQ, W_STORE_SECTORS, W_SHARED_REQ, W_SHARED_WAVES, W_FIELDS };
+static const int MAX_SITES = 256;  // the last one collects what no subscript names (*p, p->x)
+struct Access { uint64_t key; uint64_t addr; uint32_t size; uint8_t shared; uint8_t kind; };
+struct CountState { std::vector<uint32_t> passes; std::vector<Access> acc; };
+struct CountBuffers { uint32_t* thread_loads; uint32_t* thread_stores; uint64_t* warps; uint64_t nthreads; uint64_t nwarps; };
+static CountBuffers g_counts{};
+static thread_local int t_site = MAX_SITES - 1;
+static thread_local int t_kind = LOAD;
+
+template <class I> inline I at(int line, I i, int site, int kind) {
+    t_line = line;
+    t_site = site < MAX_SITES - 1 ? site : MAX_SITES - 1;
+    t_kind = kind;
+    return i;
+}
+
+inline uint64_t block_linear() {
+    return ((uint64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+}
+
+inline void count_access(const void* addr, uint32_t size, bool shared) {
+    Worker* w = t_worker;
+    CountState* cs = w ? w->counts : nullptr;
+    const int kind = t_kind, site = t_site;
+    t_kind = LOAD;
+    t_site = MAX_SITES - 1;
+    if (!cs || kind == ADDRESS) return;
+    const int i = w->current;
+    const uint32_t pass = cs->passes[(size_t)i * MAX_SITES + site]++;
+    const uint64_t key = ((uint64_t)(i >> 5) << 40) | ((uint64_t)site << 32) | pass;
+    cs->acc.push_back({key, (uint64_t)(uintptr_t)addr, size, (uint8_t)shared, (uint8_t)kind});
+    if (!shared && g_counts.thread_loads) {
+        const uint64_t tid = block_linear() * (uint64_t)w->nthreads + i;
+        if (tid < g_counts.nthreads) {
+            if (kind != STORE) g_counts.thread_loads[tid]++;
+            if (kind != LOAD) g_counts.thread_stores[tid]++;
+        }
+    }
+}
+
+inline bool in_dynamic_shared(const void* p) {
+    Worker* w = t_worker;
+    const char* c = (const char*)p;
+    return w && w->dyn_shared && c >= w->dyn_shared && c < w->dyn_shared + w->launch->L->dyn_shared;
+}
+
+// Sum this block's requests into the per-warp counts, then forget them.
+inline void finish_block_counts(Worker* w) {
+    CountState* cs = w->counts;
+    auto& a = cs->acc;
+    std::sort(a.begin(), a.end(), [](const Access& x, const Access& y) { return x.key < y.key; });
+    const uint64_t block = block_linear();
+    const uint64_t warps_per_block = ((uint64_t)w->nthreads + 31) / 32;
+    std::vector<uint64_t> units;
+    for (size_t s = 0; s < a.size();) {
+        size_t e = s;
+        while (e < a.size() && a[e].key == a[s].key) e++;
+        const uint64_t warp = a[s].key >> 40;
+        const uint64_t slot = block * warps_per_block + warp;
+        if (g_counts.warps && slot < g_counts.nwarps) {
+            uint64_t* out = g_counts.warps + slot * W_FIELDS;
+            units.clear();
+            const bool shared = a[s].shared;
+            const uint64_t unit = shared ? 4 : 32;  // a bank's word, or a sector
+            for (size_t k = s; k < e; k++)
+                for (uint64_t u = a[k].addr / unit; u <= (a[k].addr + a[k].size - 1) / unit; u++) units.push_back(u);
+            std::sort(units.begin(), units.end());
+            units.erase(std::unique(units.begin(), units.end()), units.end());
+            const int kind = a[s].kind;
+            const int times = kind == LOAD_STORE ? 2 : 1;
+            if (shared) {
+                int per_bank[32] = {0};
+                int waves = 0;
+                for (uint64_t u : units) waves = std::max(waves, ++per_bank[u % 32]);
+                out[W_SHARED_REQ] += times;
+                out[W_SHARED_WAVES] += (uint64_t)waves * times;
+            } else {
+                if (kind != STORE) { out[W_LOAD_REQ] += 1; out[W_LOAD_SECTORS] += units.size(); }
+                if (kind != LOAD) { out[W_STORE_REQ] += 1; out[W_STORE_SECTORS] += units.size(); }
+            }
+        }
+        s = e;
+    }
+    a.clear();
+    std::fill(cs->passes.begin(), cs->passes.end(), 0u);
+}
+#endif
+
 // A pointer parameter in checked mode: it knows the array it points into.
 template <class T> struct cptr {
     T* p = nullptr;
@@ -332,6 +430,9 @@ template <class T> struct cptr {
         if (p == nullptr) fault(line, "'%s' is a null pointer", name);
         if (k < 0 || k >= n)
             fault(line, "out-of-bounds access %s[%lld]: '%s' has %lld elements", name, k, name, n);
+#ifdef LABKIT_EMU_COUNT
+        count_access(p + i, sizeof(T), in_dynamic_shared(p + i));
+#endif
         return p + i;
     }
     T& operator[](long long i) const { return *check(i, t_line); }
@@ -365,6 +466,9 @@ template <class T, long long N> struct sarr<T, N> {
     T& operator[](long long i) {
         tick(t_line);
         if (i < 0 || i >= N) fault(t_line, "__shared__ array index %lld out of range [0, %lld)", i, N);
+#ifdef LABKIT_EMU_COUNT
+        count_access(&d[i], sizeof(T), true);
+#endif
         return d[i];
     }
     operator T*() { return d; }
@@ -832,8 +936,13 @@ inline void worker_loop(Launch* l) {
     t_worker = &w;
     blockDim = dim3(L->block[0], L->block[1], L->block[2]);
     gridDim = dim3(L->grid[0], L->grid[1], L->grid[2]);
-    std::vector<char> dyn(L->dyn_shared + 16);
-    w.dyn_shared = (char*)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
+    std::vector<char> dyn(L->dyn_shared + 128);
+    w.dyn_shared = (char*)(((uintptr_t)dyn.data() + 127) & ~(uintptr_t)127);  // bank 0 at its start, as on a GPU
+#ifdef LABKIT_EMU_COUNT
+    CountState counts;
+    counts.passes.assign((size_t)w.nthreads * MAX_SITES, 0u);
+    w.counts = &counts;
+#endif
     std::vector<Fiber> fibers;
     std::pair<char*, size_t> stacks{nullptr, 0};
     if (w.fibered) {
@@ -855,6 +964,9 @@ inline void worker_loop(Launch* l) {
         blockIdx.z = (unsigned)(b / ((uint64_t)L->grid[0] * L->grid[1]));
         if (w.fibered) run_block_fibered(&w, stacks.first);
         else run_block_plain(&w);
+#ifdef LABKIT_EMU_COUNT
+        finish_block_counts(&w);
+#endif
     }
     if (stacks.first) stack_pool.put(stacks);
     t_worker = nullptr;
@@ -928,6 +1040,14 @@ int launch(const char* kernel, void (*fn)(A...), const char* const* names, const
 }
 
 }  // namespace labkit
+
+#ifdef LABKIT_EMU_COUNT
+// Counting mode: where the next launches add their counts (zeroed by the caller; sizes in elements).
+extern "C" __attribute__((visibility("default"))) void labkit_count_into(unsigned int* thread_loads,
+        unsigned int* thread_stores, unsigned long long nthreads, unsigned long long* warps, unsigned long long nwarps) {
+    ::labkit::g_counts = {thread_loads, thread_stores, (uint64_t*)warps, nthreads, nwarps};
+}
+#endif
 
 // Called by the loader in the forked child before the launch: report a fatal signal's whereabouts into `buf`.
 extern "C" __attribute__((visibility("default"))) void labkit_crash_reports(char* buf, unsigned long long len) {

@@ -110,10 +110,12 @@ def _rewrite_dynamic_shared(clean: str, checked: bool) -> str:
 
 
 def _rewrite_shared_arrays(clean: str) -> str:
-    """`__shared__ T name[A][B];` -> `__shared__ ::labkit::sarr<T, (A), (B)> name;` (checked mode)."""
+    """`__shared__ T name[A][B];` -> `alignas(128) __shared__ ::labkit::sarr<T, (A), (B)> name;` (checked mode): aligned
+    as a GPU's shared memory, so that counting finds element 0 in bank 0."""
     def repl(m):
         dims = re.findall(r"\[([^\]]+)\]", m.group(3))
-        return f"__shared__ ::labkit::sarr<{' '.join(m.group(1).split())}, {', '.join(f'({d})' for d in dims)}> {m.group(2)};"
+        return (f"alignas(128) __shared__ ::labkit::sarr<{' '.join(m.group(1).split())}, "
+                f"{', '.join(f'({d})' for d in dims)}> {m.group(2)};")
     return re.sub(r"__shared__\s+((?:unsigned\s+|signed\s+)?\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", repl, clean)
 
 
@@ -158,23 +160,57 @@ def _rewrite_derived_pointers(text: str, kernels: list[KernelDecl]) -> tuple[str
     return text, names
 
 
-def _rewrite_subscripts(text: str, names: set[str]) -> str:
-    """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line."""
+def _rewrite_subscripts(text: str, names: set[str], counting: bool = False) -> str:
+    """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line. Counting, also
+    which subscript it is (its site) and whether it loads, stores or both: `A[::labkit::at(__LINE__, i, 3, 1)]`."""
     if not names:
         return text
     pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\s*\[")
-    for m in reversed(list(pattern.finditer(text))):
+    found = list(pattern.finditer(text))
+    for site, m in reversed(list(enumerate(found))):
         open_pos = m.end() - 1
-        depth = 0
-        for close in range(open_pos, len(text)):
-            depth += {"[": 1, "]": -1}.get(text[close], 0)
-            if depth == 0:
-                break
-        inner = text[open_pos + 1:close]
-        if not inner.strip() or depth != 0:
+        close = _closing(text, open_pos)
+        if close is None or not text[open_pos + 1:close].strip():
             continue
-        text = text[:open_pos + 1] + f"::labkit::at(__LINE__, {inner})" + text[close:]
+        inner = text[open_pos + 1:close]
+        extra = f", {site}, {_access_kind(text, m.start(), close)}" if counting else ""
+        text = text[:open_pos + 1] + f"::labkit::at(__LINE__, {inner}{extra})" + text[close:]
     return text
+
+
+def _closing(text: str, open_pos: int) -> int | None:
+    """The index of the ``]`` that closes the ``[`` at ``open_pos``."""
+    depth = 0
+    for close in range(open_pos, len(text)):
+        depth += {"[": 1, "]": -1}.get(text[close], 0)
+        if depth == 0:
+            return close
+    return None
+
+
+_LOAD, _STORE, _LOAD_STORE, _ADDRESS = range(4)  # labkit::AccessKind
+
+
+def _access_kind(text: str, start: int, close: int) -> int:
+    """Whether the subscript chain that begins at ``start`` (``A[..]`` and any ``[..]`` after it) loads, stores, does
+    both (``+=``, ``++``) or only takes an address (``&A[i]``, as atomicAdd is given it; ``__ldg(&A[i])`` loads)."""
+    end = close + 1
+    while True:  # the rest of the chain: s[i][j]
+        m = re.match(r"\s*\[", text[end:])
+        if not m:
+            break
+        c = _closing(text, end + m.end() - 1)
+        if c is None:
+            break
+        end = c + 1
+    before, after = text[:start].rstrip(), text[end:]
+    if before.endswith("&") and not before.endswith("&&"):
+        return _LOAD if re.search(r"__ldg\s*\(\s*&$", before) else _ADDRESS
+    if before.endswith(("++", "--")) or re.match(r"\s*(\+\+|--|(<<|>>|[-+*/%&|^])=)", after):
+        return _LOAD_STORE
+    if re.match(r"\s*=(?!=)", after):
+        return _STORE
+    return _LOAD
 
 
 STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static __shared__ memory a GPU gives one block
@@ -221,8 +257,10 @@ _WAITS = re.compile(r"\b__(syncthreads|syncwarp|activemask|shfl_sync|shfl_up_syn
                     r"ballot_sync|any_sync|all_sync)\b")
 
 
-def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[KernelDecl], list[str], bool]:
-    """(C++ text to compile, kernels, constants, fibered) for one .cu source."""
+def prepare(source: str, filename: str, checked: bool, counting: bool = False) -> tuple[str, list[KernelDecl], list[str], bool]:
+    """(C++ text to compile, kernels, constants, fibered) for one .cu source; ``counting`` (checked mode with every
+    access counted, labkit.kernels.counts.traffic) marks each subscript with its site and kind."""
+    checked = checked or counting
     clean = strip_comments(source)
     problems = unsupported(clean)
     if problems:
@@ -239,7 +277,7 @@ def prepare(source: str, filename: str, checked: bool) -> tuple[str, list[Kernel
         pointers = {p.name for k in kernels for p in k.params if p.pointer and p.ctype != "?"}
         text = _rewrite_params(text, kernels)
         text, derived = _rewrite_derived_pointers(text, find_kernels(text))
-        text = _rewrite_subscripts(text, pointers | shared | derived)
+        text = _rewrite_subscripts(text, pointers | shared | derived, counting)
     # every kernel under a name of labkit's, so that one called like a C library function (div, abs, exp) does not
     # collide with the declaration the emulator's headers bring in; the entry points keep the kernel's own name
     renames = "".join(f"#define {k.name} labkit_kernel_{k.name}\n" for k in kernels)
@@ -356,13 +394,25 @@ class EmulatorModule:
     """A compiled module: ``get_function(name)`` gives a launchable kernel."""
 
     def __init__(self, source: str, filename: str = "kernel.cu", checked: bool = False, options: tuple[str, ...] = (),
-                 isolated: bool | None = None):
+                 isolated: bool | None = None, counting: bool = False):
         self.filename = filename
-        self.checked = checked
-        self.isolated = (checked if isolated is None else isolated) and CAN_ISOLATE  # each launch in a child process
-        text, self.kernels, self.constants, self.fibered = prepare(source, filename, checked)
-        self._lib = build(text, filename, checked, tuple(options))
+        self.checked = checked or counting
+        self.counting = counting
+        self.isolated = (self.checked if isolated is None else isolated) and CAN_ISOLATE  # each launch in a child process
+        text, self.kernels, self.constants, self.fibered = prepare(source, filename, checked, counting)
+        options = (*options, "-DLABKIT_EMU_COUNT=1") if counting else tuple(options)
+        self._lib = build(text, filename, self.checked, options)
         self._launchers: dict = {}
+
+    def count_into(self, thread_loads: np.ndarray, thread_stores: np.ndarray, warps: np.ndarray) -> None:
+        """Counting mode: the arrays the next launches add their counts to (uint32 per thread, uint64 per warp and
+        field); they must outlive those launches, and be in shared memory for an isolated launch to reach them."""
+        if not self.counting:
+            raise RuntimeError("this module was not compiled for counting (counting=True)")
+        fn = self._lib.labkit_count_into
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
+        fn.restype = None
+        fn(thread_loads.ctypes.data, thread_stores.ctypes.data, thread_loads.size, warps.ctypes.data, warps.shape[0])
 
     def launcher(self, name: str):
         if name not in self._launchers:

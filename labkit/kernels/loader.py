@@ -171,7 +171,7 @@ class Module:
     """Kernels compiled from one source on one back end."""
 
     def __init__(self, source: str, filename: str = "kernel.cu", backend: str | None = None, checked: bool | None = None,
-                 defines: dict | None = None, isolated: bool | None = None):
+                 defines: dict | None = None, isolated: bool | None = None, counting: bool = False):
         self.backend = _resolve(backend)
         self.filename = filename
         self.source = source
@@ -188,7 +188,7 @@ class Module:
         else:
             self.checked = True if checked is None else bool(checked)
             self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options,
-                                                isolated=self.checked if isolated is None else isolated)
+                                                isolated=self.checked if isolated is None else isolated, counting=counting)
             self._cupy = None
         self._kernels: dict[str, Kernel] = {}
 
@@ -210,6 +210,12 @@ class Module:
         if name.startswith("_") or name not in self.__dict__.get("decls", {}):
             raise AttributeError(name)
         return self.get_function(name)
+
+    def count_into(self, thread_loads, thread_stores, warps) -> None:
+        """A counting module (``counting=True``, the emulator): where its launches add their counts."""
+        if self._emu is None:
+            raise RuntimeError("memory traffic is counted on the emulator only")
+        self._emu.count_into(thread_loads, thread_stores, warps)
 
     def set_constant(self, name: str, value) -> None:
         """Copy a host array (or scalar) into the ``__constant__`` variable ``name``."""
