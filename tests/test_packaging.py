@@ -87,7 +87,8 @@ def test_every_labkit_setting_is_read_only_in_settings():
                   if f.name != "test_packaging.py" and pattern.search(f.read_text())]
     assert not offenders, f"read LABKIT_* through labkit.settings: {offenders}"
     used = set(re.findall(r"LABKIT_[A-Z_]+", " ".join(f.read_text() for f in PACKAGE.rglob("*.py"))))
-    used -= {"LABKIT_EMU_CHECKED", "LABKIT_EMU_USE_UCONTEXT", "LABKIT_EMU_NO_WARPS", "LABKIT_EMU_COUNT"}  # C macros of the emulator, not variables
+    # C macros of the emulator, not variables
+    used -= {"LABKIT_EMU_CHECKED", "LABKIT_EMU_USE_UCONTEXT", "LABKIT_EMU_NO_WARPS", "LABKIT_EMU_COUNT"}
     assert used <= set(settings.SETTINGS), used - set(settings.SETTINGS)
 
 
