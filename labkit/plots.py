@@ -340,6 +340,25 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
     return fig
 
 
+def plot_heatmaps(maps: Mapping[str, np.ndarray], title: str | None = None, label: str = "", shared_scale: bool = True):
+    """2-D arrays side by side as images (row 0 at the top), each with its colour bar; one colour scale for all with
+    ``shared_scale``, so that equal colours mean equal values."""
+    plt = _plt()
+    names = list(maps)
+    arrays = [np.asarray(maps[k], dtype=float) for k in names]
+    top = max(float(a.max()) for a in arrays) if shared_scale else None
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name, a in zip(axes[0], names, arrays):
+        im = ax.imshow(a, cmap="viridis", vmin=0 if shared_scale else None, vmax=top, interpolation="nearest")
+        ax.set_title(name, fontsize=10)
+        ax.set(xlabel="column", ylabel="row")
+        fig.colorbar(im, ax=ax, label=label, shrink=0.85)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "staleness of the applied updates"):
     """One histogram per run of how many updates old each applied gradient was (0 = computed on the newest)."""
     plt = _plt()

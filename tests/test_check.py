@@ -252,3 +252,32 @@ def test_warp_reduction_mistakes_are_named(warp_solution, old, new, match):
     assert old in warp_solution
     with pytest.raises(check.ExerciseError, match=match):
         check.warp_reduction(warp_solution.replace(old, new))
+
+
+@pytest.fixture(scope="module")
+def transpose_solution():
+    return (KDIR / "transpose_solution.cu").read_text()
+
+
+@needs_cxx
+def test_shared_transpose_solution_passes(transpose_solution, capsys):
+    check.shared_transpose(transpose_solution)
+    out = capsys.readouterr().out
+    assert out.startswith("shared transpose: out on 5 sizes, then, counted in a 64 x 64 transpose")
+    assert "all 7 checks passed" in out
+
+
+@needs_cxx
+@pytest.mark.parametrize("old,new,match", [
+    ("tile[32][33]", "tile[32][32]", r"3,968 bank conflicts in 256 shared-memory requests(.|\n)*One more float per row"),
+    ("if (orow < cols && ocol < rows) out[orow * rows + ocol] = tile[tx][ty]",
+     "if (r < rows && c < cols) out[c * rows + r] = tile[ty][tx]",
+     r"a warp's stores to out touch 32 sectors of 32 bytes on average; coalesced, they touch 4"),
+    ("if (r < rows && c < cols) tile", "tile", r"out-of-bounds access in\["),
+    ("    __syncthreads();\n", "", "does not use __syncthreads"),
+    ("out[orow * rows + ocol] = tile[tx][ty]", "out[orow * rows + ocol] = tile[ty][tx]", r"out\[0, 1\] is .* \(yours\)"),
+])
+def test_shared_transpose_mistakes_are_named(transpose_solution, old, new, match):
+    assert old in transpose_solution
+    with pytest.raises(check.ExerciseError, match=match):
+        check.shared_transpose(transpose_solution.replace(old, new))

@@ -29,7 +29,7 @@ def _lab(prefix: str):
 # ---- the ladders ----------------------------------------------------------------------------------------------------
 
 LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction"],
-           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction"]}
+           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose"]}
 
 
 @pytest.mark.parametrize("lab", sorted(LADDERS))

@@ -336,6 +336,62 @@ def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float
             (0.0, "nothing reached *out: lane 0 of each warp must atomicAdd the warp's total")]
 
 
+@recorded
+def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
+    """Lab 05: out = in^T through a 32 x 32 __shared__ tile, coalesced both ways and without bank conflicts.
+
+    Signature (const float* in, float* out, int rows, int cols): in is (rows, cols), out (cols, rows), both
+    row-major; launched with block (32, 32) and grid (ceil(cols/32), ceil(rows/32)). Judged by the values and, counted
+    on the emulator in a 64 x 64 transpose, by 4 sectors per warp load and store and no bank conflicts.
+    """
+    from ..kernels import counts
+
+    ex = "shared transpose"
+    source = capture.source(source)
+    print(f"{ex}: out on 5 sizes, then, counted in a 64 x 64 transpose: the 32-byte sectors of each warp's loads and "
+          "stores (coalesced: 4) and the shared-memory bank conflicts (none)")
+    k = load_student_kernel(ex, source, name, {
+        "__shared__": "stage each 32 x 32 tile in a __shared__ array: read it along rows of in, write it along rows of out",
+        "__syncthreads": "wait with __syncthreads() between filling the tile and reading it back"})
+    rng = np.random.default_rng(capture.seed(3))
+    checks = 0
+    for rows, cols in [(32, 32), (64, 96), (1, 1), (33, 70), (100, 37)]:
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        y = np.full((cols, rows), np.nan, np.float32)
+        awkward = rows % 32 or cols % 32
+        run_student_kernel(ex, k, (-(-cols // 32), -(-rows // 32)), (32, 32), (x, y, np.int32(rows), np.int32(cols)),
+                           "guard the read (row < rows, col < cols) and the write (inside out's cols x rows) separately, "
+                           "and keep every thread going through __syncthreads()" if awkward else
+                           "in is (rows, cols) and out (cols, rows), both row-major")
+        bad = ~(y == x.T)
+        if bad.any():
+            i, j = map(int, np.argwhere(bad)[0])
+            fail(ex, f"rows={rows}, cols={cols}: out[{i}, {j}] is {float(y[i, j]):.6g} (yours) but should be in[{j}, {i}] = "
+                 f"{float(x[j, i]):.6g}; {int(bad.sum())} of {y.size} entries wrong",
+                 "thread (ty, tx) of block (bx, by) writes out's row bx * 32 + ty, column by * 32 + tx, from tile[tx][ty]"
+                 if not awkward else "on sizes that are not multiples of 32, write only inside out, and read only inside in")
+        checks += 1
+    if isinstance(source, str):
+        x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+        y = np.zeros((64, 64), np.float32)
+        t = capture.step("traffic", lambda: counts.traffic(source, name, (2, 2), (32, 32), (x, y, np.int32(64), np.int32(64))))
+        for what, sectors in (("loads from in", t.sectors_per_load), ("stores to out", t.sectors_per_store)):
+            if sectors > 4:
+                fail(ex, f"a warp's {what} touch {sectors:g} sectors of 32 bytes on average; coalesced, they touch 4",
+                     "the 32 lanes of a warp (threadIdx.x 0..31) must read 32 neighbouring floats of a row of in and "
+                     "write 32 neighbouring floats of a row of out: the transposing happens in the tile, by reading it "
+                     "as tile[threadIdx.x][threadIdx.y]")
+        checks += 1
+        if t.bank_conflicts:
+            requests = t.total("shared_requests")
+            fail(ex, f"{t.bank_conflicts:,} bank conflicts in {requests:,} shared-memory requests (a 64 x 64 transpose): "
+                 "some warp reads or writes several words of one bank", "a warp that reads a column of a 32 x 32 float "
+                 "tile finds all 32 words in one bank (each row is 32 words, so a column keeps its bank). One more "
+                 "float per row shifts each row by one bank")
+        checks += 1
+    passed(ex, checks)
+
+
 EXERCISES = (
     Exercise("naive_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
         "The launch covers C with blocks of 16 x 16 threads: the grid's x runs along the columns of C (ceil(N / 16) "
@@ -382,5 +438,19 @@ EXERCISES = (
         "v, offset);`, in a loop every lane runs (no if around it: the mask says all 32 lanes arrive).",
         "Lane 0 of each warp, the thread with (threadIdx.x & 31) == 0, then calls atomicAdd(out, v): one atomic per "
         "warp, no __shared__ array and no __syncthreads().",
+    )),
+    Exercise("shared_transpose", "05", "kernels", hints=(
+        "A block of 32 x 32 threads moves one 32 x 32 tile. Thread (ty, tx) of block (bx, by) reads in's row "
+        "by * 32 + ty, column bx * 32 + tx: the 32 lanes of a warp (tx = 0..31) read 32 neighbouring floats, "
+        "coalesced, as in transpose_naive.",
+        "Writing that value straight to out puts the lanes a whole row of out apart. Store it in a __shared__ "
+        "tile[ty][tx] instead, wait for the block, then let thread (ty, tx) write out's row bx * 32 + ty, column "
+        "by * 32 + tx, which is in's element tile[tx][ty]: now the lanes write neighbouring floats of out.",
+        "Reading tile[tx][ty] makes the 32 lanes read one column of the tile. Shared memory has 32 banks of 4 bytes, "
+        "word w in bank w % 32; with 32 floats per row every element of a column is in the same bank, 32 wavefronts "
+        "for one read. Declare the tile [32][33]: each row starts one bank further on, and a column spans all 32.",
+        "On sizes that are not multiples of 32, read only where the row is below rows and the column below cols, "
+        "write only where out's row is below cols and its column below rows, and let every thread reach "
+        "__syncthreads().",
     )),
 )

@@ -71,10 +71,9 @@ def loads(source: str, name: str, array: str, grid, block, args, shared_mem: int
     return counts.reshape(target.shape)
 
 
-def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, str]:
-    """(mean loads of each element of A, whose kernel) for an n x n x n product by ``variant`` ("naive" or "tiled"):
-    your kernel from ``source`` (signature (A, B, C, M, N, K); the tiled one with its ``#define TILE``), or labkit's
-    own where ``source`` is None or not written yet."""
+def _matmul_launch(source: str | None, variant: str, n: int):
+    """(source, kernel, grid, block, args, whose, tile) of an n x n x n product by ``variant``: the student's kernel
+    where it is written, else labkit's (whose own signature has two more flags)."""
     from .matmul import TILE
     from .source import define
 
@@ -86,10 +85,27 @@ def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, 
     tile = (define(source, "TILE", TILE) if mine else TILE) if variant == "tiled" else 16
     grid, block = (-(-n // tile), -(-n // tile)), (tile, tile)
     if mine:
-        counts = loads(source, f"matmul_{variant}", "A", grid, block, (a, b, c, *size))
-        return float(counts.mean()), "yours"
-    counts = loads("matmul", f"matmul_{variant}", "A", grid, block, (a, b, c, *size, np.int32(0), np.int32(0)))
-    return float(counts.mean()), "labkit's (yours is not written yet)"
+        return source, f"matmul_{variant}", grid, block, (a, b, c, *size), "yours", tile
+    return ("matmul", f"matmul_{variant}", grid, block, (a, b, c, *size, np.int32(0), np.int32(0)),
+            "labkit's (yours is not written yet)", tile)
+
+
+def matmul_reads_per_thread(source: str | None, variant: str, n: int = 64) -> tuple[np.ndarray, str]:
+    """(an n x n map over C: how many values the thread computing each entry loads from global memory, whose kernel)
+    for an n x n x n product by ``variant`` ("naive" or "tiled"), yours where written, as for :func:`matmul_loads`."""
+    src, name, grid, block, args, whose, tile = _matmul_launch(source, variant, n)
+    t = traffic(src, name, grid, block, args)
+    per = t.thread_loads[0]  # (grid y, grid x, block z = 1, block y, block x)
+    gy, gx, _, by, bx = per.shape
+    return per[:, :, 0].transpose(0, 2, 1, 3).reshape(gy * by, gx * bx)[:n, :n], whose
+
+
+def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, str]:
+    """(mean loads of each element of A, whose kernel) for an n x n x n product by ``variant`` ("naive" or "tiled"):
+    your kernel from ``source`` (signature (A, B, C, M, N, K); the tiled one with its ``#define TILE``), or labkit's
+    own where ``source`` is None or not written yet."""
+    src, name, grid, block, args, whose, _ = _matmul_launch(source, variant, n)
+    return float(loads(src, name, "A", grid, block, args).mean()), whose
 
 
 FIELDS = ("load_requests", "load_sectors", "store_requests", "store_sectors", "shared_requests", "shared_wavefronts")
@@ -180,3 +196,23 @@ def traffic(source: str, name: str, grid, block, args, shared_mem: int = 0) -> T
         except BufferError:  # a view still alive: the mapping goes with it
             pass
     return result
+
+
+_COLUMN = r"""
+extern "C" __global__ void column(const float* in, float* out)
+{
+    __shared__ float tile[32][WIDTH];
+    tile[threadIdx.y][threadIdx.x] = in[threadIdx.y * 32 + threadIdx.x];
+    __syncthreads();
+    out[threadIdx.y * 32 + threadIdx.x] = tile[threadIdx.x][threadIdx.y];
+}
+"""
+
+
+def tile_column_conflicts(width: int) -> float:
+    """Bank conflicts per warp when the 32 lanes read one column of a ``__shared__ float tile[32][width]``, counted:
+    each row of ``width`` floats moves the column's next element ``width`` banks on."""
+    x, y = np.arange(32 * 32, dtype=np.float32), np.zeros(32 * 32, np.float32)
+    t = traffic(_COLUMN.replace("WIDTH", str(int(width))), "column", (1,), (32, 32), (x, y))
+    reads = t.total("shared_requests") // 2  # a store of a row and a read of a column per warp
+    return t.bank_conflicts / reads
