@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 GPU_STAMP := $(VENV)/.gpu-stamp
 PROFILE ?= quick
+WHEELHOUSE ?= wheelhouse
 # The semester lock: the exact versions the course was tested with (`make lock` refreshes it; CONSTRAINTS= ignores it)
 CONSTRAINTS ?= constraints.txt
 PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The test tiers (CONTRIBUTING.md): test-fast leaves out every test with a costly marker; test-smoke keeps one run of each kind
 COSTLY := slow or notebooks or mpi or compile or cluster or hosts or sandbox or browser or gpu
 
-.PHONY: help venv report test test-fast test-smoke lab lint bench doctor gpu-check lock clean
+.PHONY: help venv report test test-fast test-smoke lab lint bench doctor gpu-check wheelhouse lock clean
 
 help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
@@ -23,6 +24,7 @@ help:
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
 	@echo "make lint     ruff"
 	@echo "make gpu-check  on a CUDA machine: install the GPU extra, run the GPU tests, kernel benchmark, labs 04-05 (full)"
+	@echo "make wheelhouse  the wheels for make gpu-check on a node without a network (WHEEL_PYTHON=, WHEEL_PLATFORM=)"
 	@echo "make lock     refresh constraints.txt, the semester's exact versions"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -31,9 +33,18 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet -e ".[mpi,test]" $(PIN)
 	@touch $(STAMP)
 
-$(GPU_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[mpi,test,gpu]" $(PIN)
+# The GPU check's venv sees the machine's own packages (a node's CuPy for CUDA 12 or 13, PyTorch) and installs what
+# is missing: from wheelhouse/ alone where it exists (a node without a network), else from PyPI
+$(GPU_STAMP):
+	test -d $(VENV) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PYTHON) -m labkit.wheelhouse install --python $(BIN)/python $(if $(wildcard $(WHEELHOUSE)/*.whl),--wheelhouse $(WHEELHOUSE))
 	@touch $(GPU_STAMP)
+
+# On a machine with a network, for a GPU node without one: every wheel it needs, CuPy left out
+# (WHEEL_PYTHON=3.12 WHEEL_PLATFORM=manylinux_2_28_x86_64 for a node unlike this machine)
+wheelhouse:
+	$(PYTHON) -m labkit.wheelhouse download --out $(WHEELHOUSE) $(if $(WHEEL_PYTHON),--python-version $(WHEEL_PYTHON)) \
+	  $(if $(WHEEL_PLATFORM),--platform $(WHEEL_PLATFORM))
 
 venv: $(STAMP)
 

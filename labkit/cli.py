@@ -280,6 +280,11 @@ def _cmd_gpu_check(a) -> int:
 
     steps = gpucheck.plan(Path(a.out).resolve())
     if a.plan:
+        from . import wheelhouse
+
+        house = wheelhouse.ROOT / "wheelhouse"
+        print(wheelhouse.describe_plan(sys.executable, house if any(house.glob("*.whl")) else None))
+        print("then, in order:")
         print(gpucheck.describe(steps))
         return 0
     why = gpucheck.refusal()
