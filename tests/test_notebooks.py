@@ -42,6 +42,8 @@ CLAIMS = {
         "offloading gains on wider layers",
         "batching on the device is faster than offloading per sample",
         "host and device training end in the same place",
+        "copies from pinned memory are faster than from pageable memory",
+        "two streams overlap the copies with the kernels",
     ],
     "05_cuda_kernels.ipynb": [
         "on a GPU the order is naive < tiled < register-blocked",
@@ -84,6 +86,7 @@ CLAIMS = {
 
 }
 MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more ranks than cores (or one core)
+    "copies from pinned memory are faster than from pageable memory", "two streams overlap the copies with the kernels",
     "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",
     "on a GPU the order is naive < tiled < register-blocked",
     "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",

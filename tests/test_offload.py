@@ -76,3 +76,31 @@ def test_crossover_interpolates_in_log_x():
         bench.crossover([10, 5], [1, 2])
     with pytest.raises(ValueError, match="same length"):
         bench.crossover([1, 2], [1])
+
+
+# -- section 7: pinned memory and two streams ------------------------------------------------------
+
+STREAM_BACKENDS = [pytest.param("emulator", id="emulator"),
+                   pytest.param("cupy", id="cuda", marks=[pytest.mark.gpu,
+                                                          pytest.mark.skipif(not gpu_status()[0], reason="no usable CUDA GPU")])]
+
+
+@pytest.mark.parametrize("backend", STREAM_BACKENDS)
+def test_pinned_and_pageable_copies_are_both_measured(backend):
+    from labkit.kernels.streams import pinned_vs_pageable
+
+    bw = pinned_vs_pageable(4 << 20, repeat=2, backend=backend)
+    assert bw["pageable"] > 0 and bw["pinned"] > 0 and bw["bytes"] == 4 << 20
+    assert bw["device"] == (backend == "cupy")
+
+
+@needs_cxx
+@pytest.mark.parametrize("backend", STREAM_BACKENDS)
+def test_batches_on_two_streams_give_the_products_and_say_whether_they_overlapped(backend):
+    """The function checks the last batch's product against NumPy itself (a buffer reused too early would fail it);
+    on the emulator the overlap is said not to be shown."""
+    from labkit.kernels.streams import stream_overlap
+
+    r = stream_overlap(batches=3, rows=64, n_in=96, width=32, repeat=1, backend=backend)
+    assert r["one stream"] > 0 and r["two streams"] > 0 and r["gain"] > 0 and r["batches"] == 3
+    assert r["overlap_shown"] == r["device"] == (backend == "cupy")
