@@ -866,6 +866,10 @@ inline void run_block_fibered(Worker* w, char* stacks) {
                     parked |= f.state == AT_WARP;
                 }
                 if (!parked) break;
+#ifdef LABKIT_EMU_NO_WARPS
+                record("a warp intrinsic in a build without warps (LABKIT_EMU_NO_WARPS)");
+                return;
+#endif
                 const int released = resolve_warp(w, lo, nlanes);
                 if (released < 0) return;
                 if (released == 0) break;
