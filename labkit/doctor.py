@@ -58,8 +58,27 @@ def check_gpu() -> list[Finding]:
     else:
         out.append(Finding("nvcc", MISSING, "not on PATH (only needed to compile-check kernels without a GPU)"))
     out.append(check_nvrtc())
+    out.append(check_gpu_compile())
     out.append(check_emulator())
     return out
+
+
+def check_gpu_compile() -> Finding:
+    """The compiler the kernel checks give every student kernel (labkit.kernels.tools: NVRTC from its wheel, a
+    toolkit or CuPy, else nvcc), shown by compiling a test kernel for sm_80 and sm_90; no GPU needed."""
+    from .kernels import tools
+
+    tool = tools.compiler_for_check()
+    if tool is None:
+        return Finding("kernel checks' GPU compiler", MISSING, tools.NO_COMPILER)
+    try:
+        for arch in tools.ARCHS:
+            tools.compile_check(NVRTC_PROBE, arch)
+    except Exception as e:
+        return Finding("kernel checks' GPU compiler", FAIL, f"{tool} cannot compile a test kernel: {e}")
+    where = tools.nvrtc_library() if tool == "nvrtc" else tools.nvcc()
+    return Finding("kernel checks' GPU compiler", OK, f"{tool.upper()} ({where or 'through CuPy'}) compiled a test kernel "
+                   f"for {' and '.join(tools.ARCHS)}")
 
 
 NVRTC_PROBE = 'extern "C" __global__ void probe(float* x) { x[threadIdx.x] *= 2.0f; }'
