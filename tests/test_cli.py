@@ -29,6 +29,7 @@ def test_doctor_checks_mpi_for_real(capsys):
     code = cli.main(["doctor"])
     out = capsys.readouterr().out
     assert "2 ranks ran an Allreduce" in out, out
+    assert "kernel checks' GPU compiler" in out
     assert code == 0, out
 
 
