@@ -294,8 +294,8 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
     ex = "warp reduction"
     source = capture.source(source)
     k = load_student_kernel(ex, source, name, {
-        "_sync(": "each warp sums its 32 values with __shfl_down_sync (or __shfl_xor_sync): one lane reads another's "
-                  "register, no shared memory needed",
+        "_sync(": "each warp sums its 32 values with __shfl_down_sync: one lane reads another's register, no shared "
+                  "memory needed",
         "atomicAdd": "finish with atomicAdd(out, v) from lane 0 of each warp: warps cannot see each other's registers"})
     if isinstance(source, str) and "__shared__" in strip_comments(source):
         fail(ex, "your kernel declares __shared__ memory; this one sums within each warp through shuffles alone",
@@ -308,7 +308,7 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
                            "every lane of a warp must reach each shuffle whose mask names it: keep the shuffles outside "
-                           "any if, and let the lanes without a value take part with 0.0f")
+                           "any if that some lanes of the warp skip, and let the lanes without a value bring 0.0f")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
             hint = next((h for value, h in _warp_mistakes(x, blocks, threads) if np.isclose(out[0], value, rtol=1e-4)),
@@ -331,8 +331,8 @@ def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float
     up = sum(warp.tree_sum(w, kind="up")[0] for w in part)
     return [(every, "every lane added what it holds: only lane 0 of each warp, (threadIdx.x & 31) == 0, calls atomicAdd"),
             (short, "lane 0 collected 16 lanes, not 32: the first step's offset is 16, half the warp"),
-            (up, "__shfl_up_sync moves values to higher lanes, so lane 0 only doubles its own: use __shfl_down_sync, "
-                 "which brings them down to lane 0"),
+            (up, "__shfl_up_sync moves values to higher lanes, so lane 0 never receives another lane's value and ends "
+                 "with 32 times its own: use __shfl_down_sync, which brings them down to lane 0"),
             (0.0, "nothing reached *out: lane 0 of each warp must atomicAdd the warp's total")]
 
 
@@ -445,7 +445,7 @@ EXERCISES = (
         "coalesced, as in transpose_naive.",
         "Writing that value straight to out puts the lanes a whole row of out apart. Store it in a __shared__ "
         "tile[ty][tx] instead, wait for the block, then let thread (ty, tx) write out's row bx * 32 + ty, column "
-        "by * 32 + tx, which is in's element tile[tx][ty]: now the lanes write neighbouring floats of out.",
+        "by * 32 + tx, the value held in tile[tx][ty]: now the lanes write neighbouring floats of out.",
         "Reading tile[tx][ty] makes the 32 lanes read one column of the tile. Shared memory has 32 banks of 4 bytes, "
         "word w in bank w % 32; with 32 floats per row every element of a column is in the same bank, 32 wavefronts "
         "for one read. Declare the tile [32][33]: each row starts one bank further on, and a column spans all 32.",
