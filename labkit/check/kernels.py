@@ -374,17 +374,20 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
     if isinstance(source, str):
         x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
         y = np.zeros((64, 64), np.float32)
-        t = capture.step("traffic", lambda: counts.traffic(source, name, (2, 2), (32, 32), (x, y, np.int32(64), np.int32(64))))
-        for what, sectors in (("loads from in", t.sectors_per_load), ("stores to out", t.sectors_per_store)):
+        def count() -> tuple:
+            t = counts.traffic(source, name, (2, 2), (32, 32), (x, y, np.int32(64), np.int32(64)))
+            return t.sectors_per_load, t.sectors_per_store, t.bank_conflicts, t.total("shared_requests")
+
+        per_load, per_store, conflicts, requests = capture.step("traffic", count)  # plain numbers: a record keeps them
+        for what, sectors in (("loads from in", per_load), ("stores to out", per_store)):
             if sectors > 4:
                 fail(ex, f"a warp's {what} touch {sectors:g} sectors of 32 bytes on average; coalesced, they touch 4",
                      "the 32 lanes of a warp (threadIdx.x 0..31) must read 32 neighbouring floats of a row of in and "
                      "write 32 neighbouring floats of a row of out: the transposing happens in the tile, by reading it "
                      "as tile[threadIdx.x][threadIdx.y]")
         checks += 1
-        if t.bank_conflicts:
-            requests = t.total("shared_requests")
-            fail(ex, f"{t.bank_conflicts:,} bank conflicts in {requests:,} shared-memory requests (a 64 x 64 transpose): "
+        if conflicts:
+            fail(ex, f"{conflicts:,} bank conflicts in {requests:,} shared-memory requests (a 64 x 64 transpose): "
                  "some warp reads or writes several words of one bank", "a warp that reads a column of a 32 x 32 float "
                  "tile finds all 32 words in one bank (each row is 32 words, so a column keeps its bank). One more "
                  "float per row shifts each row by one bank")
