@@ -100,13 +100,25 @@ def describe_plan(python: str, wheelhouse: Path | None, cupy: str | None = "auto
     return "\n".join(lines)
 
 
+def platform_tags(platform: str) -> list[str]:
+    """A node's platform tag and the older ones its pip also accepts: ``manylinux_2_28_x86_64`` brings
+    manylinux_2_17 ... 2_28 and the legacy manylinux2014, 2010 and 1 tags (pip matches ``--platform`` exactly)."""
+    m = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if not m:
+        return [platform]
+    glibc, arch = int(m.group(1)), m.group(2)
+    tags = [f"manylinux_2_{k}_{arch}" for k in range(glibc, 16, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return tags + [f"{name}_{arch}" for k, name in legacy.items() if k <= glibc and (arch == "x86_64" or k == 17)]
+
+
 def download(out: Path, python_version: str | None = None, platforms: list[str] | None = None) -> int:
     """``pip download`` every wheel of :func:`requirements` into ``out``, for another Python and platform if given."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(out)]
     if python_version:
         cmd += ["--python-version", python_version, "--implementation", "cp"]
-    for p in platforms or []:
+    for p in dict.fromkeys(tag for given in platforms or [] for tag in platform_tags(given)):
         cmd += ["--platform", p]
     cmd += requirements()
     print("$", " ".join(cmd), flush=True)

@@ -109,3 +109,12 @@ def test_offline_install_from_a_wheelhouse_in_a_namespace_without_a_network(tmp_
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "1. doctor" in r.stdout
+
+
+def test_a_node_platform_brings_the_older_tags_its_pip_accepts():
+    tags = wheelhouse.platform_tags("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_29_x86_64" not in tags
+    assert wheelhouse.platform_tags("manylinux_2_17_aarch64") == ["manylinux_2_17_aarch64", "manylinux2014_aarch64"]
+    assert wheelhouse.platform_tags("macosx_11_0_arm64") == ["macosx_11_0_arm64"]
