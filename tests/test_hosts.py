@@ -349,8 +349,11 @@ def test_the_training_benchmark_across_shaped_hosts_reports_its_figures():
     ov = got["overlap"]
     assert ov["batch"] == training.overlap_batch(1e9) and 0 < ov["allreduce_share"] < 1
     assert got["overlap_step_vs_blocking_hosts2"] == ov["step_seconds"]["overlap"] / ov["step_seconds"]["blocking"]
+    asy = ov["mpich_async_progress"]
+    assert asy["set"] == "1"  # the variable reached the ranks on both hosts before MPI started
+    assert asy["none_step_vs_blocking"] > 0 and set(asy["step_seconds"]) == {"blocking", "overlap", "overlap_thread"}
     tt = got["topk_time"]
     assert len(tt["dense"]["seconds"]) == tt["epochs"] and len(tt["topk1"]["seconds"]) == 2 * tt["epochs"]
     assert set(got["targets_met"]) == set(training.hosts_targets(2))
     text = training.report(got)
-    assert "a ping-pong got" in text and "overlap_step_vs_blocking_hosts2" in text
+    assert "a ping-pong got" in text and "overlap_step_vs_blocking_hosts2" in text and "MPICH's progress thread" in text

@@ -29,6 +29,9 @@ that costs are added, one rank on each host:
   time of the blocking step, in interleaved rounds in one job (``overlap.thread_step_vs_blocking``: the same with a
   progress thread); the batch is chosen from the cable's rate so that the allreduce is about half of the blocking
   step (``overlap.allreduce_share`` says what it was). Target <= 0.8 where that share is at least one half.
+  ``overlap.mpich_async_progress``: the same steps in a job with ``MPIR_CVAR_ASYNC_PROGRESS=1``, MPICH's own
+  progress thread, and the overlapped step making no Test calls (``progress="none"``): does this MPI move a
+  non-blocking allreduce by itself?
 * ``topk_time_to_accuracy_vs_dense_hostsN``: [784,100,10] at batch 64; dense (ring allreduce) trains for some
   epochs, top-k 1 % with error feedback for twice as many; the training time top-k needs to first reach dense's
   final test accuracy over dense's training time (inf where it never does). Target <= 0.7.
@@ -37,6 +40,7 @@ that costs are added, one rank on each host:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -45,6 +49,7 @@ from ..progress import progress_bar
 
 TARGETS = {"dp_speedup_p2": (">=", 1.6), "topk1_accuracy_gap": ("<=", 0.01), "async_accuracy_w4_m2": (">=", 0.95)}
 OVERLAP_NETWORK = [784, 512, 512, 512, 512, 512, 10]
+ASYNC_PROGRESS = "MPIR_CVAR_ASYNC_PROGRESS"  # MPICH: a progress thread of its own in every rank
 
 
 def hosts_targets(hosts: int) -> dict:
@@ -111,7 +116,7 @@ def worker(cfg: dict) -> None:
                        staleness_mean=float(res.staleness.mean()), staleness_max=int(res.staleness.max()),
                        staleness_histogram=np.bincount(res.staleness).tolist(), master_updates=res.master_updates.tolist())
     elif cfg["part"] == "overlap":
-        out.update(_overlap_steps(comm, cfg))
+        out.update(_overlap_steps(comm, cfg), async_progress=os.environ.get(ASYNC_PROGRESS))
     elif cfg["part"] == "topk_time":
         for name, epochs in (("dense", cfg["epochs"]), ("topk1", 2 * cfg["epochs"])):
             params = mlp.init_params([784, 100, 10], seed=0, init="he")
@@ -187,8 +192,8 @@ def _no_exchange(comm, x, op):
     return x
 
 
-def _job(cluster, cfg: dict, n: int, hosts=None) -> dict:
-    res = cluster.run_mpi(["-m", "labkit.benchmarks.training", json.dumps(cfg)], n=n, timeout=1800, hosts=hosts)
+def _job(cluster, cfg: dict, n: int, hosts=None, env: dict | None = None) -> dict:
+    res = cluster.run_mpi(["-m", "labkit.benchmarks.training", json.dumps(cfg)], n=n, timeout=1800, hosts=hosts, env=env)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.returncode != 0 or not lines:
         raise RuntimeError(f"the {n}-rank training job failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
@@ -231,7 +236,7 @@ def _across_hosts(quick: bool, progress, rounds: int, hosts: int, link: str | No
 
     out: dict = {"hosts": {"n": hosts, "link": link}}
     with namespace_hosts(hosts, link=link) as made, \
-            progress_bar(total=3, enable=progress, desc="training across hosts", unit="job") as bar:
+            progress_bar(total=4, enable=progress, desc="training across hosts", unit="job") as bar:
         rate = measure_link_rate(made, repeat=3)
         out["hosts"]["link_rate"] = rate
         out["link_rate_measured_vs_set"] = rate["ratio"]
@@ -243,6 +248,13 @@ def _across_hosts(quick: bool, progress, rounds: int, hosts: int, link: str | No
                           **{k: v for k, v in ov.items() if k not in ("p", "samples")}}
         out[f"overlap_step_vs_blocking_hosts{hosts}"] = ov["step_seconds"]["overlap"] / ov["step_seconds"]["blocking"]
         out["overlap"]["thread_step_vs_blocking"] = ov["step_seconds"]["overlap_thread"] / ov["step_seconds"]["blocking"]
+        bar.update(1)
+        # the same steps with MPICH's own progress thread: does a non-blocking allreduce then move without Test calls?
+        asy = _job(cluster, {**ov_cfg, "progress": "none"}, hosts, hosts=made, env={ASYNC_PROGRESS: "1"})
+        out["overlap"]["mpich_async_progress"] = {
+            "set": asy.get("async_progress"), "step_seconds": asy["step_seconds"],
+            "none_step_vs_blocking": asy["step_seconds"]["overlap"] / asy["step_seconds"]["blocking"],
+            "thread_step_vs_blocking": asy["step_seconds"]["overlap_thread"] / asy["step_seconds"]["blocking"]}
         bar.update(1)
         tt_cfg = {"part": "topk_time", "samples": 20000 if quick else 60000, "epochs": 2 if quick else 3}
         tt = _job(cluster, tt_cfg, hosts, hosts=made)
@@ -351,6 +363,9 @@ def report_hosts(result: dict) -> list[str]:
              f"{ov['allreduce_share']:.0%} of it), overlapped {s['overlap'] * 1e3:.1f} ms (a test after every layer), "
              f"{s['overlap_thread'] * 1e3:.1f} ms (a progress thread); backprop alone took "
              + ", ".join(f"{ov['backprop_seconds'][k] * 1e3:.0f} ms ({k})" for k in ov["backprop_seconds"]),
+             f"  with MPICH's progress thread ({ASYNC_PROGRESS}=1): overlapped with no test at all "
+             f"{ov['mpich_async_progress']['none_step_vs_blocking']:.2f} of blocking, with labkit's thread "
+             f"{ov['mpich_async_progress']['thread_step_vs_blocking']:.2f}" if "mpich_async_progress" in ov else "",
              f"  top-k 1 % + error feedback against dense, [784,100,10] batch 64: dense {tt['dense']['seconds'][-1]:.1f} s "
              f"to {tt['target_accuracy']:.2%}; top-k "
              + (f"{tt['topk1_seconds_to_target']:.1f} s to the same accuracy" if tt["topk1_seconds_to_target"]

@@ -121,16 +121,19 @@ def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
 
 
 def run_mpi(args: list[str], n: int, timeout: float = 120.0, python: bool = True,
-            hosts=None) -> subprocess.CompletedProcess:
+            hosts=None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m mpi4py ARGS`` (or a plain command) on ``n`` ranks; one rank's exception aborts the job.
 
     ``hosts``: the machines to spread the ranks over, round robin (host names, or namespace hosts from
     :func:`labkit.cluster.hosts.namespace_hosts`), or ``"slurm"``: the nodes of the SLURM job this runs in, as many ranks on
     each as the job has tasks there; by default every rank runs here, talking over loopback only.
+    ``env``: variables to add to every rank's environment (set before MPI starts, as MPICH's ``MPIR_CVAR_*`` must be).
     Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds, with the job killed.
     """
     cmd = [str(mpiexec_path())]
+    extra_vars = dict(env or {})
     env = mpi_env(n, local=hosts is None)
+    env.update(extra_vars)
     if hosts is None:
         cmd += LOCAL_ARGS
     else:
