@@ -50,8 +50,12 @@ def requirements() -> list[str]:
     """What a GPU node needs from the wheelhouse: labkit's dependencies with MPI as a wheel, the test tools the GPU
     check runs, and what building labkit itself takes. No CuPy (the node has its own)."""
     project = _pyproject()
-    test = [r for r in project["optional-dependencies"]["test"] if _name(r) in GPU_CHECK_TEST_TOOLS]
-    return [*project["dependencies"], *project["optional-dependencies"]["mpi"], *test, *BUILD]
+    return [*project["dependencies"], *project["optional-dependencies"]["mpi"], *_test_tools(), *BUILD]
+
+
+def _test_tools() -> list[str]:
+    """The requirements of the test extra that the GPU check runs (with the test extra's version bounds)."""
+    return [r for r in _pyproject()["optional-dependencies"]["test"] if _name(r) in GPU_CHECK_TEST_TOOLS]
 
 
 def cupy_among(names) -> str | None:
@@ -76,8 +80,7 @@ def install_commands(python: str, wheelhouse: Path | None = None, cupy: str | No
     pip = [python, "-m", "pip", "install", "--quiet"]
     # from the wheelhouse alone: no index, and (--isolated) no find-links or index from pip's configuration either
     where = ["--isolated", "--no-index", "--find-links", str(wheelhouse)] if wheelhouse else []
-    tools = [r for r in _pyproject()["optional-dependencies"]["test"] if _name(r) in GPU_CHECK_TEST_TOOLS]
-    commands = [[*pip, *where, "-e", f"{ROOT}[mpi]", *tools]]
+    commands = [[*pip, *where, "-e", f"{ROOT}[mpi]", *_test_tools()]]
     if cupy == "auto" and installed_cupy(python) is None:
         commands.append([*pip, *where, "cupy-cuda12x"] if wheelhouse else [*pip, CUPY_ONLINE, "nvidia-nccl-cu12"])
     return commands

@@ -572,43 +572,43 @@ inline void switch_to_scheduler(Worker* w) {
 #endif
 }
 
-inline void syncthreads(int line) {
+// The calling thread's fiber, about to wait at `what` on `line` (a barrier or a warp operation).
+inline Fiber& waiting_fiber(int line, const char* what) {
     Worker* w = t_worker;
 #ifdef LABKIT_EMU_CHECKED
     tick(line);
 #endif
     if (!w->fibered) {
-        record("internal error: __syncthreads() in a kernel run without fibers");
+        char msg[160];
+        std::snprintf(msg, sizeof msg, "internal error: %s in a kernel run without fibers", what);
+        record(msg);
         throw Fault{};
     }
     Fiber& f = w->fibers[w->current];
-    f.state = AT_BARRIER;
     f.line = line;
+    return f;
+}
+
+// Park the fiber in `state` until the scheduler resumes it; a launch that failed meanwhile ends it there.
+inline void wait_as(Fiber& f, int state) {
+    Worker* w = t_worker;
+    f.state = state;
     switch_to_scheduler(w);
     if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};
 }
 
+inline void syncthreads(int line) { wait_as(waiting_fiber(line, "__syncthreads()"), AT_BARRIER); }
+
 // A warp intrinsic: park this fiber at it until the lanes of its mask have all arrived (see resolve_warp).
 inline uint64_t warp_wait(int line, int op, unsigned mask, uint64_t value, int arg, int width) {
-    Worker* w = t_worker;
-#ifdef LABKIT_EMU_CHECKED
-    tick(line);
-#endif
-    if (!w->fibered) {
-        record("internal error: a warp intrinsic in a kernel run without fibers");
-        throw Fault{};
-    }
-    Fiber& f = w->fibers[w->current];
-    f.state = AT_WARP;
-    f.line = line;
+    Fiber& f = waiting_fiber(line, WARP_OP_NAMES[op]);
     f.op = op;
     f.mask = mask;
     f.value = value;
     f.arg = arg;
     f.width = width;
-    switch_to_scheduler(w);
-    if (w->launch->failed.load(std::memory_order_relaxed)) throw Fault{};
-    return w->fibers[w->current].result;
+    wait_as(f, AT_WARP);
+    return f.result;
 }
 
 template <class T> inline uint64_t bits_of(T v) {
