@@ -462,3 +462,115 @@ def mean_of_shards(comm, grads: list, n: int) -> list:
             pair.append(summed / total)
         out.append(tuple(pair))
     return out
+
+
+# The measurements lab 08 draws, one call each on every engine (collective: every rank of comm calls them). Each
+# trains [784, 256, 10] with ReLU and cross-entropy, batch 128, on sub-communicators of the first ranks of comm.
+
+
+def _first_ranks(comm, k: int):
+    """The first k ranks of comm as a communicator of their own (MPI.COMM_NULL on the others); free it after use."""
+    from mpi4py import MPI
+
+    return comm.Split(0 if comm.Get_rank() < k else MPI.UNDEFINED, comm.Get_rank())
+
+
+def _train_one_epoch(data, method, batch_size=128, momentum=0.9, test_data=None, layers=(784, 256, 10)):
+    params = mlp.init_params(list(layers), seed=0, init="he")
+    history = mlp.train(params, data, epochs=1, batch_size=batch_size, lr=0.05, momentum=momentum, activation="relu",
+                        cost="cross_entropy", method=method, test_data=test_data, progress=False)
+    return params, history
+
+
+def epochs_by_ranks(comm, x, y) -> list[tuple[int, float, float, float]]:
+    """On comm's rank 0: (ranks, epoch seconds, backprop seconds, allreduce seconds) of one epoch on 1, 2 and all
+    ranks (ring allreduce; 1 rank trains vectorised, without communication). An empty list on the other ranks."""
+    timings = []
+    for k in sorted({1, 2, comm.Get_size()}):
+        sub = _first_ranks(comm, k)
+        if sub != _comm_null():
+            dp = DataParallel(sub, allreduce="ring") if k > 1 else "vectorised"
+            _, h = _train_one_epoch((x, y), dp)
+            if sub.Get_rank() == 0:
+                epoch = h.epoch_time[0]
+                timings.append((k, epoch, dp.compute_seconds if k > 1 else epoch, dp.comm_seconds if k > 1 else 0.0))
+            sub.Free()
+        comm.Barrier()
+    return timings
+
+
+def allreduce_variants(comm, x, y) -> dict[str, float]:
+    """On the first 2 ranks: seconds of allreduce per step of one epoch for each allreduce ("ring", "mpi", "shm"),
+    fused into one buffer and per layer ("shm" fused only), by name such as "ring, fused". Empty on the others."""
+    variants = {}
+    sub = _first_ranks(comm, 2)
+    if sub != _comm_null():
+        for allreduce in ("ring", "mpi", "shm"):
+            for fused in (True, False) if allreduce != "shm" else (True,):
+                dp = DataParallel(sub, allreduce=allreduce, fused=fused)
+                _train_one_epoch((x, y), dp, momentum=0.0)
+                variants[f"{allreduce}, {'fused' if fused else 'per layer'}"] = dp.comm_seconds / dp.steps
+                dp.close()
+        sub.Free()
+    return variants
+
+
+def two_rank_epochs(comm, x, y, test_data) -> dict[str, tuple[float, float | None]]:
+    """On the first 2 ranks: (epoch seconds, test accuracy) of one epoch on 1 rank, on 2 ranks with the whole update on
+    each and with the update sharded (shared memory), and of 2 processes that never communicate, each training on
+    half the samples at batch 64: the yardstick no 2-process design can beat (accuracy None: never combined)."""
+    from mpi4py import MPI
+
+    epochs = {}
+    if comm.Get_rank() == 0:  # the serial epoch, measured now beside the two others
+        _, h = _train_one_epoch((x, y), "vectorised", test_data=test_data)
+        epochs["1 rank"] = (h.epoch_time[0], h.final_accuracy)
+    comm.Barrier()
+    sub = _first_ranks(comm, 2)
+    if sub != _comm_null():
+        for name, sharded in (("2 ranks, whole update on each", False), ("2 ranks, sharded update", True)):
+            dp = DataParallel(sub, allreduce="shm", shard_update=sharded)
+            _, h = _train_one_epoch((x, y), dp, test_data=test_data)
+            epochs[name] = (h.epoch_time[0], h.final_accuracy)
+            dp.close()
+        r = sub.Get_rank()
+        _, h = _train_one_epoch((x[r::2], y[r::2]), "vectorised", batch_size=64)
+        epochs["2 independent processes"] = (sub.allreduce(h.epoch_time[0], op=MPI.MAX), None)
+        sub.Free()
+    return epochs
+
+
+def overlap_runs(comm, x, y, batch: int):
+    """On the first 2 ranks, [784, 1024, 1024, 10] trained for 8 steps of ``batch`` rows with MPI's allreduce in 1 MiB
+    buckets, blocking and overlapped with each progress ("none", "layers", "thread"): ({name: (step seconds, backprop
+    seconds, seconds waiting after backprop, W1[:4, :4], sum of |W1|)}, the timeline of one more "layers" step
+    gathered on rank 0). ({}, None) on the other ranks."""
+    from .bench import Timeline
+
+    runs, events = {}, None
+    sub = _first_ranks(comm, 2)
+    if sub != _comm_null():
+        xb, yb = x[: 8 * batch], y[: 8 * batch]
+        modes = {"blocking": {}, "none": dict(overlap=True, progress="none"),
+                 "layers": dict(overlap=True, progress="layers"), "thread": dict(overlap=True, progress="thread")}
+        for name, kw in modes.items():
+            dp = DataParallel(sub, allreduce="mpi", bucket_bytes=1 << 20, **kw)
+            params = mlp.init_params([784, 1024, 1024, 10], seed=0, init="he")
+            h = mlp.train(params, (xb, yb), epochs=1, batch_size=batch, lr=0.01, activation="relu",
+                          cost="cross_entropy", method=dp, progress=False)
+            runs[name] = (h.epoch_time[0] / dp.steps, dp.compute_seconds / dp.steps, dp.comm_seconds / dp.steps,
+                          params[0][0][:4, :4].copy(), float(np.abs(params[0][0]).sum()))
+            if name == "layers":  # one more step, drawn
+                dp.timeline = Timeline(sub.Get_rank())
+                sub.Barrier()
+                dp.timeline.reset()
+                dp(params, xb[:batch], yb[:batch], "relu", "cross_entropy")
+                events = dp.timeline.gather(sub)
+        sub.Free()
+    return runs, events
+
+
+def _comm_null():
+    from mpi4py import MPI
+
+    return MPI.COMM_NULL

@@ -118,3 +118,27 @@ def time_simd(source: str, name: str = "layer_forward", n_out: int = 1000, n_in:
     t = bench.interleaved({k: (lambda f=f: bench.measure(lambda: f(*args, threads=1), repeat=repeat).median)
                            for k, f in fns.items()}, rounds)  # one thread: no team of idle OpenMP threads to wake
     return {k: v.median for k, v in t.items()}
+
+
+def batch_times(runs: dict[str, dict], x, Y, repeat: int = 5, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of one :func:`backprop_c` call on the batch (x, Y) for each named run, measured side by side in
+    ``rounds`` interleaved rounds of ``repeat`` calls. ``runs[name]`` holds backprop_c's keyword arguments, ``params``
+    included, and may add ``schedule=(kind, chunk)`` for :func:`set_schedule` (set back to static afterwards)."""
+    from . import bench
+
+    def job(kw):
+        kw = dict(kw)
+        schedule, params = kw.pop("schedule", None), kw.pop("params")
+
+        def timed():
+            if schedule is not None:
+                set_schedule(*schedule)
+            return bench.measure(lambda: backprop_c(params, x, Y, **kw), repeat=repeat).median
+        return timed
+
+    try:
+        times = bench.interleaved({name: job(kw) for name, kw in runs.items()}, rounds)
+    finally:
+        if any("schedule" in kw for kw in runs.values()):
+            set_schedule("static")
+    return {name: t.median for name, t in times.items()}

@@ -278,3 +278,22 @@ def test_im2col_library_convolution_equals_the_reference(pad):
     np.testing.assert_allclose(got, R.conv2d_relu_forward(x, w, b, pad=pad), rtol=1e-4, atol=1e-5)
     libs = library_convolutions(backend="emulator")
     assert list(libs) == ["im2col + BLAS (NumPy)"]
+
+
+def test_lab05_measurements_refuse_to_time_a_wrong_kernel(monkeypatch):
+    """measure.* hold every kernel to NumPy before timing it: a fast wrong kernel is an error naming it, not a bar."""
+    from labkit.kernels import measure
+
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    wrong = ("#define TILE 8\nextern \"C\" __global__ void matmul_tiled(const float* A, const float* B, float* C, "
+             "int M, int N, int K)\n{ int r = blockIdx.y * TILE + threadIdx.y, c = blockIdx.x * TILE + threadIdx.x;\n"
+             "  if (r < M && c < N) C[r * N + c] = A[r * K + c]; }\n")
+    with pytest.raises(AssertionError, match=r"yours \(tiled\): wrong result"):
+        measure.matmul_rates(16, 1, tiled=wrong)
+    rates = measure.matmul_rates(16, 1)
+    assert list(rates) == ["naive", "tiled (labkit)", "register-blocked", "BLAS (numpy.matmul)"]
+    assert all(r > 0 for r in rates.values())
+    leaky = ("extern \"C\" __global__ void sum_atomic_only(const float* x, float* out, int n)\n"
+             "{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n && i % 2) atomicAdd(out, x[i]); }\n")
+    with pytest.raises(AssertionError, match="every thread atomicAdd: .* not timed"):
+        measure.reduction_rates(1000, 1, atomic_only=leaky)

@@ -274,3 +274,16 @@ def test_the_omp_reduction_check_fails_threads_that_take_turns_and_passes_a_merg
         check.omp_reduction(TAKES_TURNS)
     check.omp_reduction(MERGE_ONCE)  # a lock, but taken once per thread: the samples still run side by side
     assert "OpenMP reduction at 1, 2" in capsys.readouterr().out
+
+
+def test_batch_times_times_each_run_and_sets_the_schedule_back():
+    params = mlp.init_params([20, 8, 3], seed=0)
+    x = np.random.default_rng(0).random((16, 20), dtype=np.float32)
+    Y = mlp.targets(np.arange(16) % 3, 3, np.float32)
+    got = openmp.batch_times({"one": dict(params=params, version="omp_reduction", threads=1),
+                              "dynamic": dict(params=params, version="omp_reduction", threads=2, schedule=("dynamic", 1))},
+                             x, Y, repeat=1, rounds=2)
+    assert list(got) == ["one", "dynamic"] and all(t > 0 for t in got.values())
+    # a run backprop_c would refuse is refused by name, and the schedule set back even then
+    with pytest.raises(ValueError, match="version must be one of"):
+        openmp.batch_times({"bad": dict(params=params, version="nonesuch")}, x, Y, repeat=1, rounds=1)
