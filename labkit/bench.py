@@ -230,6 +230,17 @@ def fit_gustafson(p: Sequence[float], s: Sequence[float]) -> float:
     return float(np.sum((p[keep] - s[keep]) * a) / np.sum(a * a))
 
 
+def fit_gustafson_times(t_one_rank: Sequence[float], t_p_ranks: Sequence[float]) -> tuple[np.ndarray, float]:
+    """(S, f) from weak scaling's times, one entry per rank count p = 1, 2, ...: the scaled speedups S = t_one_rank /
+    t_p_ranks (each row's grown problem on one rank and on p ranks) and Gustafson's serial fraction f fitted to them
+    (:func:`fit_gustafson`). ValueError when no row has more than one rank."""
+    t1, tp = np.asarray(t_one_rank, dtype=float), np.asarray(t_p_ranks, dtype=float)
+    if t1.shape != tp.shape or t1.ndim != 1:
+        raise ValueError(f"two arrays of one time per rank count, got shapes {t1.shape} and {tp.shape}")
+    s = t1 / tp
+    return s, fit_gustafson(np.arange(1, s.size + 1), s)
+
+
 def serial_fraction_reading(f: float, law: str = "Amdahl") -> str:
     """A fitted serial fraction in words, for headlines: outside [0, 1) it is not a fraction of anything.
 

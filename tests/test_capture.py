@@ -60,12 +60,20 @@ def right_accumulate(params, x, Y, acc):
     return total
 
 
+def right_gustafson(t1, tp):
+    s = t1 / tp
+    if s.size < 2:
+        raise ValueError("one rank count")
+    x = np.arange(1, s.size)  # p - 1 of the rows p > 1
+    return s, float(np.sum((x + 1 - s[1:]) * x) / np.sum(x * x))
+
+
 CASES = {
     "backprop": (right_backprop, lambda p, x, Y: [(a, 2 * b) for a, b in right_backprop(p, x, Y)]),
     "accumulate": (right_accumulate, lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2),
     "topk_feedback": (right_topk, lambda g, r, ratio: right_topk(g, 0 * r, ratio)),
     "karp_flatt": (lambda p, s: (1 / s - 1 / p) / (1 - 1 / p), lambda p, s: 1 / s - 1 / p),
-    "scaled_speedup": (lambda t1, tp: t1 / tp, lambda t1, tp: tp / t1),
+    "gustafson_fit": (right_gustafson, lambda t1, tp: (t1 / tp, 0.5)),
 }
 
 

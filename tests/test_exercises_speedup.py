@@ -32,8 +32,12 @@ def right_speedup_efficiency(p, t):
     return s, s / p
 
 
-def right_scaled_speedup(t_one_rank, t_p_ranks):
-    return np.asarray(t_one_rank) / np.asarray(t_p_ranks)
+def right_gustafson_fit(t_one_rank, t_p_ranks):
+    s = np.asarray(t_one_rank) / np.asarray(t_p_ranks)
+    if s.size < 2:
+        raise ValueError("one rank count: nothing to fit")
+    x, y = np.arange(1, s.size), np.arange(2, s.size + 1) - s[1:]  # p - 1 and p - S, rows p > 1
+    return s, float(x @ y / (x @ x))
 
 
 def right_karp_flatt(p, s):
@@ -51,7 +55,7 @@ def right_amdahl_fit(p, t):
     return a / (a + b), a + b
 
 
-RIGHT = {"speedup_efficiency": right_speedup_efficiency, "scaled_speedup": right_scaled_speedup,
+RIGHT = {"speedup_efficiency": right_speedup_efficiency, "gustafson_fit": right_gustafson_fit,
          "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit}
 
 
@@ -66,7 +70,7 @@ def test_lab_12_declares_four_exercises_with_hints_and_references():
 
 
 @pytest.mark.parametrize("name, count", [("speedup_efficiency", "speedup and efficiency: all 9"),
-                                         ("scaled_speedup", "scaled speedup: all 6"),
+                                         ("gustafson_fit", "Gustafson fit: all 7"),
                                          ("karp_flatt", "Karp-Flatt metric: all 9"),
                                          ("amdahl_fit", "Amdahl fit: all 8")])
 def test_the_right_answer_passes(name, count, capsys):
@@ -131,17 +135,46 @@ def test_a_table_without_a_baseline_must_be_refused():
         check.speedup_efficiency(guesses)
 
 
+def _gustafson(speedup=lambda t1, tp: t1 / tp, fraction=None):
+    """A student's gustafson_fit: right but for the part given."""
+    def fn(t1, tp):
+        s = speedup(np.asarray(t1, dtype=float), np.asarray(tp, dtype=float))
+        if np.size(t1) < 2:
+            raise ValueError("one rank count")
+        p = np.arange(1, np.size(t1) + 1, dtype=float)
+        return s, right_gustafson_fit(t1, tp)[1] if fraction is None else float(fraction(p, t1 / tp))
+    return fn
+
+
 @pytest.mark.parametrize("wrong, match", [
-    (lambda t1, tp: tp / t1, "upside down"),
-    (lambda t1, tp: t1[0] / tp, "strong-scaling speedup"),
-    (lambda t1, tp: t1 / tp / np.arange(1, len(t1) + 1), "that is the efficiency"),
-    (lambda t1, tp: np.arange(1, len(t1) + 1) * t1[0] / tp, "grows exactly p-fold"),
-    (lambda t1, tp: tp[0] / tp, "weak-scaling efficiency"),  # the same as t1[0] / tp: at p = 1 both are one problem
-    (lambda t1, tp: t1 / tp + 0.1, "(?s)yours.*expected.*which one is the slow one"),
+    (_gustafson(lambda t1, tp: tp / t1), "upside down"),
+    (_gustafson(lambda t1, tp: t1[0] / tp), "strong-scaling speedup"),
+    (_gustafson(lambda t1, tp: t1 / tp / np.arange(1, len(t1) + 1)), "that is the efficiency"),
+    (_gustafson(lambda t1, tp: np.arange(1, len(t1) + 1) * t1[0] / tp), "grows exactly p-fold"),
+    (_gustafson(lambda t1, tp: tp[0] / tp), "weak-scaling efficiency"),  # = t1[0] / tp: at p = 1 both are one problem
+    (_gustafson(lambda t1, tp: t1 / tp + 0.1), "(?s)yours.*expected.*which one is the slow one"),
+    (_gustafson(fraction=lambda p, s: np.mean((p[1:] - s[1:]) / (p[1:] - 1))), "mean of each row's own f"),
+    (_gustafson(fraction=lambda p, s: (p[-1] - s[-1]) / (p[-1] - 1)), "last row alone"),
+    (_gustafson(fraction=lambda p, s: np.polyfit(p - 1, p - s, 1)[0]), "line with an intercept"),
+    (_gustafson(fraction=lambda p, s: bench.fit_amdahl(p, s)), "Amdahl's law fitted to the scaled speedups"),
+    (_gustafson(fraction=lambda p, s: 1 - bench.fit_gustafson(p, s)), "parallel share"),
+    (_gustafson(fraction=lambda p, s: bench.fit_gustafson(p - 1, s)), "off by one"),
+    (_gustafson(fraction=lambda p, s: bench.fit_gustafson(p, s) + 0.01), "(?s)your f.*expected.*through the origin"),
 ])
-def test_scaled_speedup_names_the_mistake(wrong, match):
+def test_gustafson_fit_names_the_mistake(wrong, match):
     with pytest.raises(ExerciseError, match=match):
-        check.scaled_speedup(wrong)
+        check.gustafson_fit(wrong)
+
+
+def test_gustafson_fit_refuses_one_rank_count_with_value_error():
+    def fits_anyway(t1, tp):
+        return (np.asarray(t1) / np.asarray(tp), 0.0) if np.size(t1) < 2 else right_gustafson_fit(t1, tp)
+
+    with pytest.raises(ExerciseError, match=r"(?s)one rank count only.*instead of raising ValueError.*every f fits"):
+        check.gustafson_fit(fits_anyway)
+    assert bench.fit_gustafson_times([1.0, 1.9], [1.0, 1.0])[1] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="more than one worker"):
+        bench.fit_gustafson_times([0.5], [0.5])
 
 
 def _kf(formula):
@@ -221,7 +254,7 @@ def test_one_worker_count_must_be_refused_with_value_error(wrong, match):
 
 @pytest.mark.parametrize("name, wrong", [
     ("speedup_efficiency", _with_e(lambda s, p: s)),
-    ("scaled_speedup", lambda t1, tp: tp / t1),
+    ("gustafson_fit", _gustafson(lambda t1, tp: tp / t1)),
     ("karp_flatt", _kf(lambda p, s: 1 / s - 1 / p)),
     ("amdahl_fit", _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t)))),
 ])
@@ -236,7 +269,7 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
         assert ("run the check again" in str(e.value)) == (shown < n)
 
 
-ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"], "scaled_speedup": ["t_one_rank /", "/ t_p_ranks"],
+ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"], "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
            "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "]}
 
 
@@ -253,7 +286,7 @@ def _record(monkeypatch, folder, name, fn, seed=SEED):
 
 
 WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the table without p = 1
-         "scaled_speedup": lambda t1, tp: tp / t1,
+         "gustafson_fit": _gustafson(lambda t1, tp: tp / t1),
          "karp_flatt": _kf(lambda p, s: 1 / s - 1 / p),
          "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0)}
 

@@ -1,5 +1,5 @@
-"""Checks of lab 12, reading measured times: speedup and efficiency from a table, Gustafson's scaled speedup from weak
-scaling, the Karp-Flatt metric, and Amdahl's serial fraction fitted to the times by least squares.
+"""Checks of lab 12, reading measured times: speedup and efficiency from a table, Gustafson's scaled speedup and serial
+fraction from weak scaling, the Karp-Flatt metric, and Amdahl's serial fraction fitted to the times by least squares.
 
 Each check runs the student's function on synthetic tables whose answer is known (exact Amdahl times, noisy ones, a
 table of one worker count, faster-than-linear runs), on tables measured on a 2-core machine, and on one drawn afresh
@@ -102,37 +102,66 @@ def speedup_efficiency(fn) -> None:
     passed(ex, len(cases) + 1)
 
 
-# ---- exercise 2: Gustafson's scaled speedup from weak scaling --------------------------------------------------------
+# ---- exercise 2: Gustafson's scaled speedup and serial fraction from weak scaling ---------------------------------------
 
 @recorded
-def scaled_speedup(fn) -> None:
-    """Exercise (lab 12): ``fn(t_one_rank, t_p_ranks) -> S``, Gustafson's scaled speedup from weak scaling: for each
-    rank count p = 1, 2, ..., the problem grown p-fold, timed on one rank and on p ranks."""
-    ex = "scaled speedup"
-    cases = [(np.array([1.0, 1.9, 3.7]), np.array([1.0, 1.0, 1.0])),
-             (np.array([2.0, 3.8, 7.4, 14.2]), np.array([2.0, 2.1, 2.2, 2.6])),
-             (np.array([0.5]), np.array([0.5])),  # one rank only
-             (np.array([1.0, 2.3, 4.9]), np.array([1.0, 1.02, 1.1])),  # faster than linear: S above p
-             MEASURED_WEAK]
+def gustafson_fit(fn) -> None:
+    """Exercise (lab 12): ``fn(t_one_rank, t_p_ranks) -> (S, f)`` from weak scaling, one entry per rank count p = 1,
+    2, ... (the problem grown p-fold, timed on one rank and on p ranks): Gustafson's scaled speedups S, and the serial
+    fraction f of Gustafson's law S = p - f (p - 1) fitted to every row by least squares; ValueError for one rank
+    count only."""
+    ex = "Gustafson fit"
+    cases = [("exact Gustafson, f = 0.2", np.array([1.0, 1.8, 2.6, 3.4]), np.array([1.0, 1.0, 1.0, 1.0])),
+             ("ideal, f = 0", np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 1.0])),
+             ("times rising with p", np.array([2.0, 3.8, 7.4, 14.2]), np.array([2.0, 2.1, 2.2, 2.6])),
+             ("faster than linear", np.array([1.0, 2.3, 4.9]), np.array([1.0, 1.02, 1.1])),
+             ("measured on 2 cores", *MEASURED_WEAK)]
     rng = np.random.default_rng(capture.seed(13))
     t1 = np.round(np.cumsum(rng.uniform(0.5, 2.0, 4)), 3)
-    cases.append((t1, np.round(t1[0] * rng.uniform(1.0, 1.5, 4), 3)))
+    cases.append(("drawn at random", t1, np.round(t1[0] * rng.uniform(1.0, 1.5, 4), 3)))
     fn = capture.student(fn, ex=ex)
-    for t1, tp in cases:
-        where = f"t_one_rank = {_show(t1)}, t_p_ranks = {_show(tp)}"
-        got = call(ex, fn, t1.copy(), tp.copy())
-        want = t1 / tp
+    for name, t1, tp in cases:
+        where = f"{name}: t_one_rank = {_show(t1)}, t_p_ranks = {_show(tp)}"
+        s, f = _pair(ex, where, call(ex, fn, t1.copy(), tp.copy()), "(S, f)")
+        want_s, want_f = bench.fit_gustafson_times(t1, tp)
         p = np.arange(1, len(t1) + 1, dtype=float)
-        compare_series(ex, where, got, want, [
+        compare_series(ex, where + "; scaled speedup S", s, want_s, [
             (tp / t1, "a speedup is above 1 where p ranks were faster: yours is upside down"),
             (t1[0] / tp, "that is the strong-scaling speedup of the smallest problem, which in weak scaling says how "
                          "well the time holds (the weak-scaling efficiency): each row's problem is p times larger, so "
                          "compare with one rank on that same problem"),
-            (want / p, "that is the efficiency; the scaled speedup is not divided by p"),
+            (want_s / p, "that is the efficiency; the scaled speedup is not divided by p"),
             (p * t1[0] / tp, "that assumes one rank's time grows exactly p-fold with the problem; it was measured: "
                              "use the measured one-rank time of each row"),
         ], "row i holds two times of the same grown problem: which one is the slow one?")
-    passed(ex, len(cases))
+        _compare_gustafson(ex, where, p, want_s, _as_number(ex, where, f, "f"), want_f)
+    where = "one rank count only: t_one_rank = [0.5], t_p_ranks = [0.5]"
+    _expect_value_error(ex, fn, where, "one row, p = 1, fixes no serial fraction (every f fits it)",
+                        np.array([0.5]), np.array([0.5]))
+    passed(ex, len(cases) + 1)
+
+
+def _compare_gustafson(ex: str, where: str, p, s, f: float, want_f: float) -> None:
+    if abs(f - want_f) <= 1e-6 * max(1.0, abs(want_f)):
+        return
+    many = p > 1
+    per_row = (p[many] - s[many]) / (p[many] - 1)
+    wrong = [
+        (1 - want_f, "f is 1 - your value: you fitted the parallel share; f is the serial one"),
+        (float(per_row[-1]), "your f solves the law for the last row alone: least squares uses every row"),
+        (float(per_row.mean()), "your f is the mean of each row's own f: that weighs a 2-rank row, whose f is the "
+                                "noisiest, as much as the largest; least squares minimises the squared misses of S"),
+        (bench.fit_amdahl(p, s), "that is Amdahl's law fitted to the scaled speedups: Gustafson's law is S = p - f (p - 1)"),
+        (float(np.polyfit(p - 1, p - s, 1)[0]), "you fitted a line with an intercept: at p = 1 the law gives S = 1 "
+                                                "whatever f is, so the line goes through the origin"),
+    ]
+    if (p - 1 > 1).any():  # rows numbered from 0: p - 1 used as the rank count
+        q, sq = p[p - 1 > 1] - 1, s[p - 1 > 1]
+        wrong.append((float(np.sum((q - sq) * (q - 1)) / np.sum((q - 1) ** 2)),
+                      "your rank counts are off by one: the first row is p = 1, not 0"))
+    why = next((w for v, w in wrong if abs(f - v) <= 1e-6 * max(1.0, abs(v))),
+               "write p - S against p - 1 for every row: least squares gives the slope of that line through the origin")
+    fail(ex, f"{where}\n  your f:   {f:.6g}\n  expected: {want_f:.6g}", why)
 
 
 # ---- exercise 3: the Karp-Flatt metric --------------------------------------------------------------------------------
@@ -279,11 +308,14 @@ EXERCISES = (
         "values above 1.",
         "No row where p is 1: no baseline. Check for it first and raise ValueError rather than guess one.",
     )),
-    Exercise("scaled_speedup", "12", "speedup", references=("labkit.bench:speedup",), hints=(
-        "In weak scaling every rank count solves a different problem: p ranks get p times the work of one.",
-        "The scaled speedup asks how much longer one rank would take on the problem p ranks just solved.",
-        "Row i holds two times of the same grown problem, one rank's and p ranks': how many times longer did one "
-        "rank take?",
+    Exercise("gustafson_fit", "12", "speedup", references=("labkit.bench:fit_gustafson_times",), hints=(
+        "In weak scaling every rank count solves a different problem: p ranks get p times the work of one. The scaled "
+        "speedup asks how much longer one rank took on the problem p ranks just solved.",
+        "Gustafson's law, S = p - f (p - 1), is linear in f: write it as p - S = f (p - 1). For every row, x = p - 1 "
+        "and y = p - S lie on a line through the origin, and f is its slope.",
+        "Least squares for a slope through the origin: minimise the sum over rows of (y - f x)^2. Set its derivative "
+        "in f to zero and solve.",
+        "The p = 1 row has x = y = 0 and adds nothing. With no row of p > 1 there is nothing to fit: raise ValueError.",
     )),
     Exercise("karp_flatt", "12", "speedup", references=("labkit.bench:karp_flatt",), hints=(
         "Amdahl's law in times: on p workers a share e of T1 still takes e T1, the rest takes (1 - e) T1 / p. "
