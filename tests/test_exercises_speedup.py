@@ -269,7 +269,8 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
         assert ("run the check again" in str(e.value)) == (shown < n)
 
 
-ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"], "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
+ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"],
+           "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
            "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "]}
 
 
