@@ -1,6 +1,9 @@
 """The exercises of lab 10 (labkit.check.compression): the right answer passes, a blank one is "not written yet", the
 typical wrong ones are each named by the check's message, every failed run shows one more hint, and the grader's
-replay gives the plain check's verdict."""
+replay gives the plain check's verdict.
+
+The compressed allreduce runs on MPI ranks: here on one (a plain Python, singleton MPI); its mistakes that show only
+on several ranks are the cases of tests/mpi/cases_compression_exercise.py, run under a real mpiexec on 1 to 4 ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import record_check
+from conftest import ranks, record_check, run_mpi_cases
 
 from labkit import check, compression, questions
 from labkit.check import ExerciseError, capture, common
@@ -54,8 +57,20 @@ def right_sum(pieces, n):
     return out
 
 
+def right_allreduce(comm, g, residual, ratio, index_dtype=np.int64, feedback=right_feedback):
+    indices, values, new_residual = feedback(g, residual, ratio)
+    p = comm.Get_size()
+    all_indices = np.empty(p * len(indices), dtype=index_dtype)
+    all_values = np.empty(p * len(values), dtype=g.dtype)
+    comm.Allgather(np.asarray(indices, dtype=np.int64), all_indices)
+    comm.Allgather(np.asarray(values, dtype=g.dtype), all_values)
+    total = np.zeros(g.size, dtype=g.dtype)
+    np.add.at(total, all_indices.astype(np.int64, copy=False), all_values)  # float indices: as a student rounds them
+    return total / p, new_residual
+
+
 RIGHT = {"int8_quantise": right_int8, "topk_select": right_topk, "sparse_sum": right_sum,
-         "topk_feedback": right_feedback}
+         "topk_feedback": right_feedback, "compressed_allreduce": right_allreduce}
 
 
 # ---- wrong answers, as students write them ------------------------------------------------------------------------
@@ -80,13 +95,18 @@ WRONG = {
     "topk_select": topk_with(order=lambda g: np.argsort(g)),
     "sparse_sum": lambda pieces, n: overwriting(pieces, n),
     "topk_feedback": lambda g, r, ratio: right_feedback(g, np.zeros_like(r), ratio),
+    "compressed_allreduce": lambda c, g, r, ratio: (right_allreduce(c, g, r, ratio)[0], r),  # the residual not updated
 }
 
 
 def test_every_exercise_of_lab_10_is_tested_here_and_has_hints():
     declared = {e.name for e in in_lab("10")}
-    assert declared == set(RIGHT)
+    assert declared == set(RIGHT) == set(WRONG)
     assert all(len(exercise(name).hints) >= 3 for name in declared)
+    assert [e.name for e in in_lab("10") if e.mpi] == ["compressed_allreduce"]  # on every engine, checked there
+    for ref in exercise("compressed_allreduce").references:  # each names a function or class of labkit that exists
+        module, attr = ref.split(":")
+        assert callable(getattr(__import__(module, fromlist=[attr]), attr)), ref
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -247,6 +267,70 @@ def test_feedback_that_drops_the_residual_is_named():
 def test_feedback_that_ignores_the_residual_is_named():
     with pytest.raises(ExerciseError, match=r"g \+ residual, not (from |of )g"):
         check.topk_feedback(WRONG["topk_feedback"])
+
+
+# ---- the compressed allreduce: what one rank shows (the rest under mpiexec, below) ---------------------------------
+
+def compressed_with(give=lambda new, old, g: new, mean=lambda m: m, **kw):
+    def fn(c, g, residual, ratio):
+        m, new = right_allreduce(c, g, residual, ratio, **kw)
+        return mean(m), give(new, residual, g)
+    return fn
+
+
+def float_indices_added(c, g, residual, ratio):  # the indices received into a buffer of g's dtype, added at as they are
+    indices, values, new_residual = right_feedback(g, residual, ratio)
+    all_indices, all_values = np.empty(len(indices), dtype=g.dtype), np.empty(len(values), dtype=g.dtype)
+    c.Allgather(indices, all_indices)
+    c.Allgather(values, all_values)
+    total = np.zeros(g.size, dtype=g.dtype)
+    np.add.at(total, all_indices, all_values)
+    return total, new_residual
+
+
+def modifies_g(c, g, residual, ratio):
+    g += residual
+    return right_allreduce(c, g, np.zeros_like(residual), ratio)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (compressed_with(give=lambda new, old, g: old), "the residual came back as it was passed in: it was not updated"),
+    (compressed_with(give=lambda new, old, g: np.zeros_like(g)), "the new residual is all zeros"),
+    (compressed_with(give=lambda new, old, g: g + old), "the new residual still holds the entries sent"),
+    (compressed_with(give=lambda new, old, g: None), "expected the new residual as an array of 50 entries"),
+    (compressed_with(feedback=lambda g, r, ratio: right_feedback(g, np.zeros_like(r), ratio)), "chosen from g alone"),
+    (compressed_with(index_dtype=np.float64), "the right values arrived, but at the wrong entries(?s:.*)int64 buffer"),
+    (float_indices_added, r"raised IndexError(?s:.*)receive int64 indices into an int64 buffer"),
+    (compressed_with(mean=lambda m: m.astype(np.float64)), r"n=10, ratio=0.3, float32, rank 0\): the mean is float64"),
+    (compressed_with(mean=lambda m: m[m != 0]), "expected the mean as a dense array of 50 entries"),
+    (compressed_with(mean=lambda m: m * np.nan), "the mean holds NaN or inf(?s:.*)buffer of their own dtype"),
+    (modifies_g, "g was modified"),
+    (lambda c, g, r, ratio: list(right_allreduce(c, g, r, ratio)), r"expected a tuple \(mean, new_residual\)"),
+    (lambda c, g, r, ratio: my_topk_feedback(g, r, ratio),  # noqa: F821 - not yet on the engines
+     r"raised NameError(?s:.*)my_topk_feedback"),
+])
+def test_compressed_allreduce_mistakes_one_rank_shows_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=r"^compressed allreduce \(1 rank, (?s:.*)" + match):
+        check.compressed_allreduce(wrong)
+
+
+def test_compressed_allreduce_of_labkits_own_sparse_allreduce_passes_but_is_named_by_the_grader(tmp_path, monkeypatch):
+    def with_labkits(c, g, residual, ratio):
+        indices, values, new_residual = right_feedback(g, residual, ratio)
+        return compression.sparse_allreduce(c, indices, values, g.size) / c.Get_size(), new_residual
+
+    assert record_check(monkeypatch, tmp_path, "compressed_allreduce", with_labkits, SEED) == (True, "")
+    passed, message = replay.replay("compressed_allreduce", tmp_path, SEED)
+    assert not passed and "uses labkit's reference (labkit.compression.sparse_allreduce)" in message
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", ranks(1, 2, 3, 4))
+def test_the_compressed_allreduce_check_under_mpiexec(n):
+    """The right answer passes on 1 to n ranks; blank is "not written yet"; each mistake is named where it shows (the sum
+    for the mean, no exchange, an overwritten shared index: 2 ranks or more); the grader's replay gives the verdict."""
+    out = run_mpi_cases("cases_compression_exercise.py", n)
+    assert out.count(f"✔ compressed allreduce on 1 to {n} ranks") >= 3  # two right answers, and one recorded
 
 
 # ---- hints --------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Checks of lab 10, gradient compression: int8 quantisation with a per-tensor scale, top-k selection, summing every
-rank's sparse pieces, and top-k with error feedback. Each runs the student's function on fresh inputs, edge cases
-included, and names the mistake."""
+rank's sparse pieces, top-k with error feedback, and the compressed allreduce on MPI engines that puts them together.
+Each runs the student's function on fresh inputs, edge cases included, and names the mistake; the compressed allreduce
+runs on every rank, on communicators of 1 to p ranks (:func:`.mpi.collective_check`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import math
 import numpy as np
 
 from . import capture
-from .common import call, fail, passed, recorded
+from .common import ExerciseError, call, fail, not_written, on_given_comm, passed, recorded
 from .exercises import Exercise
+from .mpi import collective_check
 
 
 def _pair(ex: str, where: str, got, names: str):
@@ -447,6 +449,216 @@ def _many_steps(ex, fn, rng) -> None:
               "return the new residual and pass it back in at the next step")
 
 
+# ---- the compressed allreduce (MPI) --------------------------------------------------------------------------------
+
+# (n, ratio, dtype) of the cases on every number of ranks, in order: the first tells the most mistakes apart
+_ALLREDUCE_CASES = ((50, 0.1, np.float64), (10, 0.3, np.float32), (1, 0.5, np.float64), (7, 0.01, np.float32),
+                    (997, 0.01, np.float32), (333, 0.05, np.float64), (64, 1.0, np.float32))
+
+
+def _allreduce_inputs(k: int, case: int, j: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Rank j's (g, residual) in one case on k ranks (every rank can draw every rank's). Every rank's g has a large
+    entry at the same index, so that the ranks' pieces share it."""
+    rng = np.random.default_rng(capture.seed(400 + 100 * k + 10 * case + j))
+    g = rng.standard_normal(n) * rng.choice([1, 10], n)
+    g[n // 3] = 60.0 * (1 + j)
+    residual = rng.standard_normal(n) * 0.5
+    return g.astype(dtype), residual.astype(dtype)
+
+
+@recorded
+def compressed_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
+    """Exercise (lab 10): ``fn(comm, g, residual, ratio) -> (mean, new_residual)`` on every rank (``%%px``).
+
+    Every rank takes top-k with error feedback of its own flat ``g`` (k = ceil(ratio * n), at least 1), the ranks
+    exchange their pieces, and ``mean`` is the dense mean over the ranks of every rank's piece, the same on every rank,
+    in g's dtype; ``new_residual`` is this rank's. Checked on 1..p ranks, n from 1 to 997 (997 a prime), ratios 0.01
+    to 1 (k = 1 and k = n among them), float32 and float64, every rank's pieces sharing an index: the mean and the
+    residual match NumPy's to 1e-5 relative (1e-9 in float64), and g and residual are left unchanged.
+    """
+    from mpi4py import MPI
+
+    comm = comm or MPI.COMM_WORLD
+    ex = "compressed allreduce"
+    fn = on_given_comm(capture.student(fn, ex=ex), ex)
+
+    def run(sub, k):
+        for case, (n, ratio, dtype) in enumerate(_ALLREDUCE_CASES):
+            yield lambda case=case, n=n, ratio=ratio, dtype=dtype: _allreduce_case(fn, sub, k, case, n, ratio, dtype,
+                                                                                    timeout, ex)
+
+    collective_check(comm, ex, run)
+
+
+def _allreduce_case(fn, sub, k, case, n, ratio, dtype, timeout, ex) -> str | None:
+    """One case on one sub-communicator; returns what went wrong (or None), never raises."""
+    from ..compression import top_k_with_feedback
+    from ..traffic import TrafficComm
+
+    r = sub.Get_rank()
+    where = f"{k} rank{'s' if k > 1 else ''}, n={n}, ratio={ratio}, {np.dtype(dtype)}, rank {r}"
+    inputs = [_allreduce_inputs(k, case, j, n, dtype) for j in range(k)]
+    pieces = [top_k_with_feedback(g, res, ratio) for g, res in inputs]
+    g, residual = (a.copy() for a in inputs[r])
+    work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
+    try:
+        got, error = fn(TrafficComm(work, timeout=timeout), g, residual, ratio), None
+    except Exception as e:  # noqa: BLE001 - the student's code: say what it raised, on which input
+        got, error = None, _allreduce_raised(e, where, ex)
+    if error is None:
+        error = _allreduce_error(got, g, residual, inputs, pieces, k, r, n, ratio, where, ex)
+    if error:
+        return error  # work is not freed: a rank may have abandoned an operation on it
+    work.Free()
+    return None
+
+
+def _allreduce_raised(e: Exception, where: str, ex: str) -> str:
+    """What a student's function that raised is told."""
+    from mpi4py import MPI
+
+    if isinstance(e, NotImplementedError):
+        return not_written(ex)
+    if isinstance(e, (ExerciseError, capture.NotRecorded)):
+        return f"{e} ({where})"
+    if isinstance(e, TimeoutError):  # named as such: a rank that failed comes first (collectives.first_cause)
+        return (f"{ex} ({where}): your function raised TimeoutError: {e}\nHint: every rank must call the same "
+                "collectives, in the same order, with pieces of the same length")
+    if isinstance(e, MPI.Exception):
+        return (f"{ex} ({where}): MPI reported an error: {e.Get_error_string()}\nHint: an Allgather's receive buffer "
+                "holds p times what each rank sends, in the same dtype")
+    hint = ""
+    if isinstance(e, IndexError) and "integer" in str(e):
+        hint = ("\nHint: the indices you add at are not integers. An Allgather copies bytes, it does not convert them: "
+                "receive int64 indices into an int64 buffer, not one of g's dtype")
+    elif isinstance(e, NameError):
+        hint = ("\nHint: the engines do not know that name: a function written in a plain cell reaches them only once "
+                "pushed (the cell before the exercise pushes yours)")
+    elif isinstance(e, TypeError) and "'NoneType' object is not callable" in str(e):
+        hint = ("\nHint: a function you call is None on the engines: is my_topk_feedback written, and the cell that "
+                "pushes it run?")
+    return f"{ex} ({where}): your function raised {type(e).__name__}: {e}{hint}"
+
+
+def _allreduce_error(got, g, residual, inputs, pieces, k, r, n, ratio, where, ex) -> str | None:
+    """What is wrong with the returned (mean, new_residual), or with g and residual afterwards, or None."""
+    g0, r0 = inputs[r]
+    if not isinstance(got, tuple) or len(got) != 2:
+        return (f"{ex} ({where}): expected a tuple (mean, new_residual), got {type(got).__name__}"
+                + (f" of length {len(got)}" if isinstance(got, tuple) else "")
+                + "\nHint: end with `return mean, new_residual`")
+    if not np.array_equal(g, g0):
+        return f"{ex} ({where}): g was modified\nHint: my_topk_feedback works on g + residual, a new array"
+    if not np.array_equal(residual, r0):
+        return f"{ex} ({where}): the residual passed in was modified\nHint: return the new residual instead"
+    mean, new_res = got
+    dtype = g0.dtype
+    want = np.zeros(n)
+    for idx, values, _ in pieces:
+        np.add.at(want, idx, values.astype(np.float64))
+    want /= k
+    error = _mean_error(mean, want, dtype, inputs, pieces, k, r, n, ratio, where, ex)
+    return error or _new_residual_error(new_res, pieces[r][2], g0, r0, n, where, ex)
+
+
+def _close(a, b, dtype) -> bool:
+    tol = 1e-5 if dtype == np.float32 else 1e-9
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max(initial=0)))))
+
+
+def _mean_error(mean, want, dtype, inputs, pieces, k, r, n, ratio, where, ex) -> str | None:
+    """What is wrong with the mean (its type, shape, dtype, values), the mistake named where it is recognised."""
+    from ..compression import top_k_with_feedback
+
+    try:
+        a = np.asarray(mean)
+    except (TypeError, ValueError):
+        a = np.asarray(None)
+    if a.shape != (n,) or a.dtype.kind not in "fiu":
+        return (f"{ex} ({where}): expected the mean as a dense array of {n} entries, got {type(mean).__name__}"
+                + (f" of shape {a.shape}" if a.ndim else "") + "\nHint: the mean has an entry for every position of "
+                "g, 0 where no rank sent anything")
+    if a.dtype != dtype:
+        return (f"{ex} ({where}): the mean is {a.dtype}, g is {np.dtype(dtype)}\nHint: add up in zeros of g's dtype: "
+                "the gradient keeps its precision")
+    x = a.astype(np.float64)
+    if _close(x, want, dtype):
+        return None
+    mine = np.zeros(n)
+    mine[pieces[r][0]] = pieces[r][1]
+    overwritten = np.zeros(n)
+    for idx, values, _ in pieces:
+        overwritten[idx] = values
+    alone = np.zeros(n)
+    for g, _ in inputs:
+        idx, values, _ = top_k_with_feedback(g, np.zeros_like(g), ratio)
+        np.add.at(alone, idx, values.astype(np.float64))
+    named = [
+        (want * k, "that is the sum over the ranks, not the mean\nHint: divide the sum by the number of ranks, "
+                   "comm.Get_size()"),
+        (mine, "that is this rank's own piece alone: the other ranks' pieces never arrived\nHint: exchange the pieces "
+               "with comm.Allgather, so that every rank holds all p of them"),
+        (mine / k, "that is this rank's own piece alone, divided by p: the other ranks' pieces never arrived\nHint: "
+                   "exchange the pieces with comm.Allgather, so that every rank holds all p of them"),
+        (overwritten / k, "where several ranks sent the same index, only one value counted\nHint: total[idx] = v "
+                          "overwrites, and total[idx] += v adds once for an index repeated in idx: np.add.at adds every one"),
+        (overwritten, "where several ranks sent the same index, only one value counted, and the sum is not divided by "
+                      "p\nHint: np.add.at adds every value at a repeated index; then divide by comm.Get_size()"),
+        (alone / k, "the pieces were chosen from g alone, without the residual\nHint: pass this rank's residual to "
+                    "my_topk_feedback: it chooses from g + residual"),
+    ]
+    for wrong, why in named:
+        if not _close(wrong, want, dtype) and _close(x, wrong, dtype):
+            return f"{ex} ({where}): {why}"
+    garbled = _garbled(x, float(np.abs(want).max(initial=0)))
+    if garbled:
+        return (f"{ex} ({where}): the mean holds {garbled}, values no gradient here has: the values came back garbled"
+                "\nHint: an Allgather copies bytes, it does not convert them: receive the values into a buffer of their "
+                "own dtype, g's")
+    if math.isclose(float(x.sum()), float(want.sum()), rel_tol=1e-4, abs_tol=1e-4 * float(np.abs(want).sum())):
+        return (f"{ex} ({where}): the right values arrived, but at the wrong entries: the indices did not survive the "
+                "exchange\nHint: an Allgather copies bytes, it does not convert them: receive int64 indices into an "
+                "int64 buffer, not one of g's dtype (which reads them as tiny floats, 0 once rounded)")
+    i = int(np.argmax(np.abs(x - want)))
+    return (f"{ex} ({where}): entry {i} of the mean is {x[i]:.6g}, expected {want[i]:.6g}\nHint: every rank's piece "
+            "is its top-k of g + residual (your my_topk_feedback); the mean adds all p pieces and divides by p")
+
+
+def _garbled(x: np.ndarray, scale: float) -> str:
+    """What in the mean ``x`` no mean of these gradients holds (entries of at most ``scale``), or ""."""
+    if not np.isfinite(x).all():
+        return "NaN or inf"
+    if np.abs(x).max() > 1e3 * max(scale, 1e-30):
+        return f"entries up to {np.abs(x).max():.3g}"
+    tiny = (x != 0) & (np.abs(x) < 1e-30)
+    return f"tiny non-zero entries such as {x[tiny][0]:.3g}" if tiny.any() else ""
+
+
+def _new_residual_error(new_res, want, g0, r0, n, where, ex) -> str | None:
+    """What is wrong with this rank's new residual, the mistake named where it is recognised."""
+    try:
+        a = np.asarray(new_res, dtype=np.float64)
+    except (TypeError, ValueError):
+        a = None
+    if a is None or a.shape != (n,):
+        return (f"{ex} ({where}): expected the new residual as an array of {n} entries, got {type(new_res).__name__}"
+                + ("" if a is None or not a.ndim else f" of shape {a.shape}")
+                + "\nHint: return the residual my_topk_feedback gave this rank")
+    if _close(a, want, g0.dtype):
+        return None
+    if _close(a, r0.astype(np.float64), g0.dtype):
+        why = ("the residual came back as it was passed in: it was not updated\nHint: return the new residual "
+               "my_topk_feedback gave, what this step did not send")
+    elif not a.any():
+        why = ("the new residual is all zeros: what was not sent is dropped\nHint: return the new residual "
+               "my_topk_feedback gave, what this step did not send")
+    elif _close(a, g0.astype(np.float64) + r0, g0.dtype):
+        why = "the new residual still holds the entries sent\nHint: return the new residual my_topk_feedback gave"
+    else:
+        why = "wrong new residual\nHint: return the new residual my_topk_feedback gave, what this step did not send"
+    return f"{ex} ({where}): {why}"
+
+
 EXERCISES = (
     Exercise("int8_quantise", "10", "compression", references=(
         "labkit.compression:int8_nearest", "labkit.compression:to_int8"), hints=(
@@ -488,5 +700,16 @@ EXERCISES = (
         "there, not g's.",
         "The new residual is what did not go out this step: a copy of the corrected gradient with the sent "
         "entries set to 0. It comes back as `residual` at the next step.",
+    )),
+    Exercise("compressed_allreduce", "10", "compression", mpi=True, references=(
+        "labkit.compression:sparse_allreduce", "labkit.compression:CompressedAllreduce"), hints=(
+        "Each rank first runs your my_topk_feedback on its own g and residual. Every rank has the same n and ratio, "
+        "so every rank's piece has the same number of entries, k.",
+        "With pieces of one length, comm.Allgather(send, recv) exchanges them: recv holds the p pieces one after the "
+        "other, p * k entries. Exchange the indices and the values in two calls.",
+        "An Allgather copies bytes and does not convert them: each receive buffer needs the dtype of what is sent. "
+        "Send the indices as int64 into an int64 buffer, the values into a buffer of g's dtype.",
+        "Add every value into n zeros of g's dtype; two ranks may send the same index, and both count. Divide by "
+        "the number of ranks for the mean, and return this rank's new residual with it.",
     )),
 )
