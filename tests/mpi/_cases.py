@@ -81,3 +81,36 @@ def run_cases(comm=None) -> None:
     comm.Barrier()
     if rank == 0:
         print(f"OK {comm.Get_size()} ({len(chosen)} cases)", flush=True)
+
+
+def record_and_replay(name, fn, seed=4242):
+    """Run check ``name`` on ``fn`` recording (as in a graded notebook), replay it on the record (as the grader does,
+    here on the same ranks): (the student's verdict, the grader's, the grader's on another draw of the inputs),
+    without the step of the hints."""
+    import os
+    import re
+    import shutil
+    import tempfile
+
+    from labkit import check
+    from labkit.check import ExerciseError, capture
+    from labkit.grading import replay
+
+    comm = MPI.COMM_WORLD
+    folder = comm.bcast(tempfile.mkdtemp(prefix="labkit-replay-") if comm.Get_rank() == 0 else None)
+    os.environ[capture.ENV], os.environ[capture.SEED_ENV] = folder, str(seed)
+    try:
+        getattr(check, name)(fn, timeout=3)
+        plain = (True, "")
+    except ExerciseError as e:
+        plain = (False, f"ExerciseError: {e}")
+    finally:
+        del os.environ[capture.ENV], os.environ[capture.SEED_ENV]
+    comm.Barrier()  # every rank's record written, as before the grader starts
+    graded = replay.replay(name, folder, seed, comm)
+    other_draw = replay.replay(name, folder, seed + 1, comm)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(folder)
+    strip = lambda verdict: (verdict[0], re.sub(r"\nStep \d+ of \d+.*", "", verdict[1], flags=re.S))  # noqa: E731
+    return strip(plain), strip(graded), other_draw

@@ -129,42 +129,11 @@ if size >= 2:
 
 # ---- recorded while graded, replayed by the grader: the same verdict and message -------------------------------------
 
-def record_and_replay(fn, seed=4242):
-    """Run the check on ``fn`` recording (as in a graded notebook), replay it on the record (as the grader does, here
-    on the same ranks); on rank 0 return (the student's verdict, the grader's, the grader's on another draw), without
-    the step of the hints."""
-    import os
-    import re
-    import shutil
-    import tempfile
-
-    from labkit.check import ExerciseError, capture
-    from labkit.grading import replay
-
-    folder = comm.bcast(tempfile.mkdtemp(prefix="labkit-replay-") if comm.Get_rank() == 0 else None)
-    os.environ[capture.ENV], os.environ[capture.SEED_ENV] = folder, str(seed)
-    try:
-        check.compressed_allreduce(fn, timeout=3)
-        plain = (True, "")
-    except ExerciseError as e:
-        plain = (False, f"ExerciseError: {e}")
-    finally:
-        del os.environ[capture.ENV], os.environ[capture.SEED_ENV]
-    comm.Barrier()  # every rank's record written, as before the grader starts
-    graded = replay.replay(CA, folder, seed, comm)
-    other_draw = replay.replay(CA, folder, seed + 1, comm)
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(folder)
-    strip = lambda verdict: (verdict[0], re.sub(r"\nStep \d+ of \d+.*", "", verdict[1], flags=re.S))  # noqa: E731
-    return strip(plain), strip(graded), other_draw
-
-
 def replays(name, fn, right, graded_says=None):
     """The grader's verdict on the record is the student's (``graded_says``: a failure the grader words its own way)."""
     @case(f"{CA}: {name}, recorded and replayed")
     def _():
-        plain, graded, other_draw = record_and_replay(fn)
+        plain, graded, other_draw = _cases.record_and_replay(CA, fn)
         if comm.Get_rank() != 0:
             return
         if right:
