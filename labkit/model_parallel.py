@@ -15,7 +15,8 @@ float64, any activation and cost of ``labkit.mlp``.
 
 Lab 11's exercises, in labkit's own words (the checks' references): :func:`neuron_part` and
 :func:`neuron_part_grads` (one rank's block of a layer, forward and backward), :func:`gpipe_schedule` (the step
-of every task with unit times) and :func:`pipeline_step_time` (one step with each stage's own times); with
+of every task with unit times), :func:`pipeline_step_time` (one step with each stage's own times),
+:func:`peak_activations` (the activations a schedule holds) and :func:`one_f_one_b_schedule` (1F1B); with
 :func:`stage_times` (the stages' times from a measured timeline) and :func:`draw_schedule`.
 """
 
@@ -179,6 +180,42 @@ def gpipe_schedule(stages: int, micro_batches: int) -> tuple[np.ndarray, np.ndar
     forward = s + m
     backward = (micro_batches + stages - 1) + (stages - 1 - s) + (micro_batches - 1 - m)
     return forward, backward
+
+
+def one_f_one_b_schedule(stages: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """1F1B's schedule when every task takes one step, in :func:`gpipe_schedule`'s form.
+
+    Stage s keeps at most ``stages - s`` micro-batches in flight (forward run, backward not yet). Each step it runs
+    the backward of its oldest micro-batch in flight if that backward's input has arrived (the error of stage s + 1;
+    on the last stage its own forward), else its next forward if that forward's input has arrived and it has room,
+    else it idles. The step takes as many steps as GPipe's, 2(M + S - 1); stage s holds min(S - s, M) micro-batches'
+    activations at most, where GPipe holds all M."""
+    S, M = stages, micro_batches
+    forward, backward = np.full((S, M), -1), np.full((S, M), -1)
+    n_forward, n_backward = [0] * S, [0] * S  # tasks each stage has run
+    t = 0
+    while S and n_backward[0] < M:
+        for s in range(S):  # a task run at step t is seen by the others from step t + 1
+            m = n_backward[s]
+            if m < n_forward[s]:
+                error = backward[s + 1, m] if s < S - 1 else forward[s, m]
+                if 0 <= error < t:
+                    backward[s, m], n_backward[s] = t, m + 1
+                    continue
+            m = n_forward[s]
+            if m < M and m - n_backward[s] < S - s and (s == 0 or 0 <= forward[s - 1, m] < t):
+                forward[s, m], n_forward[s] = t, m + 1
+        t += 1
+    return forward, backward
+
+
+def peak_activations(forward, backward) -> np.ndarray:
+    """The most micro-batches each stage holds activations for at once, in a schedule of :func:`gpipe_schedule`'s
+    form: micro-batch m is held on stage s from the step of its forward through the step of its backward."""
+    forward, backward = np.asarray(forward), np.asarray(backward)
+    steps = np.arange(1 + int(max(forward.max(), backward.max()))) if forward.size else np.arange(0)
+    held = (forward[:, :, None] <= steps) & (steps <= backward[:, :, None])  # (stage, micro-batch, step)
+    return held.sum(axis=1).max(axis=1, initial=0)
 
 
 def pipeline_step_time(forward_seconds, backward_seconds, micro_batches: int) -> float:

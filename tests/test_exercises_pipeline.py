@@ -248,12 +248,110 @@ def test_pipeline_step_time_names_the_mistake(name):
         check.pipeline_step_time(fn)
 
 
+# ---- exercise 5: the activations a schedule holds --------------------------------------------------------------------
+
+def right_peaks(forward, backward):
+    S, M = forward.shape
+    peaks = np.zeros(S, dtype=int)
+    for s in range(S):
+        for t in range(int(max(forward.max(), backward.max())) + 1):
+            held = sum(1 for m in range(M) if forward[s, m] <= t <= backward[s, m])
+            peaks[s] = max(peaks[s], held)
+    return peaks
+
+
+WRONG_PEAKS = {
+    "every micro-batch": (lambda f, b: np.full(f.shape[0], f.shape[1]), r"1F1B, S = 4, M = 8: peaks \[8, 8, 8, 8\], "
+                          r"expected \[4, 3, 2, 1\].*frees a micro-batch's activations once its backward has run"),
+    "forwards before the first backward": (
+        lambda f, b: np.array([(f[s] < b[s].min()).sum() for s in range(f.shape[0])]),
+        r"one stage, two forwards then one backward, S = 1, M = 7: peaks \[2\], expected \[3\].*the peak can come later"),
+    "the pipeline's peak": (lambda f, b: np.full(f.shape[0], right_peaks(f, b).max()),
+                            r"1F1B, S = 4, M = 8: peaks \[4, 4, 4, 4\].*each stage has its own peak"),
+    "per step": (lambda f, b: np.zeros((f.shape[0], 3), int), r"expected an array of shape \(4,\), got shape \(4, 3\).*"
+                 r"not the count at every step"),
+    "one number": (lambda f, b: right_peaks(f, b).max(), r"got shape \(\).*one number per stage"),
+    "backward excluded": (lambda f, b: right_peaks(f, b - 1) if f.shape[1] > 1 else right_peaks(f, b) + 1,
+                          r"peaks .*, expected .*\nHint: at each step count"),
+}
+
+
+def test_activations_in_flight_passes_loops_and_arrays(capsys):
+    check.activations_in_flight(right_peaks)
+    check.activations_in_flight(model_parallel.peak_activations)
+    check.activations_in_flight(lambda f, b: right_peaks(f, b).tolist())  # a list will do
+    assert capsys.readouterr().out.count("✔ activations in flight: all 8 checks passed") == 3
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_PEAKS))
+def test_activations_in_flight_names_the_mistake(name):
+    fn, match = WRONG_PEAKS[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.activations_in_flight(fn)
+
+
+# ---- exercise 6: 1F1B -------------------------------------------------------------------------------------------------
+
+def one_f_one_b(room=lambda S, s: S - s, late=0, seen=lambda step, t: 0 <= step < t):
+    """A 1F1B answer as a student simulates it, with one of its rules changed."""
+    def fn(S, M):
+        f, b = -np.ones((S, M), int), -np.ones((S, M), int)
+        nf, nb, t = [0] * S, [0] * S, 0
+        while nb[0] < M and t < 10 * (M + S):
+            for s in range(S):
+                can_b = nb[s] < nf[s] and seen((b[s + 1, nb[s]] if s < S - 1 else f[s, nb[s]]) + late, t)
+                can_f = nf[s] < M and nf[s] - nb[s] < room(S, s) and (s == 0 or seen(f[s - 1, nf[s]], t))
+                if can_b:
+                    b[s, nb[s]], nb[s] = t, nb[s] + 1
+                elif can_f:
+                    f[s, nf[s]], nf[s] = t, nf[s] + 1
+            t += 1
+        return f, b
+    return fn
+
+
+WRONG_1F1B = {
+    "GPipe": (model_parallel.gpipe_schedule, r"S = 1 stage, M = 4.*holds 4 micro-batches at once.*GPipe's memory"),
+    "one more in flight": (one_f_one_b(room=lambda S, s: S - s + 1), r"S = 2 stages, M = 3.*stage 0 holds 3 "
+                           r"micro-batches at once; 1F1B keeps at most S - s = 2.*fewer than S - s"),
+    "one fewer in flight": (one_f_one_b(room=lambda S, s: max(1, S - s - 1)), r"S = 2 stages, M = 3.*stage 0 runs the "
+                            r"forward of micro-batch 1 at step 4; 1F1B's rule runs it at step 1.*and it had room"),
+    "a step late": (one_f_one_b(late=1), r"S = 1 stage, M = 1.*runs the backward of micro-batch 0 at step 2; 1F1B's "
+                    r"rule runs it at step 1.*at step 1 stage 0 was free, its input had arrived"),
+    "input seen at once": (one_f_one_b(seen=lambda step, t: 0 <= step <= t), r"S = 3 stages, M = 1.*the stages start "
+                           r"together"),
+}
+
+
+def test_one_f_one_b_passes_a_simulation(capsys):
+    check.one_f_one_b(one_f_one_b())
+    check.one_f_one_b(lambda S, M: tuple(a.tolist() for a in model_parallel.one_f_one_b_schedule(S, M)))
+    assert capsys.readouterr().out.count("✔ 1F1B schedule: all 8 checks passed") == 2
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_1F1B))
+def test_one_f_one_b_names_the_mistake(name):
+    fn, match = WRONG_1F1B[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.one_f_one_b(fn)
+
+
+def test_1f1b_takes_gpipes_steps_and_holds_less():
+    for S in range(1, 7):
+        for M in range(1, 11):
+            f, b = model_parallel.one_f_one_b_schedule(S, M)
+            assert 1 + max(f.max(), b.max()) == 2 * (M + S - 1)  # the same bubble as GPipe
+            assert model_parallel.peak_activations(f, b).tolist() == [min(S - s, M) for s in range(S)]
+            assert model_parallel.peak_activations(*model_parallel.gpipe_schedule(S, M)).tolist() == [M] * S
+
+
 # ---- what every exercise shares: blank, hints, replay ----------------------------------------------------------------
 
 RIGHT = {"neuron_part": RIGHT_PART, "neuron_grads": RIGHT_GRADS, "gpipe_schedule": right_schedule,
-         "pipeline_step_time": closed_form}
+         "pipeline_step_time": closed_form, "activations_in_flight": right_peaks, "one_f_one_b": one_f_one_b()}
 WRONG = {"neuron_part": WRONG_PART["floor only"][0], "neuron_grads": WRONG_GRADS["no slope"][0],
-         "gpipe_schedule": together, "pipeline_step_time": WRONG_STEP["no overlap"][0]}
+         "gpipe_schedule": together, "pipeline_step_time": WRONG_STEP["no overlap"][0],
+         "activations_in_flight": WRONG_PEAKS["every micro-batch"][0], "one_f_one_b": WRONG_1F1B["GPipe"][0]}
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -296,7 +394,9 @@ def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
 REFERENCES = {"neuron_part": lambda W, b, x, r, p: model_parallel.neuron_part(W, b, x, r, p),
               "neuron_grads": model_parallel.neuron_part_grads,
               "gpipe_schedule": model_parallel.gpipe_schedule,
-              "pipeline_step_time": lambda f, b, M: model_parallel.pipeline_step_time(f, b, M)}
+              "pipeline_step_time": lambda f, b, M: model_parallel.pipeline_step_time(f, b, M),
+              "activations_in_flight": model_parallel.peak_activations,
+              "one_f_one_b": model_parallel.one_f_one_b_schedule}
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))

@@ -1,5 +1,6 @@
 """Checks of lab 11: a hidden layer's neurons split over ranks (one rank's forward and backward), and the GPipe
-pipeline (its schedule with unit-time tasks, then its step time with each stage's own times).
+pipeline (its schedule with unit-time tasks, then its step time with each stage's own times), the activations a
+schedule holds, and 1F1B's schedule.
 
 Each check runs the student's function on many sizes, against labkit's own (:mod:`labkit.model_parallel`), and
 on failure names the mistake it recognises: blocks that overlap or leave neurons out, stages that start together,
@@ -252,6 +253,25 @@ def _schedule_arrays(ex, where, got, S, M):
 def _check_schedule(ex, where, forward, backward) -> None:
     """Every rule of the schedule, naming the first task that breaks one."""
     S, M = forward.shape
+    _check_basics(ex, where, forward, backward)
+    for s in range(S):  # GPipe: fill, then drain
+        last_forward, m_first = int(forward[s].max()), int(np.argmin(backward[s]))
+        if backward[s, m_first] <= last_forward:
+            early = (f"before its own forward of micro-batch {m_first} (step {forward[s, m_first]})"
+                     if backward[s, m_first] < forward[s, m_first] else f"before its last forward (step {last_forward})")
+            fail(ex, f"{where}: stage {s} runs the backward of micro-batch {m_first} at step {backward[s, m_first]}, "
+                     f"{early}", "GPipe runs all forwards of a step first (the pipeline fills), then the backwards")
+    _check_backwards_climb(ex, where, forward, backward)
+    _check_no_waiting(ex, where, forward, backward)
+    steps, fewest = int(max(forward.max(), backward.max())) + 1, 2 * (M + S - 1)
+    if steps > fewest:
+        fail(ex, f"{where}: the step takes {steps} steps where {fewest} suffice",
+             "let each stage take the micro-batches in the order they arrive from the stage before")
+
+
+def _check_basics(ex, where, forward, backward) -> None:
+    """Steps from 0, one task a step, the forwards down the stages: the rules every schedule keeps."""
+    S, M = forward.shape
     first = int(min(forward.min(), backward.min()))
     if first != 0:
         fail(ex, f"{where}: the first task runs at step {first}",
@@ -274,13 +294,11 @@ def _check_schedule(ex, where, forward, backward) -> None:
                          f"at step {before}",
                      f"a stage cannot begin micro-batch {m} before the stage before it has finished it: its input is "
                      "that stage's output")
-    for s in range(S):  # GPipe: fill, then drain
-        last_forward, m_first = int(forward[s].max()), int(np.argmin(backward[s]))
-        if backward[s, m_first] <= last_forward:
-            early = (f"before its own forward of micro-batch {m_first} (step {forward[s, m_first]})"
-                     if backward[s, m_first] < forward[s, m_first] else f"before its last forward (step {last_forward})")
-            fail(ex, f"{where}: stage {s} runs the backward of micro-batch {m_first} at step {backward[s, m_first]}, "
-                     f"{early}", "GPipe runs all forwards of a step first (the pipeline fills), then the backwards")
+
+
+def _check_backwards_climb(ex, where, forward, backward) -> None:
+    """The errors start at the last stage and climb, each backward after the next stage's."""
+    S, M = forward.shape
     if S > 1 and (backward[:-1] < backward[1:]).all():
         fail(ex, f"{where}: the backwards run from stage 0 down to stage {S - 1} (micro-batch 0: steps "
                  f"{backward[:, 0].tolist()})",
@@ -293,11 +311,6 @@ def _check_schedule(ex, where, forward, backward) -> None:
                          f"{after}",
                      "the error flows from the last stage up to the first: a backward needs the error of the stage "
                      "after it")
-    _check_no_waiting(ex, where, forward, backward)
-    steps, fewest = int(max(forward.max(), backward.max())) + 1, 2 * (M + S - 1)
-    if steps > fewest:
-        fail(ex, f"{where}: the step takes {steps} steps where {fewest} suffice",
-             "let each stage take the micro-batches in the order they arrive from the stage before")
 
 
 def _check_no_waiting(ex, where, forward, backward) -> None:
@@ -390,6 +403,140 @@ def _check_step(ex, where, got, f, b, M, want) -> None:
          "a task starts when its stage is free and its input has arrived, whichever is later")
 
 
+# ---- exercise 5: the activations a schedule holds -------------------------------------------------------------------
+
+def _interleaved_one_stage(M: int) -> tuple[np.ndarray, np.ndarray]:
+    """One stage running F0 F1 B0 F2 F3 B1 F4 ... then the rest of the backwards: its peak comes after its first
+    backward, so counting the forwards before that backward falls short."""
+    f, b, t, nf, nb = np.zeros((1, M), int), np.zeros((1, M), int), 0, 0, 0
+    while nb < M:
+        if nf < M and (nf - nb < 2 or nf % 2):
+            f[0, nf], nf = t, nf + 1
+        else:
+            b[0, nb], nb = t, nb + 1
+        t += 1
+    return f, b
+
+
+@recorded
+def activations_in_flight(fn) -> None:
+    """Exercise (lab 11): ``fn(forward, backward) -> peak``, an integer array of one entry per stage: the most
+    micro-batches whose activations the stage holds at once in the schedule ``(forward, backward)`` (integer
+    arrays of shape (S, M), :func:`gpipe_schedule`'s form), each held from the step of its forward through the step
+    of its backward; on GPipe's and 1F1B's schedules and one whose peak comes after a backward."""
+    from ..model_parallel import gpipe_schedule, one_f_one_b_schedule, peak_activations
+
+    ex = "activations in flight"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(115))
+    S, M = int(rng.integers(2, 7)), int(rng.integers(2, 11))
+    cases = [("GPipe", *gpipe_schedule(4, 8)), ("1F1B", *one_f_one_b_schedule(4, 8)),
+             ("GPipe", *gpipe_schedule(1, 1)), ("GPipe", *gpipe_schedule(3, 1)),
+             ("1F1B", *one_f_one_b_schedule(2, 3)), ("1F1B", *one_f_one_b_schedule(5, 2)),
+             ("one stage, two forwards then one backward", *_interleaved_one_stage(7)),
+             ("1F1B", *one_f_one_b_schedule(S, M))]
+    for name, forward, backward in cases:
+        S, M = forward.shape
+        where = f"{name}, S = {S}, M = {M}"
+        got = call(ex, fn, forward.copy(), backward.copy(), where=where,
+                   hint="forward and backward are integer arrays of shape (S, M): the step of each stage's task")
+        _check_peak(ex, where, got, forward, backward, peak_activations(forward, backward))
+    passed(ex, len(cases))
+
+
+def _check_peak(ex, where, got, forward, backward, want) -> None:
+    S, M = forward.shape
+    try:
+        a = np.asarray(got)
+        ok = a.dtype.kind in "iub" or (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.array_equal(a, np.round(a)))
+    except (TypeError, ValueError):
+        a, ok = None, False
+    if a is None or a.shape != (S,):
+        shape = None if a is None else a.shape
+        hint = ("one number per stage: the most it holds at any step, not the count at every step"
+                if shape is not None and len(shape) == 2 else
+                "one number per stage, not one for the whole pipeline" if shape == () else
+                "return an array of S whole numbers, one per stage")
+        fail(ex, f"{where}: expected an array of shape ({S},), got shape {shape}", hint)
+    if not ok:
+        fail(ex, f"{where}: the peaks must be whole numbers of micro-batches, got {a.dtype}")
+    a = a.astype(np.int64)
+    if np.array_equal(a, want):
+        return
+    first_backward = np.array([int((forward[s] < backward[s].min()).sum()) for s in range(S)])
+    wrong = [(np.full(S, M), "that counts every micro-batch: a stage frees a micro-batch's activations once its "
+              "backward has run"),
+             (first_backward, "that counts the forwards run before the stage's first backward: the peak can come "
+              "later, when forwards and backwards alternate"),
+             (np.full(S, want.max()), "each stage has its own peak: the most that stage holds, not the pipeline's")]
+    for w, hint in wrong:
+        if not np.array_equal(w, want) and np.array_equal(a, w):
+            fail(ex, f"{where}: peaks {a.tolist()}, expected {want.tolist()}", hint)
+    fail(ex, f"{where}: peaks {a.tolist()}, expected {want.tolist()}",
+         "at each step count the micro-batches whose forward has run and whose backward has not yet finished")
+
+
+# ---- exercise 6: 1F1B, the same steps with less memory --------------------------------------------------------------
+
+@recorded
+def one_f_one_b(fn) -> None:
+    """Exercise (lab 11): ``fn(S, M) -> (forward, backward)``, 1F1B's schedule with unit-time tasks in
+    :func:`gpipe_schedule`'s form. The rules, each checked and named: the basic ones of GPipe's exercise, the
+    backwards of a stage oldest micro-batch first, at most S - s micro-batches in flight on stage s, and each step
+    the oldest backward if its error has arrived, else the next forward if its input has arrived and there is room;
+    then the whole schedule against labkit's. The same cases as GPipe's schedule."""
+    from ..model_parallel import one_f_one_b_schedule, peak_activations
+
+    ex = "1F1B schedule"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(116))
+    cases = list(_SCHEDULE_CASES) + [(int(rng.integers(2, 7)), int(rng.integers(1, 11)))]
+    for S, M in cases:
+        where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
+        got = call(ex, fn, S, M, hint="return two integer arrays of shape (S, M): forward[s, m] and backward[s, m]")
+        forward, backward = _schedule_arrays(ex, where, got, S, M)
+        _check_basics(ex, where, forward, backward)
+        _check_backwards_climb(ex, where, forward, backward)
+        for m in range(M):
+            if backward[S - 1, m] <= forward[S - 1, m]:
+                fail(ex, f"{where}: the last stage runs the backward of micro-batch {m} at step {backward[S - 1, m]}, "
+                         f"before its forward (step {forward[S - 1, m]})",
+                     "a micro-batch's error starts at the last stage, once its forward there has run")
+        room = np.minimum(S - np.arange(S), M)
+        held = peak_activations(forward, backward)
+        if (held > room).any():
+            s = int(np.argmax(held > room))
+            fail(ex, f"{where}: stage {s} holds {held[s]} micro-batches at once; 1F1B keeps at most S - s = {S - s}",
+                 "that is GPipe's memory: all forwards first. In 1F1B a stage runs a backward as soon as its error "
+                 "has arrived, and a forward only while it holds fewer than S - s" if held[s] == M else
+                 "a stage runs a forward only while it holds fewer than S - s micro-batches")
+        for s in range(S):
+            if (np.diff(backward[s]) < 0).any():
+                fail(ex, f"{where}: stage {s} runs the backwards in the order {np.argsort(backward[s]).tolist()}",
+                     "1F1B frees the oldest micro-batch first: the backwards of a stage run in micro-batch order")
+        _check_against(ex, where, forward, backward, *one_f_one_b_schedule(S, M))
+    passed(ex, len(cases))
+
+
+def _check_against(ex, where, forward, backward, want_f, want_b) -> None:
+    """The first task, in step order, that runs at another step than 1F1B's rule runs it."""
+    differ = [(int(min(forward[s, m], want_f[s, m])), "forward", s, m, forward[s, m], want_f[s, m])
+              for s, m in zip(*np.nonzero(forward != want_f))]
+    differ += [(int(min(backward[s, m], want_b[s, m])), "backward", s, m, backward[s, m], want_b[s, m])
+               for s, m in zip(*np.nonzero(backward != want_b))]
+    if not differ:
+        return
+    _, task, s, m, got, want = min(differ)
+    if got > want:
+        hint = (f"at step {want} stage {s} was free, its input had arrived" + (" and it had room" if task == "forward"
+                else "") + ": a task waits only when the rule says so")
+    else:
+        hint = ("each step, a backward whose error has arrived goes first; a forward runs only when there is none"
+                if task == "forward" else "a backward's error arrives the step after the next stage ran it")
+    fail(ex, f"{where}: stage {s} runs the {task} of micro-batch {m} at step {got}; 1F1B's rule runs it at step "
+             f"{want}", hint)
+
+
 EXERCISES = (
     Exercise("neuron_part", "11", "pipeline", references=(
         "labkit.model_parallel:neuron_part", "labkit.model_parallel:NeuronParallel", "labkit.shards:shard_bounds"),
@@ -431,5 +578,26 @@ EXERCISES = (
                  "from the last; the last stage's errors are ready once its forwards are done.",
                  "Test it on equal stages first: it must give the step count of your schedule times (f + b). Then "
                  "make one stage slower by hand: which micro-batches wait for it?",
+             )),
+    Exercise("activations_in_flight", "11", "pipeline", references=("labkit.model_parallel:peak_activations",),
+             hints=(
+                 "Take one stage and one step t: micro-batch m is held then if its forward ran at t or before and "
+                 "its backward at t or after. Count those m.",
+                 "Do it for every step from 0 to the last, and keep the largest count: that is the stage's peak.",
+                 "Check by hand on GPipe with S = 2, M = 3: each stage runs all 3 forwards before any backward. What "
+                 "must the peaks be?",
+                 "NumPy can do all stages and steps at once: compare forward[:, :, None] and backward[:, :, None] "
+                 "with an array of the steps, then sum over the micro-batches.",
+             )),
+    Exercise("one_f_one_b", "11", "pipeline", references=("labkit.model_parallel:one_f_one_b_schedule",),
+             hints=(
+                 "Simulate step by step. Keep, per stage, how many forwards and how many backwards it has run: a stage "
+                 "that has run n forwards runs micro-batch n's forward next, and the same for backwards.",
+                 "At step t a task may use only what ran at steps before t. Fill the arrays with -1 first: a task "
+                 "ran before t when its step is >= 0 and < t.",
+                 "A backward's input is the next stage's backward of the same micro-batch; on the last stage it is "
+                 "its own forward. A forward's input is the previous stage's forward; stage 0 has its input always.",
+                 "Room: the stage has run fewer than S - s more forwards than backwards. Stop when stage 0 has run "
+                 "all M backwards.",
              )),
 )
