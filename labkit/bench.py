@@ -364,6 +364,28 @@ class Timeline:
         return out
 
 
+def wait_breakdown(events: Sequence[dict]) -> np.ndarray:
+    """One traced step's seconds on each rank, split three ways: an array of one row ``(compute, waiting, transfer)``
+    per rank, in rank order, from :class:`Timeline` events.
+
+    compute: the rank's ``"compute"`` events, summed. A collective (the ``"comm"`` events of one name, one per rank)
+    cannot finish before its last rank has entered it: the time a rank spends in it before then is waiting for the
+    slower ranks, the rest is transfer."""
+    ranks = sorted({int(e["rank"]) for e in events})
+    row = {r: i for i, r in enumerate(ranks)}
+    out = np.zeros((len(ranks), 3))
+    for e in events:
+        if e["kind"] == "compute":
+            out[row[int(e["rank"])], 0] += e["end"] - e["start"]
+    for name in {e["name"] for e in events if e["kind"] == "comm"}:
+        group = [e for e in events if e["kind"] == "comm" and e["name"] == name]
+        last = max(e["start"] for e in group)  # the last rank to enter
+        for e in group:
+            waiting = min(e["end"], last) - e["start"]
+            out[row[int(e["rank"])], 1:] += waiting, e["end"] - e["start"] - waiting
+    return out
+
+
 def chrome_trace(events: Sequence[dict], path: Path | str | None = None, process: str = "labkit") -> dict:
     """The events of :class:`Timeline` (rank, name, kind, start, end in seconds) as a Chrome trace: one thread
     per rank, complete ("X") events in microseconds. Open the file in Perfetto (ui.perfetto.dev) or

@@ -55,11 +55,32 @@ def right_amdahl_fit(p, t):
     return a / (a + b), a + b
 
 
+def breakdown(last_start=lambda group, comm: max(e["start"] for e in group), compute=lambda e: e["kind"] == "compute",
+              rows=sorted, waiting=True):
+    """A wait_breakdown answer as a student writes it, with one of its rules changed."""
+    def fn(events):
+        ranks = rows(list(dict.fromkeys(e["rank"] for e in events)))
+        out = np.zeros((len(ranks), 3))
+        comm = [e for e in events if e["kind"] == "comm"]
+        for e in events:
+            if compute(e):
+                out[ranks.index(e["rank"]), 0] += e["end"] - e["start"]
+        for name in {e["name"] for e in comm}:
+            group = [e for e in comm if e["name"] == name]
+            last = last_start(group, comm)
+            for e in group:
+                wait = max(0.0, min(e["end"], last) - e["start"]) if waiting else 0.0
+                out[ranks.index(e["rank"]), 1] += wait
+                out[ranks.index(e["rank"]), 2] += e["end"] - e["start"] - wait
+        return out
+    return fn
+
+
 RIGHT = {"speedup_efficiency": right_speedup_efficiency, "gustafson_fit": right_gustafson_fit,
-         "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit}
+         "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit, "wait_breakdown": breakdown()}
 
 
-def test_lab_12_declares_four_exercises_with_hints_and_references():
+def test_lab_12_declares_five_exercises_with_hints_and_references():
     assert sorted(e.name for e in in_lab("12")) == sorted(RIGHT)
     for name in RIGHT:
         e = exercise(name)
@@ -72,7 +93,8 @@ def test_lab_12_declares_four_exercises_with_hints_and_references():
 @pytest.mark.parametrize("name, count", [("speedup_efficiency", "speedup and efficiency: all 9"),
                                          ("gustafson_fit", "Gustafson fit: all 7"),
                                          ("karp_flatt", "Karp-Flatt metric: all 9"),
-                                         ("amdahl_fit", "Amdahl fit: all 8")])
+                                         ("amdahl_fit", "Amdahl fit: all 8"),
+                                         ("wait_breakdown", "waiting or sending: all 7")])
 def test_the_right_answer_passes(name, count, capsys):
     getattr(check, name)(RIGHT[name])
     assert f"✔ {count} checks passed" in capsys.readouterr().out
@@ -82,7 +104,8 @@ def test_labkits_own_functions_pass_too(capsys):
     check.speedup_efficiency(bench.speedup_table)
     check.karp_flatt(bench.karp_flatt)
     check.amdahl_fit(bench.fit_amdahl_times)
-    assert capsys.readouterr().out.count("✔") == 3
+    check.wait_breakdown(bench.wait_breakdown)
+    assert capsys.readouterr().out.count("✔") == 4
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -257,6 +280,7 @@ def test_one_worker_count_must_be_refused_with_value_error(wrong, match):
     ("gustafson_fit", _gustafson(lambda t1, tp: tp / t1)),
     ("karp_flatt", _kf(lambda p, s: 1 / s - 1 / p)),
     ("amdahl_fit", _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t)))),
+    ("wait_breakdown", breakdown(waiting=False)),
 ])
 def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong):
     hints = exercise(name).hints
@@ -271,7 +295,8 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
 
 ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"],
            "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
-           "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "]}
+           "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "],
+           "wait_breakdown": ["min(", "max(e", "- e[\"start\"]"]}
 
 
 def test_the_hints_lead_to_the_answer_but_never_hold_it():
@@ -289,7 +314,8 @@ def _record(monkeypatch, folder, name, fn, seed=SEED):
 WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the table without p = 1
          "gustafson_fit": _gustafson(lambda t1, tp: tp / t1),
          "karp_flatt": _kf(lambda p, s: 1 / s - 1 / p),
-         "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0)}
+         "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0),
+         "wait_breakdown": breakdown(waiting=False)}
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -306,11 +332,38 @@ def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("name, reference", [("speedup_efficiency", bench.speedup_table),
                                              ("karp_flatt", bench.karp_flatt),
-                                             ("amdahl_fit", lambda p, t: bench.fit_amdahl_times(p, t))])
+                                             ("amdahl_fit", lambda p, t: bench.fit_amdahl_times(p, t)),
+                                             ("wait_breakdown", bench.wait_breakdown)])
 def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
     assert _record(monkeypatch, tmp_path, name, reference) == (True, "")
     passed, message = replay.replay(name, tmp_path, SEED)
     assert not passed and "uses labkit's reference (labkit.bench." in message
+
+
+# ---- exercise 5: waiting or sending -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong, match", [
+    (breakdown(waiting=False), r"3 ranks, uneven: no waiting at all.*cannot finish it before the last rank enters"),
+    (breakdown(last_start=lambda group, comm: min(e["start"] for e in group)),
+     r"3 ranks, uneven: no waiting at all.*cannot finish it before the last rank enters"),
+    (breakdown(last_start=lambda group, comm: max(e["start"] for e in comm)),
+     r"2 ranks, two collectives: wrong waiting column.*each collective waits for its own last rank"),
+    (breakdown(compute=lambda e: e["name"] == "backprop"), r"one rank: wrong compute column.*the update too"),
+    (breakdown(rows=lambda ranks: ranks), r"3 ranks, uneven, events in any order: wrong compute column.*in rank order"),
+    (lambda events: breakdown()(events).T, r"one rank: shape \(3, 1\), expected \(1, 3\).*transposed"),
+    (lambda events: breakdown()(events)[:, :2], r"one rank: shape \(1, 2\), expected \(1, 3\)"),
+    (lambda events: breakdown()(events) * [1, 1, 0.5], r"one rank: wrong transfer column.*less the waiting"),
+])
+def test_wait_breakdown_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.wait_breakdown(wrong)
+
+
+def test_wait_breakdown_splits_a_collective_at_its_last_rank():
+    events = [{"rank": r, "name": n, "kind": k, "start": a, "end": b} for r, n, k, a, b in (
+        (1, "backprop", "compute", 0.0, 2.0), (1, "allreduce", "comm", 2.0, 2.5),
+        (0, "backprop", "compute", 0.0, 1.0), (0, "allreduce", "comm", 1.0, 2.5), (0, "update", "compute", 2.5, 2.6))]
+    np.testing.assert_allclose(bench.wait_breakdown(events), [[1.1, 1.0, 0.5], [2.0, 0.0, 0.5]])
 
 
 # ---- labkit's helpers for lab 12 --------------------------------------------------------------------------------

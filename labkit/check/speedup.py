@@ -299,6 +299,93 @@ def _compare_fit(ex: str, where: str, p, t, f: float, t1: float) -> None:
         fail(ex, f"{where}\n  your T1:  {t1:.6g} s\n  expected: {want_t1:.6g} s", why)
 
 
+# ---- exercise 5: waiting or sending? ----------------------------------------------------------------------------------
+
+def _step(rank: int, backprop: float, comm_end: float, update: float = 0.05, name: str = "allreduce") -> list[dict]:
+    """One rank's traced step: backprop from 0, the collective until comm_end, then the update."""
+    return [{"rank": rank, "name": "backprop", "kind": "compute", "start": 0.0, "end": backprop},
+            {"rank": rank, "name": name, "kind": "comm", "start": backprop, "end": comm_end},
+            {"rank": rank, "name": "update", "kind": "compute", "start": comm_end, "end": comm_end + update}]
+
+
+def _breakdown_cases(rng) -> list[tuple[str, list[dict]]]:
+    equal = _step(0, 1.0, 1.3) + _step(1, 1.0, 1.3)
+    uneven = _step(0, 1.0, 2.3) + _step(1, 1.5, 2.3) + _step(2, 2.0, 2.3)
+    shuffled = [uneven[i] for i in rng.permutation(len(uneven))]
+    later = [dict(e, rank=e["rank"] + 5) for e in _step(2, 0.5, 1.4)] + _step(0, 1.2, 1.4) + _step(1, 0.9, 1.4)
+    two = _step(0, 1.0, 1.6) + _step(1, 1.4, 1.6)
+    two += [{"rank": 0, "name": "allreduce loss", "kind": "comm", "start": 1.7, "end": 2.0},
+            {"rank": 1, "name": "allreduce loss", "kind": "comm", "start": 1.65, "end": 2.0}]
+    p = int(rng.integers(2, 7))
+    done = np.round(rng.uniform(0.5, 2.0, p), 4)
+    drawn = [e for r in range(p) for e in _step(r, float(done[r]), float(done.max()) + 0.25)]
+    return [("one rank", _step(0, 1.0, 1.2)), ("2 ranks, equal", equal), ("3 ranks, uneven", uneven),
+            ("3 ranks, uneven, events in any order", shuffled), ("ranks 0, 1 and 7, listed 7 first", later),
+            ("2 ranks, two collectives", two), (f"{p} ranks, drawn at random", drawn)]
+
+
+@recorded
+def wait_breakdown(fn) -> None:
+    """Exercise (lab 12): ``fn(events) -> array``, one row ``(compute, waiting, transfer)`` per rank of a traced
+    step (:class:`labkit.bench.Timeline` events: dicts of rank, name, kind, start, end), rows in rank order; against
+    :func:`labkit.bench.wait_breakdown` to a relative 1e-9: one rank, equal and uneven ranks, events in any order,
+    rank numbers with gaps, two collectives in one step, and one drawn at random."""
+    ex = "waiting or sending"
+    fn = capture.student(fn, ex=ex)
+    cases = _breakdown_cases(np.random.default_rng(capture.seed(124)))
+    for name, events in cases:
+        got = call(ex, fn, [dict(e) for e in events], where=name,
+                   hint="events is a list of dicts with the keys rank, name, kind, start and end")
+        _compare_breakdown(ex, name, events, got, bench.wait_breakdown(events))
+    passed(ex, len(cases))
+
+
+def _compare_breakdown(ex: str, where: str, events, got, want) -> None:
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: expected an array of numbers, got {type(got).__name__}")
+    p = want.shape[0]
+    if a.shape != want.shape:
+        hint = ("one row per rank, the three columns compute, waiting, transfer: you have it transposed"
+                if a.shape == want.shape[::-1] else "one row per rank: (compute, waiting, transfer)")
+        fail(ex, f"{where}: shape {a.shape}, expected ({p}, 3)", hint)
+    if np.allclose(a, want, rtol=1e-9, atol=1e-12):
+        return
+    shown = f"\n  yours:    {np.round(a, 4).tolist()}\n  expected: {np.round(want, 4).tolist()}"
+    if not np.allclose(a[:, 0], want[:, 0], rtol=1e-9, atol=1e-12):
+        order = [int(e["rank"]) for e in events]
+        by_event = list(dict.fromkeys(order))
+        backprop_only = np.array([sum(e["end"] - e["start"] for e in events if e["rank"] == r and e["name"] == "backprop")
+                                  for r in sorted(set(order))])
+        if by_event != sorted(by_event) and np.allclose(np.sort(a[:, 0]), np.sort(want[:, 0])):
+            hint = "the rows go in rank order, whatever order the events come in"
+        elif np.allclose(a[:, 0], backprop_only):
+            hint = "every event of kind \"compute\" counts, the update too, not only the one named backprop"
+        else:
+            hint = "compute is the sum of the rank's events of kind \"compute\""
+        fail(ex, f"{where}: wrong compute column{shown}", hint)
+    total = want[:, 1] + want[:, 2]
+    if np.allclose(a[:, 1], 0) and np.allclose(a[:, 2], total):
+        fail(ex, f"{where}: no waiting at all{shown}",
+             "a rank that enters the collective early cannot finish it before the last rank enters: that part is "
+             "waiting, not transfer")
+    comm = [e for e in events if e["kind"] == "comm"]
+    ranks = sorted({int(e["rank"]) for e in events})
+    last = max(e["start"] for e in comm) if comm else 0.0  # all collectives taken as one
+    w = np.zeros(len(ranks))
+    for e in comm:
+        w[ranks.index(int(e["rank"]))] += max(0.0, min(e["end"], last) - e["start"])
+    if not np.allclose(w, want[:, 1]) and np.allclose(a[:, 1], w, rtol=1e-9, atol=1e-12):
+        fail(ex, f"{where}: wrong waiting column{shown}",
+             "each collective waits for its own last rank: take the latest start among the events of that name only")
+    if np.allclose(a[:, 1], want[:, 1], rtol=1e-9, atol=1e-12):
+        fail(ex, f"{where}: wrong transfer column{shown}",
+             "transfer is the rest of the rank's time in the collective: its whole time there, less the waiting")
+    fail(ex, f"{where}: wrong waiting column{shown}",
+         "a rank waits from the start of its collective until the last rank has entered it")
+
+
 EXERCISES = (
     Exercise("speedup_efficiency", "12", "speedup", references=("labkit.bench:speedup_table",), hints=(
         "A speedup compares each row's time with the time of one worker: find the row where p is 1 (it need not be "
@@ -333,5 +420,14 @@ EXERCISES = (
         "Fit that line to every row by least squares: np.polyfit(x, t, 1) (slope first) or np.linalg.lstsq.",
         "Back from the line to the law: T1 is the line at x = 1, f the share of T1 that the intercept is. With one "
         "worker count there is no line: raise ValueError.",
+    )),    Exercise("wait_breakdown", "12", "speedup", references=("labkit.bench:wait_breakdown",), hints=(
+        "Compute first: for each rank, add up the lengths (end - start) of its events of kind \"compute\". Keep one "
+        "row per rank, in rank order, whatever order the events come in.",
+        "An allreduce needs every rank's data: no rank can leave it before the last rank has entered. When did the "
+        "last rank enter? Look at the starts of the events of that collective.",
+        "A rank that entered earlier spent the time until then waiting for the others, at most its whole time in "
+        "the collective; the rest of that time is transfer.",
+        "A step may hold several collectives (events of kind \"comm\" with different names): each has its own last "
+        "rank. Add each rank's waiting and transfer over them.",
     )),
 )
