@@ -94,7 +94,7 @@ def test_lab_12_declares_five_exercises_with_hints_and_references():
                                          ("gustafson_fit", "Gustafson fit: all 7"),
                                          ("karp_flatt", "Karp-Flatt metric: all 9"),
                                          ("amdahl_fit", "Amdahl fit: all 8"),
-                                         ("wait_breakdown", "waiting or sending: all 7")])
+                                         ("wait_breakdown", "waiting or sending: all 8")])
 def test_the_right_answer_passes(name, count, capsys):
     getattr(check, name)(RIGHT[name])
     assert f"✔ {count} checks passed" in capsys.readouterr().out
@@ -342,6 +342,13 @@ def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, mo
 
 # ---- exercise 5: waiting or sending -----------------------------------------------------------------------------
 
+def shortest_time(events):
+    """Waiting read as each rank's time in the collective less the shortest: right while all ranks leave together."""
+    out = breakdown()(events)
+    total = out[:, 1] + out[:, 2]
+    return np.column_stack([out[:, 0], total - total.min(), np.full(len(out), total.min())])
+
+
 @pytest.mark.parametrize("wrong, match", [
     (breakdown(waiting=False), r"3 ranks, uneven: no waiting at all.*cannot finish it before the last rank enters"),
     (breakdown(last_start=lambda group, comm: min(e["start"] for e in group)),
@@ -353,6 +360,7 @@ def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, mo
     (lambda events: breakdown()(events).T, r"one rank: shape \(3, 1\), expected \(1, 3\).*transposed"),
     (lambda events: breakdown()(events)[:, :2], r"one rank: shape \(1, 2\), expected \(1, 3\)"),
     (lambda events: breakdown()(events) * [1, 1, 0.5], r"one rank: wrong transfer column.*less the waiting"),
+    (lambda events: shortest_time(events), r"3 ranks that leave at different times: wrong waiting column"),
 ])
 def test_wait_breakdown_names_the_mistake(wrong, match):
     with pytest.raises(ExerciseError, match=f"(?s){match}"):

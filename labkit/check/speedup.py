@@ -319,7 +319,9 @@ def _breakdown_cases(rng) -> list[tuple[str, list[dict]]]:
     p = int(rng.integers(2, 7))
     done = np.round(rng.uniform(0.5, 2.0, p), 4)
     drawn = [e for r in range(p) for e in _step(r, float(done[r]), float(done.max()) + 0.25)]
+    leave = _step(0, 0.8, 1.5) + _step(1, 1.1, 1.45) + _step(2, 1.2, 1.6)  # a rank may leave before another
     return [("one rank", _step(0, 1.0, 1.2)), ("2 ranks, equal", equal), ("3 ranks, uneven", uneven),
+            ("3 ranks that leave at different times", leave),
             ("3 ranks, uneven, events in any order", shuffled), ("ranks 0, 1 and 7, listed 7 first", later),
             ("2 ranks, two collectives", two), (f"{p} ranks, drawn at random", drawn)]
 
@@ -328,7 +330,8 @@ def _breakdown_cases(rng) -> list[tuple[str, list[dict]]]:
 def wait_breakdown(fn) -> None:
     """Exercise (lab 12): ``fn(events) -> array``, one row ``(compute, waiting, transfer)`` per rank of a traced
     step (:class:`labkit.bench.Timeline` events: dicts of rank, name, kind, start, end), rows in rank order; against
-    :func:`labkit.bench.wait_breakdown` to a relative 1e-9: one rank, equal and uneven ranks, events in any order,
+    :func:`labkit.bench.wait_breakdown` to a relative 1e-9: one rank, equal and uneven ranks, ranks that leave at
+    different times, events in any order,
     rank numbers with gaps, two collectives in one step, and one drawn at random."""
     ex = "waiting or sending"
     fn = capture.student(fn, ex=ex)
