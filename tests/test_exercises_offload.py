@@ -1,6 +1,7 @@
 """Lab 04's exercises (labkit/check/offload.py): the right answer passes, a blank one is "not written yet", each
 typical mistake is named by the check's message, the hints come one more after each failed run, and the grader's
-replay gives the plain check's verdict. Also the lesson helpers of labkit.kernels.offload that lab 04 calls."""
+replay gives the plain check's verdict. Also the lesson helpers of labkit.kernels.offload and
+labkit.kernels.streams that lab 04 calls."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from conftest import needs_cxx, record_check
 from labkit import check, mlp
 from labkit.check import ExerciseError
 from labkit.check.exercises import in_lab
-from labkit.kernels import offload
+from labkit.kernels import offload, streams
 
 # ---- the right answers, as a student would write them ----------------------------------------------------------------
 
@@ -46,11 +47,23 @@ def first_of_last_run(widths, wins):
     return widths[first]
 
 
+def right_stream_time(copy, kernel, streams):
+    n = len(copy)
+    copy_end, kernel_end = np.zeros(n), np.zeros(n)
+    for i in range(n):
+        previous = kernel_end[i - 1] if i >= 1 else 0.0
+        buffer_free = previous if streams == 1 else (kernel_end[i - 2] if i >= 2 else 0.0)
+        copy_end[i] = max(copy_end[i - 1] if i else 0.0, buffer_free) + copy[i]
+        kernel_end[i] = max(copy_end[i], previous) + kernel[i]
+    return float(kernel_end[-1])
+
+
 def blank(*args):
     raise NotImplementedError
 
 
-RIGHT = {"device_backward": right_backward, "offload_time": right_time, "offload_crossover": right_crossover}
+RIGHT = {"device_backward": right_backward, "offload_time": right_time, "offload_crossover": right_crossover,
+         "stream_time": right_stream_time}
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -66,7 +79,7 @@ def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
     assert "Step" not in str(e.value)
 
 
-def test_the_three_exercises_are_lab_04s_with_hints():
+def test_the_four_exercises_are_lab_04s_with_hints():
     assert sorted(e.name for e in in_lab("04")) == sorted(RIGHT)
     for e in in_lab("04"):
         assert len(e.hints) >= 4 and e.module == "offload" and e.references
@@ -217,12 +230,86 @@ def test_crossover_accepts_the_median_of_each_phase_added():
     check.offload_crossover(sum_of_medians)
 
 
+# ---- exercise 4: copies beside kernels, modelled ---------------------------------------------------------------------
+
+
+def stream_time_with(two="right", one="right", returns="last"):
+    """A model with one mistake (or none): ``two`` and ``one`` say how it treats two streams and one."""
+    def fn(copy, kernel, streams):
+        n, c, k = len(copy), np.mean(copy), np.mean(kernel)
+        if streams == 2 and two == "uniform":
+            return c + k + (n - 1) * max(c, k)
+        if streams == 2 and two == "sum" or streams == 1 and one == "sum":
+            return float(np.sum(copy) + np.sum(kernel))
+        if streams == 2 and two == "max":
+            return float(max(np.sum(copy), np.sum(kernel)))
+        copy_end, kernel_end = 0.0, [0.0, 0.0]
+        for ci, ki in zip(copy, kernel):
+            if streams == 1 and one == "right":
+                buffer_free = kernel_end[-1]
+            elif streams == 2 and two == "right" or streams == 1 and one == "two streams":
+                buffer_free = kernel_end[-2]
+            else:  # no buffer rule: the copies run ahead freely
+                buffer_free = 0.0
+            copy_end = max(copy_end, buffer_free) + ci
+            kernel_end.append(max(copy_end, kernel_end[-1]) + ki)
+        return np.array(kernel_end[2:]) if returns == "array" else kernel_end[-1]
+    return fn
+
+
+def test_stream_time_with_no_mistake_passes(capsys):
+    check.stream_time(stream_time_with())
+    assert "all 14 checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (stream_time_with(two="uniform"), r"case 6, times that differ per batch, 2 streams .*: your time is "
+                                      r"c \+ k \+ \(n - 1\) max\(c, k\) with the mean .* holds only when every batch"),
+    (stream_time_with(two="free"), r"case 6, times that differ per batch, 2 streams .*: your copies run ahead of the "
+                                   r"kernels freely, but there are only two buffers"),
+    (stream_time_with(one="two streams"), r"case 1, equal batches, c = k, 1 stream .*: your copies run beside the "
+                                          r"kernels, but one stream runs its work in order"),
+    (stream_time_with(one="free"), r"case 1, .*, 1 stream .*one stream runs its work in order"),
+    (stream_time_with(two="sum"), r"case 1, equal batches, c = k, 2 streams .*: your time is the sum of every copy and "
+                                  r"every kernel, as if nothing overlapped"),
+    (stream_time_with(two="max"), r"case 1, .*, 2 streams .*: your time is max\(sum of the copies, sum of the kernels\)"
+                                  r", a perfect overlap.*fills and drains"),
+    (stream_time_with(returns="array"), r"case 1, .*: expected one number, the seconds to the last kernel's end; got "
+                                        r"ndarray of 8 values"),
+    (lambda copy, kernel, streams: "soon", "case 1, .*: expected a number of seconds, got str"),
+    (lambda copy, kernel, streams: right_stream_time(copy, kernel, streams) * (1 + 1e-6),
+     r"case 1, .*, 1 stream .*: your time is [\d.]+ ms, expected [\d.]+ ms"),
+    (lambda copy, kernel, streams: copy[8], r"case 1, .*: your function raised IndexError"),
+])
+def test_stream_time_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.stream_time(wrong)
+
+
+def test_the_stream_mistakes_are_told_apart_from_the_right_time():
+    """Each mistake's model differs from the right one on the case where the check names it: uniform times leave the
+    buffer rule and the per-batch means no part, so those two need the times that differ per batch."""
+    from labkit.check.offload import _STREAM_CASES, _free_copies
+
+    equal = np.ones(8)
+    assert streams.stream_time(equal, equal, 1) == 16 and streams.stream_time(equal, equal, 2) == 9
+    for what, c, k in _STREAM_CASES[:5]:  # equal batches: the uniform formula and free copies are right
+        c, k = np.array(c), np.array(k)
+        assert streams.stream_time(c, k, 2) == pytest.approx(_free_copies(c, k)), what
+        if len(set(c)) == 1 and len(set(k)) == 1:
+            assert streams.stream_time(c, k, 2) == pytest.approx(c[0] + k[0] + (len(c) - 1) * max(c[0], k[0])), what
+    _, c, k = _STREAM_CASES[5]
+    c, k = np.array(c), np.array(k)
+    assert streams.stream_time(c, k, 2) > _free_copies(c, k), "the buffer rule holds a copy back"
+
+
 # ---- the hints: one more after each failed run -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, wrong", [("device_backward", backward_with(prime="next")),
                                          ("offload_time", time_with(flops=1)),
-                                         ("offload_crossover", crossover_with(reduce="mean"))])
+                                         ("offload_crossover", crossover_with(reduce="mean")),
+                                         ("stream_time", stream_time_with(two="sum"))])
 def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
     hints = next(e.hints for e in in_lab("04") if e.name == name)
     seen = []
@@ -243,7 +330,7 @@ def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
 # ---- the grader's replay ---------------------------------------------------------------------------------------------
 
 WRONG = {"device_backward": backward_with(outer="transposed"), "offload_time": time_with(bytes_per=1),
-         "offload_crossover": crossover_with(none="last")}
+         "offload_crossover": crossover_with(none="last"), "stream_time": stream_time_with(two="free")}
 SEED = 4343
 
 
@@ -265,16 +352,17 @@ def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
 
 
 @pytest.mark.parametrize("name, reference", [("device_backward", offload.backward), ("offload_time", offload.offload_time),
-                                             ("offload_crossover", offload.offload_crossover)])
+                                             ("offload_crossover", offload.offload_crossover),
+                                             ("stream_time", streams.stream_time)])
 def test_labkits_own_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
     from labkit.grading import replay
 
     assert _record(monkeypatch, tmp_path, name, lambda *a: reference(*a)) == (True, "")
     passed, message = replay.replay(name, tmp_path, SEED)
-    assert not passed and f"uses labkit's reference (labkit.kernels.offload.{reference.__name__})" in message
+    assert not passed and f"uses labkit's reference ({reference.__module__}.{reference.__name__})" in message
 
 
-# ---- labkit.kernels.offload's helpers for lab 04 ------------------------------------------------------------------------------
+# ---- labkit.kernels.offload's and labkit.kernels.streams' helpers for lab 04 ---------------------------------------------
 
 
 def test_sample_forward_and_backward_give_backprop_ones_gradients():
@@ -333,3 +421,16 @@ def test_the_sweep_and_the_batch_step_time_every_way():
     assert all(len(t) == 2 and min(t) > 0 for t in sweep.values())
     times = offload.batch_step_times(5, x, y, repeat=1, n_out=4)
     assert len(times) == 4 and "host, vectorised" in times and all(t > 0 for t in times.values())
+
+
+def test_stream_time_models_equal_batches_and_names_bad_arguments():
+    for c, k, n in ((1.0, 1.0, 8), (1.0, 3.0, 6), (3.0, 1.0, 6), (2.0, 5.0, 1)):
+        copy, kernel = np.full(n, c), np.full(n, k)
+        assert streams.stream_time(copy, kernel, 1) == pytest.approx(n * (c + k))
+        assert streams.stream_time(copy, kernel, 2) == pytest.approx(c + k + (n - 1) * max(c, k))
+    # a long copy after a short kernel: batch 2's copy waits for batch 0's kernel, its buffer's last reader
+    assert streams.stream_time([1, 1, 6], [4, 1, 1], 2) == 12 and streams.stream_time([1, 1, 6], [4, 1, 1], 1) == 14
+    with pytest.raises(ValueError, match="streams must be 1 or 2, not 3"):
+        streams.stream_time([1.0], [1.0], 3)
+    with pytest.raises(ValueError, match="same length"):
+        streams.stream_time([1.0, 2.0], [1.0], 2)

@@ -98,9 +98,13 @@ def test_pinned_and_pageable_copies_are_both_measured(backend):
 @pytest.mark.parametrize("backend", STREAM_BACKENDS)
 def test_batches_on_two_streams_give_the_products_and_say_whether_they_overlapped(backend):
     """The function checks the last batch's product against NumPy itself (a buffer reused too early would fail it);
-    on the emulator the overlap is said not to be shown."""
+    on the emulator the overlap is said not to be shown. Each batch's copy and kernel seconds come with it, for
+    lab 04's model of the two runs."""
     from labkit.kernels.streams import stream_overlap
 
     r = stream_overlap(batches=3, rows=64, n_in=96, width=32, repeat=1, backend=backend)
     assert r["one stream"] > 0 and r["two streams"] > 0 and r["gain"] > 0 and r["batches"] == 3
+    for phase in ("copy", "kernel"):  # each batch's copy and kernel, timed apart in the one-stream runs
+        assert r[phase].shape == (3,) and (r[phase] > 0).all()
+    assert r["copy"].sum() + r["kernel"].sum() <= 1.5 * r["one stream"], "the phases are parts of the one-stream time"
     assert r["overlap_shown"] == r["device"] == (backend == "cupy")

@@ -1,5 +1,6 @@
 """Checks of lab 04: the two products of per-sample backprop written on an array module, the modelled time of one
-offloaded product, and the crossover width read from noisy timing tables."""
+offloaded product, the crossover width read from noisy timing tables, and the modelled time of batches whose copies
+run beside kernels on one stream or two."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numbers
 import numpy as np
 
 from .. import mlp
-from ..kernels import offload
+from ..kernels import offload, streams
 from . import capture
 from .common import call, fail, passed, recorded
 from .exercises import Exercise
@@ -339,6 +340,94 @@ def _judge_crossover(ex, where, got, want, widths, host, copy, kernel) -> None:
     fail(ex, f"{where}: you returned {got!r}, expected {want}")
 
 
+# ---- 4. copies beside kernels, modelled ------------------------------------------------------------------------------
+
+# (what the case is, copy times, kernel times), in units the check draws: equal batches as section 7's question asks,
+# copies faster and slower than kernels, one batch, two (all these the same for every batch), then times that differ
+# per batch, with a long copy (batch 2's) beside a short kernel (batch 1's), where the copy must first wait for its
+# buffer: only there do the uniform formula and copies that never wait for a buffer go wrong
+_STREAM_CASES = (
+    ("equal batches, c = k", [1.0] * 8, [1.0] * 8),
+    ("copies faster than kernels, c < k", [1.0] * 6, [3.0] * 6),
+    ("copies slower than kernels, c > k", [3.0] * 6, [1.0] * 6),
+    ("one batch", [2.0], [3.0]),
+    ("two batches", [2.0, 2.0], [1.0, 1.0]),
+    ("times that differ per batch", [1.0, 1.0, 6.0, 1.0, 1.0, 5.0], [4.0, 1.0, 2.0, 3.0, 1.0, 2.0]),
+)
+
+
+def _free_copies(copy, kernel) -> float:
+    """Copies back to back, never waiting for a buffer; each kernel after its copy and the previous kernel."""
+    copy_end = kernel_end = 0.0
+    for c, k in zip(copy, kernel):
+        copy_end += c
+        kernel_end = max(copy_end, kernel_end) + k
+    return kernel_end
+
+
+def _stream_mistakes(copy, kernel, n_streams):
+    """(the time of a typical mistake, what the check says) for one case and number of streams."""
+    c, k, n = copy.mean(), kernel.mean(), len(copy)
+    if n_streams == 1:
+        why = ("your copies run beside the kernels, but one stream runs its work in order: each copy waits until the "
+               "previous batch's kernel has ended, so nothing overlaps")
+        return ((streams.stream_time(copy, kernel, 2), why), (_free_copies(copy, kernel), why))
+    return (
+        (float(copy.sum() + kernel.sum()), "your time is the sum of every copy and every kernel, as if nothing "
+         "overlapped: on two streams the copy of one batch runs while the previous batch's kernel computes"),
+        (float(max(copy.sum(), kernel.sum())), "your time is max(sum of the copies, sum of the kernels), a perfect "
+         "overlap from start to end: but the first kernel waits for the first copy, and the last kernel runs after "
+         "the last copy (the pipeline fills and drains)"),
+        (float(c + k + (n - 1) * max(c, k)), "your time is c + k + (n - 1) max(c, k) with the mean copy and kernel "
+         "times: that holds only when every batch takes the same times; here they differ, so follow the batches one "
+         "by one"),
+        (_free_copies(copy, kernel), "your copies run ahead of the kernels freely, but there are only two buffers: "
+         "batch i's copy overwrites the buffer of batch i - 2, so it must wait until that batch's kernel has ended"),
+    )
+
+
+@recorded
+def stream_time(fn) -> None:
+    """Exercise (lab 04): ``fn(copy, kernel, streams) -> seconds`` from the first copy's start to the last kernel's
+    end, batch i copying for ``copy[i]`` and computing for ``kernel[i]`` seconds, on 1 stream or 2 (two buffers).
+    Checked against :func:`labkit.kernels.streams.stream_time` on 1 and 2 streams: 8 equal batches (c = k), c < k,
+    c > k, one batch, two, times that differ per batch, and a case drawn afresh; relative tolerance 1e-9."""
+    ex = "stream time"
+    fn = capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(43))
+    unit = int(rng.integers(1, 10)) * 1e-3
+    n = int(rng.integers(3, 10))
+    drawn = ("times drawn afresh", list(rng.uniform(0.2, 4.0, n)), list(rng.uniform(0.2, 4.0, n)))
+    for j, (what, copy, kernel) in enumerate((*_STREAM_CASES, drawn), 1):
+        copy, kernel = np.array(copy) * unit, np.array(kernel) * unit
+        for n_streams in (1, 2):
+            where = (f"case {j}, {what}, {n_streams} stream{'s' if n_streams == 2 else ''} ({len(copy)} batches, copy "
+                     f"{_ms(copy)} ms, kernel {_ms(kernel)} ms)")
+            got = _stream_seconds(ex, where, call(ex, fn, copy.copy(), kernel.copy(), n_streams, where=where))
+            want = streams.stream_time(copy, kernel, n_streams)
+            if np.isclose(got, want, rtol=1e-9, atol=0):
+                continue
+            for wrong, why in _stream_mistakes(copy, kernel, n_streams):
+                if not np.isclose(wrong, want, rtol=1e-9, atol=0) and np.isclose(got, wrong, rtol=1e-9, atol=0):
+                    fail(ex, f"{where}: {why}")
+            fail(ex, f"{where}: your time is {got * 1e3:.6g} ms, expected {want * 1e3:.6g} ms")
+    passed(ex, 2 * (len(_STREAM_CASES) + 1))
+
+
+def _ms(t) -> str:
+    return "[" + ", ".join(f"{v * 1e3:.4g}" for v in t) + "]"
+
+
+def _stream_seconds(ex, where, got) -> float:
+    if np.ndim(got) > 0:
+        fail(ex, f"{where}: expected one number, the seconds to the last kernel's end; got {type(got).__name__} of "
+             f"{np.size(got)} values: return the last kernel's end, not every batch's")
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: expected a number of seconds, got {type(got).__name__}")
+
+
 EXERCISES = (
     Exercise("device_backward", "04", "offload",
              references=("labkit.kernels.offload:backward", "labkit.mlp:backprop_one", "labkit.mlp:_sample_backward"),
@@ -373,5 +462,17 @@ EXERCISES = (
         "wins that reaches the widest width: walk back from the widest width while offloading wins.",
         "If offloading loses at the widest width there is no such run: return None. If it wins everywhere, the run "
         "starts at widths[0]. Return the width, not its index.",
+    )),
+    Exercise("stream_time", "04", "offload", references=("labkit.kernels.streams:stream_time",), hints=(
+        "No single formula fits batches whose times differ: simulate. Walk the batches in order and keep two times for "
+        "each, when its copy ends and when its kernel ends. The clock starts at 0; return the last kernel's end.",
+        "Whatever waits for several things starts at the latest of them: a max. The copy of batch i waits for the copy "
+        "engine, which is free once the copy of batch i - 1 has ended; it then ends copy[i] later.",
+        "The kernel of batch i waits for two things: its own data (the end of its batch's copy) and the compute unit "
+        "(the end of the previous batch's kernel). It then ends kernel[i] later.",
+        "The copy also waits for its buffer to be free. One stream runs everything in order: each copy waits for the "
+        "previous batch's kernel. With two streams and two buffers the last reader of batch i's buffer is batch i - 2.",
+        "Before the first batch nothing has ended: count a missing earlier end as 0. Test by hand: 8 batches with "
+        "copy = kernel = 1 take 16 on one stream and 9 on two.",
     )),
 )

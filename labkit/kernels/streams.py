@@ -2,6 +2,7 @@
 
     pinned_vs_pageable(nbytes)           # {"pageable": GB/s, "pinned": GB/s} of host-to-device copies, and "device"
     stream_overlap(batches=8, rows=...)  # seconds for the batches on one stream and on two, and "overlap_shown"
+    stream_time(copy, kernel, streams)   # the modelled seconds of those batches, from each one's copy and kernel times
 
 On a GPU a copy from ordinary (pageable) host memory goes through a buffer the driver pins for it, a page at a time;
 from pinned (page-locked) memory the GPU's copy engine reads host memory directly, faster, and without holding the
@@ -74,12 +75,36 @@ def pinned_vs_pageable(nbytes: int = 64 << 20, repeat: int = 5, *, backend: str 
     return {**gbs, "bytes": n * 4, "device": which == "cupy"}
 
 
+def stream_time(copy, kernel, streams: int) -> float:
+    """Modelled seconds from the first copy's start to the last kernel's end, for batches whose copies take ``copy[i]``
+    and kernels ``kernel[i]`` seconds, on ``streams`` streams (1 or 2).
+
+    One copy engine runs the copies one at a time in batch order, one compute unit the kernels; a kernel starts once
+    its batch's copy has ended. On one stream each copy also waits for the previous kernel. On two streams with two
+    device buffers, batch i uses buffer i % 2, so its copy waits for the kernel of batch i - 2, that buffer's last
+    reader. For equal batches (c, k) that gives n(c + k) on one stream and c + k + (n - 1) max(c, k) on two."""
+    if streams not in (1, 2):
+        raise ValueError(f"streams must be 1 or 2, not {streams!r}")
+    copy, kernel = np.asarray(copy, dtype=float), np.asarray(kernel, dtype=float)
+    if copy.ndim != 1 or copy.shape != kernel.shape:
+        raise ValueError(f"copy and kernel must be 1-d arrays of one entry per batch, of the same length: got shapes "
+                         f"{copy.shape} and {kernel.shape}")
+    copy_end, kernel_end = 0.0, [0.0, 0.0]  # the kernel ends so far, after two zeros for the batches before the first
+    for c, k in zip(copy, kernel):
+        buffer_free = kernel_end[-1] if streams == 1 else kernel_end[-2]
+        copy_end = max(copy_end, buffer_free) + c
+        kernel_end.append(max(copy_end, kernel_end[-1]) + k)
+    return float(kernel_end[-1])
+
+
 def stream_overlap(batches: int = 8, rows: int = 4096, n_in: int = 1024, width: int = 1024, repeat: int = 3, *,
                    backend: str | None = None) -> dict:
     """Seconds to copy ``batches`` batches of (rows, n_in) floats from pinned host memory to the device and multiply
     each by a resident (n_in, width) weight matrix with labkit's matmul: on one stream, each copy waiting for the
     previous kernel, and on two streams with a pair of buffers each, the copy of batch i + 1 beside the kernel of
-    batch i. Medians of ``repeat`` interleaved runs; the results are checked against NumPy."""
+    batch i. Medians of ``repeat`` interleaved runs; the results are checked against NumPy. ``"copy"`` and
+    ``"kernel"`` are each batch's copy and kernel seconds (arrays, medians over the runs), timed apart in the
+    one-stream runs, which wait for the device after each."""
     which = resolve(backend)
     xp = array_module_for(which)
     rng = np.random.default_rng(0)
@@ -100,12 +125,21 @@ def stream_overlap(batches: int = 8, rows: int = 4096, n_in: int = 1024, width: 
     def on(stream):
         return stream if stream is not None else contextlib.nullcontext()
 
+    phases: dict[str, list[list[float]]] = {"copy": [], "kernel": []}  # per one-stream run: each batch's seconds
+
     def one_stream():
+        copies, kernels = [], []
         for h in host:
+            t0 = time.perf_counter()
             _copy_to(x[0], h, which)
             _sync(which)
+            t1 = time.perf_counter()
             matmul(x[0], W, out[0], backend=which)
             _sync(which)
+            copies.append(t1 - t0)
+            kernels.append(time.perf_counter() - t1)
+        phases["copy"].append(copies)
+        phases["kernel"].append(kernels)
 
     def two_streams():
         for i, h in enumerate(host):
@@ -129,5 +163,6 @@ def stream_overlap(batches: int = 8, rows: int = 4096, n_in: int = 1024, width: 
     if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
         raise RuntimeError("the overlapped batches gave a wrong product: a buffer was reused before its kernel ended")
     t = {k: statistics.median(v) for k, v in times.items()}
-    return {**t, "gain": t["one stream"] / t["two streams"], "batches": batches, "device": which == "cupy",
+    per_batch = {k: np.median(np.array(v[1:]), axis=0) for k, v in phases.items()}  # the warm-up run left out
+    return {**t, **per_batch, "gain": t["one stream"] / t["two streams"], "batches": batches, "device": which == "cupy",
             "overlap_shown": which == "cupy"}
