@@ -1,5 +1,6 @@
 """The exercises added to labs 03 and 05, in C and CUDA C: simd_forward (one fused layer pass on vector lanes,
-labkit.check.openmp) and naive_matmul (one thread per entry of C, labkit.check.kernels). The right answer passes, a
+labkit.check.openmp), reduction_by_hand (OpenMP's reduction written out: private blocks, then a combine shared out by
+entries) and naive_matmul (one thread per entry of C, labkit.check.kernels). The right answer passes, a
 blank one is "not written yet", the typical wrong ones are each named by the check's message, every failed run shows
 one more hint, and the grader's replay gives the check's own verdict. Also: the ladder of both labs, and the loads that
 lab 05's question counts."""
@@ -28,7 +29,7 @@ def _lab(prefix: str):
 
 # ---- the ladders ----------------------------------------------------------------------------------------------------
 
-LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction"],
+LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction", "reduction_by_hand"],
            "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose"]}
 
 
@@ -41,8 +42,8 @@ def test_the_exercises_of_a_lab_easy_to_hard_each_with_its_derivation_as_hints(l
 
 
 @pytest.mark.parametrize("lab, dictated, hinted", [
-    ("03", ["reduction(+ : cost, gW1[:nW1]", "**`j` innermost**", "omp simd reduction(+ : acc)"],
-     ["gW1[:nW1]", "j innermost", "reduction(+ : ...)"]),
+    ("03", ["reduction(+ : cost, gW1[:nW1]", "**`j` innermost**", "omp simd reduction(+ : acc)", "u * total + e",
+            "mine + nW1"], ["gW1[:nW1]", "j innermost", "reduction(+ : ...)", "u * total + e", "omp_get_max_threads()"]),
     ("05", ["row = blockIdx.y * TILE + threadIdx.y", "for (int h = blockDim.x / 2", "atomicAdd(out, s[0])",
             "i + gridDim.x * blockDim.x"], ["blockIdx.x * blockDim.x", "h = blockDim.x / 2", "atomicAdd(out, s[0])"]),
 ])
@@ -148,6 +149,194 @@ def test_without_simd_takes_out_the_directive_and_nothing_else():
     plain = openmp.without_simd(FORWARD)
     assert "#pragma" not in plain and plain.replace("\n", "") == FORWARD.replace(
         "        #pragma omp simd reduction(+ : acc)", "").replace("\n", "")
+
+
+# ---- lab 03: the reduction by hand, private blocks and a combine split over the entries ----------------------------
+
+PRIVATE_HEAD = r"""
+double my_bp_private(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
+                     int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid, total = nW1 + n_hid + nW2 + n_out;
+    double cost = 0.0;
+"""
+PRIVATE_TAIL = """    return cost;
+}
+"""
+PRIVATE = PRIVATE_HEAD + r"""    const int p = omp_get_max_threads();
+    float* blocks = calloc((size_t)p * total, sizeof(float));
+    double* costs = calloc(p, sizeof(double));
+    #pragma omp parallel num_threads(p)
+    {
+        const int t = omp_get_thread_num();
+        float *mine = blocks + (size_t)t * total, *work = malloc(sizeof(float) * 2 * n_hid);
+        #pragma omp for
+        for (int s = 0; s < B; ++s)
+            costs[t] += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out,
+                                   work, mine, mine + nW1, mine + nW1 + n_hid, mine + nW1 + n_hid + nW2);
+        free(work);
+        #pragma omp for
+        for (size_t e = 0; e < total; ++e) {
+            float sum = 0.0f;
+            for (int u = 0; u < p; ++u) sum += blocks[(size_t)u * total + e];
+            if (e < nW1) gW1[e] = sum;
+            else if (e < nW1 + n_hid) gb1[e - nW1] = sum;
+            else if (e < nW1 + n_hid + nW2) gW2[e - nW1 - n_hid] = sum;
+            else gb2[e - nW1 - n_hid - nW2] = sum;
+        }
+    }
+    for (int u = 0; u < p; ++u) cost += costs[u];
+    free(blocks);
+    free(costs);
+""" + PRIVATE_TAIL
+# the other way the text allows: the buffer allocated inside the region under omp single, a thread's cost in a local
+# variable, the combine one omp for per array; a simd reduction over the threads' blocks is no reduction between threads
+PRIVATE_SINGLE = PRIVATE_HEAD + r"""    float* blocks;
+    double* costs;
+    int p;
+    #pragma omp parallel
+    {
+        #pragma omp single
+        {
+            p = omp_get_num_threads();
+            blocks = calloc((size_t)p * total, sizeof(float));
+            costs = malloc(sizeof(double) * p);
+        }
+        const int t = omp_get_thread_num();
+        float* mine = blocks + (size_t)t * total;
+        float* work = malloc(sizeof(float) * 2 * n_hid);
+        double c = 0.0;
+        #pragma omp for
+        for (int s = 0; s < B; ++s)
+            c += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                            mine, mine + nW1, mine + nW1 + n_hid, mine + nW1 + n_hid + nW2);
+        costs[t] = c;
+        free(work);
+        float* g[4] = {gW1, gb1, gW2, gb2};
+        const size_t start[5] = {0, nW1, nW1 + n_hid, nW1 + n_hid + nW2, total};
+        for (int a = 0; a < 4; ++a) {
+            #pragma omp for nowait
+            for (size_t e = start[a]; e < start[a + 1]; ++e) {
+                float sum = 0.0f;
+                #pragma omp simd reduction(+ : sum)
+                for (int u = 0; u < p; ++u) sum += blocks[(size_t)u * total + e];
+                g[a][e - start[a]] = sum;
+            }
+        }
+    }
+    for (int u = 0; u < p; ++u) cost += costs[u];
+    free(blocks);
+    free(costs);
+""" + PRIVATE_TAIL
+COMBINE = """        #pragma omp for
+        for (size_t e = 0; e < total; ++e) {
+            float sum = 0.0f;
+            for (int u = 0; u < p; ++u) sum += blocks[(size_t)u * total + e];
+            if (e < nW1) gW1[e] = sum;
+            else if (e < nW1 + n_hid) gb1[e - nW1] = sum;
+            else if (e < nW1 + n_hid + nW2) gW2[e - nW1 - n_hid] = sum;
+            else gb2[e - nW1 - n_hid - nW2] = sum;
+        }
+"""
+SAMPLES = "        #pragma omp for\n        for (int s"
+
+
+@needs_cc
+def test_reduction_by_hand_passes_the_right_answer_allocated_before_the_region_or_under_single(capsys):
+    check.reduction_by_hand(PRIVATE)
+    check.reduction_by_hand(PRIVATE_SINGLE)
+    # what the exercise refuses is read from the code, not from its comments
+    check.reduction_by_hand(PRIVATE.replace("    double cost = 0.0;\n", "    double cost = 0.0;  // not reduction(+ : cost)\n"
+                                            "    /* #pragma omp atomic, #pragma omp critical, omp_set_lock(&l) */\n"))
+    assert capsys.readouterr().out.count("✔ reduction by hand at 1, 2") == 3
+
+
+def test_reduction_by_hand_blank_is_not_written_yet_and_gets_no_hint():
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        check.reduction_by_hand(PRIVATE_HEAD + f"    // {check.KERNEL_TODO}\n" + PRIVATE_TAIL)
+    assert "Step" not in str(e.value)
+
+
+@pytest.mark.parametrize("old, new, used", [
+    ("#pragma omp parallel num_threads(p)", "#pragma omp parallel num_threads(p) reduction(+ : costs[:p])",
+     "a reduction clause"),
+    ("        #pragma omp for\n        for (size_t e",
+     "        #pragma omp parallel for reduction(+ : cost)\n        for (size_t e", "a reduction clause"),
+    ("            costs[t] += add_sample", "            #pragma omp atomic\n            cost += add_sample", "omp atomic"),
+    ("            if (e < nW1)", "            #pragma omp critical\n            if (e < nW1)", "omp critical"),
+    ("        free(work);\n", "        free(work);\n        omp_lock_t lock;\n        omp_init_lock(&lock);\n",
+     "an OpenMP lock"),
+])
+def test_reduction_by_hand_refuses_openmps_own_reduction_and_turn_taking(old, new, used):
+    assert old in PRIVATE
+    with pytest.raises(ExerciseError, match=f"uses {used}: this exercise builds the reduction itself"):
+        check.reduction_by_hand(PRIVATE.replace(old, new))
+
+
+@needs_cc
+@pytest.mark.parametrize("changes, match", [
+    # one block for all threads: they add into the same entries and lose updates (seen at 2 or at 4 threads)
+    ([("blocks + (size_t)t * total", "blocks")], "runs differ from each other: a race"),
+    # malloc'd blocks, never zeroed: the check's malloc hands out NaN, as a reused one hands out old sums
+    ([("calloc((size_t)p * total, sizeof(float))", "malloc(sizeof(float) * p * total)")],
+     "with 1 thread, 6 of 6 runs .*NaN in the gradients.*a block never zeroed"),
+    ([(COMBINE, "")], "gW1, gb1, gW2, gb2 never written .*not combined into them"),
+    ([("gb2[e - nW1 - n_hid - nW2] = sum", "gb2[e - nW1 - n_hid - nW2] += sum")],
+     "NaN in the gradients, which are right when gW1..gb2 arrive holding zeros: your code adds into them"),
+    # the combine on one thread: right values, the rule broken
+    ([(COMBINE, COMBINE.replace("omp for", "omp single"))], "the values are right, but .*the combine of the blocks runs "
+                                                           "on one thread"),
+    ([(COMBINE, ""), ("    for (int u = 0; u < p; ++u) cost", COMBINE.replace("#pragma omp for\n", "").replace(
+        "        ", "    ") + "    for (int u = 0; u < p; ++u) cost")], "the combine of the blocks runs on one thread"),
+    # before the samples are done: no barrier between a thread's samples and its share of the combine
+    ([(SAMPLES, SAMPLES.replace("omp for", "omp for nowait"))],
+     "with 2 threads, .*the combine starts before every thread has finished its samples"),
+    ([(SAMPLES, "        for (int s")], "with 2 threads, .*your loop over the samples is not under omp for"),
+    # the cost: lost, one thread's only, or summed into the one shared variable
+    ([("    for (int u = 0; u < p; ++u) cost += costs[u];\n", "")],
+     "with 1 thread, .*the gradients are right, but the cost is 0: the threads' costs were never added"),
+    ([("for (int u = 0; u < p; ++u) cost += costs[u];", "cost = costs[0];")],
+     r"with 2 threads, 6 of 6 runs .*the cost is 0\.\d+ of the reference: not every thread's cost was added"),
+    ([("costs[t] += add_sample", "cost += add_sample")], "a race on the cost"),
+    # the samples under omp single: one thread does them all, while the others wait
+    ([(SAMPLES, "        #pragma omp single\n        for (int s")], "the samples ran one at a time"),
+    ([("calloc((size_t)p * total, sizeof(float))", "calloc(total, sizeof(float))")],
+     r"in my_bp_private \(in its parallel region\), line 16 of yours.c"),
+])
+def test_reduction_by_hand_mistakes_are_named(changes, match):
+    source = PRIVATE
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.reduction_by_hand(source, runs=12 if "a race" in match else 6)  # a lost update is not in every run
+
+
+def test_reduction_by_hand_gives_one_more_hint_after_each_failed_run():
+    wrong = PRIVATE.replace("            costs[t] += add_sample",
+                            "            #pragma omp atomic\n            cost += add_sample")
+    hints = exercise("reduction_by_hand").hints
+    assert len(hints) >= 4
+    seen = []
+    for _ in range(len(hints) + 1):
+        with pytest.raises(ExerciseError) as e:
+            check.reduction_by_hand(wrong)
+        seen.append(str(e.value))
+    for k, message in enumerate(seen[:len(hints)], 1):
+        assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
+    assert hints[-1] in seen[-1]
+
+
+@needs_cc
+def test_reduction_by_hand_replays_with_the_checks_verdict(tmp_path, monkeypatch):
+    added = PRIVATE.replace("gb2[e - nW1 - n_hid - nW2] = sum", "gb2[e - nW1 - n_hid - nW2] += sum")  # a second run
+    assert record_check(monkeypatch, tmp_path / "right", "reduction_by_hand", PRIVATE, SEED) == (True, "")
+    assert replay.replay("reduction_by_hand", tmp_path / "right", SEED)[0] is True
+    plain = record_check(monkeypatch, tmp_path / "wrong", "reduction_by_hand", added, SEED)
+    assert plain[0] is False and "adds into them" in plain[1]
+    monkeypatch.setattr(common, "_failed_runs", {})
+    got = replay.replay("reduction_by_hand", tmp_path / "wrong", SEED)
+    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
 
 
 # ---- lab 05: the naive matmul, one thread per entry of C -----------------------------------------------------------

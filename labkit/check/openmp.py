@@ -301,6 +301,175 @@ def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], run
     return most
 
 
+# Compiled between sample.h and the student's code in the reduction-by-hand check: the memory their malloc returns is
+# NaN bytes. malloc's memory holds whatever was there (zeros on a fresh page, an earlier call's sums when reused), so a
+# block never zeroed is wrong every time here, not only now and then.
+DIRTY_MALLOC = r"""#line 1 "labkit-check.h"
+__attribute__((unused)) static void* labkit_dirty_malloc(size_t n)
+{ void* p = malloc(n); if (p) memset(p, 0xff, n); return p; }
+__attribute__((unused)) static void* labkit_dirty_aligned_alloc(size_t a, size_t n)
+{ void* p = aligned_alloc(a, n); if (p) memset(p, 0xff, n); return p; }
+#define malloc(n) labkit_dirty_malloc(n)
+#define aligned_alloc(a, n) labkit_dirty_aligned_alloc(a, n)
+#line 1 "yours.c"
+"""
+# what a reduction by hand may not use: OpenMP's own reduction (a simd loop's is allowed: it is not between threads)
+# and anything that lets one thread at a time add into a shared sum
+_BUILT_IN = ((re.compile(r"#\s*pragma\s+omp\s+(?!simd\b)[^\n]*\breduction\s*\("), "a reduction clause"),
+             (re.compile(r"#\s*pragma\s+omp\s+atomic\b"), "omp atomic"),
+             (re.compile(r"#\s*pragma\s+omp\s+critical\b"), "omp critical"),
+             (re.compile(r"#\s*pragma\s+omp\s+(?:[\w\s]*\s)?ordered\b"), "omp ordered"),
+             (re.compile(r"\bomp_(?:init|set|unset|test|destroy)_(?:nest_)?lock\s*\(|\bomp_(?:nest_)?lock_t\b"),
+              "an OpenMP lock"))
+_WORKSHARED_LOOP = re.compile(r"#\s*pragma\s+omp\s+(?:parallel\s+)?for\b")
+_ONE_THREAD = re.compile(r"#\s*pragma\s+omp\s+(?:single|master|masked)\b")
+_COST_RACE = re.compile(r"(?<![\w.\]>])cost\s*(?:\+=|=\s*cost\s*\+)\s*add_sample\s*\(")
+_SAMPLES_NOWAIT = re.compile(r"#\s*pragma\s+omp\s+for\b[^\n]*\bnowait\b[^#]*\badd_sample\s*\(")  # no barrier
+_COST_DECLARED = re.compile(r"\bdouble\b[^;(){}]*\bcost\b")
+_SAMPLES_SHARED = re.compile(r"#\s*pragma\s+omp\s+(?:parallel\s+)?for\b[^#]*\badd_sample\s*\(")
+
+
+def _cost_race(code: str) -> bool:
+    """Whether the samples' costs are added into the function's one shared ``cost`` (declared once: no private
+    ``cost`` of a thread's own shadows it), a race that loses an update only now and then."""
+    return bool(_COST_RACE.search(code)) and len(_COST_DECLARED.findall(code)) <= 1
+
+
+@recorded
+def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -> None:
+    """Lab 03: ``my_bp_private`` (``my_bp_omp``'s signature) is what ``reduction(+ : ...)`` does inside, written out:
+    each thread adds its samples into a zeroed private block of one shared buffer, and after the samples the threads
+    combine the blocks into gW1, gb1, gW2, gb2, split over the entries; the cost likewise. No reduction clause,
+    atomic, critical, ordered or lock. Run with the sanitizers first, then at 1 to 2x-cores threads, ``runs`` times
+    each, against the NumPy reference, with the memory malloc returns filled with NaN."""
+    from .. import mlp
+    from ..hostc import strip_comments
+    from ..machine import usable_cores
+
+    ex = "reduction by hand"
+    source = capture.source(source)
+    code = strip_comments(source) if isinstance(source, str) and KERNEL_TODO not in source else None
+    if code is not None:
+        if not re.search(r"#\s*pragma\s+omp\b", code):
+            fail(ex, "your code has no OpenMP directive", "open a team of threads with #pragma omp parallel, and "
+                 "share out the samples among them with #pragma omp for")
+        used = [what for pattern, what in _BUILT_IN if pattern.search(code)]
+        if used:
+            fail(ex, f"your code uses {' and '.join(used)}: this exercise builds the reduction itself, so OpenMP's "
+                 "reduction clause, atomic, critical, ordered and locks are out", "give every thread a block of its "
+                 "own to add into, and combine the blocks after the samples, each entry by one thread")
+    dirty = DIRTY_MALLOC + source if isinstance(source, str) else source
+    checked = _compile(ex, dirty, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
+    fast = _compile(ex, dirty, name, helpers=True, label="O2", opt="-O2", openmp=True)
+    rng = np.random.default_rng(capture.seed(2))
+    params = mlp.init_params([784, 30, 10], seed=3)
+    B = 151  # as omp_reduction's: enough samples per thread that a race loses updates in some run
+    x = rng.random((B, 784), dtype=np.float32)
+    Y = mlp.targets(rng.integers(0, 10, B), 10, np.float32)
+    loss, grads = mlp.loss_and_grads_per_sample(params, x, Y)
+    want = [g * B for pair in grads for g in pair]
+    names = ("gW1", "gb1", "gW2", "gb2")
+    (W1, b1), (W2, b2) = params
+
+    def call(fn, threads, fill=np.nan):
+        out = [np.full_like(w, fill) for w in want]  # NaN: nothing carried over, the function must overwrite
+        cost = _call(ex, fn, (W1, b1, W2, b2, x, Y, np.int32(B), np.int32(784), np.int32(30), np.int32(10), *out),
+                     "thread t's block is total floats from t * total, and the buffer must hold one block per thread "
+                     "of the team", threads=threads)
+        return cost, out
+
+    def right(out):
+        return all(np.allclose(o, w, rtol=1e-3, atol=1e-5) for o, w in zip(out, want))
+
+    call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
+    threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
+    n = 1
+    for p in threads:
+        results = [call(fast, p) for _ in range(runs)]
+        n += runs
+        wrong = [i for i, (c, out) in enumerate(results) if not (np.isclose(c, loss * B, rtol=1e-4) and right(out))]
+        if wrong:
+            _name_the_mistake(ex, code or "", p, runs, results, wrong, want, loss * B, names,
+                              lambda p=p: call(fast, p, fill=0.0), right)
+    if code is not None and _ONE_THREAD.search(code):
+        many = [p for p in threads if p > 1]
+        most = capture.step("overlap", lambda: _most_inside_at_once(source, name, (W1, b1, W2, b2, x, Y), many, runs))
+        if most <= 1:
+            fail(ex, f"the values are right, but in {runs * len(many)} runs at {', '.join(map(str, many))} threads no "
+                     "two threads were ever inside add_sample at the same time: the samples ran one at a time",
+                 "omp single or master lets one thread do the work its block holds; put the loop over the samples "
+                 "under #pragma omp for, so the threads share it out")
+        n += 1
+    if code is not None:
+        if _cost_race(code):
+            fail(ex, "the values are right, but every thread adds its samples' cost into the one shared cost "
+                     "(cost += add_sample(...)): a race on the cost, which loses an update only now and then",
+                 "sum the cost per thread, as the gradients: one double per thread, all of them added into cost after "
+                 "the samples")
+        if len(_WORKSHARED_LOOP.findall(code)) < 2:
+            fail(ex, "the values are right, but your source has one loop shared out with omp for: the combine of "
+                     "the blocks runs on one thread (or every thread does all of it)",
+                 "the combine is a loop over the gradient entries: put it under #pragma omp for too, each entry "
+                 "summed over the threads' blocks by one thread")
+        n += 2
+    passed(f"{ex} at {', '.join(map(str, threads))} threads", n)
+
+
+def _name_the_mistake(ex, code, p, runs, results, wrong, want, cost, names, rerun_zeroed, right) -> None:
+    """Fail reduction_by_hand with what the wrong runs at ``p`` threads show: NaN left in the gradients (arrays
+    never written, added into, or blocks never zeroed, told apart by a run on zeroed arrays), a lost cost, every
+    thread running every sample, a race, or a missing barrier before the combine."""
+    c, out = results[wrong[0]]
+    where = f"with {p} thread{'s' if p > 1 else ''}, {len(wrong)} of {runs} runs gave a wrong gradient or cost"
+    if any(np.isnan(o).any() for o in out):
+        c0, out0 = rerun_zeroed()  # the same call on gradients that arrive as zeros instead of NaN
+        if right(out0):
+            fail(ex, f"{where}: NaN in the gradients, which are right when gW1..gb2 arrive holding zeros: your code "
+                     "adds into them", "gW1, gb1, gW2 and gb2 arrive holding anything (here NaN): the combine must "
+                     "write each entry (=), or zero the arrays first")
+        never = [k for k, (o, o0) in enumerate(zip(out, out0)) if np.isnan(o).all() and not o0.any()]
+        if never:
+            fail(ex, f"{where}: {', '.join(names[k] for k in never)} never written (still the NaN the check filled "
+                     "them with): the private blocks were not combined into them",
+                 "after the samples, every entry of gW1, gb1, gW2 and gb2 is the sum of that entry over the threads' "
+                 "blocks: the combine writes all four arrays")
+        fail(ex, f"{where}: NaN in the gradients. The check fills the memory malloc gives your code with NaN: "
+                 "malloc's memory holds whatever was there before, so a block never zeroed adds onto garbage",
+             "zero the blocks before the samples are added into them: calloc zeroes what it allocates, or memset")
+    if right(out):
+        if len({float(r[0]) for r in results}) > 1 or _cost_race(code):
+            fail(ex, f"{where}: the gradients are right, but the cost changes from run to run: a race on the cost",
+                 "every thread adds its samples' cost into the one shared cost and loses updates. Sum the cost per "
+                 "thread, as the gradients: one double per thread, all of them added into cost after the samples")
+        fail(ex, f"{where}: the gradients are right, but the cost is " + (
+            "0: the threads' costs were never added into it" if c == 0 else
+            f"{c / cost:.3g} of the reference: not every thread's cost was added, once"),
+             "sum the cost per thread, as the gradients: one double per thread, all of them added into cost after "
+             "the samples")
+    if p > 1 and not _SAMPLES_SHARED.search(code):
+        fail(ex, f"{where}: your loop over the samples is not under omp for, so every thread runs every sample, and "
+                 "nothing makes the combine wait until all the threads have finished theirs",
+             "#pragma omp for on the loop over the samples shares them out among the threads, and the end of omp for "
+             "is a barrier: after it, every block is complete")
+    if p == 1:
+        fail(ex, f"{where} even with one thread", "with one thread your buffer is one block: the samples add into it, "
+             "and the combine copies it into gW1, gb1, gW2 and gb2 at their offsets (0, nW1, nW1 + n_hid, ...); check "
+             "those offsets against add_sample's arguments")
+    if _SAMPLES_NOWAIT.search(code):
+        fail(ex, f"{where}: the combine starts before every thread has finished its samples",
+             "nowait takes away the barrier at the end of omp for: without it a thread combines entries of blocks "
+             "that other threads are still adding into. The combine must wait for all the samples")
+    first = results[0][1][0].ravel()
+    if any(not np.array_equal(first, o[0].ravel()) for _, o in results[1:]):
+        fail(ex, f"{where}, and the runs differ from each other: a race",
+             "two threads add into the same entries at the same time and lose updates: does every thread add only "
+             "into its own block, thread t's from t * total? And does the combine start only after the samples?")
+    ratio = float(np.sum(out[0]) / np.sum(want[0])) if np.sum(want[0]) else float("nan")
+    fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)",
+         "every entry of the result is the sum of that entry over all the threads' blocks: are all p blocks combined, "
+         "and is each block laid out as add_sample filled it?")
+
+
 EXERCISES = (
     Exercise("simd_forward", "03", "openmp", hints=(
         "One row at a time: row i of W is n_in contiguous floats starting at W + i * n_in, and z_i is its dot product "
@@ -328,5 +497,21 @@ EXERCISES = (
         "private accumulators that OpenMP adds up once at the end: a reduction(+ : ...) clause on the parallel region.",
         "A reduction over an array needs the array's length, as an array section: gW1[:nW1]. Name the cost and all "
         "four gradient arrays in the clause, each with its length (nW1, n_hid, nW2, n_out).",
+    )),
+    Exercise("reduction_by_hand", "03", "openmp", hints=(
+        "A reduction clause gives every thread private copies of the sums, zeroed; the thread adds into its copies; at "
+        "the end the copies are added up into the originals. Build the copies as one buffer of p blocks: thread t's "
+        "block starts at t * total and holds its gW1, gb1, gW2 and gb2 one after the other.",
+        "p, the size of the team: omp_get_max_threads() before the parallel region is what the region will get (ask "
+        "for it with num_threads(p)). Or let one thread allocate inside the region, under #pragma omp single, with "
+        "omp_get_num_threads(): the end of single is a barrier, so every thread then sees the pointer. calloc zeroes "
+        "what it allocates; malloc does not.",
+        "Inside the region, omp_get_thread_num() is t. In the loop over the samples, under #pragma omp for, give "
+        "add_sample the four parts of the thread's own block (from mine, mine + nW1, mine + nW1 + n_hid, ...) and a "
+        "work array of its own. The costs the same way: an array of p doubles, thread t adding into its entry t.",
+        "The end of omp for waits for every thread: after it, every block is complete. The combine is a second loop "
+        "under #pragma omp for, over the total entries: entry e is the sum over u < p of the buffer at u * total + e, "
+        "written into gW1, gb1, gW2 or gb2 at e minus that array's offset. Each entry has one writer: no race.",
+        "After the parallel region, add the p costs into cost, and free what you allocated.",
     )),
 )
