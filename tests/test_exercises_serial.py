@@ -3,6 +3,9 @@ typical wrong ones are each named by the check's message, and every failed run s
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from conftest import record_check
@@ -85,9 +88,60 @@ def right_combine(grads, counts):
     return out
 
 
+def _threaded(params, x, Y, p, divide="n", loss_divide="n", shared=False, join=True, in_caller=False,
+              join_each=False, accumulate=right_accumulate):
+    """Lab 02's fourth exercise as the notebook's solution writes it (threading.Thread, your my_split and accumulate),
+    or with one of the typical mistakes."""
+    n = x.shape[0]
+    shards = right_split(n, p)
+    one = [(np.zeros_like(W), np.zeros_like(b)) for W, b in params]
+    accs = [one] * p if shared else [[(np.zeros_like(W), np.zeros_like(b)) for W, b in params] for _ in shards]
+    losses = [0.0] * p
+
+    def work(i, lo, hi):
+        losses[i] = accumulate(params, x[lo:hi], Y[lo:hi], accs[i])
+        if divide == "shard":  # each thread's mean over its shard (an empty one: 0 / 0)
+            losses[i] /= hi - lo
+            for aW, ab in accs[i]:
+                aW /= hi - lo
+                ab /= hi - lo
+
+    if in_caller:
+        for i, (lo, hi) in enumerate(shards):
+            work(i, lo, hi)
+    else:
+        threads = [threading.Thread(target=work, args=(i, lo, hi)) for i, (lo, hi) in enumerate(shards)]
+        for t in threads:
+            t.start()
+            if join_each:
+                t.join()
+        for t in threads if join else ():
+            t.join()
+    added = accs[:1] if shared else accs
+    by = {"n": n, "p": p, "none": 1, "shard": len([s for s in shards if s[1] > s[0]])}
+    d, ld = by[divide], by["shard" if divide == "shard" else loss_divide]
+    return sum(losses) / ld, [(sum(a[i][0] for a in added) / d, sum(a[i][1] for a in added) / d)
+                              for i in range(len(params))]
+
+
+def right_threaded(params, x, Y, p):
+    return _threaded(params, x, Y, p)
+
+
+def right_threaded_pool(params, x, Y, p):
+    """The same with a ThreadPoolExecutor: each future gives back its shard's summed loss."""
+    n = x.shape[0]
+    accs = [mlp.zeros_like(params) for _ in range(p)]
+    with ThreadPoolExecutor(max_workers=p) as pool:
+        futures = [pool.submit(right_accumulate, params, x[lo:hi], Y[lo:hi], acc)
+                   for (lo, hi), acc in zip(right_split(n, p), accs)]
+        loss = sum(f.result() for f in futures) / n
+    return loss, [(sum(a[i][0] for a in accs) / n, sum(a[i][1] for a in accs) / n) for i in range(len(params))]
+
+
 RIGHT = {"output_error": right_output_error, "layer_backward": right_layer_backward, "backprop": right_backprop,
          "numerical_gradient": right_numerical_grad, "split_batch": right_split, "accumulate": right_accumulate,
-         "combine_shards": right_combine}
+         "combine_shards": right_combine, "threaded_step": right_threaded}
 
 
 def test_every_exercise_of_labs_01_and_02_is_tested_here_and_has_hints():
@@ -115,7 +169,8 @@ def test_labkits_own_functions_pass_their_checks(capsys):
     check.numerical_gradient(mlp.numerical_grad)
     check.split_batch(shard_bounds)
     check.combine_shards(cpu_parallel.combine_means)
-    assert capsys.readouterr().out.count("✔") == 5
+    check.threaded_step(cpu_parallel.threaded_grads)
+    assert capsys.readouterr().out.count("✔") == 6
 
 
 # ---- the typical mistakes, each named -----------------------------------------------------------------------------
@@ -310,6 +365,60 @@ def test_combine_shards_mistakes_are_named(wrong, match):
         check.combine_shards(wrong)
 
 
+def _crashes_on_an_empty_shard(params, x, Y, p):
+    """Each thread takes its shard's mean from labkit and scales it back to a sum: for an empty shard that raises."""
+    n = x.shape[0]
+    with ThreadPoolExecutor(max_workers=p) as pool:
+        parts = list(pool.map(lambda s: mlp.loss_and_grads_per_sample(params, x[s[0]:s[1]], Y[s[0]:s[1]]),
+                              right_split(n, p)))
+    sizes = [hi - lo for lo, hi in right_split(n, p)]
+    loss = sum(v * k for (v, _), k in zip(parts, sizes)) / n
+    return loss, [(sum(g[i][0] * k for (_, g), k in zip(parts, sizes)) / n,
+                   sum(g[i][1] * k for (_, g), k in zip(parts, sizes)) / n) for i in range(len(params))]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"divide": "none", "loss_divide": "none"}, "the gradients are the batch's sums, not divided by n"),
+    ({"divide": "p"}, "divided by p, the number of threads"),
+    ({"divide": "shard"}, "a plain mean of the shards' means"),
+    ({"loss_divide": "none"}, "the loss is the batch's summed loss"),
+    ({"shared": True}, "several threads added their gradients into the same accumulator"),
+    ({"join": False}, "started but not joined"),
+    ({"in_caller": True}, "every gradient was computed in the calling thread"),
+    ({"join_each": True}, "ran one after another, never two at a time"),
+])
+def test_threaded_step_mistakes_are_named(kw, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.threaded_step(lambda params, x, Y, p: _threaded(params, x, Y, p, **kw))
+
+
+def test_threaded_step_passes_on_a_thread_pool_and_names_an_empty_shard_that_crashes(capsys):
+    check.threaded_step(right_threaded_pool)
+    assert "✔" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match=r"raised ValueError: x holds no samples\nHint: with p = \d+ threads for "
+                                            r"n = \d+ samples? some shards are empty"):
+        check.threaded_step(_crashes_on_an_empty_shard)
+
+    def in_threads(params, x, Y, p):  # the same on threading.Thread: the error stays in the thread
+        def accumulate(params, x, Y, acc):
+            return right_accumulate(params, x, Y, acc) if len(x) else mlp.loss_and_grads_per_sample(params, x, Y)
+        return _threaded(params, x, Y, p, accumulate=accumulate)
+    with pytest.raises(ExerciseError, match=r"of your threads raised ValueError: x holds no samples\nHint: with p"):
+        check.threaded_step(in_threads)
+
+
+def test_threaded_step_on_an_accumulate_not_written_yet_is_not_written_yet_and_gets_no_hint():
+    with pytest.raises(ExerciseError, match="a thread raised NotImplementedError: .* not written yet") as e:
+        check.threaded_step(lambda params, x, Y, p: _threaded(params, x, Y, p, accumulate=blank))
+    assert "Step" not in str(e.value) and "Hint" not in str(e.value)
+
+
+def test_threaded_step_has_at_least_four_hints_none_of_them_code():
+    hints = exercise("threaded_step").hints
+    assert len(hints) >= 4
+    assert not any(code in h for h in hints for code in ("Thread(", ".start()", ".join()", " = ", "+=", "def "))
+
+
 # ---- hints: one more step after each failed run -------------------------------------------------------------------
 
 WRONG = {"output_error": lambda A, Y: A - Y,
@@ -318,7 +427,8 @@ WRONG = {"output_error": lambda A, Y: A - Y,
          "numerical_gradient": lambda f, W, eps: _numerical_with(f, W, eps, forward=True),
          "split_batch": _split_floor_only,
          "accumulate": lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2,
-         "combine_shards": lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci)}
+         "combine_shards": lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci),
+         "threaded_step": lambda params, x, Y, p: _threaded(params, x, Y, p, divide="none", loss_divide="none")}
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -345,7 +455,7 @@ SEED = 777
 
 
 @pytest.mark.parametrize("name", ["output_error", "layer_backward", "numerical_gradient", "split_batch",
-                                  "combine_shards"])
+                                  "combine_shards", "threaded_step"])
 def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
     def record(folder, fn, seed=SEED):
         return record_check(monkeypatch, folder, name, fn, seed)
@@ -359,9 +469,19 @@ def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, 
     assert replay.replay(name, tmp_path / "wrong", SEED) == (False, student_saw)  # ...the grader the mistake alone
 
 
+@pytest.mark.parametrize("kw", [{"in_caller": True}, {"join": False}, {"shared": True}, {"join_each": True}])
+def test_the_replay_gives_the_threaded_steps_verdict_on_its_threads_from_the_record(tmp_path, monkeypatch, kw):
+    """What the threads did is seen in the student's process, kept in the record, and judged again by the grader."""
+    plain = record_check(monkeypatch, tmp_path, "threaded_step", lambda params, x, Y, p: _threaded(params, x, Y, p, **kw),
+                         SEED)
+    assert plain[0] is False
+    assert replay.replay("threaded_step", tmp_path, SEED) == (False, plain[1].split("\nStep ")[0])
+
+
 @pytest.mark.parametrize("name, reference", [("output_error", mlp.output_error), ("layer_backward", mlp.layer_backward),
                                              ("numerical_gradient", mlp.numerical_grad), ("split_batch", shard_bounds),
-                                             ("combine_shards", cpu_parallel.combine_means)])
+                                             ("combine_shards", cpu_parallel.combine_means),
+                                             ("threaded_step", cpu_parallel.threaded_grads)])
 def test_labkits_own_function_handed_in_is_named_by_the_grader(tmp_path, monkeypatch, name, reference):
     monkeypatch.setenv(capture.ENV, str(tmp_path))
     monkeypatch.setenv(capture.SEED_ENV, str(SEED))
@@ -390,6 +510,21 @@ def test_labkits_pieces_compose_into_its_backprop_and_agree_with_finite_differen
     numeric = mlp.numerical_grad(lambda: mlp.loss(params, x, Y), W, 1e-5)
     assert np.array_equal(W, before)
     np.testing.assert_allclose(numeric, mlp.backprop(params, x, Y)[1][0], atol=1e-9)
+
+
+@pytest.mark.parametrize("sizes, n, p", [([5, 4, 3], 8, 3), ([7, 6, 5, 3], 3, 5), ([6, 5, 4], 1, 1)])
+def test_threaded_grads_gives_the_serial_mean_loss_and_gradients(sizes, n, p):
+    rng = np.random.default_rng(7)
+    params = mlp.init_params(sizes, seed=3, dtype=np.float64)
+    x, y = rng.random((n, sizes[0])), rng.integers(0, sizes[-1], n)
+    loss, grads = cpu_parallel.threaded_grads(params, x, mlp.targets(y, sizes[-1], np.float64), p)
+    want_loss, want = mlp.loss_and_grads_per_sample(params, x, y)
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    for (gW, gb), (wW, wb) in zip(grads, want):
+        np.testing.assert_allclose(gW, wW, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(gb, wb, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="at least one sample"):
+        cpu_parallel.threaded_grads(params, x[:0], y[:0], 2)
 
 
 def test_combine_means_leaves_out_empty_shards_and_refuses_an_empty_batch():

@@ -4,7 +4,8 @@ Lab 01 builds the vectorised backward pass in three steps: the output layer's er
 layer's backward pass (:func:`layer_backward`), and the whole of backprop (:func:`backprop`); then a check of any
 gradient from the cost alone, by central differences (:func:`numerical_gradient`). Lab 02 splits a batch
 over workers (:func:`split_batch`), sums per-sample gradients into a per-thread accumulator (:func:`accumulate`) and
-combines the workers' mean gradients into the batch's (:func:`combine_shards`).
+combines the workers' mean gradients into the batch's (:func:`combine_shards`), then puts the first two together
+into a step on threads of its own (:func:`threaded_step`).
 
 Each check runs the student's function on several sizes and edge cases drawn afresh when graded
 (:func:`capture.seed`), compares with labkit's own at the tolerance its lab states, and names the typical mistakes.
@@ -12,6 +13,9 @@ Each check runs the student's function on several sizes and edge cases drawn afr
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -466,6 +470,294 @@ def combine_shards(fn) -> None:
     passed(ex, n)
 
 
+class _Tracked(np.ndarray):
+    """A gradient array handed to the student's code by :class:`_Threads`: an in-place operation that takes it as an
+    input (``acc_W += dW``) tells the watch which thread wrote into which array. Arithmetic on it gives plain arrays;
+    what keeps its type (a copy, ``np.zeros_like``) reports nothing: only the arrays the wrapper returned do."""
+
+    _watch = None
+
+    def __array_finalize__(self, obj):
+        self._watch = None  # only the arrays the wrapper returned report: not what is derived from them
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        watch = next((a._watch for a in inputs if isinstance(a, _Tracked) and a._watch is not None), None)
+        plain = [np.asarray(a) if isinstance(a, _Tracked) else a for a in inputs]
+        if out is not None:
+            if watch is not None:
+                watch.wrote(out)
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _Tracked) else o for o in out)
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return result
+
+
+class _Threads:
+    """While the student's function runs: labkit.mlp's gradient functions, wrapped in the module, note which threads
+    compute gradients, when, and whether after the function returned; which thread adds into which array; and what
+    the threads raise. A worker thread's first gradient waits (up to a quarter of a second) until the ``expected``
+    threads have all begun, then 5 ms more: threads that run at once are seen to, a pool cannot hand a finished
+    thread a second shard, and a thread left running is still at work when the function returns."""
+
+    WRAPPED = ("loss_and_grads_per_sample", "backprop_per_sample", "loss_and_grads", "loss_and_grads_unchecked",
+               "backprop", "backprop_one")
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.caller = threading.current_thread()
+        self.cond = threading.Condition()
+        self.inside = threading.local()
+        self.spans: dict = {}  # thread (its object: an ident may be reused) -> [its first gradient's start, last's end]
+        self.active = self.late = 0
+        self.returned = False
+        self.last = 0.0
+        self.targets: dict = {}  # memory written -> (the array, the threads that wrote into it)
+        self.errors: list[str] = []
+        self.saved: dict = {}
+        self.open = True  # False once the check has its summary: arrays the student keeps report nothing more
+
+    def __enter__(self):
+        self.last = time.perf_counter()
+        self.saved = {name: getattr(mlp, name) for name in self.WRAPPED}
+        for name, f in self.saved.items():
+            setattr(mlp, name, self._counted(f))
+        self.hook, threading.excepthook = threading.excepthook, self._raised
+        return self
+
+    def __exit__(self, *exc):
+        for name, f in self.saved.items():
+            setattr(mlp, name, f)
+        threading.excepthook = self.hook
+        self.open = False
+
+    def _raised(self, args) -> None:
+        if args.exc_type is not SystemExit:
+            self.errors.append(f"{args.exc_type.__name__}: {args.exc_value}")
+
+    def wrote(self, out) -> None:
+        if not self.open:
+            return
+        me = threading.current_thread()
+        with self.cond:
+            for o in out:
+                if isinstance(o, np.ndarray):
+                    key = o.__array_interface__["data"][0]
+                    self.targets.setdefault(key, (o, set()))[1].add(me)
+
+    def _tracked(self, v):
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            t = v.view(_Tracked)
+            t._watch = self
+            return t
+        if isinstance(v, (list, tuple)):
+            return type(v)(self._tracked(a) for a in v)
+        return v
+
+    def _counted(self, f):
+        @functools.wraps(f)
+        def counted(*args, **kwargs):
+            if getattr(self.inside, "depth", 0) or not self.open:  # labkit's own calls inside it count as one
+                return f(*args, **kwargs)
+            me = threading.current_thread()
+            with self.cond:
+                now = self.last = time.perf_counter()
+                first = me not in self.spans
+                self.spans.setdefault(me, [now, now])
+                self.active += 1
+                self.cond.notify_all()
+                if first and me != self.caller:
+                    self.cond.wait_for(lambda: len(self.spans) >= self.expected, timeout=0.25)
+            if first and me != self.caller:
+                time.sleep(0.005)
+            self.inside.depth = 1
+            try:
+                result = f(*args, **kwargs)
+            finally:
+                self.inside.depth = 0
+                with self.cond:
+                    now = self.last = time.perf_counter()
+                    self.spans[me][1] = now
+                    self.active -= 1
+                    self.late += self.returned
+            return self._tracked(result)
+
+        return counted
+
+    def summary(self) -> tuple:
+        """(threads that computed gradients, whether the calling thread did, the most of them at work at once,
+        gradients finished after the function returned, arrays written by more than one thread, what the threads
+        raised): plain numbers and text, recorded when graded. Waits first for threads still at work."""
+        deadline = time.perf_counter() + 2.0
+        while time.perf_counter() < deadline:
+            with self.cond:
+                if not self.active and time.perf_counter() - self.last > 0.02:
+                    break
+            time.sleep(0.002)
+        with self.cond:
+            spans = sorted(self.spans.values())
+            at_once = max((sum(1 for s in spans if s[0] <= t <= s[1]) for t, _ in spans), default=0)
+            shared = sum(1 for _, threads in self.targets.values() if len(threads) > 1)
+            return (len(self.spans), self.caller in self.spans, at_once, self.late, shared, list(self.errors))
+
+
+def _threaded_cases(seed: int):
+    """(params, x, Y, p): p = 2, 3 and 1 threads on the usual problems, one drawn afresh, then p > n."""
+    probs = list(problems(seed))
+    rng = np.random.default_rng(seed + 1)
+    sizes = ([5, 4, 3], [7, 6, 5, 3])[int(rng.integers(2))]
+    batch = int(rng.integers(2, 20))
+    params = mlp.init_params(sizes, seed=int(rng.integers(1000)), dtype=np.float64)
+    drawn = (params, rng.random((batch, sizes[0])), mlp.targets(rng.integers(0, sizes[-1], batch), sizes[-1], np.float64))
+    for p in (2, 3, 1):  # threads from the start: p = 1 cannot tell a division by p from none
+        for params, x, Y in probs:
+            if p <= x.shape[0]:
+                yield params, x, Y, p
+    yield (*drawn, int(rng.integers(2, 7)))
+    for params, x, Y in probs:
+        for p in ((2, 3) if x.shape[0] == 1 else (x.shape[0] + 2,)):
+            yield params, x, Y, p
+
+
+def _sums(params, x, Y, bounds):
+    """Each non-empty shard's (summed loss, summed gradients)."""
+    out = []
+    for lo, hi in bounds:
+        if hi > lo:
+            value, g = mlp.loss_and_grads_per_sample(params, x[lo:hi], Y[lo:hi])
+            out.append((hi - lo, value * (hi - lo), [(gW * (hi - lo), gb * (hi - lo)) for gW, gb in g]))
+    return out
+
+
+def _threaded_mistake(got_loss, got, want_loss, want, shards, n: int, p: int) -> str | None:
+    """The typical mistake that ``(got_loss, got)`` is, if it is one."""
+    total = [(sum(s[2][i][0] for s in shards), sum(s[2][i][1] for s in shards)) for i in range(len(want))]
+    loss_sum = sum(s[1] for s in shards)
+    means = [[(gW / k, gb / k) for gW, gb in g] for k, _, g in shards]
+    mean_loss = [v / k for k, v, _ in shards]
+
+    def scaled(grads, w):
+        return [(gW * w, gb * w) for gW, gb in grads]
+
+    def plain_mean(over):
+        return [(sum(m[i][0] for m in means) / over, sum(m[i][1] for m in means) / over) for i in range(len(want))]
+
+    if _matches(got, want):
+        if np.isclose(got_loss, want_loss, rtol=1e-6):
+            return None
+        if np.isclose(got_loss, loss_sum, rtol=1e-6):
+            return "the loss is the batch's summed loss: the mean loss divides it by n, the batch size, as the gradients"
+        if p > 1 and np.isclose(got_loss, loss_sum / p, rtol=1e-6):
+            return "the loss is divided by p, the number of threads: the mean loss divides the summed loss by n"
+        if len(shards) > 1 and np.isclose(got_loss, sum(mean_loss) / len(shards), rtol=1e-6):
+            return "the loss is a plain mean of the shards' mean losses: add the summed losses, divide once by n"
+        return None
+    if n > 1 and _matches(got, total):
+        return ("the gradients are the batch's sums, not divided by n: the mean gradient divides the added "
+                "accumulators by the batch size")
+    if p > 1 and n != p and _matches(got, scaled(total, 1 / p)):
+        return ("the added accumulators are divided by p, the number of threads: the mean divides the sum over "
+                "every sample by n, the number of samples")
+    for over in sorted({len(shards), p}):
+        if over > 1 and _matches(got, plain_mean(over)):
+            return ("a plain mean of the shards' means: each thread divided by its shard's size, and the means were "
+                    "averaged; right only when every shard has the same size. Add the sums, divide once by n")
+    return None
+
+
+@recorded
+def threaded_step(fn) -> None:
+    """Exercise (lab 02): ``fn(params, x, Y, p) -> (loss, grads)``, the batch's mean loss and mean gradients as
+    :func:`labkit.mlp.loss_and_grads_per_sample` gives them, computed by p threads, one shard each, each summing into
+    an accumulator of its own; the sums added and divided by the batch size once every thread is joined.
+
+    Besides the values, the check counts the threads that computed gradients (through labkit.mlp, as the student's
+    accumulate does): min(p, n), at work at the same time, all finished when the function returns, none adding into
+    another's arrays. Those observations are made in the student's process and recorded as one step per case.
+    """
+    ex = "a threaded step"
+    fn = capture.student(fn, ex=ex)
+    n_checks = 0
+    for params, x, Y, p in _threaded_cases(capture.seed(33)):
+        n = x.shape[0]
+        where = f"{mlp.sizes_of(params)}, batch of {n}, p = {p} thread{'s' if p > 1 else ''}"
+        empty = (f"with p = {p} threads for n = {n} sample{'s' if n > 1 else ''} some shards are empty: a thread with "
+                 "an empty shard adds nothing (accumulate loops over no rows), and the division is by n alone")
+        want_loss, want = mlp.loss_and_grads_per_sample(params, x, Y)
+        before = [a.copy() for a in (x, Y, *(v for pair in params for v in pair))]
+        expected = min(p, n)
+        with _Threads(expected) as watch:
+            try:
+                got = call(ex, fn, params, x, Y, p, where=where,
+                           hint=empty if p > n else "run it on a small batch by hand and print the shapes of every array")
+            finally:
+                watch.returned = True
+            threads, caller, at_once, late, shared, errors = capture.step("threads", watch.summary,
+                                                                          key=capture.digest((params, x, Y, p), {}))
+        _unchanged(ex, where, before, (x, Y, *(v for pair in params for v in pair)), "params, x or Y")
+        if errors:
+            if any(e.startswith("NotImplementedError") for e in errors):
+                raise ExerciseError(f"{ex}: {where}: a thread raised NotImplementedError: a function it calls (your "
+                                    "my_split or accumulate?) is not written yet")
+            fail(ex, f"{where}: {len(errors)} of your threads raised {errors[0]}", empty if p > n else
+                 "a thread's error does not reach the caller: run the thread's function once by hand on one shard")
+        if late:
+            fail(ex, f"{where}: your threads were still computing gradients after your function had returned "
+                      f"({late} gradients finished later): they were started but not joined, so the sums you added were not "
+                      "complete yet",
+                 "wait for every thread (join each one, or the futures' results, or leave the pool's with-block) "
+                 "before adding the accumulators")
+        if shared:
+            fail(ex, f"{where}: several threads added their gradients into the same accumulator arrays ({shared} "
+                      "arrays): a race, even where the GIL happens to keep the sum right",
+                 "give every thread an accumulator of its own, made before the threads start ([...] * p repeats one "
+                 "accumulator p times)")
+        if not isinstance(got, (list, tuple)) or len(got) != 2:
+            fail(ex, f"{where}: expected (loss, grads), got {type(got).__name__}"
+                 + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
+                 "return the mean loss and the list of (dW, db) pairs, as mlp.loss_and_grads_per_sample does")
+        got_loss, got_grads = got
+        try:
+            got_loss = float(got_loss)
+        except (TypeError, ValueError):
+            fail(ex, f"{where}: the loss should be a number, got {type(got_loss).__name__}")
+        try:
+            nan = np.isnan(got_loss) or any(np.isnan(np.asarray(a, dtype=float)).any() for pr in got_grads for a in pr)
+        except (TypeError, ValueError):
+            nan = False
+        if nan:
+            fail(ex, f"{where}: your result holds NaN" + (": an empty shard's 0 / 0?" if p > n else ""),
+                 empty if p > n else "divide the added sums once, by n")
+        why = _threaded_mistake(got_loss, got_grads, want_loss, want, _sums(params, x, Y, shard_bounds(n, p)), n, p)
+        if why:
+            fail(ex, f"{where}: {why}")
+        compare_grads(ex, got_grads, want, n, where)
+        if not np.isclose(got_loss, want_loss, rtol=1e-6):
+            fail(ex, f"{where}: the loss {got_loss:.6g} differs from the batch's mean loss {want_loss:.6g}")
+        if threads == 0:
+            fail(ex, f"{where}: the check saw no call of mlp.loss_and_grads_per_sample while your function ran: it "
+                      "counts the threads by those calls", "compute each shard's sums with your accumulate (exercise "
+                      "2), which calls mlp.loss_and_grads_per_sample for every sample")
+        if threads == 1 and caller and expected > 1:
+            fail(ex, f"{where}: every gradient was computed in the calling thread: no thread of yours did any work",
+                 "give each thread its shard to work on (its target, or pool.submit), and let the calling thread "
+                 "only start the threads, wait for them and add up")
+        if threads < expected:
+            fail(ex, f"{where}: the gradients were computed on {threads} thread{'s' if threads > 1 else ''}: "
+                      f"min(p, n) = {expected} shards hold samples, each on a thread of its own",
+                 "start one thread per shard (a pool needs max_workers=p)")
+        if threads > expected:
+            fail(ex, f"{where}: the gradients were computed on {threads} threads, more than min(p, n) = {expected}: "
+                      "one thread per non-empty shard, and the calling thread computes none of them besides",
+                 "split the batch into p shards (my_split(n, p)) and give each its own thread")
+        if expected > 1 and at_once < 2:
+            fail(ex, f"{where}: your {threads} threads ran one after another, never two at a time",
+                 "start every thread first, then join them all: a join right after a start waits for that thread "
+                 "before the next one begins")
+        n_checks += 1
+    passed(ex, n_checks)
+
+
 # ---- the registry ---------------------------------------------------------------------------------------------------
 
 _PER_SAMPLE = ("per_sample_sum", "_sample_forward", "_sample_output_error", "_sample_backward", "_times_act_prime")
@@ -533,5 +825,21 @@ EXERCISES = (
         "counts added up), not by the number of workers.",
         "An empty shard adds nothing, but 0 x NaN is NaN: skip the shards of size 0. Build new arrays layer by "
         "layer (np.zeros_like), leaving the workers' arrays as they are.",
+    )),
+    Exercise("threaded_step", "02", "serial", references=(
+        "labkit.cpu_parallel:threaded_grads", "labkit.cpu_parallel:ThreadedBackprop", "labkit.cpu_parallel:shard_sums",
+        "labkit.mlp:per_sample_sum", "labkit.mlp:mean_from_sums"), hints=(
+        "The batch's mean gradient is the sum of its samples' gradients divided by n, and a sum can be taken in "
+        "parts: each shard's sum, then the sums added. my_split(n, p) gives the shards; accumulate sums one shard "
+        "into the accumulator it is given, and returns the shard's summed loss.",
+        "Make one accumulator per thread before any thread starts: for every layer of params a pair of zeroed "
+        "arrays of the shapes of W and b. A thread adds only into its own, so no two threads write the same "
+        "array and no lock is needed.",
+        "Each thread runs a function on its shard and its accumulator: threading.Thread's target (which cannot "
+        "return a value: let it write its shard's loss into a list slot of its own), or pool.submit (whose future "
+        "gives it back). Start every thread first; only then wait for them all.",
+        "Once all are done, add the accumulators layer by layer and the losses, then divide both by n, the batch "
+        "size: not by p, nor by a shard's size. With p > n some shards are empty; accumulate then loops over no "
+        "rows and its accumulator stays zero.",
     )),
 )
