@@ -281,3 +281,141 @@ def test_shared_transpose_mistakes_are_named(transpose_solution, old, new, match
     assert old in transpose_solution
     with pytest.raises(check.ExerciseError, match=match):
         check.shared_transpose(transpose_solution.replace(old, new))
+
+
+@pytest.fixture(scope="module")
+def softmax_solution():
+    return (KDIR / "softmax_rows_solution.cu").read_text()
+
+
+MAX_LEVEL = "s[t] = fmaxf(s[t], s[t + h]);\n        __syncthreads();"
+SUM_LEVEL = "s[t] += s[t + h];\n        __syncthreads();"
+MAX_LOOP = "for (int c = t; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);"
+SUM_LOOP = "for (int c = t; c < cols; c += blockDim.x) sum += expf(xr[c] - m);"
+# correct, with a __shared__ array and a barrier, but every thread works through the whole row
+SOFTMAX_SERIAL = r"""
+extern "C" __global__ void softmax_rows(const float* x, float* y, int rows, int cols)
+{
+    __shared__ float s[256];
+    const float* xr = x + (long long)blockIdx.x * cols;
+    float m = xr[0], sum = 0.0f;
+    for (int c = 1; c < cols; ++c) m = fmaxf(m, xr[c]);
+    for (int c = 0; c < cols; ++c) sum += expf(xr[c] - m);
+    s[threadIdx.x] = sum;
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) y[(long long)blockIdx.x * cols + c] = expf(xr[c] - m) / sum;
+}
+"""
+
+
+@needs_cxx
+def test_row_softmax_solution_passes(softmax_solution, capsys):
+    check.row_softmax(softmax_solution)
+    out = capsys.readouterr().out
+    assert out.startswith("row softmax: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values")
+    assert "✔ row softmax: all 9 checks passed" in out
+
+
+@needs_cxx
+def test_row_softmax_passes_labkits_kernel_which_a_record_names_as_a_copy(capsys):
+    from labkit.check import capture
+    from labkit.kernels.loader import KERNEL_DIR
+
+    reference = (KERNEL_DIR / "softmax_rows.cu").read_text()
+    check.row_softmax(reference)
+    assert "all 9 checks passed" in capsys.readouterr().out
+    assert capture.source_reference("row_softmax", reference) == "labkit/kernels/softmax_rows.cu (softmax_rows)"
+    assert capture.source_reference("row_softmax", (KDIR / "softmax_rows_solution.cu").read_text()) is None
+
+
+def test_row_softmax_blank_is_not_written_yet_and_gets_no_hint(softmax_solution):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        check.row_softmax(softmax_solution.replace("    __shared__", f"    // {check.KERNEL_TODO}\n    __shared__"))
+    assert "Step" not in str(e.value)
+
+
+@needs_cxx
+@pytest.mark.parametrize("changes, match", [
+    ([("expf(xr[c] - m)", "expf(xr[c])")], r"rows=3, cols=5: row 1, values of -100, 100 and 1000, gives 3 nan in y: exp "
+                                            r"overflowed. Subtract the row's max before exp\nHint: expf\(100\) is already inf"),
+    ([("c += blockDim.x", "c += cols")], r"rows=2, cols=257: only the first 256 columns of each row were written \(2 entries "
+                                         r"of y never written\): stride over the row"),
+    ([(MAX_LEVEL, "s[t] = fmaxf(s[t], s[t + h]);")], r"rows=4, cols=256: row 3, values of -100 and 100 with 1000 in column "
+     r"3, gives 1 nan in y, while the same values with the 1000 in column 0 come out right: the max your threads subtract "
+     r"is not the row's max\nHint: every level of the max tree must end with __syncthreads\(\)"),
+    ([("m = s[0];\n    __syncthreads();", "m = s[0];")], r"rows=3, cols=5: row 0: the threads of its block did not all "
+                                                         r"subtract the same max(.|\n)*wait once more before any thread"),
+    ([(SUM_LEVEL, "s[t] += s[t + h];")], r"rows=3, cols=5: row 0 of y sums to 1.00\d+, not 1, though it is proportional "
+                                         r"to the right softmax"),
+    ([("float m = xr[0];", "float m = 0.0f;")], r"row 2, every value -300, gives 5 nan in y, where each entry is 1 / 5: "
+                                                r"the max you subtract is above the row's values \(did it start at 0\?\)"),
+    ([(MAX_LOOP, MAX_LOOP.replace("c < cols", "c < rows * cols").replace("xr[c]", "x[c]")),
+      (SUM_LOOP, SUM_LOOP.replace("c < cols", "c < rows * cols").replace("xr[c]", "x[c]"))],
+     r"rows=3, cols=5: y sums to 1 over the whole matrix, not in each row \(row sums 0, 1, 0\): the sum is over all rows "
+     r"instead of one"),
+    ([("x + (long long)blockIdx.x * cols", "x")], r"every row of y holds the softmax of row 0"),
+    ([("y + (long long)blockIdx.x * cols", "y + blockIdx.x * blockDim.x")],
+     r"rows=3, cols=5: the emulator stopped your kernel: .*out-of-bounds access y\[(256|512)\]: 'y' has 15 elements"),
+    ([("c < cols; c += blockDim.x) yr[c]", "c <= cols; c += blockDim.x) yr[c]")],
+     r"rows=1, cols=1: .*out-of-bounds access x\[1\]"),
+    ([("if (t < h) s[t] += s[t + h];\n        __syncthreads();", "if (t < h) { s[t] += s[t + h]; __syncthreads(); }")],
+     r"waits at __syncthreads\(\) \(line 22\), but 128 of the block's 256 threads returned without reaching it"),
+    ([("for (int c = t; c < cols; c += blockDim.x) yr[c]",
+       "int per = (cols + 255) / 256;\n    for (int c = t * per; c < cols && c < (t + 1) * per; ++c) yr[c]")],
+     r"a warp's loads touch 7.46 sectors of 32 bytes on average; coalesced, they touch 4"),
+    ([("__syncthreads();", "")], "does not use __syncthreads"),
+    ([("__shared__ float s[256];", "float s[256];")], "does not use __shared__"),
+])
+def test_row_softmax_mistakes_are_named(softmax_solution, changes, match):
+    source = softmax_solution
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    with pytest.raises(ExerciseError, match=match):
+        check.row_softmax(source)
+
+
+@needs_cxx
+def test_row_softmax_with_every_thread_working_through_the_row_fails_by_its_loads():
+    with pytest.raises(ExerciseError, match=r"in a \(2, 1024\) softmax thread 0 of block 0 loads 2,052 floats from global "
+                                            r"memory; a thread that works on its own 4 columns .* loads about 12"):
+        check.row_softmax(SOFTMAX_SERIAL)
+
+
+@needs_cxx
+def test_row_softmax_asks_for_a_number_where_a_gpu_knows_no_infinity(softmax_solution):
+    from labkit.kernels.tools import compiler_for_check
+
+    if compiler_for_check() is None:
+        pytest.skip("no NVRTC and no nvcc: the emulator alone cannot tell")
+    with pytest.raises(ExerciseError, match=r"does not compile for a GPU(.|\n)*INFINITY comes from a C header"):
+        check.row_softmax(softmax_solution.replace("float m = xr[0];", "float m = -INFINITY;"))
+
+
+def test_row_softmax_hints_derive_it_a_step_at_a_time_without_the_code():
+    from labkit.check.exercises import exercise
+
+    hints = exercise("row_softmax").hints
+    assert len(hints) >= 4
+    text = " ".join(hints)
+    for step in ("blockIdx.x", "t + blockDim.x", "fmaxf", "__syncthreads()", "s[0]", "expf(x - max)", "overflow"):
+        assert step in text, step
+    for code in ("s[t] = fmaxf(s[t], s[t + h])", "s[t] += s[t + h]", "for (int"):
+        assert code not in text, code
+
+
+@needs_cxx
+def test_row_softmax_replays_with_the_checks_verdict(softmax_solution, tmp_path, monkeypatch):
+    from conftest import record_check
+
+    from labkit.check import common
+    from labkit.grading import replay
+
+    wrong = softmax_solution.replace("c += blockDim.x", "c += cols")
+    assert record_check(monkeypatch, tmp_path / "right", "row_softmax", softmax_solution, 77) == (True, "")
+    assert replay.replay("row_softmax", tmp_path / "right", 77)[0] is True
+    plain = record_check(monkeypatch, tmp_path / "wrong", "row_softmax", wrong, 77)
+    assert plain[0] is False and "stride over the row" in plain[1]
+    monkeypatch.setattr(common, "_failed_runs", {})
+    got = replay.replay("row_softmax", tmp_path / "wrong", 77)
+    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]

@@ -30,7 +30,7 @@ def _lab(prefix: str):
 # ---- the ladders ----------------------------------------------------------------------------------------------------
 
 LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction", "reduction_by_hand"],
-           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose"]}
+           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose", "row_softmax"]}
 
 
 @pytest.mark.parametrize("lab", sorted(LADDERS))
@@ -45,7 +45,8 @@ def test_the_exercises_of_a_lab_easy_to_hard_each_with_its_derivation_as_hints(l
     ("03", ["reduction(+ : cost, gW1[:nW1]", "**`j` innermost**", "omp simd reduction(+ : acc)", "u * total + e",
             "mine + nW1"], ["gW1[:nW1]", "j innermost", "reduction(+ : ...)", "u * total + e", "omp_get_max_threads()"]),
     ("05", ["row = blockIdx.y * TILE + threadIdx.y", "for (int h = blockDim.x / 2", "atomicAdd(out, s[0])",
-            "i + gridDim.x * blockDim.x"], ["blockIdx.x * blockDim.x", "h = blockDim.x / 2", "atomicAdd(out, s[0])"]),
+            "i + gridDim.x * blockDim.x", "s[t] = fmaxf(s[t], s[t + h])"],
+     ["blockIdx.x * blockDim.x", "h = blockDim.x / 2", "atomicAdd(out, s[0])", "t + blockDim.x"]),
 ])
 def test_the_text_states_the_goal_and_leaves_the_derivation_to_the_hints(lab, dictated, hinted):
     text = "\n".join(c.source for c in _lab(f"{lab}_").cells if c.cell_type == "markdown")

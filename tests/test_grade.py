@@ -105,7 +105,7 @@ def test_reference_passes_and_student_version_fails_with_not_written_yet(tmp_pat
     data = json.loads((tmp_path / "out" / "grades.json").read_text())["students"]
     for r in data["blank"][lab.name]["results"]:
         assert "not written yet" in r["message"]
-    assert data["teacher"][lab.name]["seconds"] < 60
+    assert data["teacher"][lab.name]["seconds"] < 90  # about 50 s on 2 busy cores: six kernels compiled and checked
 
 
 def test_a_px_cell_is_graded_by_the_engines_own_error():

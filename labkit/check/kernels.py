@@ -55,7 +55,10 @@ def compiles_for_gpus(ex: str, source: str) -> None:
     try:
         tools.compile_for_gpus(source)
     except tools.KernelCompileError as e:
-        fail(ex, f"your kernel runs on the emulator but does not compile for a GPU:\n{e}", GPU_HINT)
+        headers = [w for w in ("INFINITY", "FLT_MAX", "HUGE_VAL") if f'"{w}" is undefined' in str(e)]
+        fail(ex, f"your kernel runs on the emulator but does not compile for a GPU:\n{e}", GPU_HINT + (
+            f". {headers[0]} comes from a C header: write the number itself (-3.4e38f for -FLT_MAX) or start from a "
+            "value of the data" if headers else ""))
     except RuntimeError as e:
         print(f"note ({ex}): {e}; the checks below run on the emulator alone")
 
@@ -395,6 +398,190 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
     passed(ex, checks)
 
 
+SOFTMAX_UNWRITTEN = -1.0  # y's entries before the launch: no softmax is negative, while a NaN may be computed
+
+
+def _softmax_rows_of(x: np.ndarray) -> dict[str, list[int]]:
+    """The check's rows by kind: a row of +-100 with 1000 in column 0 (the max in thread 0's own column), a row of
+    equal values (-300: exp(-300) is 0 in float32), the +-100 row with the 1000 in column 3 (where a max tree
+    without its barriers never looks), and the ordinary rows of N(0, 16) scores."""
+    rows = x.shape[0]
+    return {"large": [1] if rows > 1 else [], "equal": [2] if rows > 2 else [], "large3": [3] if rows > 3 else [],
+            "ordinary": [r for r in range(rows) if r == 0 or r > 3]}
+
+
+def _softmax_inputs(rng, rows: int, cols: int) -> np.ndarray:
+    x = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    for r, at in ((1, 0), (3, min(3, cols - 1))):
+        if r < rows:
+            x[r] = rng.choice(np.float32([-100, 100]), cols)
+            x[r, at] = 1000
+    if rows > 2:
+        x[2] = -300
+    return x
+
+
+def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: int) -> tuple[str, str] | None:
+    """(what, hint) for the usual mistakes of a row softmax, read from what the kernel left in y; None if it is
+    none of them."""
+    rows, cols = x.shape
+    kinds = _softmax_rows_of(x)
+    unwritten = y == SOFTMAX_UNWRITTEN
+    if unwritten.any():
+        stride = ("thread t handles the columns t, t + blockDim.x, t + 2 * blockDim.x, ... while they are below "
+                  "cols: in the max, in the sum and in the writes")
+        if cols > threads and unwritten[:, threads:].all() and not unwritten[:, :threads].any():
+            return (f"only the first {threads} columns of each row were written ({int(unwritten.sum()):,} entries of y "
+                    f"never written): stride over the row", stride)
+        never = sorted({int(r) for r in np.nonzero(unwritten.all(axis=1))[0]})
+        if never:
+            return (f"row{'s' if len(never) > 1 else ''} {', '.join(map(str, never[:5]))} of y never written",
+                    "block r = blockIdx.x writes row r, which starts at y + r * cols")
+        return f"{int(unwritten.sum()):,} entries of y were never written", stride
+    finite = np.isfinite(y)
+    with np.errstate(all="ignore"):
+        sums = y.astype(np.float64).sum(axis=1)
+        if rows > 1 and finite.all() and abs(sums.sum() - 1) < 1e-3 and not np.allclose(sums, 1, atol=1e-3):
+            listed = ", ".join(f"{s:.3g}" for s in sums[:5])
+            return (f"y sums to 1 over the whole matrix, not in each row (row sums {listed}): the sum is over all rows "
+                    "instead of one", "block r reduces row r alone: its max and its sum "
+                    "come from the columns of that row, x[r * cols + c] for c below cols")
+        if rows > 1 and np.allclose(y, want[0], rtol=1e-5, atol=1e-9) and not np.allclose(want, want[0]):
+            return ("every row of y holds the softmax of row 0: each block computes the same row",
+                    "block r = blockIdx.x owns row r: offset x and y by r * cols")
+        for r in kinds["ordinary"]:
+            if np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9):
+                continue
+            seen = want[r] > 1e-30
+            ratio = np.where(seen, y[r] / np.where(seen, want[r], 1), np.nan)
+            if np.isfinite(ratio[seen]).all() and np.allclose(ratio[seen], ratio[seen][0], rtol=1e-4):
+                return (f"row {r} of y sums to {sums[r]:.6g}, not 1, though it is proportional to the right softmax: "
+                        "what you divide by is not the row's sum of exps", "add every column's exp, tree-sum the "
+                        "block's partial sums with __syncthreads() after every level, outside the if, then read the "
+                        "total from s[0]")
+            groups = [ratio[c::threads][seen[c::threads]] for c in range(min(threads, cols))]
+            groups = [g for g in groups if g.size]
+            if all(np.isfinite(g).all() and np.allclose(g, g[0], rtol=1e-4) for g in groups) and \
+                    not np.allclose([g[0] for g in groups], groups[0][0], rtol=1e-4):
+                return (f"row {r}: the threads of its block did not all subtract the same max (or divide by the same "
+                        "sum): each thread's columns are right up to a factor, but the factor differs between threads",
+                        "read the max from s[0] after the tree's last __syncthreads(), and wait once more before any "
+                        "thread stores its partial sum into s: else a thread ahead overwrites s[0] while others "
+                        "still read the max there")
+            return None  # an ordinary row wrong in some other way: the check shows the first wrong entry
+        for r in kinds["large"]:
+            if not finite[r].all():
+                return (f"row {r}, values of -100, 100 and 1000, gives {_nonfinite(y[r])} in y: exp overflowed. Subtract "
+                        "the row's max before exp", "expf(100) is already inf in float32 (above 3.4e38), and inf / "
+                        "inf is nan. softmax(x) = softmax(x - max): then every exponent is at most 0")
+        for r in kinds["equal"]:
+            if not finite[r].all():
+                return (f"row {r}, every value -300, gives {_nonfinite(y[r])} in y, where each entry is 1 / {cols}: the "
+                        "max you subtract is above the row's values (did it start at 0?), so every exp is 0 and the "
+                        "sum is 0", "start each thread's max from a value no score is below, -3.4e38f, or from an "
+                        "element of the row, x[r * cols] (INFINITY and FLT_MAX need headers a GPU's compiler lacks)")
+        for r in kinds["large3"]:
+            if not np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9):
+                right = all(np.allclose(y[q], want[q], rtol=1e-5, atol=1e-9) for q in kinds["large"])
+                return (f"row {r}, values of -100 and 100 with 1000 in column 3, gives {_nonfinite(y[r])} in y"
+                        + (", while the same values with the 1000 in column 0 come out right" if right else "")
+                        + ": the max your threads subtract is not the row's max", "every level of the max tree must "
+                        "end with __syncthreads(), outside the if: without it thread t reads s[t + h] before the thread "
+                        "that owns it has written it")
+    return None
+
+
+def _nonfinite(v: np.ndarray) -> str:
+    n_nan, n_inf = int(np.isnan(v).sum()), int(np.isinf(v).sum())
+    said = [f"{n} {w}" for n, w in ((n_nan, "nan"), (n_inf, "inf")) if n]
+    return " and ".join(said) or "wrong values"
+
+
+@recorded
+def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> None:
+    """Lab 05: y = softmax(x) row by row, one block of ``threads`` threads per row.
+
+    Signature (const float* x, float* y, int rows, int cols), both (rows, cols) row-major; launched with grid (rows,)
+    and block (threads,). Judged by the values against NumPy's softmax (shifted by the row max, in float64) to a
+    relative 1e-5, by each row's sum, and, counted on the emulator in a (2, 1024) softmax, by each thread's loads
+    (its own columns, not the whole row) and the sectors of each warp's loads (coalesced: 4).
+    """
+    import re
+
+    from .. import kernels
+    from ..kernels import counts
+
+    ex = "row softmax"
+    source = capture.source(source)
+    print(f"{ex}: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values, against NumPy to a "
+          f"relative 1e-5; then, counted in a (2, 1024) softmax, the loads of each thread and the sectors of each warp's "
+          "loads")
+    k = load_student_kernel(ex, source, name, {
+        "__shared__": "the block shares its max and its sum through a __shared__ array of 256 floats, a tree as in "
+                      "exercise 3",
+        "__syncthreads": "wait with __syncthreads() after every level of the trees, and between reading the max and "
+                         "storing the sums"})
+    rng = np.random.default_rng(capture.seed(4))
+    drawn = (int(rng.integers(2, 7)), int(rng.integers(300, 3000)))
+    checks = 0
+    for rows, cols in [(1, 1), (3, 5), (4, threads), (2, threads + 1), (5, 1000), (1, 4097), drawn]:
+        x = _softmax_inputs(rng, rows, cols)
+        y = np.full((rows, cols), SOFTMAX_UNWRITTEN, np.float32)
+        what = f"rows={rows}, cols={cols}"
+        try:
+            k((rows,), (threads,), (x, y, np.int32(rows), np.int32(cols)))
+        except kernels.KernelError as e:
+            m = re.search(r"out-of-bounds access (\w+)\[", str(e))
+            fail(ex, f"{what}: the emulator stopped your kernel: {e}",
+                 f"row r's columns are {m.group(1)}[r * cols + c] for c = 0 .. cols - 1: offset by the block's row, "
+                 "r * cols, and keep each strided loop below cols" if m else "every thread must reach each "
+                 "__syncthreads() of the trees; guard the work, not the barrier")
+        except (TypeError, ValueError) as e:
+            fail(ex, f"your kernel's parameters do not fit the launch: {e}",
+                 "keep the signature given in the exercise: the check launches it with exactly those arguments")
+        x64 = x.astype(np.float64)
+        e64 = np.exp(x64 - x64.max(axis=1, keepdims=True))
+        want = e64 / e64.sum(axis=1, keepdims=True)
+        bad = ~np.isclose(y, want, rtol=1e-5, atol=1e-9)
+        if bad.any():
+            said = _softmax_mistake(x, y, want, threads)
+            if said:
+                fail(ex, f"{what}: {said[0]}", said[1])
+            i, j = map(int, np.argwhere(bad)[0])
+            fail(ex, f"{what}: y[{i}, {j}] is {float(y[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
+                 f"{int(bad.sum())} of {y.size} entries wrong", "y[r][c] = expf(x[r][c] - max) / sum, with the max and "
+                 "the sum of exps taken over the whole of row r")
+        sums = y.astype(np.float64).sum(axis=1)
+        if not np.allclose(sums, 1, atol=1e-4):
+            r = int(np.argmax(np.abs(sums - 1)))
+            fail(ex, f"{what}: row {r} of y sums to {sums[r]:.7g}, not 1")
+        checks += 1
+    if isinstance(source, str):
+        rows, cols = 2, 4 * threads
+        x = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+
+        def count() -> tuple:
+            t = counts.traffic(source, name, (rows,), (threads,), (x, np.zeros_like(x), np.int32(rows), np.int32(cols)))
+            per = t.thread_loads.reshape(rows, threads)
+            b, th = map(int, np.unravel_index(int(per.argmax()), per.shape))
+            return int(per.max()), b, th, t.sectors_per_load
+
+        most, block, thread, sectors = capture.step("traffic", count)  # plain numbers: a record keeps them
+        share = 3 * (cols // threads)
+        if most > 2 * share + 2:
+            fail(ex, f"in a ({rows}, {cols}) softmax thread {thread} of block {block} loads {most:,} floats from global "
+                 f"memory; a thread that works on its own {cols // threads} columns (for the max, the sum and y) loads "
+                 f"about {share}", "a thread reads only its own columns, c = t, t + blockDim.x, ...: the row's max and "
+                 "sum come from the block's trees in shared memory, not from every thread reading the whole row")
+        checks += 1
+        if sectors > 4:
+            fail(ex, f"a warp's loads touch {sectors:.3g} sectors of 32 bytes on average; coalesced, they touch 4",
+                 "let the 32 lanes of a warp read 32 neighbouring columns: thread t starts at column t and steps by "
+                 "blockDim.x, rather than taking a block of columns of its own")
+        checks += 1
+    passed(ex, checks)
+
+
 EXERCISES = (
     Exercise("naive_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
         "The launch covers C with blocks of 16 x 16 threads: the grid's x runs along the columns of C (ceil(N / 16) "
@@ -455,5 +642,21 @@ EXERCISES = (
         "On sizes that are not multiples of 32, read only where the row is below rows and the column below cols, "
         "write only where out's row is below cols and its column below rows, and let every thread reach "
         "__syncthreads().",
+    )),
+    Exercise("row_softmax", "05", "kernels", sources=(("kernels/softmax_rows.cu", "softmax_rows"),), hints=(
+        "Block r = blockIdx.x owns row r, which starts at x + r * cols (y's at y + r * cols). Its 256 threads share "
+        "the row's columns: thread t takes columns t, t + blockDim.x, t + 2 * blockDim.x, ... while they are below "
+        "cols, so any cols is covered and the 32 lanes of a warp read 32 neighbouring floats.",
+        "First the row's max. Each thread takes the max of its own columns with fmaxf, starting from a value that "
+        "cannot win (the row's first element, or -3.4e38f: INFINITY and FLT_MAX need headers a GPU's compiler "
+        "lacks); a thread with no column keeps that start. It stores its max in a __shared__ array of 256 floats.",
+        "The block then halves that array as the tree of exercise 3 did, with fmaxf in place of +: every level ends "
+        "with __syncthreads() outside the if, and s[0] holds the row's max. Every thread reads it from there, then "
+        "waits at one more __syncthreads() before the array is used again.",
+        "Then the sum: each thread adds expf(x - max) over its columns and the same tree, with +, leaves the row's sum "
+        "in s[0]. With the max subtracted every exponent is at most 0, so no expf overflows (expf(100) is already inf "
+        "in float32), and the largest term is 1, so the sum is at least 1.",
+        "Last, each thread writes its own columns: y = expf(x - max) / sum, the sum read from s[0] after the tree's "
+        "last __syncthreads().",
     )),
 )

@@ -5,8 +5,9 @@
     c = kernels.matmul(a, b, variant="tiled")
     mod = kernels.load(my_source)            # a student's own .cu, checked on the emulator
 
-Each ``*.cu`` file sits beside the Python module that launches its kernels; ``reference`` holds a
-NumPy function of the same signature for every launcher. ``LABKIT_DEVICE=cpu`` forces the emulator.
+Each ``*.cu`` file sits beside the Python module that launches its kernels (``softmax_rows.cu``, lab 05's reference
+for an exercise, is loaded by name with :func:`load`); ``reference`` holds a NumPy function of the same signature for
+every launcher. ``LABKIT_DEVICE=cpu`` forces the emulator.
 """
 
 from __future__ import annotations
