@@ -98,17 +98,21 @@ def namespaces(made: set[str]) -> list[str]:
 
 
 def folders_and_cgroups() -> list[str]:
-    """Grading cgroups, and this run's temporary folders of grading, hosts, SLURM and engines."""
+    """This run's grading cgroups, and its temporary folders of grading, hosts, SLURM and engines: those made since
+    this pytest started (a cgroup folder's time is its creation), so that what a killed run left earlier on the
+    machine is not blamed on this one."""
     mine = pytest_started()
-    left = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
+    left = []
     tmp = tempfile.gettempdir()
+    found = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
     for kind in FOLDERS:
-        for path in glob.glob(f"{tmp}/labkit-{kind}-*"):
-            try:
-                if os.stat(path).st_mtime >= mine:
-                    left.append(path)
-            except OSError:
-                continue  # removed meanwhile
+        found += glob.glob(f"{tmp}/labkit-{kind}-*")
+    for path in found:
+        try:
+            if os.stat(path).st_mtime >= mine:
+                left.append(path)
+        except OSError:
+            continue  # removed meanwhile
     return left
 
 
