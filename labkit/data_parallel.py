@@ -540,8 +540,8 @@ def two_rank_epochs(comm, x, y, test_data) -> dict[str, tuple[float, float | Non
     return epochs
 
 
-def overlap_runs(comm, x, y, batch: int):
-    """On the first 2 ranks, [784, 1024, 1024, 10] trained for 8 steps of ``batch`` rows with MPI's allreduce in 1 MiB
+def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: int = 8):
+    """On the first 2 ranks, ``layers`` trained for ``steps`` steps of ``batch`` rows with MPI's allreduce in 1 MiB
     buckets, blocking and overlapped with each progress ("none", "layers", "thread"): ({name: (step seconds, backprop
     seconds, seconds waiting after backprop, W1[:4, :4], sum of |W1|)}, the timeline of one more "layers" step
     gathered on rank 0). ({}, None) on the other ranks."""
@@ -550,12 +550,12 @@ def overlap_runs(comm, x, y, batch: int):
     runs, events = {}, None
     sub = _first_ranks(comm, 2)
     if sub != _comm_null():
-        xb, yb = x[: 8 * batch], y[: 8 * batch]
+        xb, yb = x[: steps * batch], y[: steps * batch]
         modes = {"blocking": {}, "none": dict(overlap=True, progress="none"),
                  "layers": dict(overlap=True, progress="layers"), "thread": dict(overlap=True, progress="thread")}
         for name, kw in modes.items():
             dp = DataParallel(sub, allreduce="mpi", bucket_bytes=1 << 20, **kw)
-            params = mlp.init_params([784, 1024, 1024, 10], seed=0, init="he")
+            params = mlp.init_params(list(layers), seed=0, init="he")
             h = mlp.train(params, (xb, yb), epochs=1, batch_size=batch, lr=0.01, activation="relu",
                           cost="cross_entropy", method=dp, progress=False)
             runs[name] = (h.epoch_time[0] / dp.steps, dp.compute_seconds / dp.steps, dp.comm_seconds / dp.steps,
@@ -568,6 +568,38 @@ def overlap_runs(comm, x, y, batch: int):
                 events = dp.timeline.gather(sub)
         sub.Free()
     return runs, events
+
+
+def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_layers=(784, 512, 512, 10),
+                    steps: int = 20) -> dict:
+    """Lab 08's experiments for a job across hosts (:mod:`labkit.network`), on the first 2 ranks: ``"split"``, the
+    blocking step of [784, 256, 10] at ``batch`` rows (MPI's allreduce), per step (backprop seconds, allreduce
+    seconds) over ``steps`` steps; ``"overlap"`` and ``"events"``, :func:`overlap_runs` of ``overlap_layers`` at
+    ``overlap_batch`` rows (4 steps). Loads MNIST's first ``samples`` training images itself."""
+    import warnings
+
+    from .data import SubsetDataWarning, load_mnist
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SubsetDataWarning)
+        (x, y), _ = load_mnist()
+    x, y = x[:samples], y[:samples]
+    split = None
+    sub = _first_ranks(comm, 2)
+    if sub != _comm_null():
+        dp = DataParallel(sub, allreduce="mpi")
+        params = mlp.init_params([784, 256, 10], seed=0, init="he")
+        n = min(len(x), (steps + 1) * batch)
+        mlp.train(params, (x[:batch], y[:batch]), epochs=1, batch_size=batch, lr=0.05, activation="relu",
+                  cost="cross_entropy", method=dp, progress=False)  # a warm-up step: buffers, connections
+        c0, m0, s0 = dp.compute_seconds, dp.comm_seconds, dp.steps
+        mlp.train(params, (x[batch:n], y[batch:n]), epochs=1, batch_size=batch, lr=0.05, activation="relu",
+                  cost="cross_entropy", method=dp, progress=False)
+        k = dp.steps - s0
+        split = ((dp.compute_seconds - c0) / k, (dp.comm_seconds - m0) / k)
+        sub.Free()
+    runs, events = overlap_runs(comm, x, y, overlap_batch, layers=overlap_layers, steps=4)
+    return {"split": split, "overlap": runs, "events": events}
 
 
 def _comm_null():

@@ -40,6 +40,8 @@ _OPTIONS = {"backprop": set(), "synthetic": {"serial"}}
 _DEFAULT_SIZE = {("backprop", "strong"): 4096, ("backprop", "weak"): 1024,
                  ("synthetic", "strong"): 1000, ("synthetic", "weak"): 500}
 UNIT = 128  # a unit of synthetic work: one UNIT x UNIT float64 matrix product
+BACKPROP_LAYERS = (784, 256, 10)
+GRADIENT_BYTES = 4 * sum(a * b + b for a, b in zip(BACKPROP_LAYERS, BACKPROP_LAYERS[1:]))  # float32: 814,120
 
 
 def default_size(workload: str, mode: str) -> int:
@@ -56,7 +58,7 @@ def _backprop_step(comm, cfg: dict, timeline):
     rng = np.random.default_rng(0)  # the same global batch on every rank
     x = rng.random((n, 784), dtype=np.float32)
     y = rng.integers(0, 10, n)
-    params = mlp.init_params([784, 256, 10], seed=0, init="he")
+    params = mlp.init_params(list(BACKPROP_LAYERS), seed=0, init="he")
     dp = DataParallel(comm, allreduce="mpi")
     dp.timeline = timeline
 
@@ -140,9 +142,10 @@ def worker(cfg: dict) -> None:
 
 
 def launch(workload: str, mode: str, p: int, size: int, repeat: int = 5, warmup: int = 1, timeout: float = 120,
-           trace: bool = False, scale: int | None = None, **extra) -> dict:
+           trace: bool = False, scale: int | None = None, hosts=None, **extra) -> dict:
     """Run one workload on ``p`` ranks under ``mpiexec``; the parsed JSON of rank 0. In weak mode the problem is
-    ``scale`` (default ``p``) times the one-rank problem: ``scale=p`` on one rank times the scaled problem serially."""
+    ``scale`` (default ``p``) times the one-rank problem: ``scale=p`` on one rank times the scaled problem serially.
+    ``hosts``: spread the ranks over these (namespace hosts with shaped cables, say: :mod:`labkit.network`)."""
     from . import cluster
 
     default_size(workload, mode)  # checks the name
@@ -160,7 +163,7 @@ def launch(workload: str, mode: str, p: int, size: int, repeat: int = 5, warmup:
     cfg = {"workload": workload, "mode": mode, "size": size, "scale": scale, "repeat": repeat, "warmup": warmup,
            "trace": trace, **extra}
     try:
-        res = cluster.run_mpi(["-m", "labkit.scaling", json.dumps(cfg)], n=p, timeout=timeout)
+        res = cluster.run_mpi(["-m", "labkit.scaling", json.dumps(cfg)], n=p, timeout=timeout, hosts=hosts)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"the {p}-rank {mode}-scaling run of {workload!r} did not finish in {timeout:g} s and was "
                            f"stopped; use a smaller size or fewer repeats, or a larger timeout\n"
@@ -307,7 +310,8 @@ class Scaling:
 
 
 def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, repeat: int, warmup: int,
-             timeout: float, trace: bool, progress: bool | None, options: dict | None, rounds: int = 1) -> Scaling:
+             timeout: float, trace: bool, progress: bool | None, options: dict | None, rounds: int = 1,
+             hosts=None) -> Scaling:
     ranks = sorted({int(p) for p in ranks})
     if not ranks or ranks[0] < 1:
         raise ValueError(f"ranks must be positive rank counts, got {ranks}")
@@ -325,7 +329,7 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
             k = r % len(runs)
             for n, scale in runs[k:] + runs[:k]:
                 out = launch(workload, mode, n, size, repeat=repeat, warmup=warmup, timeout=timeout,
-                             trace=trace and n > 1 and n not in traces, scale=scale, **(options or {}))
+                             trace=trace and n > 1 and n not in traces, scale=scale, hosts=hosts, **(options or {}))
                 times[(n, scale)] += out["times"]
                 if n == scale:
                     phases_of.setdefault(n, []).append(out.get("phases", {}))
@@ -339,16 +343,32 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
                    serial_timings=serial if mode == "weak" else None)
 
 
+def predicted_step(one_rank: float, ranks: Sequence[int], model, cores: int | None = None,
+                   nbytes: float = GRADIENT_BYTES) -> np.ndarray:
+    """The alpha-beta model's time of the ``"backprop"`` step on each of ``ranks``, one rank per host: the one-rank
+    step ``one_rank`` (seconds) shared over the ranks (over the ``cores`` where ranks outnumber them), plus an
+    allreduce of ``nbytes`` that moves what the ring moves, 2(p - 1) messages of nbytes / p
+    (:func:`labkit.costmodel.predict`, ``model`` an :class:`labkit.costmodel.AlphaBeta` of the cables)."""
+    from .costmodel import predict
+
+    out = []
+    for p in ranks:
+        share = min(p, cores) if cores else p
+        out.append(one_rank / share + (float(predict("ring", model, p, nbytes)[0]) if p > 1 else 0.0))
+    return np.array(out)
+
+
 def strong_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
                    repeat: int = 5, warmup: int = 1, timeout: float = 120, trace: bool = False,
-                   progress: bool | None = None, options: dict | None = None, rounds: int = 1) -> Scaling:
+                   progress: bool | None = None, options: dict | None = None, rounds: int = 1, hosts=None) -> Scaling:
     """The same total work (``size``) on every rank count in ``ranks`` (1 is always included), each run launched
     under ``mpiexec`` and timed with the ``"mpi"`` clock. Workloads: :data:`WORKLOADS`. With ``rounds`` > 1 every run
     is repeated in interleaved rounds and its times pooled.
     ``trace=True`` also records every rank's phases of one step (:attr:`Scaling.traces`). A run that fails or
     passes ``timeout`` seconds raises ``RuntimeError`` with the ranks' error output. ``options`` go to the workload
-    (``{"serial": 0.3}`` for ``"synthetic"``)."""
-    return _scaling("strong", workload, ranks, size, repeat, warmup, timeout, trace, progress, options, rounds)
+    (``{"serial": 0.3}`` for ``"synthetic"``). ``hosts``: run every rank count across these hosts, rank r on host
+    r mod their number (:attr:`labkit.network.Wire.hosts`; None: this machine)."""
+    return _scaling("strong", workload, ranks, size, repeat, warmup, timeout, trace, progress, options, rounds, hosts)
 
 
 def weak_scaling(workload: str = "backprop", ranks: Sequence[int] = (1, 2, 4), size: int | None = None,
