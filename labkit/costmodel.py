@@ -12,8 +12,9 @@ recursive doubling     log2(p) (alpha + N beta)              latency for small N
 ring                   2 (p - 1) (alpha + N/p beta)          bandwidth (optimal for large N)
 =====================  ====================================  ==========================
 
-The functions that measure take a communicator and must run on every rank (under ``mpiexec`` or on
-MPI engines); the rest is plain arithmetic.
+The functions that measure take a communicator and must run on every rank (under ``mpiexec``, on MPI
+engines, or across hosts with :meth:`labkit.network.Wire.run`, as ``wire.run("labkit.costmodel:pingpong",
+ranks=2, sizes=[...])``); the rest is plain arithmetic.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class AlphaBeta:
         return self.alpha / self.beta if self.beta > 0 else math.inf
 
     def __str__(self) -> str:
-        return f"alpha = {self.alpha * 1e6:.2f} µs, bandwidth = {self.bandwidth / 1e9:.2f} GB/s"
+        rate = self.bandwidth  # GB/s for memory, MB/s for a cable of 100 Mbit/s (12.5 MB/s)
+        speed = f"{rate / 1e9:.2f} GB/s" if rate >= 1e9 else f"{rate / 1e6:.2f} MB/s"
+        return f"alpha = {self.alpha * 1e6:.2f} µs, bandwidth = {speed}"
 
 
 def fit(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
@@ -134,6 +137,24 @@ def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: 
     from .bench import measure
 
     return measure(lambda: fn(comm, x, **kw), repeat=repeat, warmup=warmup, clock="mpi", comm=comm).median
+
+
+def allreduce_times(comm, sizes: Sequence[int], algorithms: Sequence[str] = ("naive", "ring"),
+                    repeat: int = 3) -> dict:
+    """Every rank: each allreduce of :data:`labkit.collectives.ALLREDUCES` named in ``algorithms`` timed on float32
+    arrays of each of ``sizes`` elements, the median over ``repeat`` calls (after one warm-up) of the slowest rank's
+    time (:func:`time_collective`). Returns ``{"sizes": [...], "nbytes": [...], name: [seconds, ...]}``, plain lists,
+    the same on every rank (what :meth:`labkit.network.Wire.run` sends back)."""
+    from .collectives import ALLREDUCES
+
+    unknown = [name for name in algorithms if name not in ALLREDUCES]
+    if unknown:  # every rank refuses, before any message
+        raise ValueError(f"no allreduce named {', '.join(map(repr, unknown))}; known: {', '.join(ALLREDUCES)}")
+    out: dict = {"sizes": [int(n) for n in sizes], "nbytes": [4 * int(n) for n in sizes]}
+    for name in algorithms:
+        out[name] = [float(time_collective(comm, ALLREDUCES[name], np.ones(int(n), np.float32), repeat=repeat,
+                                           check=False)) for n in sizes]
+    return out
 
 
 PINGPONG = """

@@ -29,7 +29,7 @@ from . import settings
 from .cluster.hosts import HostsUnavailable, NamespaceHosts, namespace_hosts, rate_bits_per_second, shaping_available
 
 DEFAULT_LINK = "100mbit"
-RESULT = "LABKIT_RESULT "  # the line rank 0 prints its result on
+RESULT = "WIRE RESULT "  # the line rank 0 prints its result on
 
 
 @dataclass

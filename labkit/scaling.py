@@ -343,18 +343,19 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
                    serial_timings=serial if mode == "weak" else None)
 
 
-def predicted_step(one_rank: float, ranks: Sequence[int], model, cores: int | None = None,
+def predicted_step(t1: float, ranks: Sequence[int], cores: int | None, alpha: float, beta: float,
                    nbytes: float = GRADIENT_BYTES) -> np.ndarray:
-    """The alpha-beta model's time of the ``"backprop"`` step on each of ``ranks``, one rank per host: the one-rank
-    step ``one_rank`` (seconds) shared over the ranks (over the ``cores`` where ranks outnumber them), plus an
-    allreduce of ``nbytes`` that moves what the ring moves, 2(p - 1) messages of nbytes / p
-    (:func:`labkit.costmodel.predict`, ``model`` an :class:`labkit.costmodel.AlphaBeta` of the cables)."""
-    from .costmodel import predict
+    """The alpha-beta model's time of the ``"backprop"`` step on each of ``ranks``, one rank per host (lab 12's
+    exercise 6): the one-rank step ``t1`` (seconds) shared over the ranks (over the ``cores`` where ranks outnumber
+    them; None: no limit), plus an allreduce of ``nbytes`` that moves what the ring moves, 2(p - 1) messages of
+    nbytes / p, each costing alpha + its bytes times beta (:func:`labkit.costmodel.predict`)."""
+    from .costmodel import AlphaBeta, predict
 
+    model = AlphaBeta(alpha, beta)
     out = []
     for p in ranks:
         share = min(p, cores) if cores else p
-        out.append(one_rank / share + (float(predict("ring", model, p, nbytes)[0]) if p > 1 else 0.0))
+        out.append(t1 / share + (float(predict("ring", model, p, nbytes)[0]) if p > 1 else 0.0))
     return np.array(out)
 
 

@@ -76,11 +76,21 @@ def breakdown(last_start=lambda group, comm: max(e["start"] for e in group), com
     return fn
 
 
+def wire_step(compute=lambda t1, p, cores: t1 / min(p, cores), messages=lambda p: 2 * (p - 1),
+              block=lambda nbytes, p: nbytes / p, latency=True):
+    """A wire_step answer as a student writes it, with one of its rules changed."""
+    def fn(t1, ranks, cores, alpha, beta, nbytes):
+        return np.array([compute(t1, p, cores) + messages(p) * ((alpha if latency else 0.0) + block(nbytes, p) * beta)
+                         for p in ranks])
+    return fn
+
+
 RIGHT = {"speedup_efficiency": right_speedup_efficiency, "gustafson_fit": right_gustafson_fit,
-         "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit, "wait_breakdown": breakdown()}
+         "karp_flatt": right_karp_flatt, "amdahl_fit": right_amdahl_fit, "wait_breakdown": breakdown(),
+         "wire_step": wire_step()}
 
 
-def test_lab_12_declares_five_exercises_with_hints_and_references():
+def test_lab_12_declares_its_exercises_with_hints_and_references():
     assert sorted(e.name for e in in_lab("12")) == sorted(RIGHT)
     for name in RIGHT:
         e = exercise(name)
@@ -94,7 +104,8 @@ def test_lab_12_declares_five_exercises_with_hints_and_references():
                                          ("gustafson_fit", "Gustafson fit: all 7"),
                                          ("karp_flatt", "Karp-Flatt metric: all 9"),
                                          ("amdahl_fit", "Amdahl fit: all 8"),
-                                         ("wait_breakdown", "waiting or sending: all 8")])
+                                         ("wait_breakdown", "waiting or sending: all 8"),
+                                         ("wire_step", "the step on a network that costs: all 6")])
 def test_the_right_answer_passes(name, count, capsys):
     getattr(check, name)(RIGHT[name])
     assert f"✔ {count} checks passed" in capsys.readouterr().out
@@ -105,7 +116,8 @@ def test_labkits_own_functions_pass_too(capsys):
     check.karp_flatt(bench.karp_flatt)
     check.amdahl_fit(bench.fit_amdahl_times)
     check.wait_breakdown(bench.wait_breakdown)
-    assert capsys.readouterr().out.count("✔") == 4
+    check.wire_step(scaling.predicted_step)
+    assert capsys.readouterr().out.count("✔") == 5
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -281,6 +293,7 @@ def test_one_worker_count_must_be_refused_with_value_error(wrong, match):
     ("karp_flatt", _kf(lambda p, s: 1 / s - 1 / p)),
     ("amdahl_fit", _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t)))),
     ("wait_breakdown", breakdown(waiting=False)),
+    ("wire_step", wire_step(latency=False)),
 ])
 def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong):
     hints = exercise(name).hints
@@ -296,7 +309,8 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
 ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"],
            "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
            "karp_flatt": ["1 - 1/p", "1/S - 1/p", "1/p)"], "amdahl_fit": ["a + b", "a / (", "intercept /", "f = "],
-           "wait_breakdown": ["min(", "max(e", "- e[\"start\"]"]}
+           "wait_breakdown": ["min(", "max(e", "- e[\"start\"]"],
+           "wire_step": ["2 * (p - 1)", "nbytes / p *", "t1 / min"]}
 
 
 def test_the_hints_lead_to_the_answer_but_never_hold_it():
@@ -315,7 +329,8 @@ WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the 
          "gustafson_fit": _gustafson(lambda t1, tp: tp / t1),
          "karp_flatt": _kf(lambda p, s: 1 / s - 1 / p),
          "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0),
-         "wait_breakdown": breakdown(waiting=False)}
+         "wait_breakdown": breakdown(waiting=False),
+         "wire_step": wire_step(messages=lambda p: p - 1)}
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -428,3 +443,18 @@ def test_a_scaling_result_gives_its_samples_its_one_rank_times_and_a_table_witho
     assert weak.one_rank_times.tolist() == [1.0, 2.1]
     with pytest.raises(ValueError, match="weak-scaling"):
         _ = strong.one_rank_times
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (wire_step(compute=lambda t1, p, cores: t1 / p), "past the cores, ranks take turns"),
+    (wire_step(block=lambda nbytes, p: nbytes), "carries nbytes / p"),
+    (wire_step(messages=lambda p: p - 1), "half the ring"),
+    (wire_step(latency=False), "pays the latency alpha"),
+    (wire_step(messages=lambda p: 2 * max(p - 1, 1)), "no allreduce at p = 1"),
+    (wire_step(compute=lambda t1, p, cores: t1), "the compute divides between the ranks"),
+    (lambda t1, ranks, cores, alpha, beta, nbytes: float(wire_step()(t1, ranks, cores, alpha, beta, nbytes)[0]),
+     "expected an array"),
+])
+def test_wire_step_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.wire_step(wrong)

@@ -62,8 +62,6 @@ CLAIMS = {
         "the synchronous runs train as one rank does",
         "no 2-process design beats the yardstick by more than the update it shares",
         "the overlapped step trains to the blocking step's weights",
-        "across a 100 Mbit/s cable the allreduce of lab 08's step takes longer than its backprop",
-        "across the cable the overlapped step trains to the blocking step's weights",
     ],
     "09_parameter_servers.ipynb": [
         "one worker still handles lr 0.6",
@@ -91,8 +89,6 @@ CLAIMS = {
 }
 MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more ranks than cores (or one core),
     # or only across namespace hosts with shaped cables (root, ip and tc: labkit.network)
-    "across a 100 Mbit/s cable the allreduce of lab 08's step takes longer than its backprop",
-    "across the cable the overlapped step trains to the blocking step's weights",
     "across 100 Mbit/s cables the step is slower on more hosts, and the allreduce takes most of it",
     "copies from pinned memory are faster than from pageable memory", "two streams overlap the copies with the kernels",
     "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",

@@ -38,8 +38,7 @@ def test_the_one_machine_setting_says_why():
 
 
 def test_predicted_step_is_the_shared_compute_plus_the_rings_allreduce():
-    model = costmodel.AlphaBeta(alpha=1e-4, beta=8e-8)  # 100 Mbit/s
-    got = scaling.predicted_step(0.04, [1, 2, 4], model, cores=2, nbytes=1000)
+    got = scaling.predicted_step(0.04, [1, 2, 4], 2, 1e-4, 8e-8, nbytes=1000)  # 100 Mbit/s
     ring = [0.0, 2 * (1e-4 + 500 * 8e-8), 6 * (1e-4 + 250 * 8e-8)]
     np.testing.assert_allclose(got, [0.04, 0.02 + ring[1], 0.02 + ring[2]])
     assert scaling.GRADIENT_BYTES == 4 * (784 * 256 + 256 + 256 * 10 + 10)
@@ -89,5 +88,5 @@ def test_strong_scaling_across_hosts_is_bound_by_the_cable_as_the_model_says():
     assert 0.8e8 <= 8 * cable.bandwidth <= 1.2e8, cable
     # 814,120 bytes through a 100 Mbit/s cable take 65 ms; a backprop of 1024 rows, a few milliseconds
     assert wired.phases[1]["comm"] > 0.05 and wired.speedup[1] < 1
-    model = scaling.predicted_step(wired.times[0], wired.ranks, cable, cores=None)
+    model = scaling.predicted_step(wired.times[0], wired.ranks, None, cable.alpha, cable.beta)
     assert 0.6 <= model[1] / wired.times[1] <= 1.4, (model, wired.times)

@@ -26,6 +26,7 @@ USES = {
     "run_mpi": ("mpi",),
     "MPICluster": ("mpi", "cluster"),
     "namespace_hosts": ("hosts", "mpi"),
+    "costly_network": ("hosts", "mpi"),
     "NamespaceHosts": ("hosts",),
     "slurm_cluster": ("hosts", "mpi"),
     "lab_server": ("cluster",),

@@ -389,6 +389,61 @@ def _compare_breakdown(ex: str, where: str, events, got, want) -> None:
          "a rank waits from the start of its collective until the last rank has entered it")
 
 
+# ---- exercise 6: the step on a network that costs -----------------------------------------------------------------
+
+@recorded
+def wire_step(fn) -> None:
+    """Exercise (lab 12): ``fn(t1, ranks, cores, alpha, beta, nbytes) -> array``, the alpha-beta model of the
+    data-parallel step on each rank count of ``ranks``, one rank per host: the one-rank step ``t1`` shared over the
+    ranks, over the ``cores`` where ranks outnumber them, plus an allreduce of ``nbytes`` moved as the ring moves it,
+    2(p - 1) messages of nbytes / p; against :func:`labkit.scaling.predicted_step` to a relative 1e-9."""
+    from ..scaling import GRADIENT_BYTES, predicted_step
+
+    ex = "the step on a network that costs"
+    cases = [(0.042, [1, 2, 4], 2, 1.2e-5, 8.2e-8, GRADIENT_BYTES),  # lab 12's step across 100 Mbit/s cables
+             (0.042, [1, 2, 3, 4], 8, 1.2e-5, 8.2e-8, GRADIENT_BYTES),  # as many cores as ranks
+             (1.0, [1], 4, 1e-3, 1e-9, 1e6),  # one rank: no allreduce at all
+             (0.5, [2, 8, 16], 4, 2e-6, 1e-10, 4e8),  # a fast network, a large gradient, no p = 1 row
+             (0.01, [1, 2, 64], 16, 5e-5, 0.0, 1e6)]  # latency only: beta = 0
+    rng = np.random.default_rng(capture.seed(126))  # and one drawn afresh whenever a notebook is graded
+    cases.append((float(rng.uniform(0.01, 1)), sorted(rng.choice(np.arange(1, 33), 4, replace=False).tolist()),
+                  int(rng.integers(1, 17)), float(rng.uniform(1e-6, 1e-4)), float(rng.uniform(1e-10, 1e-7)),
+                  float(rng.integers(1_000, 10_000_000))))
+    fn = capture.student(fn, ex=ex)
+    for t1, ranks, cores, alpha, beta, nbytes in cases:
+        where = f"t1 = {t1:g} s, ranks {ranks}, {cores} cores, alpha = {alpha:g} s, beta = {beta:g} s/byte, {nbytes:g} bytes"
+        got = call(ex, fn, t1, list(ranks), cores, alpha, beta, nbytes)
+        want = predicted_step(t1, ranks, cores, alpha, beta, nbytes)
+        p = np.array(ranks, dtype=float)
+        compute = t1 / np.minimum(p, cores)
+        ring = np.where(p > 1, 2 * (p - 1) * (alpha + nbytes / p * beta), 0.0)
+        wrong = [
+            (t1 / p + ring, "past the cores, ranks take turns: the compute shares out over min(p, cores), not over p"),
+            (compute + np.where(p > 1, 2 * (p - 1) * (alpha + nbytes * beta), 0.0),
+             "each of the ring's messages carries nbytes / p, one block of the gradient, not the whole of it"),
+            (compute + np.where(p > 1, (p - 1) * (alpha + nbytes / p * beta), 0.0),
+             "that is half the ring: a reduce-scatter, then an allgather of as many messages"),
+            (compute + np.where(p > 1, 2 * (p - 1) * nbytes / p * beta, 0.0),
+             "every message pays the latency alpha as well"),
+            (t1 + ring, "the compute divides between the ranks: each backprops its share of the batch"),
+        ]
+        _one_rank_sends_nothing(ex, where, got, want, p)
+        compare_series(ex, where, got, want, wrong, "compute shared out, plus 2(p - 1) messages of nbytes / p")
+    passed(ex, len(cases))
+
+
+def _one_rank_sends_nothing(ex: str, where: str, got, want, p) -> None:
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        return  # compare_series says what came back
+    one = p == 1
+    if a.shape == want.shape and one.any() and np.allclose(a[~one], want[~one], rtol=1e-9) \
+            and (a[one] > want[one] * (1 + 1e-9)).all():
+        fail(ex, f"{where}: yours gives {_show(a[one])} at p = 1, expected {_show(want[one])}",
+             "one rank has no one to send to: no allreduce at p = 1, only t1")
+
+
 EXERCISES = (
     Exercise("speedup_efficiency", "12", "speedup", references=("labkit.bench:speedup_table",), hints=(
         "A speedup compares each row's time with the time of one worker: find the row where p is 1 (it need not be "
@@ -432,5 +487,15 @@ EXERCISES = (
         "the collective; the rest of that time is transfer.",
         "A step may hold several collectives (events of kind \"comm\" with different names): each has its own last "
         "rank. Add each rank's waiting and transfer over them.",
+    )),
+    Exercise("wire_step", "12", "speedup", references=("labkit.scaling:predicted_step",), hints=(
+        "Two parts add up: the backprop, which the ranks share, and the allreduce, which every rank waits for. "
+        "Model each on its own, for one rank count p at a time.",
+        "The compute: one rank took t1. p ranks on p cores take a p-th of it; past the cores, ranks only take "
+        "turns, so no more than the cores divide it.",
+        "The ring allreduce (lab 07): a reduce-scatter, then an allgather, each p - 1 steps; in each step a rank "
+        "sends one block of the gradient through its cable. How large is a block, and what does lab 06's model "
+        "say one message of that size costs?",
+        "On one rank nothing is sent. Return one time per entry of ranks, as an array.",
     )),
 )
