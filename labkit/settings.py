@@ -53,8 +53,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("LABKIT_REQUIRE_BROWSER", "bool", False, "tests: fail instead of skipping the browser test without Chromium"),
     Setting("LABKIT_REQUIRE_HOSTS", "bool", False, "tests: fail instead of skipping the several-hosts tests where "
             "namespace hosts cannot be made"),
-    Setting("LABKIT_SHAPED_HOSTS", "bool", True, "0 keeps the labs' experiments on a network that costs (labs 07, 08, "
-            "10, 12) on this machine instead of namespace hosts with shaped cables"),
+    Setting("LABKIT_SHAPED_HOSTS", "bool", True, "0 keeps the labs' experiments on a network that costs (lab 12's "
+            "section 9) on this machine instead of namespace hosts with shaped cables (labkit.network)"),
     Setting("LABKIT_REQUIRE_SLURM", "bool", False, "tests: fail instead of skipping the SLURM tests where a test "
             "SLURM cluster cannot be made or started"),
     Setting("LABKIT_REQUIRE_SANDBOX", "bool", False, "tests: fail instead of skipping the sandboxed grading tests "
