@@ -40,7 +40,6 @@ class Wire:
     hosts: NamespaceHosts | None
     link: str | None
     why_not: str | None = None
-    count: int = 1  # hosts asked for (and made, where hosts is not None)
 
     @property
     def shaped(self) -> bool:
@@ -58,8 +57,8 @@ class Wire:
         if self.shaped:
             rate = self.bits_per_second
             speed = f"{rate / 1e9:g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:g} Mbit/s"
-            return (f"measured across {self.count} namespace hosts, each with its own cable shaped to {speed} each way "
-                    f"(TCP between hosts, ranks spread over the hosts in turn)")
+            return (f"measured across {len(self.hosts.names)} namespace hosts, each with its own cable shaped to {speed} "
+                    "each way (TCP between hosts, ranks spread over the hosts in turn)")
         return (f"measured on this machine only, where a message is a memory copy: {self.why_not}. "
                 "The figures below are one machine's, not a network's")
 
@@ -98,9 +97,9 @@ def costly_network(hosts: int = 2, link: str = DEFAULT_LINK):
     with contextlib.ExitStack() as stack:
         try:
             made = stack.enter_context(namespace_hosts(hosts, link=link))
-        except (HostsUnavailable, subprocess.CalledProcessError) as e:  # root, but no namespaces here (a container)
-            made, why = None, f"namespace hosts could not be made here ({str(e).strip() or type(e).__name__})"
-        yield Wire(made, link if made else None, None if made else why, hosts if made else 1)
+        except HostsUnavailable as e:  # root, but no namespaces or no tbf here (a container, say)
+            made, why = None, f"namespace hosts could not be made here ({e})"
+        yield Wire(made, link if made else None, None if made else why)
 
 
 def _resolve(function: str):

@@ -1,4 +1,4 @@
-"""labkit.costmodel.allreduce_times, the timing lab 07 runs across hosts: under a real mpiexec on this machine, and
+"""labkit.costmodel.allreduce_times, naive against ring timed on every rank: under a real mpiexec on this machine, and
 through labkit.network's costly_network, across namespace hosts whose cables are shaped to 100 Mbit/s, where a
 megabyte's allreduce must take what the alpha-beta model says the cable needs for it."""
 

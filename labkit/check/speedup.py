@@ -197,23 +197,23 @@ def karp_flatt(fn) -> None:
                 (np.clip(want, 0, 1), "you clipped e to [0, 1]: e < 0 (faster than linear) and e > 1 (slower than "
                                       "one worker) are readings; keep them"),
             ]
-        _one_worker_is_undefined(ex, where, got, want, p)
+        _wrong_only_at_one_worker(ex, where, got, want, p, "one worker shows nothing of a serial part (every e fits "
+                                  "S = 1 there): e is undefined at p = 1; return NaN in those rows")
         compare_series(ex, where, got, want, wrong, "solve Amdahl's law for the serial fraction, with S and p known")
     passed(ex, len(cases))
 
 
-def _one_worker_is_undefined(ex: str, where: str, got, want, p) -> None:
+def _wrong_only_at_one_worker(ex: str, where: str, got, want, p, hint: str) -> None:
+    """Fail with ``hint`` where ``got`` is right on every row but those of one worker (p = 1)."""
     try:
         a = np.asarray(got, dtype=float)
     except (TypeError, ValueError):
         return  # compare_series says what came back
     one = p == 1
-    if a.shape != want.shape or not one.any() or np.isnan(a[one]).all():
+    if a.shape != want.shape or not one.any() or np.allclose(a[one], want[one], rtol=1e-9, atol=1e-12, equal_nan=True):
         return
     if np.allclose(a[~one], want[~one], rtol=1e-9, atol=1e-12):
-        fail(ex, f"{where}: yours gives {_show(a[one])} at p = 1",
-             "one worker shows nothing of a serial part (every e fits S = 1 there): e is undefined at p = 1; "
-             "return NaN in those rows")
+        fail(ex, f"{where}: yours gives {_show(a[one])} at p = 1, expected {_show(want[one])}", hint)
 
 
 # ---- exercise 4: Amdahl's serial fraction fitted to measured times ----------------------------------------------------
@@ -427,21 +427,10 @@ def wire_step(fn) -> None:
              "every message pays the latency alpha as well"),
             (t1 + ring, "the compute divides between the ranks: each backprops its share of the batch"),
         ]
-        _one_rank_sends_nothing(ex, where, got, want, p)
+        _wrong_only_at_one_worker(ex, where, got, want, p, "one rank has no one to send to: no allreduce at p = 1, "
+                                  "only t1")
         compare_series(ex, where, got, want, wrong, "compute shared out, plus 2(p - 1) messages of nbytes / p")
     passed(ex, len(cases))
-
-
-def _one_rank_sends_nothing(ex: str, where: str, got, want, p) -> None:
-    try:
-        a = np.asarray(got, dtype=float)
-    except (TypeError, ValueError):
-        return  # compare_series says what came back
-    one = p == 1
-    if a.shape == want.shape and one.any() and np.allclose(a[~one], want[~one], rtol=1e-9) \
-            and (a[one] > want[one] * (1 + 1e-9)).all():
-        fail(ex, f"{where}: yours gives {_show(a[one])} at p = 1, expected {_show(want[one])}",
-             "one rank has no one to send to: no allreduce at p = 1, only t1")
 
 
 EXERCISES = (
