@@ -92,6 +92,24 @@ def crossover(model: AlphaBeta, p: int, slow_small: str = "ring", fast_small: st
     return a / b if b > 0 else math.inf
 
 
+def cable_seconds(log, p: int, alpha: float, beta: float) -> float:
+    """The alpha-beta time of the messages of a traffic log (:meth:`labkit.traffic.TrafficComm.gather_log`: rows of
+    source, dest, bytes, round) when each of the ``p`` ranks has a cable of its own to a switch that never waits (lab
+    07's exercise 4). A cable carries its rank's messages out and in at the same time, each way at 1/beta bytes per
+    second, and every message pays alpha on the cable it leaves and on the one it enters. The messages of one round
+    travel together and the round ends when its busiest cable, one way, is done; the rounds follow one another. For
+    lab 07's naive allreduce this is (p - 1)(alpha + m beta), for its ring 2 (p - 1)(alpha + m / p beta)."""
+    log = np.asarray(log, dtype=np.int64).reshape(-1, 4)
+    total = 0.0
+    for r in np.unique(log[:, 3]):
+        msgs = log[log[:, 3] == r]
+        cost = alpha + msgs[:, 2] * beta
+        out = np.bincount(msgs[:, 0], weights=cost, minlength=p)
+        into = np.bincount(msgs[:, 1], weights=cost, minlength=p)
+        total += max(out.max(), into.max())
+    return float(total)
+
+
 # -- measuring (every rank calls these) --------------------------------------------------------------
 
 

@@ -540,6 +540,35 @@ def two_rank_epochs(comm, x, y, test_data) -> dict[str, tuple[float, float | Non
     return epochs
 
 
+def overlapped_end(ready, seconds) -> float:
+    """When the last bucket's allreduce ends in an overlapped step (lab 08's exercise 5), from the time each bucket
+    is ready (``ready``, seconds since backprop began, in the order the buckets start) and the time its allreduce
+    takes alone (``seconds``): one network, so an allreduce starts when its bucket is ready and the one before it has
+    ended. 0.0 for no bucket."""
+    end = 0.0
+    for r, s in zip(ready, seconds, strict=True):
+        end = max(end, float(r)) + float(s)
+    return end
+
+
+def step_model(backprop: float, ready, seconds) -> tuple[float, float]:
+    """(blocking, overlapped): the time of one step's backprop and allreduces without overlap (backprop, then every
+    bucket's allreduce) and with it (:func:`overlapped_end`, but never before backprop ends); lab 08's exercise 5."""
+    return float(backprop) + float(np.sum(seconds)), max(float(backprop), overlapped_end(ready, seconds))
+
+
+def bucket_times(events, allreduce_seconds: float, rank: int = 0) -> tuple[float, list[float], list[float]]:
+    """From the timeline of one overlapped step (:func:`overlap_runs`' events), on ``rank``: (backprop seconds, each
+    bucket's ready time since backprop began, each bucket's share of ``allreduce_seconds``, a blocking allreduce of
+    all the gradients, by its number of values)."""
+    mine = [e for e in events if e["rank"] == rank]
+    backprop = next(e for e in mine if e["name"] == "backprop")
+    buckets = sorted((e for e in mine if e["name"].startswith("allreduce bucket")), key=lambda e: e["start"])
+    counts = np.array([int(e["name"].rsplit("(", 1)[1].split()[0]) for e in buckets], dtype=float)
+    return (backprop["end"] - backprop["start"], [e["start"] - backprop["start"] for e in buckets],
+            (allreduce_seconds * counts / max(counts.sum(), 1.0)).tolist())
+
+
 def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: int = 8):
     """On the first 2 ranks, ``layers`` trained for ``steps`` steps of ``batch`` rows with MPI's allreduce in 1 MiB
     buckets, blocking and overlapped with each progress ("none", "layers", "thread"): ({name: (step seconds, backprop

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labkit import costmodel, network, scaling
+from labkit import costmodel, data_parallel, network, scaling
 from labkit.cluster import hosts
 
 SHAPING, WHY = hosts.shaping_available()
@@ -59,6 +59,11 @@ def test_lab_08s_experiments_run_on_one_machine(monkeypatch):
         assert step > 0 and bp > 0 and wait >= 0
         np.testing.assert_allclose(w1, first, rtol=1e-5, atol=1e-7, err_msg=name)
     assert {e["rank"] for e in got["events"]} == {0, 1}
+    backprop, ready, seconds = data_parallel.bucket_times(got["events"], 0.1)  # lab 08's model of the step, its inputs
+    assert backprop > 0 and len(ready) == len(seconds) >= 1 and ready == sorted(ready)  # one bucket: a small network
+    assert 0 <= ready[0] and ready[-1] <= backprop * 1.01 + 1e-3 and sum(seconds) == pytest.approx(0.1)
+    blocking, overlapped = data_parallel.step_model(backprop, ready, seconds)
+    assert blocking == pytest.approx(backprop + 0.1) and backprop <= overlapped <= blocking
 
 
 @pytest.mark.mpi

@@ -893,6 +893,178 @@ def _not_overlapped(started, blocking: int, where, ex) -> str | None:
 
 # ==== the exercises =================================================================================================
 
+# ---- lab 07, exercise 4: an allreduce's traffic log on cables that cost ------------------------------------------
+
+def _naive_log(p: int, m: int) -> np.ndarray:
+    return np.array([(s, d, m, 0) for s in range(p) for d in range(p) if d != s], dtype=np.int64).reshape(-1, 4)
+
+
+def _ring_log(p: int, n: int, itemsize: int = 8) -> np.ndarray:
+    """The log of the ring allreduce of n elements on p ranks: 2 (p - 1) rounds of one chunk to the right."""
+    sizes = [hi - lo for lo, hi in shard_bounds(n, p)]
+    rows = []
+    for step in range(2 * (p - 1)):
+        for r in range(p):
+            chunk = (r - step) % p if step < p - 1 else (r + 1 - (step - p + 1)) % p  # reduce-scatter, allgather
+            rows.append((r, (r + 1) % p, sizes[chunk] * itemsize, step))
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+def _cable_cases(rng) -> list[tuple[str, np.ndarray, int, float, float]]:
+    """(what it is, log, p, alpha, beta), each log in the format of TrafficComm.gather_log."""
+    gather = np.array([(r, 0, 4000, 0) for r in range(1, 5)], dtype=np.int64)  # the root's cable receives 4 at once
+    bcast = np.array([(0, r, 4000, 0) for r in range(1, 4)] + [(2, 3, 8, 1)], dtype=np.int64)
+    later = _naive_log(3, 1000)
+    later[:, 3] = 7  # rounds numbered as a TrafficComm used before numbers them
+    uneven = np.array([(0, 1, 100, 2), (1, 0, 100, 2), (2, 3, 900, 2), (0, 2, 50, 5), (1, 2, 50, 5), (3, 2, 50, 5)],
+                      dtype=np.int64)  # round 5: three messages into rank 2's cable
+    p = int(rng.integers(3, 9))
+    drawn = np.array([(s, (s + int(rng.integers(1, p))) % p, int(rng.integers(1, 10**6)), int(rng.integers(0, 4)))
+                      for s in rng.integers(0, p, 12)], dtype=np.int64)
+    return [("lab 07's naive allreduce of 80 kB on 4 ranks", _naive_log(4, 80_000), 4, 1e-4, 8e-8),
+            ("lab 07's ring allreduce of 10,000 float64 on 4 ranks", _ring_log(4, 10_000), 4, 1e-4, 8e-8),
+            ("the ring of 10 float64 on 3 ranks (chunks of 4, 3 and 3)", _ring_log(3, 10), 3, 1e-4, 8e-8),
+            ("4 ranks sending to rank 0 at once (a gather)", gather, 5, 1e-5, 1e-9),
+            ("rank 0 sending to 3 ranks, then rank 2 to rank 3", bcast, 4, 1e-5, 1e-9),
+            ("the naive allreduce on 3 ranks, its round numbered 7", later, 3, 2e-5, 1e-8),
+            ("rounds 2 and 5 of an uneven log", uneven, 4, 1e-3, 1e-6),
+            ("a log drawn afresh", drawn, p, float(rng.uniform(1e-6, 1e-4)), float(rng.uniform(1e-10, 1e-7))),
+            ("no messages at all (one rank)", np.zeros((0, 4), dtype=np.int64), 1, 1e-4, 8e-8)]
+
+
+def _cable_wrong(log, p, alpha, beta) -> list[tuple[float, str]]:
+    """What the typical mistakes give for this log, each with what to say."""
+    def per_round(cost_of_round):
+        return sum(cost_of_round(log[log[:, 3] == r]) for r in np.unique(log[:, 3]))
+
+    def ways(msgs, a=alpha):
+        cost = a + msgs[:, 2] * beta
+        return np.bincount(msgs[:, 0], weights=cost, minlength=p), np.bincount(msgs[:, 1], weights=cost, minlength=p)
+
+    every = log[:, 2].size * alpha + log[:, 2].sum() * beta
+    out, into = ways(log)
+    return [
+        (every, "every rank has a cable of its own: messages on different cables travel at the same time, so a round "
+                "lasts as long as its busiest cable, not as long as all its messages one after another"),
+        (max(out.max(), into.max()) if log.size else 0.0,
+         "the rounds follow one another (a rank sends its next chunk only after the last one arrived): add up the "
+         "rounds' times instead of treating the whole log as one round"),
+        (per_round(lambda m: ways(m)[0].max()), "a cable carries in as well as out: the busiest way of a round may be "
+                                                "the one into a rank, as into a gather's root"),
+        (per_round(lambda m: (ways(m)[0] + ways(m)[1]).max()),
+         "a cable carries out and in at the same time, each way at the full rate: take the busier way, not the sum"),
+        (per_round(lambda m: alpha + ways(m, 0.0)[0].max()) if log.size else 0.0,
+         "every message pays alpha, not every round once: a cable that carries 3 messages pays it 3 times"),
+        (per_round(lambda m: ways(m)[0].mean()), "the round ends when its busiest cable is done: the maximum, not the mean"),
+    ]
+
+
+@recorded
+def cable_seconds(fn) -> None:
+    """Exercise (lab 07): ``fn(log, p, alpha, beta) -> seconds``, the alpha-beta time of the messages of a traffic
+    log (rows source, dest, bytes, round) when every rank has a cable of its own; against
+    :func:`labkit.costmodel.cable_seconds` to a relative 1e-9 on 9 logs (one drawn afresh when graded)."""
+    from ..costmodel import cable_seconds as reference
+
+    ex = "an allreduce on cables"
+    fn = capture.student(fn, ex=ex)
+    cases = _cable_cases(np.random.default_rng(capture.seed(127)))
+    for what, log, p, alpha, beta in cases:
+        where = f"{what} (alpha = {alpha:g} s, beta = {beta:g} s/byte)"
+        got = _seconds(ex, where, call(ex, fn, log.copy(), p, alpha, beta))
+        want = reference(log, p, alpha, beta)
+        if np.isclose(got, want, rtol=1e-9, atol=1e-15):
+            continue
+        hint = next((why for wrong, why in _cable_wrong(log, p, alpha, beta) if np.isclose(got, wrong, rtol=1e-9,
+                                                                                           atol=1e-15)),
+                    "group the messages by round; in each round, find the time every cable needs each way")
+        fail(ex, f"{where}: yours gives {got:.6g} s, expected {want:.6g} s", hint)
+    passed(ex, len(cases))
+
+
+def _seconds(ex: str, where: str, got) -> float:
+    """A student's answer that must be one number of seconds."""
+    if isinstance(got, (bool, np.bool_, str, bytes)) or np.ndim(got) != 0:
+        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}"
+             f"{'' if np.ndim(got) == 0 else f' of shape {np.shape(got)}'}", "return a single float: the time of it all")
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}", "return a float")
+
+
+# ---- lab 08, exercise 5: when the overlapped step's allreduces end ------------------------------------------------
+
+def _overlap_cases(rng) -> list[tuple[str, float, list[float], list[float]]]:
+    """(what it is, backprop seconds, ready, seconds): the last bucket is ready when backprop ends, or before."""
+    n = int(rng.integers(3, 9))
+    ready = np.sort(rng.uniform(0, 0.2, n))
+    return [("the network keeps up: each bucket ends before the next is ready", 0.08, [0.01, 0.03, 0.05],
+             [0.005, 0.01, 0.02]),
+            ("the network is the bottleneck: the buckets queue", 0.03, [0.01, 0.02, 0.03], [0.05, 0.07, 0.04]),
+            ("the network idles, then the buckets queue", 0.11, [0.01, 0.07, 0.11], [0.03, 0.05, 0.04]),
+            ("lab 08's two buckets: the input layer's is ready when backprop ends", 0.035, [0.012, 0.035], [0.13, 0.085]),
+            ("one bucket", 0.02, [0.02], [0.1]),
+            ("every bucket ready at the end of backprop, as without overlap", 0.04, [0.04, 0.04, 0.04], [0.01, 0.02, 0.03]),
+            ("drawn afresh", float(ready[-1]) + float(rng.uniform(0, 0.01)), ready.tolist(),
+             rng.uniform(0.001, 0.08, n).tolist()),
+            ("no buckets (a network without parameters)", 0.01, [], [])]
+
+
+@recorded
+def overlap_model(fn) -> None:
+    """Exercise (lab 08): ``fn(backprop, ready, seconds) -> (blocking, overlapped)``, the time of one step (backprop
+    and allreduces) without and with overlap: backprop takes ``backprop`` seconds, bucket i is ready at ``ready[i]``
+    (since backprop began, in the order the buckets start) and its allreduce takes ``seconds[i]``; one network, one
+    allreduce at a time. Against :func:`labkit.data_parallel.step_model`."""
+    from ..data_parallel import overlapped_end, step_model
+
+    ex = "the step with and without overlap"
+    fn = capture.student(fn, ex=ex)
+    cases = _overlap_cases(np.random.default_rng(capture.seed(128)))
+    for what, backprop, ready, seconds in cases:
+        where = f"{what}: backprop {backprop:.4g} s, ready {np.round(ready, 4).tolist()}, seconds {np.round(seconds, 4).tolist()}"
+        got = call(ex, fn, backprop, list(ready), list(seconds))
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(ex, f"{where}: expected a pair (blocking, overlapped), got {type(got).__name__}"
+                 f"{f' of length {len(got)}' if isinstance(got, (tuple, list)) else ''}", "return both times, blocking first")
+        blocking, overlapped = (_seconds(ex, f"{where}, {k}", v) for k, v in zip(("blocking", "overlapped"), got))
+        want_blocking, want = step_model(backprop, ready, seconds)
+        if not np.isclose(blocking, want_blocking, rtol=1e-9, atol=1e-15):
+            r, s = np.array(ready, dtype=float), np.array(seconds, dtype=float)
+            wrong = [(s.sum(), "the blocking step backprops first, and only then allreduces: both take time"),
+                     (backprop + (s.max() if s.size else 0.0), "without overlap the buckets' allreduces still go one "
+                                                               "after another, all after backprop")]
+            fail(ex, f"{where}: your blocking step takes {blocking:.6g} s, expected {want_blocking:.6g} s",
+                 next((why for w, why in wrong if np.isclose(blocking, w, rtol=1e-9, atol=1e-15)),
+                      "the blocking step is backprop, then every bucket's allreduce"))
+        if np.isclose(overlapped, want, rtol=1e-9, atol=1e-15):
+            continue
+        r, s = np.array(ready, dtype=float), np.array(seconds, dtype=float)
+        end = overlapped_end(ready, seconds)
+        wrong = [(end, "the step ends when backprop is done too: the later of backprop's end and the last allreduce's"),
+                 (backprop, "the buckets made last still need their allreduce after backprop: the step cannot end with "
+                            "backprop while one of them is waiting for the network")]
+        if r.size:
+            wrong += [
+                (backprop + end, "ready times count from the start of backprop: the allreduces run during it"),
+                (max(backprop, r.max() + s.sum()), "that is the blocking step: a bucket's allreduce can start as soon "
+                                                   "as the bucket is ready, while backprop goes on below"),
+                (max(backprop, (r + s).max()), "there is one network: a bucket's allreduce waits until the one before "
+                                               "it has ended"),
+                (max(backprop, s.sum()), "an allreduce cannot start before backprop has made its bucket"),
+                (max(backprop, r[0] + s.sum()), "the network can fall idle, waiting for backprop to make the next "
+                                                "bucket: a bucket starts at the later of its ready time and the end of "
+                                                "the one before"),
+                (max(backprop, r[-1] + s[-1]), "when the last bucket is ready the network may still be busy with the "
+                                               "ones before it"),
+            ]
+        hint = next((why for w, why in wrong if np.isclose(overlapped, w, rtol=1e-9, atol=1e-15)),
+                    "go through the buckets in order, keeping the time the network is free again")
+        fail(ex, f"{where}: your overlapped step takes {overlapped:.6g} s, expected {want:.6g} s", hint)
+    passed(ex, len(cases))
+
+
 _COLLECTIVES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce", "recursive_doubling_allreduce",
                 "mpi_allreduce")
 _ALLREDUCES = tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES)
@@ -927,6 +1099,15 @@ EXERCISES = (
         "At step 0 of the allgather a rank sends the chunk it finished; at step s + 1 it sends on the chunk it "
         "received at step s, and it receives what its left-hand neighbour sends. Write these indices as you did "
         "in my_ring_chunks, with the starting chunk one further on.",
+    )),
+    Exercise("cable_seconds", "07", "mpi", references=("labkit.costmodel:cable_seconds",), hints=(
+        "Messages of one round travel at the same time, and the next round begins when this one has arrived: the "
+        "whole time is the sum over the rounds (the log's 4th column) of each round's time.",
+        "In one round, each rank's cable carries what its rank sends (the rows where it is the source) and, at the "
+        "same time and the same rate, what it receives (the rows where it is the dest). Each message costs that "
+        "cable alpha plus its bytes times beta.",
+        "So a round lasts as long as its busiest cable in its busier way: add up the cost of every message per "
+        "source and per dest (np.bincount with weights and minlength=p does it), and take the largest of all.",
     )),
     Exercise("rank_rows", "08", "mpi", references=("labkit.shards:shard_bounds", "labkit.shards:shard_of"), hints=(
         "Every rank gets at least batch // p rows, and batch % p rows are left over: the first batch % p ranks "
@@ -964,5 +1145,16 @@ EXERCISES = (
         "In on_layer(i), start one comm.Iallreduce(MPI.IN_PLACE, a) for each array a of grads[i] and keep the "
         "requests in a list. A rank with no rows calls no backprop: it starts the allreduce of every layer itself, "
         "last layer first, as the other ranks do.",
+    )),
+    Exercise("overlap_model", "08", "mpi", references=("labkit.data_parallel:step_model",
+                                                     "labkit.data_parallel:overlapped_end"), hints=(
+        "Keep one number as you go through the buckets in order: the time the network is free again. Before the "
+        "first bucket it is free at once.",
+        "A bucket's allreduce can start only when two things are true: backprop has made the bucket, and the "
+        "network has finished the bucket before. It starts at the later of the two.",
+        "It then keeps the network busy for its own seconds: that end is when the network is free for the next "
+        "one. With no bucket, the network is never busy.",
+        "The overlapped step is over when both are done: backprop, and the last bucket's allreduce. The blocking "
+        "step does one, then the other.",
     )),
 )

@@ -1,0 +1,174 @@
+"""The exercises of labs 07 and 08 that price communication on a network that costs (labkit.check.mpi): lab 07's
+time of an allreduce's traffic log on one cable per rank, lab 08's blocking and overlapped step.
+
+The right answer passes, labkit's reference passes, a blank one is "not written yet", the typical wrong ones are each
+named by the check's message, and the grader's replay gives the check's own verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import record_check
+
+from labkit import check, costmodel, data_parallel
+from labkit.check import ExerciseError
+from labkit.check import mpi as checks
+from labkit.check.exercises import exercise
+from labkit.grading import replay
+
+SEED = 4444
+
+
+def blank(*args):
+    raise NotImplementedError
+
+
+# ---- right answers, as a student would write them ---------------------------------------------------------------
+
+def right_cable_seconds(log, p, alpha, beta):
+    total = 0.0
+    for r in np.unique(log[:, 3]):
+        msgs = log[log[:, 3] == r]
+        out, into = np.zeros(p), np.zeros(p)
+        for src, dst, nbytes, _ in msgs:
+            out[src] += alpha + nbytes * beta
+            into[dst] += alpha + nbytes * beta
+        total += max(out.max(), into.max())
+    return total
+
+
+def right_overlap_model(backprop, ready, seconds):
+    free = 0.0
+    for r, s in zip(ready, seconds):
+        free = max(free, r) + s
+    return backprop + sum(seconds), max(backprop, free)
+
+
+RIGHT = {"cable_seconds": right_cable_seconds, "overlap_model": right_overlap_model}
+COUNT = {"cable_seconds": "an allreduce on cables: all 9", "overlap_model": "the step with and without overlap: all 8"}
+LABKITS = {"cable_seconds": costmodel.cable_seconds, "overlap_model": data_parallel.step_model}
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_right_answer_and_labkits_pass(name, capsys):
+    getattr(check, name)(RIGHT[name])
+    getattr(check, name)(LABKITS[name])
+    assert capsys.readouterr().out.count(f"✔ {COUNT[name]} checks passed") == 2
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_a_blank_answer_is_not_written_yet_without_a_hint(name):
+    with pytest.raises(ExerciseError, match="not written yet") as e:
+        getattr(check, name)(blank)
+    assert "Step" not in str(e.value)
+
+
+def test_the_models_give_lab_06s_formulas_for_lab_07s_allreduces():
+    m, p, a, b = 80_000, 4, 1e-4, 8e-8
+    assert costmodel.cable_seconds(checks._naive_log(p, m), p, a, b) == pytest.approx((p - 1) * (a + m * b))
+    assert costmodel.cable_seconds(checks._ring_log(p, m // 8), p, a, b) == pytest.approx(2 * (p - 1) * (a + m / p * b))
+    assert costmodel.cable_seconds(np.zeros((0, 4), dtype=np.int64), 1, a, b) == 0.0
+    assert data_parallel.overlapped_end([0.0, 0.01], [0.05, 0.05]) == pytest.approx(0.1)
+    assert data_parallel.step_model(0.2, [0.0, 0.01], [0.05, 0.05]) == pytest.approx((0.3, 0.2))
+    with pytest.raises(ValueError):
+        data_parallel.overlapped_end([0.0], [0.1, 0.2])
+
+
+# ---- the typical mistakes, each named ---------------------------------------------------------------------------
+
+def cables(cost_of_round, alpha_once=False):
+    """A cable_seconds answer that sums cost_of_round(out, into) over the rounds."""
+    def fn(log, p, alpha, beta):
+        total = 0.0
+        for r in np.unique(log[:, 3]):
+            msgs = log[log[:, 3] == r]
+            a = 0.0 if alpha_once else alpha
+            out = np.bincount(msgs[:, 0], weights=a + msgs[:, 2] * beta, minlength=p)
+            into = np.bincount(msgs[:, 1], weights=a + msgs[:, 2] * beta, minlength=p)
+            total += cost_of_round(out, into) + (alpha if alpha_once else 0.0)
+        return total
+    return fn
+
+
+def whole_log_at_once(log, p, alpha, beta):
+    cost = alpha + log[:, 2] * beta
+    return max(np.bincount(log[:, 0], weights=cost, minlength=p).max(),
+               np.bincount(log[:, 1], weights=cost, minlength=p).max())
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda log, p, a, b: len(log) * a + log[:, 2].sum() * b, "messages on different cables travel at the same time"),
+    (whole_log_at_once, "the rounds follow one another"),
+    (cables(lambda out, into: out.max()), "a cable carries in as well as out(?s:.*)gather's root"),
+    (cables(lambda out, into: (out + into).max()), "take the busier way, not the sum"),
+    (cables(lambda out, into: max(out.max(), into.max()), alpha_once=True), "every message pays alpha"),
+    (cables(lambda out, into: out.mean()), "the maximum, not the mean"),
+    (lambda log, p, a, b: np.array([1.0, 2.0]), r"expected one number of seconds, got ndarray of shape \(2,\)"),
+    (lambda log, p, a, b: "1.0", "expected one number of seconds, got str"),
+])
+def test_cable_seconds_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.cable_seconds(wrong)
+
+
+def _end(rule, blocking=lambda b, s: b + s.sum()):
+    """An overlap_model answer whose overlapped time is rule(backprop, ready, seconds)."""
+    def fn(backprop, ready, seconds):
+        r, s = np.array(ready, dtype=float), np.array(seconds, dtype=float)
+        return blocking(backprop, s), float(rule(backprop, r, s)) if r.size else backprop
+    return fn
+
+
+def _queue(backprop, r, s):
+    free = 0.0
+    for a, b in zip(r, s):
+        free = max(free, a) + b
+    return free
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_end(lambda b, r, s: max(b, r.max() + s.sum())), "that is the blocking step"),
+    (_end(lambda b, r, s: max(b, (r + s).max())), "there is one network"),
+    (_end(lambda b, r, s: max(b, s.sum())), "cannot start before backprop has made its bucket"),
+    (_end(lambda b, r, s: max(b, r[0] + s.sum())), "the network can fall idle"),
+    (_end(lambda b, r, s: max(b, r[-1] + s[-1])), "may still be busy with the ones before it"),
+    (_end(_queue), "the step ends when backprop is done too"),
+    (_end(lambda b, r, s: b + _queue(b, r, s)), "ready times count from the start of backprop"),
+    (_end(lambda b, r, s: max(b, _queue(b, r, s)), blocking=lambda b, s: s.sum()), "backprops first, and only then"),
+    (lambda b, ready, seconds: None, r"expected a pair \(blocking, overlapped\), got NoneType"),
+    (lambda b, ready, seconds: (b, "x"), "overlapped: expected one number of seconds, got str"),
+])
+def test_overlap_model_names_the_mistake(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.overlap_model(wrong)
+
+
+WRONG = {"cable_seconds": whole_log_at_once, "overlap_model": _end(lambda b, r, s: max(b, r.max() + s.sum()))}
+ANSWERS = {"cable_seconds": ["max(out", "out.max()", "total +="], "overlap_model": ["max(end", "max(free", "end ="]}
+
+
+def test_the_hints_lead_to_the_answer_but_never_hold_it():
+    for name in RIGHT:
+        e = exercise(name)
+        assert len(e.hints) >= 3 and e.module == "mpi" and not e.mpi
+        assert not [bit for bit in ANSWERS[name] if bit in " ".join(e.hints)], name
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_each_failed_run_shows_one_more_hint(name):
+    hints = exercise(name).hints
+    for k in range(1, len(hints) + 2):
+        with pytest.raises(ExerciseError) as e:
+            getattr(check, name)(WRONG[name])
+        assert f"Step {min(k, len(hints))} of {len(hints)}" in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
+    assert record_check(monkeypatch, tmp_path / "right", name, RIGHT[name], SEED) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
+    plain = record_check(monkeypatch, tmp_path / "wrong", name, WRONG[name], SEED)
+    assert plain[0] is False
+    assert replay.replay(name, tmp_path / "wrong", SEED) == (False, plain[1].split("\nStep ")[0])
+    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)  # the grader's own draw of the inputs
+    assert not passed and "was not recorded" in message
