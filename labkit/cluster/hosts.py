@@ -128,8 +128,9 @@ def shaping_available() -> tuple[bool, str]:
 
 
 def _shape(device: str, link: str, namespace: str | None = None) -> None:
-    """A token bucket on ``device``'s way out: ``link`` bits per second, bursts of 10 ms of it (at least 64 KB, one
-    segment as the kernel hands it over whole), a queue of at most 50 ms before packets are dropped."""
+    """A token bucket on ``device``'s way out: ``link`` bits per second, bursts of 0.25 ms of it but at least 4000
+    bytes (more than one 1500-byte frame, so a full-size packet always fits; a small burst keeps a ping-pong's short
+    messages from riding free), a queue of at most 50 ms before packets are dropped."""
     rate = rate_bits_per_second(link)
     burst = max(int(rate / 8 * 0.00025), 4000)
     cmd = ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{int(rate)}bit", "burst", str(burst),
