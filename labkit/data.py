@@ -315,19 +315,23 @@ def load_mnist(
     validation: int = 0,
     verify: bool = True,
     flatten: bool = True,
+    quiet: bool = False,
 ):
     """Load a data set as ``((x_train, y_train), (x_test, y_test))``; x float32 in [0, 1], y int64.
 
     ``validation=n`` holds the last ``n`` training images out and returns three pairs
     ``(train, validation, test)``, as network.py did with 50k/10k/10k.
     ``flatten=False`` keeps images as (n, 28, 28).
+    ``quiet=True`` loads the shipped subset without a :class:`SubsetDataWarning`, for a caller that says itself which
+    data set it used (a benchmark's JSON, an MPI job whose notebook already said it).
     """
     src = locate(dataset, root)
     if src.kind == "absent":
         raise DataError(f"No {dataset} files found (labkit ships a subset of MNIST only). " + GET_MNIST_HINT)
     if src.kind == "subset":
-        warnings.warn(f"No full MNIST found; using {SUBSET_DESCRIPTION}. " + GET_MNIST_HINT,
-                      SubsetDataWarning, stacklevel=2)
+        if not quiet:
+            warnings.warn(f"No full MNIST found; using {SUBSET_DESCRIPTION}. " + GET_MNIST_HINT,
+                          SubsetDataWarning, stacklevel=2)
         a = _load_subset(verify)
     else:
         a = _load_files(src.path, dataset, verify)

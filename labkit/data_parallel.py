@@ -605,13 +605,9 @@ def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_
     blocking step of [784, 256, 10] at ``batch`` rows (MPI's allreduce), per step (backprop seconds, allreduce
     seconds) over ``steps`` steps; ``"overlap"`` and ``"events"``, :func:`overlap_runs` of ``overlap_layers`` at
     ``overlap_batch`` rows (4 steps). Loads MNIST's first ``samples`` training images itself."""
-    import warnings
+    from .data import load_mnist
 
-    from .data import SubsetDataWarning, load_mnist
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SubsetDataWarning)
-        (x, y), _ = load_mnist()
+    (x, y), _ = load_mnist(quiet=True)
     x, y = x[:samples], y[:samples]
     split = None
     sub = _first_ranks(comm, 2)

@@ -17,13 +17,12 @@ be at least as fast as the program it stands for).
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
 from .. import mlp
 from ..bench import format_seconds, interleaved, machine_info, measure
-from ..data import SubsetDataWarning, load_mnist, locate
+from ..data import load_mnist, locate
 from ..progress import progress_bar
 
 TARGETS = {"speedup_batch10": (">=", 10.0), "speedup_batch100": (">=", 20.0), "gemm_ratio": ("<=", 2.0),
@@ -117,9 +116,7 @@ def bare_matmul_epoch(sizes, batch: int, n: int, dtype=np.float32, repeat: int =
 
 def _data(n: int):
     """n training samples and the test set: MNIST when present, else the shipped subset tiled to n."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SubsetDataWarning)
-        (x, y), test = load_mnist()
+    (x, y), test = load_mnist(quiet=True)
     if len(x) < n:
         reps = -(-n // len(x))
         x, y = np.tile(x, (reps, 1)), np.tile(y, reps)

@@ -18,8 +18,6 @@ ratio measured within a round, and ``seconds`` the median time of each job.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from ..bench import format_seconds, interleaved, machine_info, measure
@@ -28,12 +26,10 @@ TARGETS = {"c_per_sample_vs_numpy_per_sample": (">=", 5.0), "omp_speedup_2thread
 
 
 def _data(n: int):
-    from ..data import SubsetDataWarning, load_mnist, locate
+    from ..data import load_mnist, locate
     from ..mlp import targets
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SubsetDataWarning)
-        (x, y), _ = load_mnist()
+    (x, y), _ = load_mnist(quiet=True)
     return x[:n], targets(y[:n], 10, np.float32), locate().describe()
 
 

@@ -73,18 +73,15 @@ def worker(cfg: dict) -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
-    import warnings
 
     from mpi4py import MPI
 
     from .. import compression, mlp
-    from ..data import SubsetDataWarning, load_mnist
+    from ..data import load_mnist
     from ..data_parallel import DataParallel
 
     comm = MPI.COMM_WORLD
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SubsetDataWarning)
-        (x, y), (xt, yt) = load_mnist()
+    (x, y), (xt, yt) = load_mnist(quiet=True)
     x, y = x[: cfg["samples"]], y[: cfg["samples"]]
     out = {"p": comm.Get_size(), "samples": len(x)}  # at most the 10,000 of the shipped subset
     if cfg["part"] == "dp" and cfg.get("independent"):  # the bound with no communication at all: see the docstring
