@@ -9,7 +9,10 @@
   and :func:`top_k_with_feedback`; :func:`table` prints what each method costs one gradient;
 * :class:`CompressedAllreduce` is an allreduce for :class:`labkit.data_parallel.DataParallel`: every rank
   compresses its gradient, the compressed pieces are exchanged with an allgather (sparse ones as index and
-  value lists of different lengths), and every rank sums them. It counts the bytes each rank sends.
+  value lists of different lengths), and every rank sums them. It counts the bytes each rank sends;
+* :func:`bytes_per_step` models the bytes that reach one rank per step, dense ring against top-k (the lab 10
+  exercise), and :func:`time_to_accuracy`, run on every rank by :meth:`labkit.network.Wire.run`, trains dense and
+  top-k across a cable that costs and times how soon each reaches an accuracy.
 """
 
 from __future__ import annotations
@@ -251,3 +254,61 @@ class CompressedAllreduce:
         scales = np.empty(p, dtype=np.float32)
         comm.Allgather(c.parts["scale"], scales)
         return (everyone.astype(x.dtype) * scales[:, None].astype(x.dtype)).sum(axis=0)
+
+
+def bytes_per_step(n: int, k: int, p: int) -> tuple[float, float]:
+    """The bytes one rank's cable carries *into* the rank in one step, ``(dense, topk)``, for a float32 gradient of
+    ``n`` entries on ``p`` ranks (the lab 10 exercise; 0 and 0 on one rank):
+
+    * ``dense``, labkit's ring allreduce: a reduce-scatter, then an allgather, p - 1 messages each, every message one
+      block of n / p float32 entries: 2(p - 1)/p * 4n bytes. Where p does not divide n the blocks differ by one entry;
+      the model keeps the exact n / p;
+    * ``topk``, top-k with ``k`` entries per rank exchanged by two allgathers (:func:`sparse_allreduce`): every rank
+      receives the k int32 indices and k float32 values of each of the p - 1 other ranks, (p - 1) * 8k bytes.
+      The small allgather of the counts (one integer per rank) is left out.
+    """
+    n, k, p = float(n), float(k), int(p)
+    if p < 1:
+        raise ValueError(f"p must be at least 1, got {p}")
+    return 2 * (p - 1) / p * 4 * n, (p - 1) * 8 * k
+
+
+def time_to_accuracy(comm, samples: int, epochs: int, ratio: float = 0.01) -> dict:
+    """Dense against top-k on every rank of ``comm`` (for :meth:`labkit.network.Wire.run`): [784,100,10] trained
+    by :class:`~labkit.data_parallel.DataParallel` on the first ``samples`` MNIST images, batch 64, lr 0.05, momentum
+    0.9: ``"dense"`` with the ring allreduce for ``epochs`` epochs, ``"topk"`` (top-k of ``ratio`` with error feedback,
+    :class:`CompressedAllreduce`) for twice as many.
+
+    For each: ``accuracy`` (test accuracy after each epoch), ``seconds`` (training time so far after each epoch, by the
+    slowest rank's clock), ``comm_ms`` (this rank's exchange per step, compression included, in ms) and
+    ``bytes_per_step`` (what :func:`bytes_per_step` says reaches a rank). Also ``target`` (dense's final accuracy),
+    ``topk_seconds`` (top-k's training time until it first reached it, None if never) and ``share`` (that over dense's
+    training time; inf if never). Plain lists and floats, the same on every rank.
+    """
+    from mpi4py import MPI
+
+    from . import mlp
+    from .data import load_mnist
+    from .data_parallel import DataParallel
+
+    (x, y), test = load_mnist(quiet=True)  # the notebook that runs this says which data set it used
+    x, y = x[:samples], y[:samples]
+    p = comm.Get_size()
+    out: dict = {"p": p, "samples": len(x), "ratio": ratio}
+    for name, n_epochs in (("dense", epochs), ("topk", 2 * epochs)):
+        params = mlp.init_params([784, 100, 10], seed=0, init="he")
+        dp = DataParallel(comm, allreduce="ring" if name == "dense" else CompressedAllreduce("topk", ratio=ratio))
+        h = mlp.train(params, (x, y), epochs=n_epochs, batch_size=64, lr=0.05, momentum=0.9, activation="relu",
+                      cost="cross_entropy", method=dp, test_data=test, progress=False)
+        slowest = np.empty(len(h.epoch_time))
+        comm.Allreduce(np.array(h.epoch_time, dtype=float), slowest, op=MPI.MAX)
+        n = sum(W.size + b.size for W, b in params)
+        dense, topk = bytes_per_step(n, min(n, max(1, math.ceil(ratio * n))), p)
+        out[name] = {"epochs": n_epochs, "accuracy": [float(a) for a in h.test_accuracy],
+                     "seconds": np.cumsum(slowest).tolist(), "comm_ms": dp.comm_seconds / max(dp.steps, 1) * 1e3,
+                     "bytes_per_step": dense if name == "dense" else topk}
+    target = out["dense"]["accuracy"][-1]
+    reached = [t for t, a in zip(out["topk"]["seconds"], out["topk"]["accuracy"]) if a >= target]
+    out.update(target=target, topk_seconds=reached[0] if reached else None,
+               share=reached[0] / out["dense"]["seconds"][-1] if reached else math.inf)
+    return out

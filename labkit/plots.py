@@ -262,6 +262,23 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
     return fig
 
 
+def plot_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str,
+                title: str | None = None, hline: float | None = None, hline_label: str | None = None):
+    """Several measured curves, each with x values of its own: ``{name: (x, y)}`` (accuracy against each run's own
+    training time, say). ``hline`` draws a dashed level (a target) across them, named ``hline_label``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (name, (x, y)), c in zip(curves.items(), colours(curves)):
+        ax.plot(x, y, "o-", color=c, ms=6, zorder=3, label=name)
+    if hline is not None:
+        ax.axhline(hline, color="grey", lw=1, ls="--", label=hline_label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title or "")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def plot_traffic(log, p: int, title: str = "messages", split_round: int | None = None):
     """Who sent how much to whom (left) and when (right), from a TrafficComm log of (src, dst, bytes, round).
 

@@ -69,8 +69,14 @@ def right_allreduce(comm, g, residual, ratio, index_dtype=np.int64, feedback=rig
     return total / p, new_residual
 
 
+def right_bytes(n, k, p):
+    dense = 2 * (p - 1) * (n / p) * 4  # a reduce-scatter and an allgather: 2(p - 1) blocks of n / p float32 entries
+    topk = (p - 1) * k * (4 + 4)  # every other rank's k int32 indices and k float32 values
+    return dense, topk
+
+
 RIGHT = {"int8_quantise": right_int8, "topk_select": right_topk, "sparse_sum": right_sum,
-         "topk_feedback": right_feedback, "compressed_allreduce": right_allreduce}
+         "topk_feedback": right_feedback, "compressed_allreduce": right_allreduce, "bytes_per_step": right_bytes}
 
 
 # ---- wrong answers, as students write them ------------------------------------------------------------------------
@@ -96,6 +102,7 @@ WRONG = {
     "sparse_sum": lambda pieces, n: overwriting(pieces, n),
     "topk_feedback": lambda g, r, ratio: right_feedback(g, np.zeros_like(r), ratio),
     "compressed_allreduce": lambda c, g, r, ratio: (right_allreduce(c, g, r, ratio)[0], r),  # the residual not updated
+    "bytes_per_step": lambda n, k, p: (right_bytes(n, k, p)[0], p * 8 * k),  # its own piece counted as received
 }
 
 
@@ -127,7 +134,8 @@ def test_labkits_own_functions_pass_their_checks(capsys):
     check.topk_select(compression.top_k_indices)
     check.sparse_sum(compression.sparse_sum)
     check.topk_feedback(compression.top_k_with_feedback)
-    assert capsys.readouterr().out.count("passed") == 4
+    check.bytes_per_step(compression.bytes_per_step)
+    assert capsys.readouterr().out.count("passed") == 5
 
 
 # ---- int8 quantisation --------------------------------------------------------------------------------------------
@@ -333,6 +341,47 @@ def test_the_compressed_allreduce_check_under_mpiexec(n):
     assert out.count(f"✔ compressed allreduce on 1 to {n} ranks") >= 3  # two right answers, and one recorded
 
 
+# ---- the bytes on each cable --------------------------------------------------------------------------------------
+
+def bytes_with(dense=None, topk=None):
+    def fn(n, k, p):
+        d, t = right_bytes(n, k, p)
+        return (d if dense is None else dense(n, k, p)), (t if topk is None else topk(n, k, p))
+    return fn
+
+
+def test_the_bytes_check_runs_its_six_cases_on_the_pair_it_is_given(capsys):
+    seen = []
+    check.bytes_per_step(lambda n, k, p: seen.append((n, k, p)) or right_bytes(n, k, p))
+    assert capsys.readouterr().out.strip() == "✔ bytes per step: all 6 checks passed"
+    assert seen[:3] == [(79_510, 796, 2), (79_510, 796, 4), (79_510, 796, 1)] and len(seen) == 6
+    assert any(n % p for n, _, p in seen) and any(k == n for n, k, _ in seen)
+    assert compression.bytes_per_step(79_510, 796, 1) == (0.0, 0.0)
+    dense, topk = compression.bytes_per_step(500, 500, 4)
+    assert topk > dense  # top-k of everything sends an index with every value: more than dense
+    check.bytes_per_step(lambda n, k, p: (2 * (p - 1) * 4 * n // p, (p - 1) * 8 * k))  # whole bytes, rounded down
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (bytes_with(dense=lambda n, k, p: 2 * (p - 1) * 4 * n), "carries the whole gradient"),
+    (bytes_with(dense=lambda n, k, p: (p - 1) / p * 4 * n), "half the ring"),
+    (bytes_with(dense=lambda n, k, p: 2 * (p - 1) / p * 8 * n), "a float32 entry is 4 bytes"),
+    (bytes_with(dense=lambda n, k, p: 2 * (p - 1) * (n // p) * 4), r"n // p rounds the block down"),
+    (bytes_with(topk=lambda n, k, p: (p - 1) * 4 * k), "you counted only the values"),
+    (bytes_with(topk=lambda n, k, p: p * 8 * k), "counted this rank's own piece"),
+    (bytes_with(topk=lambda n, k, p: 8 * k), "as if sent once to one neighbour"),
+    (bytes_with(topk=lambda n, k, p: 8 * k if p == 1 else (p - 1) * 8 * k), "both are 0 at p = 1"),
+    (bytes_with(dense=lambda n, k, p: 1.0), "your dense is 1.0 bytes, expected 318,040.0"),
+    (lambda n, k, p: right_bytes(n, k, p)[::-1], r"your pair is \(topk, dense\)"),
+    (lambda n, k, p: list(right_bytes(n, k, p)), r"expected a tuple \(dense, topk\), got list"),
+    (lambda n, k, p: right_bytes(n, k, p)[0], r"expected a tuple \(dense, topk\), got float"),
+    (bytes_with(topk=lambda n, k, p: np.full(2, 8.0 * k)), r"topk should be one number of bytes, got ndarray of shape \(2,\)"),
+])
+def test_bytes_per_step_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=r"^bytes per step: (?s:.*)" + match):
+        check.bytes_per_step(wrong)
+
+
 # ---- hints --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -377,6 +426,8 @@ def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, 
     ("sparse_sum", compression.sparse_sum),
     ("topk_feedback", compression.top_k_with_feedback),
     ("topk_feedback", lambda g, r, ratio: feedback_choosing_with(compression.top_k_indices, g, r, ratio)),
+    ("bytes_per_step", compression.bytes_per_step),
+    ("bytes_per_step", lambda n, k, p: tuple(compression.bytes_per_step(n, k, p))),
 ])
 def test_labkits_own_function_handed_in_is_named_by_the_grader(tmp_path, monkeypatch, name, reference):
     monkeypatch.setenv(capture.ENV, str(tmp_path))

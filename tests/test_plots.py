@@ -114,3 +114,11 @@ def test_figures_keep_every_series_visible_and_ticks_whole():
     assert ideal.get_zorder() > fit.get_zorder() and not fig.axes[0].texts  # "2 cores" is in the legend
     fig = plots.plot_tradeoff({"dense": (100, 93.0), "int8": (25, 93.1)}, "bytes", "accuracy", logx=True)
     assert not fig.axes[0].texts and fig.axes[0].get_legend() is not None
+
+
+def test_curves_keep_each_runs_own_x_values():
+    fig = plots.plot_curves({"dense": ([1.0, 2.0], [0.9, 0.93]), "top-k": ([0.3, 0.6, 0.9], [0.85, 0.92, 0.94])},
+                            "s", "accuracy", hline=0.93, hline_label="dense's final accuracy")
+    dense, topk, level = fig.axes[0].lines
+    assert list(dense.get_xdata()) == [1.0, 2.0] and list(topk.get_xdata()) == [0.3, 0.6, 0.9]
+    assert level.get_linestyle() == "--" and "dense's final accuracy" in [t.get_text() for t in fig.axes[0].get_legend().texts]

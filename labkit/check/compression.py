@@ -1,7 +1,8 @@
 """Checks of lab 10, gradient compression: int8 quantisation with a per-tensor scale, top-k selection, summing every
-rank's sparse pieces, top-k with error feedback, and the compressed allreduce on MPI engines that puts them together.
-Each runs the student's function on fresh inputs, edge cases included, and names the mistake; the compressed allreduce
-runs on every rank, on communicators of 1 to p ranks (:func:`.mpi.collective_check`)."""
+rank's sparse pieces, top-k with error feedback, the compressed allreduce on MPI engines that puts them together, and
+the bytes each rank's cable carries per step, dense ring against top-k. Each runs the student's function on fresh
+inputs, edge cases included, and names the mistake; the compressed allreduce runs on every rank, on communicators of
+1 to p ranks (:func:`.mpi.collective_check`)."""
 
 from __future__ import annotations
 
@@ -659,6 +660,108 @@ def _new_residual_error(new_res, want, g0, r0, n, where, ex) -> str | None:
     return f"{ex} ({where}): {why}"
 
 
+# ---- the bytes on each cable ---------------------------------------------------------------------------------------
+
+def _bytes_cases() -> list[tuple[str, int, int, int]]:
+    """(what, n, k, p) of the cases, in the order they are checked; the last drawn afresh when a notebook is graded."""
+    cases = [("lab 10's gradient on 2 ranks", 79_510, 796, 2), ("lab 10's gradient on 4 ranks", 79_510, 796, 4),
+             ("one rank", 79_510, 796, 1), ("n not divisible by p", 1_001, 11, 3),
+             ("k = n, top-k of everything", 500, 500, 4)]
+    rng = np.random.default_rng(capture.seed(129))
+    n = int(rng.integers(1_000, 100_000_000))
+    cases.append(("drawn at random", n, int(rng.integers(1, n // 20 + 1)), int(rng.integers(2, 65))))
+    return cases
+
+
+def _bytes(ex: str, where: str, v, name: str) -> float:
+    try:
+        x = float(np.asarray(v, dtype=float).reshape(()))
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: {name} should be one number of bytes, got {type(v).__name__}"
+             + (f" of shape {np.shape(v)}" if hasattr(v, "shape") else ""), "return two plain numbers, (dense, topk)")
+    if not np.isfinite(x):
+        fail(ex, f"{where}: your {name} is {x}", "a division by zero? try your function by hand on p = 1")
+    return x
+
+
+def _close_bytes(a, b) -> bool:
+    """Equal to within a byte (an integer division of the whole count may round it down), or to 1e-9 relative."""
+    return bool(np.allclose(a, b, rtol=1e-9, atol=1.0))
+
+
+# the mistakes the check names, as functions of (n, k, p), with what it says
+_DENSE_MISTAKES = (
+    (lambda n, k, p: 2 * (p - 1) * 4 * n,
+     "every message of yours carries the whole gradient: each of the ring's messages carries one block, a p-th of it"),
+    (lambda n, k, p: (p - 1) / p * 4 * n,
+     "that is half the ring, the reduce-scatter alone: then the allgather sends the summed blocks round, as many "
+     "messages again"),
+    (lambda n, k, p: 2 * (p - 1) / p * 8 * n,
+     "a float32 entry is 4 bytes. The dense ring sends no indices: a block's entries travel in their order, so the "
+     "receiver knows where each goes"),
+    (lambda n, k, p: 2 * (p - 1) * (n // p) * 4,
+     "n // p rounds the block down; the model keeps n / p, exact (the ring's blocks then differ by one entry)"),
+)
+_TOPK_MISTAKES = (
+    (lambda n, k, p: (p - 1) * 4 * k,
+     "you counted only the values: each entry travels as an int32 index and a float32 value, or the receiver cannot "
+     "tell where it goes"),
+    (lambda n, k, p: p * 8 * k,
+     "you counted this rank's own piece as received: it never crosses the cable, only the other p - 1 pieces do"),
+    (lambda n, k, p: 8 * k,
+     "that is one piece, as if sent once to one neighbour: the allgather brings each rank every other rank's piece"),
+)
+
+
+@recorded
+def bytes_per_step(fn) -> None:
+    """Exercise (lab 10): ``fn(n, k, p) -> (dense, topk)``, the bytes one rank's cable carries into the rank in one
+    step, for a float32 gradient of n entries on p ranks: labkit's ring allreduce (2(p - 1) messages of n / p entries),
+    and top-k of k entries per rank exchanged by two allgathers (int32 indices, float32 values), the counts left out.
+
+    Checked against :func:`labkit.compression.bytes_per_step`, to within a byte, on 6 cases: lab 10's gradient (n =
+    79,510, k = 796) on 2 and 4 ranks, one rank, n not divisible by p, k = n, and one drawn afresh when graded.
+    """
+    from ..compression import bytes_per_step as model
+
+    ex = "bytes per step"
+    cases = _bytes_cases()
+    fn = capture.student(fn, ex=ex)
+    rows = []
+    for what, n, k, p in cases:
+        where = f"{what}, n = {n:,}, k = {k:,}, p = {p}"
+        dense, topk = _pair(ex, where, call(ex, fn, n, k, p, where=where,
+                                             hint="try your function by hand on n = 100, k = 1, p = 2"), "(dense, topk)")
+        rows.append((where, (_bytes(ex, where, dense, "dense"), _bytes(ex, where, topk, "topk")), model(n, k, p)))
+    got = np.array([r[1] for r in rows])
+    want = np.array([r[2] for r in rows])
+    if not _close_bytes(got, want) and _close_bytes(got[:, ::-1], want):
+        fail(ex, f"{rows[0][0]}: your pair is (topk, dense)", "return the dense ring's bytes first: (dense, topk)")
+    for i, (part, mistakes) in enumerate((("dense", _DENSE_MISTAKES), ("topk", _TOPK_MISTAKES))):
+        _bytes_part(ex, part, mistakes, cases, rows, got[:, i], want[:, i])
+    passed(ex, len(cases))
+
+
+def _bytes_part(ex, part, mistakes, cases, rows, got, want) -> None:
+    """Fail on the first case where the student's ``part`` differs, naming the mistake if every case of p > 1 shows it."""
+    if _close_bytes(got, want):
+        return
+    i = next(j for j in range(len(got)) if not _close_bytes(got[j], want[j]))
+    many = np.array([p > 1 for *_, p in cases])
+    if _close_bytes(got[many], want[many]):
+        hint = "on one rank there is no one to send to, and no cable: both are 0 at p = 1"
+    else:
+        hint = ("count it message by message: how many reach a rank, and how many entries, of how many bytes, each "
+                "carries" if part == "dense" else
+                "count it piece by piece: how many pieces reach a rank, and how many bytes each one is")
+        for wrong, why in mistakes:
+            bad = np.array([wrong(n, k, p) for _, n, k, p in cases], dtype=float)
+            if not _close_bytes(bad[many], want[many]) and _close_bytes(got[many], bad[many]):
+                hint = why
+                break
+    fail(ex, f"{rows[i][0]}: your {part} is {got[i]:,.1f} bytes, expected {want[i]:,.1f}", hint)
+
+
 EXERCISES = (
     Exercise("int8_quantise", "10", "compression", references=(
         "labkit.compression:int8_nearest", "labkit.compression:to_int8"), hints=(
@@ -711,5 +814,16 @@ EXERCISES = (
         "Send the indices as int64 into an int64 buffer, the values into a buffer of g's dtype.",
         "Add every value into n zeros of g's dtype; two ranks may send the same index, and both count. Divide by "
         "the number of ranks for the mean, and return this rank's new residual with it.",
+    )),
+    Exercise("bytes_per_step", "10", "compression", references=("labkit.compression:bytes_per_step",), hints=(
+        "Count bytes in what crosses the cable into one rank. A float32 value is 4 bytes, an int32 index 4 more. "
+        "Which of the two methods must send indices with its values, and why does the other not need them?",
+        "The dense ring (lab 07) is a reduce-scatter, then an allgather, each of p - 1 steps. In each step a rank "
+        "receives one block from its neighbour. Into how many blocks is the gradient cut, so how many entries are in "
+        "one? Keep that division exact.",
+        "Top-k: each rank's piece is its k indices and k values. An allgather brings every rank the piece of every "
+        "rank: one of those pieces it already had, and that one never crosses its cable.",
+        "On one rank nothing travels: both counts are 0 at p = 1. Return the pair with the dense ring first: "
+        "(dense, topk).",
     )),
 )
