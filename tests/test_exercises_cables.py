@@ -127,7 +127,7 @@ def _queue(backprop, r, s):
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (_end(lambda b, r, s: max(b, r.max() + s.sum())), "that is the blocking step"),
+    (_end(lambda b, r, s: max(b, r.max() + s.sum())), "your overlapped step is the blocking one"),
     (_end(lambda b, r, s: max(b, (r + s).max())), "there is one network"),
     (_end(lambda b, r, s: max(b, s.sum())), "cannot start before backprop has made its bucket"),
     (_end(lambda b, r, s: max(b, r[0] + s.sum())), "the network can fall idle"),

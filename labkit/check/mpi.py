@@ -1048,8 +1048,8 @@ def overlap_model(fn) -> None:
         if r.size:
             wrong += [
                 (backprop + end, "ready times count from the start of backprop: the allreduces run during it"),
-                (max(backprop, r.max() + s.sum()), "that is the blocking step: a bucket's allreduce can start as soon "
-                                                   "as the bucket is ready, while backprop goes on below"),
+                (max(backprop, r.max() + s.sum()), "your overlapped step is the blocking one: a bucket's allreduce can "
+                                                   "start as soon as the bucket is ready, while backprop goes on below"),
                 (max(backprop, (r + s).max()), "there is one network: a bucket's allreduce waits until the one before "
                                                "it has ended"),
                 (max(backprop, s.sum()), "an allreduce cannot start before backprop has made its bucket"),
