@@ -233,15 +233,17 @@ while time.monotonic() - t0 < 300:
 
 
 @needs_hosts
-def test_a_host_that_goes_away_mid_collective_is_an_error_within_the_timeout(tmp_path):
-    """Host 1's cable is cut while the ring runs: the ranks on host 0 wait at most their 10 s timeout, the job ends
-    with the TimeoutError, and no process of it is left on either host."""
+@pytest.mark.parametrize("link", [None, "100mbit"])
+def test_a_host_that_goes_away_mid_collective_is_an_error_within_the_timeout(tmp_path, link):
+    """Host 1's cable (unshaped, or shaped to 100 Mbit/s, where each allreduce takes a good part of a second) is cut
+    while the ring runs: the ranks on host 0 wait at most their 10 s timeout, the job ends with the TimeoutError, and
+    no process of it is left on either host."""
     import threading
     import time
 
     prog = tmp_path / "ring_forever.py"
     prog.write_text(RING_FOREVER)
-    with hosts.namespace_hosts(2) as made:
+    with hosts.namespace_hosts(2, link=link) as made:
         def cut():
             time.sleep(4)
             subprocess.run(["ip", "link", "set", made.links[1], "down"], check=True)
