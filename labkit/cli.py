@@ -120,6 +120,11 @@ def _cmd_assign(a) -> int:
     return 0
 
 
+def _names(given: list[str] | None) -> set[str]:
+    """The names of an option that may be repeated or hold NAME,NAME."""
+    return {name.strip() for names in (given or []) for name in names.split(",") if name.strip()}
+
+
 def _cmd_grade(a) -> int:
     from .grading import exports, grade
     from .grading.sandbox import Limits
@@ -153,7 +158,7 @@ def _cmd_grade(a) -> int:
         results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile,
                                                    release=a.release, jobs=a.jobs,
                                                    isolate=False if a.no_sandbox else None, limits=limits, part=part,
-                                                   resume=a.resume)
+                                                   resume=a.resume, hidden_parts=_names(a.hidden_part))
     except KeyboardInterrupt:
         print(f"\nlabkit grade: interrupted. Every notebook it was grading was stopped, with its sandbox, kernel and "
               f"engines; no grades were written. What was graded is kept in {Path(a.out) / grade.PROGRESS}: run the "
@@ -173,7 +178,7 @@ def _hand_on(a, json_path: Path, before: dict | None) -> None:
     from .grading import exports
 
     data = exports.load(json_path)
-    hidden = {name.strip() for names in (a.hidden or []) for name in names.split(",") if name.strip()}
+    hidden = _names(a.hidden)
     if a.feedback:
         from .grading import feedback
 
@@ -419,6 +424,10 @@ def _add_grade(sub) -> None:
     g.add_argument("--hidden", action="append", metavar="NAME",
                    help="an exercise whose check is hidden (may be repeated, or NAME,NAME): it counts, but the "
                         "feedback and Gradescope show only whether it passed")
+    g.add_argument("--hidden-part", action="append", metavar="NAME",
+                   help="an exercise (or all) whose check also runs, silently, on a second secret draw of inputs: a "
+                        "second row, NAME~hidden, that counts and whose message only you see (may be repeated, or "
+                        "NAME,NAME); it doubles the check's time within --timeout")
     g.add_argument("--resume", action="store_true",
                    help="go on with an interrupted run into the same --out, with the same options: the notebooks it "
                         "finished (and that have not changed since) are not graded again")

@@ -69,6 +69,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "the student's results into"),
     Setting("LABKIT_CHECK_SEED", "int", 0, "set by labkit grade: the offset of the checks' input seeds, drawn afresh "
             "for every submission"),
+    Setting("LABKIT_HIDDEN_PARTS", "str", None, "set by labkit grade --hidden-part: the exercises (or all) whose "
+            "checks also run, silently, on a second secret draw, the hidden part"),
+    Setting("LABKIT_HIDDEN_SEED", "int", 0, "set by labkit grade --hidden-part: the offset of the hidden parts' "
+            "input seeds"),
 )}
 
 

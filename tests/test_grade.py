@@ -201,6 +201,46 @@ QUICK = new_notebook(cells=[
 ])
 
 
+SHOWN_ONLY = new_notebook(cells=[  # right on the inputs the check showed it (its first 9 calls), wrong on any others
+    new_markdown_cell("# Lab 97"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("from labkit import check\ncalls = []"),
+    new_code_cell("def karp_flatt(p, s):\n    calls.append(1)\n    e = (1 / s - 1 / p) / (1 - 1 / p)\n"
+                  "    return e if len(calls) <= 9 else e + 0.5"),
+    new_code_cell("check.karp_flatt(karp_flatt)"),
+    new_code_cell("check.karp_flatt(lambda p, s: (1 / s - 1 / p) / (1 - 1 / p))"),
+])
+
+
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+def test_a_hidden_part_runs_the_check_again_on_inputs_drawn_apart_and_only_the_instructor_reads_it(tmp_path, capsys):
+    (tmp_path / "subs" / "ana").mkdir(parents=True)
+    nbformat.write(SHOWN_ONLY, tmp_path / "subs" / "ana" / "97_quick.ipynb")
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "x"), "--hidden-part", "karp_flat"]) == 2
+    assert "karp_flat is no exercise labkit knows" in capsys.readouterr().err
+    assert cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--hidden-part", "karp_flatt",
+                     "--feedback", str(tmp_path / "fb"), "--export", "gradescope"]) == 0
+    rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    got = {r["exercise"]: (r["passed"], r["message"]) for r in rows}
+    assert list(got) == ["karp_flatt", "karp_flatt~hidden", "karp_flatt#2", "karp_flatt#2~hidden"]
+    assert got["karp_flatt"] == ("1", "passed") and got["karp_flatt#2"] == got["karp_flatt#2~hidden"] == ("1", "passed")
+    assert got["karp_flatt~hidden"][0] == "0" and "Karp-Flatt" in got["karp_flatt~hidden"][1]  # the instructor reads it
+    data = json.loads((tmp_path / "out" / "grades.json").read_text())
+    assert data["hidden_parts"] == ["karp_flatt"] and data["students"]["ana"]["97_quick.ipynb"]["passed"] == 3
+    executed = nbformat.read(tmp_path / "out" / "executed" / "ana" / "97_quick.ipynb", as_version=4)
+    (cell,) = [c for c in executed.cells if c.source == "check.karp_flatt(karp_flatt)"]
+    shown = "".join(o.get("text", "") for o in cell.outputs)
+    assert shown.count("checks passed") == 1  # the hidden run printed nothing into the notebook
+    page = (tmp_path / "fb" / "ana" / "97_quick.html").read_text()
+    assert "karp_flatt (hidden part)" in page and "a hidden check failed" in page
+    assert got["karp_flatt~hidden"][1].splitlines()[0][:60] not in page  # its message stays with the instructor
+    tests = json.loads((tmp_path / "out" / "gradescope" / "ana.json").read_text())["tests"]
+    hidden = [t for t in tests if "(hidden part)" in t["name"]]
+    assert len(hidden) == 2 and all(t["visibility"] == "after_published" for t in hidden)
+    assert [t["output"] for t in hidden] == ["a hidden check failed", "passed"]
+
+
 @pytest.mark.sandbox
 @pytest.mark.notebooks
 def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path, capsys):

@@ -15,6 +15,11 @@ The checks (:mod:`labkit.check`) run in three modes:
   in the notebook, catching the check's error or writing files changes nothing: a pass needs the right results on the
   check's inputs, which the grader draws afresh for every submission (``LABKIT_CHECK_SEED``).
 
+**A hidden part** (``LABKIT_HIDDEN_PARTS`` names the exercises, ``labkit grade --hidden-part``): while graded, such a
+check runs a second time right after its cell's own run, silently, on inputs of another secret draw
+(``LABKIT_HIDDEN_SEED``), recorded as ``<check>~hidden.r<rank>``. The grader replays both: the first is the public
+verdict, the second a row of its own whose message only the instructor reads.
+
 What the record cannot prove: a student who rewrites this module inside their own kernel can hide a call of the
 reference, and a timing is what their process measured. The grader's side is :mod:`labkit.grading.replay`.
 """
@@ -40,6 +45,9 @@ from .exercises import exercise
 
 ENV = "LABKIT_CAPTURE"
 SEED_ENV = "LABKIT_CHECK_SEED"
+HIDDEN_ENV = "LABKIT_HIDDEN_PARTS"
+HIDDEN_SEED_ENV = "LABKIT_HIDDEN_SEED"
+HIDDEN = "~hidden"  # a hidden part's record, and its row in the grades: <exercise>~hidden
 FORMAT = 1
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)  # labkit/
 
@@ -61,11 +69,21 @@ def mode() -> str:
 
 def seed(base: int) -> int:
     """The seed of a check's inputs: ``base`` when a student runs the check, shifted by the grader's draw when graded."""
-    if isinstance(_session, Replay):
+    if isinstance(_session, (Replay, Record)):
         return base + _session.seed
     from .. import settings
 
     return base + (settings.get(SEED_ENV) or 0)
+
+
+def hidden_part(check: str) -> bool:
+    """Whether the notebook is being graded with a hidden part of ``check``: a second, silent run on another draw."""
+    from .. import settings
+
+    if not settings.get(ENV):
+        return False
+    wanted = {name.strip() for name in (settings.get(HIDDEN_ENV) or "").split(",")}
+    return check in wanted or "all" in wanted
 
 
 # ---- plain data: JSON with arrays beside it ------------------------------------------------------------------------
@@ -308,8 +326,8 @@ def source_reference(check: str, source) -> str | None:
 # ---- record --------------------------------------------------------------------------------------------------------
 
 class Record:
-    def __init__(self, check: str, folder: Path):
-        self.check, self.folder = check, folder
+    def __init__(self, check: str, folder: Path, seed_: int = 0, tag: str = ""):
+        self.check, self.folder, self.seed, self.tag = check, folder, seed_, tag
         self.entries: list[dict] = []
         self.arrays: dict = {}
         self.reference: str | None = None
@@ -371,8 +389,8 @@ class Record:
             threading.setprofile(None)
         rank = _rank()
         self.folder.mkdir(parents=True, exist_ok=True)
-        base = str(self.folder / f"{self.check}.r{rank}")
-        record = {"labkit_capture": FORMAT, "check": self.check, "rank": rank, "seed": seed(0),
+        base = str(self.folder / f"{self.check}{self.tag}.r{rank}")
+        record = {"labkit_capture": FORMAT, "check": self.check, "rank": rank, "seed": self.seed,
                   "reference": self.reference, "source": self.source, "entries": self.entries}
         with open(base + ".tmp.npz", "wb") as f:
             np.savez(f, **self.arrays)
@@ -478,8 +496,9 @@ def end() -> None:
 # ---- what the checks call ------------------------------------------------------------------------------------------
 
 @contextmanager
-def session(check: str):
-    """Around a check: records it when ``LABKIT_CAPTURE`` is set (the notebook being graded); else nothing."""
+def session(check: str, hidden: bool = False):
+    """Around a check: records it when ``LABKIT_CAPTURE`` is set (the notebook being graded); else nothing.
+    ``hidden``: the run of its hidden part, on the inputs of ``LABKIT_HIDDEN_SEED``, recorded apart."""
     global _session
     if _session is not None:  # replaying, or a check inside a check
         yield _session
@@ -490,7 +509,8 @@ def session(check: str):
     if not folder:
         yield None
         return
-    _session = Record(check, Path(folder))
+    draw = settings.get(HIDDEN_SEED_ENV if hidden else SEED_ENV) or 0
+    _session = Record(check, Path(folder), draw, HIDDEN if hidden else "")
     _session.start()
     try:
         yield _session

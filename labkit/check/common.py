@@ -79,18 +79,43 @@ def recorded(check):
 
     @functools.wraps(check)
     def wrapper(*args, **kwargs):
+        ran = False  # to its end or to an error: not stopped by an interrupt (a cell over its time limit)
+        top = capture.mode() == "plain"  # not inside another check, not replayed
         try:
             with capture.session(check.__name__):
-                return check(*args, **kwargs)
+                result = check(*args, **kwargs)
+            ran = True
+            return result
         except ExerciseError as e:
+            ran = True
             if capture.replaying():  # the grader's verdict: the mistake, without the steps
                 raise
             hint = next_hint(check.__name__, str(e))
             if hint:
                 raise ExerciseError(f"{e}\n{hint}") from None
             raise
+        except Exception:
+            ran = True
+            raise
+        finally:
+            if ran and top and capture.hidden_part(check.__name__):
+                _hidden_part(check, args, kwargs)
 
     return wrapper
+
+
+def _hidden_part(check, args, kwargs) -> None:
+    """The check's hidden part, while graded: the same check again on another secret draw, recorded apart, its
+    output and its verdict kept out of the notebook (the grader replays the record for a row of its own)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            with capture.session(check.__name__, hidden=True):
+                check(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the replay of the record gives the verdict, not this run
+            pass
 
 
 _failed_runs: dict[str, int] = {}  # per exercise, this process's failed runs: which hint comes next

@@ -74,14 +74,16 @@ def gradescope(data: dict, out: Path | str, hidden: set[str] | None = None) -> l
 
 def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset()) -> dict:
     """One student's results.json: a one-point test per exercise, in the order of the notebooks and their cells."""
+    from .notebook import is_secret, shown_name
+
     tests, seconds, unscored = [], 0.0, 0
     for name, entry in sorted(notebooks.items()):
         seconds += float(entry.get("seconds") or 0)
         lab = lab_name(name)
         for k, r in enumerate(entry.get("results", []), 1):
-            secret = r["exercise"] in hidden or r["exercise"].split("#")[0] in hidden
+            secret = is_secret(r["exercise"], hidden)
             output = r["message"] or ("passed" if r["passed"] else "failed")
-            tests.append({"name": f"{lab}: {r['exercise']}", "number": f"{name[:2]}.{k}",
+            tests.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
                           "score": 1.0 if r["passed"] else 0.0, "max_score": 1.0,
                           "status": "passed" if r["passed"] else "failed",
                           "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,

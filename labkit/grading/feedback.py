@@ -7,7 +7,9 @@ ran under; then the notebook as the grader ran it, and after every check cell a 
 the check's message (the grader's replayed verdict, not what the cell itself printed).
 
 An exercise named in ``hidden`` counts for the grade like any other, but its page shows neither the check cell's
-output nor the check's message: only whether it passed, and "a hidden check failed" when it did not.
+output nor the check's message: only whether it passed, and "a hidden check failed" when it did not. A hidden part
+(``labkit grade --hidden-part``: the check run again on inputs drawn apart) shows the same way, in a box of its own
+after the public verdict, whose message and the cell's output stay.
 
 The notebook is the student's, so the page keeps nothing that could run script on whoever opens it: outputs only
 as text and images (no HTML, JavaScript or SVG), raw HTML in markdown only as plain tags without attributes, every
@@ -70,7 +72,9 @@ def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool):
     unless the check is hidden."""
     import nbformat
 
-    lines = [f"**{'✔ passed' if passed else '✘ failed'}**: exercise `{exercise}`"
+    from .notebook import shown_name
+
+    lines = [f"**{'✔ passed' if passed else '✘ failed'}**: exercise `{shown_name(exercise)}`"
              + (" (a hidden check)" if hidden else "")]
     if not passed and hidden:
         lines += ["", f"{HIDDEN_FAILED}."]
@@ -113,23 +117,25 @@ def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, 
     import nbformat
 
     from .assign import exercises_in
+    from .notebook import HIDDEN, is_secret
 
     nb = nbformat.from_dict(nb)
     rows = {r["exercise"]: r for r in entry.get("results", [])}
     after: dict[int, list] = {}
     for i, name in exercises_in(nb):
-        row = rows.get(name)
-        if row is None:
-            continue
-        secret = name.split("#")[0] in hidden or name in hidden
-        if secret:
-            nb.cells[i].outputs = []
-        after.setdefault(i, []).append(verdict_cell(name, bool(row["passed"]), row.get("message", ""), secret))
+        for part in (name, name + HIDDEN):
+            row = rows.get(part)
+            if row is None:
+                continue
+            secret = is_secret(part, hidden)
+            if secret and part == name:
+                nb.cells[i].outputs = []
+            after.setdefault(i, []).append(verdict_cell(part, bool(row["passed"]), row.get("message", ""), secret))
     cells = []
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
         cells += after.get(i, [])
-    hidden_here = sum(1 for name in rows if name.split("#")[0] in hidden or name in hidden)
+    hidden_here = sum(1 for name in rows if is_secret(name, hidden))
     nb.cells = [summary_cell(student, notebook, entry, data, hidden_here)] + cells
     safe_cells(nb)
     return nb
@@ -139,10 +145,12 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
     """A page for a lab with no executed notebook (not handed in, or a file that could not be read): the rows."""
     import nbformat
 
+    from .notebook import is_secret
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [summary_cell(student, notebook, entry, data, 0)]
     for r in entry.get("results", []):
-        secret = r["exercise"].split("#")[0] in hidden or r["exercise"] in hidden
+        secret = is_secret(r["exercise"], hidden)
         nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret))
     return nb
 

@@ -20,13 +20,14 @@ import csv
 import json
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
 from ..progress import progress_bar
 from . import answers as answer_cells
 from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
-from .notebook import ExerciseResult, grade_notebook
+from .notebook import ExerciseResult, grade_notebook, rows_of
 from .sandbox import Limits
 
 
@@ -95,16 +96,17 @@ def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
     """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
     import hashlib
 
-    path, student, out_dir, timeout, profile, released, threads, isolate, limits = args
+    path, student, out_dir, timeout, profile, released, threads, isolate, limits, hidden_parts = args
     t0 = time.perf_counter()
-    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads, isolate, limits)
+    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads, isolate, limits, hidden_parts)
     return results, time.perf_counter() - t0, hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
           jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
-          part: tuple[int, int] | None = None, resume: bool = False) -> tuple[list[ExerciseResult], Path, Path]:
+          part: tuple[int, int] | None = None, resume: bool = False,
+          hidden_parts: Iterable[str] = ()) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
     With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
@@ -124,7 +126,11 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     Each notebook's results are kept in ``out``/.progress as soon as it is graded. An interrupted run (Ctrl-C, or
     SIGTERM, which is taken as Ctrl-C) stops its workers and every sandbox, kernel and engine they started, writes no
     grades, and raises KeyboardInterrupt; ``resume=True`` then grades only what it had not finished (a notebook
-    changed since is graded again), with the same options."""
+    changed since is graded again), with the same options.
+
+    ``hidden_parts`` names exercises (or ``"all"``) whose checks also run, silently, on a second secret draw of
+    inputs: each such exercise gets a second row, ``<name>~hidden``, that counts like any other and whose message the
+    feedback and the Gradescope export show only as "a hidden check failed"."""
     from .. import __version__
     from ..machine import usable_cores
 
@@ -132,6 +138,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    hidden_parts = _hidden_parts(hidden_parts)
     found = _share(submissions(Path(folder)), part)  # an empty or missing folder is said before anything starts
     isolate = _isolation(isolate)
     record, release_sha = load_release(release)
@@ -141,11 +148,11 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     out = Path(out)
     threads = max(1, usable_cores() // jobs) if jobs > 1 else None
     options = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "part": list(part) if part else None,
-               "limits": asdict(limits or Limits()), "isolated": bool(isolate)}
+               "limits": asdict(limits or Limits()), "isolated": bool(isolate), "hidden_parts": sorted(hidden_parts)}
     kept = _Progress(out, options, resume)
     work = [(path, student, out / "executed" / student, timeout, profile,
              record["notebooks"][name] if record and (name := released_name(path, record)) else None, threads, isolate,
-             limits)
+             limits, hidden_parts)
             for student, path in found]
     results: list[ExerciseResult] = []
     seconds, hashes = {}, {}
@@ -156,14 +163,14 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         seconds[(student, path.name)] = secs
         hashes[(student, path.name)] = digest
     if record:
-        missing = _not_handed_in(found, record)
+        missing = _not_handed_in(found, record, hidden_parts)
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
     answered = _answers(found, record, out)
     meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
             "limits": asdict(limits or Limits()),
             "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha,
-            "part": list(part) if part else None}
+            "part": list(part) if part else None, "hidden_parts": sorted(hidden_parts)}
     students = _by_student(results, seconds, hashes)
     _add_answers(students, answered)
     csv_path, json_path = _write(out, results, {**meta, "students": students})
@@ -394,12 +401,24 @@ def _stop_workers(pool) -> None:
             p.join(5)
 
 
-def _not_handed_in(found: list[tuple[str, Path]], record: dict) -> list[ExerciseResult]:
-    """A failed row for every exercise of every released notebook a student did not hand in."""
+def _not_handed_in(found: list[tuple[str, Path]], record: dict, hidden_parts=frozenset()) -> list[ExerciseResult]:
+    """A failed row for every exercise (and hidden part) of every released notebook a student did not hand in."""
     handed_in = {(s, released_name(p, record)) for s, p in found}
-    return [ExerciseResult(student, name, ex["name"], False, "notebook not handed in")
+    return [ExerciseResult(student, name, row, False, "notebook not handed in")
             for student in sorted({s for s, _ in found}) for name, entry in record["notebooks"].items()
-            if (student, name) not in handed_in for ex in entry["exercises"]]
+            if (student, name) not in handed_in for ex in entry["exercises"] for row in rows_of(ex["name"], hidden_parts)]
+
+
+def _hidden_parts(names: Iterable[str]) -> frozenset[str]:
+    """The exercises to grade with a hidden part: declared exercises, or "all"; a name labkit does not know is refused."""
+    from ..check.exercises import EXERCISES
+
+    wanted = frozenset(n.strip() for n in names if n.strip())
+    unknown = sorted(n for n in wanted if n != "all" and n not in EXERCISES)
+    if unknown:
+        raise ValueError(f"--hidden-part: {', '.join(unknown)} is no exercise labkit knows (they are the names of the "
+                         "check calls, check.<name>(...), e.g. ring_allreduce), or give all")
+    return wanted
 
 
 def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict) -> dict:
@@ -447,7 +466,7 @@ def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult
         loaded.append((path, data))
     if not loaded:
         raise ValueError("nothing to merge: give the output folders of the labkit grade runs")
-    for key in ("release_sha256", "labkit_version", "profile", "timeout_s"):
+    for key in ("release_sha256", "labkit_version", "profile", "timeout_s", "hidden_parts"):
         values = {json.dumps(d.get(key)) for _, d in loaded}
         if len(values) > 1:
             raise ValueError(f"the parts differ in {key} ({', '.join(sorted(values))}): grade every part with the "
@@ -462,7 +481,8 @@ def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult
     results = [ExerciseResult(**r) for student in sorted(students) for nb in students[student].values()
                for r in nb.get("results", [])]
     first = loaded[0][1]
-    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "isolated", "limits")}
+    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "isolated", "limits",
+                                      "hidden_parts")}
     meta["isolated"] = all(d.get("isolated") for _, d in loaded)
     meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
     meta["parts"] = [{"grades": str(p), "part": d.get("part"), "graded_at": d.get("graded_at")} for p, d in loaded]

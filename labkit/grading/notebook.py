@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..check import capture
+from ..check.capture import HIDDEN
 from ..check.exercises import exercise
 from ..report import ANSI_ESCAPES, inject_parameters
 from .assign import exercises_in
@@ -153,7 +155,8 @@ class NotebookRun:
     sandbox's cgroup and folders."""
 
     def __init__(self, path: Path, timeout: int = 60, profile: str = "quick", released: dict | None = None,
-                 threads: int | None = None, isolate: bool | None = None, limits: Limits | None = None):
+                 threads: int | None = None, isolate: bool | None = None, limits: Limits | None = None,
+                 hidden_parts: frozenset[str] = frozenset()):
         import secrets
         import tempfile
 
@@ -170,6 +173,8 @@ class NotebookRun:
         for i, name in self.exercises:
             self.by_cell.setdefault(i, []).append(name)
         self.seed = secrets.randbelow(1_000_000) + 1  # the checks' inputs, drawn afresh for this run
+        self.hidden_parts = frozenset(hidden_parts)  # exercises checked a second time, on inputs drawn apart
+        self.hidden_seed = secrets.randbelow(1_000_000) + 1_000_001
         self.isolate = sandbox.available()[0] if isolate is None else isolate
         self.limits = limits or Limits()
         self.private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
@@ -202,19 +207,28 @@ class NotebookRun:
                 self.stop_engines()
         self.cell = None
         for name in self.by_cell.get(cell_index, []):
-            target = self.private / "records" / name
-            target.mkdir(parents=True, exist_ok=True)
             check_name = name.split("#")[0]
-            for f in list(self.inbox.glob(f"{check_name}.r*.json")) + list(self.inbox.glob(f"{check_name}.r*.npz")):
-                if f.is_file() and not f.is_symlink() and f.stat().st_size <= RECORD_LIMIT:
-                    shutil.copyfile(f, target / f.name)
+            parts = [("", name)] + ([(HIDDEN, name + HIDDEN)] if self.has_hidden_part(name) else [])
+            for tag, row in parts:  # a hidden part's records lose their tag: the check replays them as its own
+                target = self.private / "records" / row
+                target.mkdir(parents=True, exist_ok=True)
+                for f in [*self.inbox.glob(f"{check_name}{tag}.r*.json"), *self.inbox.glob(f"{check_name}{tag}.r*.npz")]:
+                    if f.is_file() and not f.is_symlink() and f.stat().st_size <= RECORD_LIMIT:
+                        shutil.copyfile(f, target / f.name.replace(tag, "", 1) if tag else target / f.name)
         shutil.rmtree(self.inbox, ignore_errors=True)
+
+    def has_hidden_part(self, name: str) -> bool:
+        """Whether the exercise of this check cell (``name``, ``name#2``) is graded with a hidden part."""
+        return has_hidden_part(name, self.hidden_parts)
 
     def _env(self) -> dict:
         from ..check import capture
 
         env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
                capture.SEED_ENV: str(self.seed)}
+        if self.hidden_parts:
+            env.update({capture.HIDDEN_ENV: ",".join(sorted(self.hidden_parts)),
+                        capture.HIDDEN_SEED_ENV: str(self.hidden_seed)})
         if self.threads:  # several notebooks at once: each kernel's BLAS and OpenMP get their share of the cores
             env.update({k: str(self.threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
         return env
@@ -315,26 +329,34 @@ class NotebookRun:
         forks = bool(self.cgroups) and sandbox.hit_process_limit(self.cgroups)
         outcomes = {}
         for i, name in self.exercises:
-            if i in self.timed_out and i != self.killed:
-                stopped_too = ("; the MPI engines were stopped with it, as they may be blocked in an MPI call that no "
-                               "interrupt reaches") if i == self.engines_stopped else ""
-                outcomes[name] = (False, f"stopped after the {self.timeout} s limit per cell (an endless loop, a "
-                                         f"deadlock, or far too slow?){stopped_too}")
-                continue
-            if self.engines_stopped is not None and i > self.engines_stopped and _engine_cell(self.nb.cells[i]):
-                outcomes[name] = (False, f"not run: the MPI engines were stopped after cell {self.engines_stopped} "
-                                         f"ran past the {self.timeout} s limit on them (blocked in an MPI call?)")
-                continue
-            if i == self.killed:
-                outcomes[name] = (False, f"stopped after the {self.timeout} s limit per cell; it ignored the interrupt, "
-                                         "so the kernel and everything it started (engines, MPI ranks) were killed")
-                continue
-            passed, message = _verdict(self.nb.cells[i], name.split("#")[0], self.private / "records" / name,
-                                       self.seed, self.timeout, stopped, _earlier_error(self.nb, i))
-            if forks and not passed:
-                message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
-            outcomes[name] = (passed, message)
+            outcomes[name] = self._verdict(i, name, name, self.seed, stopped, forks)
+            if self.has_hidden_part(name):
+                outcomes[name + HIDDEN] = self._verdict(i, name, name + HIDDEN, self.hidden_seed, stopped, forks)
         return outcomes
+
+    def _verdict(self, i: int, name: str, row: str, seed: int, stopped: str | None, forks: bool) -> tuple[bool, str]:
+        """The (passed, message) of check cell ``i``'s exercise ``name``: its row ``row`` (the public verdict, or
+        ``name~hidden``, its hidden part), replayed with the inputs of ``seed``."""
+        if i in self.timed_out and i != self.killed:
+            stopped_too = ("; the MPI engines were stopped with it, as they may be blocked in an MPI call that no "
+                           "interrupt reaches") if i == self.engines_stopped else ""
+            return False, (f"stopped after the {self.timeout} s limit per cell (an endless loop, a deadlock, or far too "
+                           f"slow?){stopped_too}")
+        if self.engines_stopped is not None and i > self.engines_stopped and _engine_cell(self.nb.cells[i]):
+            return False, (f"not run: the MPI engines were stopped after cell {self.engines_stopped} ran past the "
+                           f"{self.timeout} s limit on them (blocked in an MPI call?)")
+        if i == self.killed:
+            return False, (f"stopped after the {self.timeout} s limit per cell; it ignored the interrupt, so the kernel "
+                           "and everything it started (engines, MPI ranks) were killed")
+        folder = self.private / "records" / row
+        if row != name and not capture.records(folder, name.split("#")[0]) and capture.records(
+                self.private / "records" / name, name.split("#")[0]):
+            return False, "the hidden part recorded nothing: the check cell stopped before it ran"
+        passed, message = _verdict(self.nb.cells[i], name.split("#")[0], folder, seed, self.timeout, stopped,
+                                   _earlier_error(self.nb, i))
+        if forks and not passed:
+            message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
+        return passed, message
 
     def results(self, student: str, outcomes: dict[str, tuple[bool, str]]) -> list[ExerciseResult]:
         """A row for every exercise: every released one, in the release's order, else those the notebook holds."""
@@ -342,10 +364,11 @@ class NotebookRun:
                  else [name for _, name in self.exercises])
         rows = []
         for name in names:
-            passed, message = outcomes.get(name, (False, ""))
-            if name in self.problems:
-                passed, message = False, self.problems[name] + (f"; when run: {message}" if name in outcomes else "")
-            rows.append(ExerciseResult(student, self.path.name, name, passed, message))
+            for row in rows_of(name, self.hidden_parts):
+                passed, message = outcomes.get(row, (False, ""))
+                if name in self.problems:
+                    passed, message = False, self.problems[name] + (f"; when run: {message}" if row in outcomes else "")
+                rows.append(ExerciseResult(student, self.path.name, row, passed, message))
         return rows
 
     def close(self) -> None:
@@ -358,9 +381,34 @@ class NotebookRun:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def has_hidden_part(name: str, hidden_parts) -> bool:
+    """Whether exercise ``name`` (a check cell's: ``name``, ``name#2``) is graded with a hidden part."""
+    return "all" in hidden_parts or name.split("#")[0] in hidden_parts
+
+
+def rows_of(name: str, hidden_parts) -> list[str]:
+    """The rows of one check cell's exercise in the grades: itself, then its hidden part where there is one."""
+    return [name] + ([name + HIDDEN] if has_hidden_part(name, hidden_parts) else [])
+
+
+def exercise_of(row: str) -> str:
+    """The exercise a row of the grades belongs to: ``ring_allreduce`` for ``ring_allreduce#2~hidden``."""
+    return row.split(HIDDEN)[0].split("#")[0]
+
+
+def is_secret(row: str, hidden=frozenset()) -> bool:
+    """Whether a row's message stays with the instructor: a hidden part, or a check named hidden (``--hidden``)."""
+    return row.endswith(HIDDEN) or row in hidden or row.split("#")[0] in hidden or exercise_of(row) in hidden
+
+
+def shown_name(row: str) -> str:
+    """A row as students read it: ``ring_allreduce (hidden part)`` for ``ring_allreduce~hidden``."""
+    return row[: -len(HIDDEN)] + " (hidden part)" if row.endswith(HIDDEN) else row
+
+
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
                    released: dict | None = None, threads: int | None = None, isolate: bool | None = None,
-                   limits: Limits | None = None) -> list[ExerciseResult]:
+                   limits: Limits | None = None, hidden_parts: frozenset[str] = frozenset()) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
     student's errors).
 
@@ -368,14 +416,18 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     made) and in record mode (:mod:`labkit.check.capture`) on inputs drawn afresh: right after each check cell, what
     it recorded of the student's functions is moved out of the notebook's reach, and the check is replayed on it in
     the grader's own processes, which give the verdict. A cell over ``timeout`` is interrupted; one that does not
-    stop within :data:`GRACE` more seconds has its kernel killed with everything it started."""
+    stop within :data:`GRACE` more seconds has its kernel killed with everything it started.
+
+    ``hidden_parts`` (exercise names, or "all"): those checks run a second time, silently, on inputs drawn apart, and
+    each gets a second row, ``<name>~hidden``, its hidden part (:mod:`labkit.check.capture`)."""
     import nbformat
 
     why = unreadable(path)
     if why:  # an empty upload, a file that is not a notebook: its rows say so, the class goes on
-        names = ([ex["name"] for ex in released["exercises"]] if released else ["(the notebook)"])
+        names = ([row for ex in released["exercises"] for row in rows_of(ex["name"], hidden_parts)] if released
+                 else ["(the notebook)"])
         return [ExerciseResult(student, Path(path).name, name, False, why) for name in names]
-    run = NotebookRun(path, timeout, profile, released, threads, isolate, limits)
+    run = NotebookRun(path, timeout, profile, released, threads, isolate, limits, hidden_parts)
     try:
         stopped = run.execute()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
