@@ -37,6 +37,13 @@ SLURM_ENGINES = """#!/bin/sh
 {options}exec {mpiexec} {where} -n {{n}} {{program_and_args}}
 """
 
+# The controller's heartbeat: an engine counts as started at the first beat after it registers, so ipyparallel's
+# 3 s period cost 6 s per start of 4 engines here, 1.5 s at 0.5 s. The misses keep the tolerance of the defaults: the
+# controller drops a silent engine after 30 s (10 x 3 s), an engine gives up a silent controller after 175 s
+# (50 x 3.5 s: its checks run every period + 0.5 s).
+HEARTBEAT_MS = 500
+CONTROLLER_ARGS = [f"--HeartMonitor.period={HEARTBEAT_MS}", f"--HeartMonitor.max_heartmonitor_misses={30_000 // HEARTBEAT_MS}"]
+ENGINE_ARGS = [f"--IPEngine.max_heartbeat_misses={175_000 // (HEARTBEAT_MS + 500)}"]
 
 
 class ClusterError(LabkitError, RuntimeError):
@@ -107,6 +114,7 @@ class MPICluster:
                 options=lines, mpiexec=str(mpiexec_path()), where=" ".join(SLURM_ARGS))
             cfg.SlurmEngineSetLauncher.batch_file_name = str(self._folder / "engines.sbatch")
             cfg.SlurmEngineSetLauncher.engine_cmd = [sys.executable, "-m", "ipyparallel.engine", "--mpi"]
+            cfg.SlurmEngineSetLauncher.engine_args = ENGINE_ARGS
             # sbatch's refusal (on its stderr) into the error the notebook shows, and the id from its one line for it
             cfg.SlurmEngineSetLauncher.submit_command = ["sh", "-c", 'exec sbatch "$@" 2>&1', "sbatch"]
             cfg.SlurmEngineSetLauncher.job_id_regexp = r"Submitted batch job (\d+)"
@@ -114,6 +122,7 @@ class MPICluster:
             cfg.SlurmEngineSetLauncher.environment = env
             return cfg
         cfg.MPIEngineSetLauncher.mpi_cmd = [str(mpiexec_path())]
+        cfg.MPIEngineSetLauncher.engine_args = ENGINE_ARGS
         if local:
             cfg.MPIEngineSetLauncher.mpi_args = LOCAL_ARGS
         else:
@@ -156,7 +165,7 @@ class MPICluster:
             self._folder = Path(tempfile.mkdtemp(prefix="labkit-engines-"))
         self.cluster = ipp.Cluster(engines=self.launcher, n=self.n, controller_ip=controller_ip,
                                    config=self._config(), engine_timeout=self.start_timeout, shutdown_atexit=True,
-                                   log_level=40)
+                                   log_level=40, controller_args=CONTROLLER_ARGS)
         try:
             if self.launcher == "slurm":  # not ipyparallel's wait: it would not notice the job's end
                 self.cluster.start_cluster_sync(n=self.n)
@@ -297,7 +306,10 @@ class MPICluster:
             try:
                 if self.launcher == "slurm" and job is None:  # SLURM took no job: nothing to scancel
                     self.cluster.engines.clear()
-                self.cluster.stop_cluster_sync()
+                # the engines first, while their controller still answers: ipyparallel's stop_cluster stops both at
+                # once, and engines that lose their controller first took 3.5 s to end here, against 0.6 s
+                self.cluster.stop_engines_sync()
+                self.cluster.stop_controller_sync()
             except Exception:  # noqa: BLE001 - scancel of a job SLURM has forgotten, say: the controller goes anyway
                 with contextlib.suppress(Exception):
                     self.cluster.stop_controller_sync()
@@ -335,7 +347,9 @@ def watch(owner: int, cluster_file: str, processes: dict[int, int], folder: str 
         try:
             import ipyparallel as ipp
 
-            ipp.Cluster.from_file(cluster_file).stop_cluster_sync()
+            owned = ipp.Cluster.from_file(cluster_file)
+            owned.stop_engines_sync()  # the engines first, as MPICluster.stop does
+            owned.stop_controller_sync()
         except Exception:  # noqa: BLE001 - the processes are killed below in any case
             pass
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
