@@ -93,7 +93,6 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
 
 def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
     """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
-    from ..check import capture
     from ..cluster import run_mpi
     from . import replay
 
@@ -130,8 +129,6 @@ def _earlier_error(nb, index: int) -> str | None:
 def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None,
              earlier: str | None = None) -> tuple[bool, str]:
     """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record."""
-    from ..check import capture
-
     ran, message = _outcome(cell, timeout)
     if stopped and not ran and message.startswith("not run"):
         return False, stopped
@@ -222,8 +219,6 @@ class NotebookRun:
         return has_hidden_part(name, self.hidden_parts)
 
     def _env(self) -> dict:
-        from ..check import capture
-
         env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
                capture.SEED_ENV: str(self.seed)}
         if self.hidden_parts:
