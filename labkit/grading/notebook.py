@@ -205,18 +205,14 @@ class NotebookRun:
         self.cell = None
         for name in self.by_cell.get(cell_index, []):
             check_name = name.split("#")[0]
-            parts = [("", name)] + ([(HIDDEN, name + HIDDEN)] if self.has_hidden_part(name) else [])
-            for tag, row in parts:  # a hidden part's records lose their tag: the check replays them as its own
+            for row in rows_of(name, self.hidden_parts):  # a hidden part's records lose their tag: the check replays
+                tag = row[len(name):]                      # them as its own
                 target = self.private / "records" / row
                 target.mkdir(parents=True, exist_ok=True)
                 for f in [*self.inbox.glob(f"{check_name}{tag}.r*.json"), *self.inbox.glob(f"{check_name}{tag}.r*.npz")]:
                     if f.is_file() and not f.is_symlink() and f.stat().st_size <= RECORD_LIMIT:
                         shutil.copyfile(f, target / f.name.replace(tag, "", 1) if tag else target / f.name)
         shutil.rmtree(self.inbox, ignore_errors=True)
-
-    def has_hidden_part(self, name: str) -> bool:
-        """Whether the exercise of this check cell (``name``, ``name#2``) is graded with a hidden part."""
-        return has_hidden_part(name, self.hidden_parts)
 
     def _env(self) -> dict:
         env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
@@ -324,9 +320,9 @@ class NotebookRun:
         forks = bool(self.cgroups) and sandbox.hit_process_limit(self.cgroups)
         outcomes = {}
         for i, name in self.exercises:
-            outcomes[name] = self._verdict(i, name, name, self.seed, stopped, forks)
-            if self.has_hidden_part(name):
-                outcomes[name + HIDDEN] = self._verdict(i, name, name + HIDDEN, self.hidden_seed, stopped, forks)
+            for row in rows_of(name, self.hidden_parts):
+                outcomes[row] = self._verdict(i, name, row, self.seed if row == name else self.hidden_seed, stopped,
+                                              forks)
         return outcomes
 
     def _verdict(self, i: int, name: str, row: str, seed: int, stopped: str | None, forks: bool) -> tuple[bool, str]:
@@ -376,14 +372,11 @@ class NotebookRun:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def has_hidden_part(name: str, hidden_parts) -> bool:
-    """Whether exercise ``name`` (a check cell's: ``name``, ``name#2``) is graded with a hidden part."""
-    return "all" in hidden_parts or name.split("#")[0] in hidden_parts
-
-
 def rows_of(name: str, hidden_parts) -> list[str]:
-    """The rows of one check cell's exercise in the grades: itself, then its hidden part where there is one."""
-    return [name] + ([name + HIDDEN] if has_hidden_part(name, hidden_parts) else [])
+    """The rows of one check cell's exercise (``name``, ``name#2``) in the grades: itself, then its hidden part where
+    ``hidden_parts`` names the exercise or holds "all"."""
+    hidden = "all" in hidden_parts or name.split("#")[0] in hidden_parts
+    return [name] + ([name + HIDDEN] if hidden else [])
 
 
 def exercise_of(row: str) -> str:
@@ -393,7 +386,7 @@ def exercise_of(row: str) -> str:
 
 def is_secret(row: str, hidden=frozenset()) -> bool:
     """Whether a row's message stays with the instructor: a hidden part, or a check named hidden (``--hidden``)."""
-    return row.endswith(HIDDEN) or row in hidden or row.split("#")[0] in hidden or exercise_of(row) in hidden
+    return row.endswith(HIDDEN) or row in hidden or exercise_of(row) in hidden
 
 
 def shown_name(row: str) -> str:
