@@ -126,6 +126,10 @@ def _names(given: list[str] | None) -> set[str]:
 
 
 def _cmd_grade(a) -> int:
+    from .grading import workers
+
+    if a.jobs > 1 and not a.merge:
+        workers.start()  # the workers' fork server imports the grader while this process does the same
     from .grading import exports, grade
     from .grading.sandbox import Limits
 

@@ -335,8 +335,10 @@ def load_mnist(
         a = _load_subset(verify)
     else:
         a = _load_files(src.path, dataset, verify)
-    x_tr = a["train_images"].astype(np.float32) / 255.0
-    x_te = a["test_images"].astype(np.float32) / 255.0
+    x_tr = a["train_images"].astype(np.float32)
+    x_tr /= 255.0  # in place: one float copy of the images in memory, not two at once
+    x_te = a["test_images"].astype(np.float32)
+    x_te /= 255.0
     y_tr = a["train_labels"].astype(np.int64)
     y_te = a["test_labels"].astype(np.int64)
     if flatten:

@@ -260,6 +260,29 @@ def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path
     assert "no release record" in capsys.readouterr().err  # a warning on stderr, never in the JSON on stdout
 
 
+def test_workers_are_forked_by_the_fork_server_and_start_with_the_environment_and_folder_of_now(tmp_path, monkeypatch):
+    """The fork server keeps the environment and folder of its start; a pool's workers get those of the pool's."""
+    import multiprocessing
+    import os
+    import sys
+
+    from labkit.grading import workers
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"multiprocessing has no fork server on {sys.platform}")
+    workers.start()  # before the variable and the folder change, as the command line starts it
+    monkeypatch.setenv("LABKIT_TEST_WORKER_ENV", "set after the fork server started")
+    monkeypatch.chdir(tmp_path)
+    pool = workers.pool(2)
+    try:
+        assert pool.submit(os.getenv, "LABKIT_TEST_WORKER_ENV").result(60) == "set after the fork server started"
+        assert pool.submit(os.getcwd).result(60) == str(tmp_path)
+        assert pool.submit(os.getppid).result(60) != os.getpid()  # a child of the fork server, not of this process
+    finally:
+        pool.shutdown()
+    assert workers.context().get_start_method() == "forkserver"
+
+
 @pytest.mark.sandbox
 @pytest.mark.notebooks
 @pytest.mark.slow

@@ -4,7 +4,10 @@ Run: ``labkit bench grading [--quick] [--json]``
 
 The submissions are copies of lab 01 as the instructor wrote it (every exercise passes), graded on the quick profile.
 Keys: ``grading_notebooks_per_minute_jobs1``, ``grading_notebooks_per_minute_jobsN`` (N = the usable cores) and
-their ratio ``grading_parallel_speedup``, each notebook in its sandbox; ``grading_cores_busy_jobs1``, the cores one job
+their ratio ``grading_parallel_speedup``, each notebook in its sandbox, both warm (the grader imported: by this
+process for one job, by the workers' fork server for N); ``grading_command_seconds`` and ``grading_command_speedup``
+(not with ``--quick``): ``labkit grade`` run once each way as a command, a fresh process that imports the grader and
+starts its workers; ``grading_cores_busy_jobs1``, the cores one job
 already keeps busy (CPU seconds of the kernels over wall seconds, measured without the sandbox, whose kernels are not
 this process's children): the most a job per core can gain is the core count divided by it; and, where a sandbox can
 be made,
@@ -39,7 +42,7 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     cores = usable_cores()
     n = 2 if quick else 2 * max(cores, 2)
     lab = report.find_notebooks(only="01_")[0]
-    timings, passed, busy, isolated, handing_on = _grade_in_rounds(lab, n, cores, rounds)
+    timings, passed, busy, isolated, handing_on = _grade_in_rounds(lab, n, cores, rounds, quick)
     per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
     result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
               "machine": machine_info(), "passed": {str(k): list(v) for k, v in passed.items()},
@@ -61,10 +64,11 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     return result
 
 
-def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int):
+def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int, quick: bool):
     """``n`` copies of ``lab`` graded with 1 job and with ``cores`` jobs (in the sandbox where one can be made) and with
-    1 job without it, alternating over the rounds: the timings, what passed, the cores busy, whether isolated."""
-    from ..grading import sandbox
+    1 job without it, alternating over the rounds: the timings, what passed, the cores busy, whether isolated, and
+    what follows (the feedback, the exports and, not with ``quick``, the command run once each way)."""
+    from ..grading import sandbox, workers
 
     with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
         subs = Path(tmp) / "subs"
@@ -78,9 +82,31 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int):
         def job(jobs: int, isolate: bool):
             return _grading_job(subs, Path(tmp) / f"out{jobs}{isolate}", jobs, isolate, passed, busy)
 
+        # both sides warm, as in a grading run: this process has imported the grader for --jobs 1, and the workers'
+        # fork server (started once a process, as the command line starts it beside its own imports) for --jobs N
+        workers.start()
         configs = {1: job(1, isolated), cores: job(cores, isolated), "plain": job(1, False)}
         timings = interleaved(configs, rounds)
-        return timings, passed, busy, isolated, _handing_on(Path(tmp) / f"out1{isolated}", n)
+        command = _command_once(subs, Path(tmp), cores) if not quick else {}
+        return timings, passed, busy, isolated, {**_handing_on(Path(tmp) / f"out1{isolated}", n), **command}
+
+
+def _command_once(subs: Path, tmp: Path, cores: int) -> dict:
+    """The command itself, each run a fresh process that imports everything and starts its own workers: the seconds
+    of ``labkit grade`` with ``--jobs 1`` and with ``--jobs`` per core, once each, and their ratio."""
+    import os
+    import subprocess
+    import sys
+
+    seconds = {}
+    for jobs in (1, cores):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "labkit", "grade", str(subs), "--out", str(tmp / f"command{jobs}"),
+                        "--jobs", str(jobs), "--timeout", "120"], check=True, capture_output=True,
+                       env={**os.environ, "LABKIT_PROGRESS": "0"})
+        seconds[jobs] = time.perf_counter() - t0
+    return {"grading_command_seconds": {str(k): v for k, v in seconds.items()},
+            "grading_command_speedup": seconds[1] / seconds[cores]}
 
 
 def _handing_on(out: Path, n: int) -> dict:
@@ -152,7 +178,9 @@ def report(result: dict) -> str:
         f"  --jobs 1 keeps {result['grading_cores_busy_jobs1']:.2f} cores busy (without the sandbox): --jobs "
         f"{result['cores']} can gain at most {result['cores'] / result['grading_cores_busy_jobs1']:.2f}x",
         f"grading_parallel_speedup: {result['grading_parallel_speedup']:.2f} (target >= 1.7: "
-        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})",
+        f"{'met' if result['targets_met']['grading_parallel_speedup'] else 'NOT met'})"
+        + (f"; the command, started afresh each way: {result['grading_command_speedup']:.2f}"
+           if "grading_command_speedup" in result else ""),
         f"feedback_seconds_per_notebook: {result['feedback_seconds_per_notebook']:.2f} s (target <= 1: "
         f"{'met' if result['targets_met']['feedback_seconds_per_notebook'] else 'NOT met'}); the Gradescope and "
         f"Canvas exports of the class: {result['exports_seconds']:.2f} s"]

@@ -347,8 +347,7 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
                kept: _Progress | None = None) -> list[tuple[list[ExerciseResult], float, str]]:
     """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes. What ``kept``
     holds of an interrupted run is not graded again; what is graded is kept as soon as it is."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
+    from . import workers
 
     done: dict[int, tuple] = {}
     for k, args in enumerate(work):
@@ -365,40 +364,16 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
         if jobs == 1:
             for k in todo:
                 finished(k, _grade_one(work[k]))
-        else:  # worker processes (spawned: no copy of this process's threads or state); map keeps the order
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_worker_started)
+        else:  # worker processes (:mod:`.workers`); map keeps the order
+            pool = workers.pool(jobs)
             try:
                 for k, item in zip(todo, pool.map(_grade_one, [work[k] for k in todo])):
                     finished(k, item)
             except BaseException:
-                _stop_workers(pool)
+                workers.stop(pool)
                 raise
             pool.shutdown()
     return [done[k] for k in range(len(work))]
-
-
-def _worker_started() -> None:
-    """In each worker: Ctrl-C is the parent's to handle; SIGTERM (sent by the parent when the run is interrupted)
-    unwinds the notebook being graded, whose sandbox, kernel and engines are then stopped and removed."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-
-def _stop_workers(pool) -> None:
-    """Stop an interrupted run's workers and what they started: SIGTERM (each cleans up its notebook), then SIGKILL
-    for any still there after 30 s."""
-    processes = list(getattr(pool, "_processes", {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    for p in processes:
-        p.join(30)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
 
 
 def _not_handed_in(found: list[tuple[str, Path]], record: dict, hidden_parts=frozenset()) -> list[ExerciseResult]:
