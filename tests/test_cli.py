@@ -213,6 +213,24 @@ def test_bench_grading_quick_json(capsys):
     assert result["feedback_pages"] == 2 and 0 < result["feedback_seconds_per_notebook"] and result["exports_seconds"] > 0
 
 
+@pytest.mark.notebooks
+def test_bench_grading_times_the_command_each_way_and_says_why_it_failed(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from labkit.benchmarks import grading
+
+    for student in ("ana", "ben"):
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), tmp_path / "subs" / student / "97_tiny.ipynb")
+    got = grading._command_once(tmp_path / "subs", tmp_path, 2)
+    assert set(got["grading_command_seconds"]) == {"1", "2"} and got["grading_command_speedup"] > 0
+    assert (tmp_path / "command2" / "grades.json").is_file()
+    with pytest.raises(RuntimeError, match="labkit grade --jobs 1 failed .*no notebooks"):
+        (tmp_path / "empty").mkdir()
+        grading._command_once(tmp_path / "empty", tmp_path, 2)
+
+
 def test_assign_writes_student_versions(tmp_path, capsys):
     release = ["--release", str(tmp_path / "release")]
     assert cli.main(["assign", "--out", str(tmp_path / "student"), *release, "--only", "05_"]) == 0

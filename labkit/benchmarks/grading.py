@@ -101,10 +101,12 @@ def _command_once(subs: Path, tmp: Path, cores: int) -> dict:
     seconds = {}
     for jobs in (1, cores):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "labkit", "grade", str(subs), "--out", str(tmp / f"command{jobs}"),
-                        "--jobs", str(jobs), "--timeout", "120"], check=True, capture_output=True,
-                       env={**os.environ, "LABKIT_PROGRESS": "0"})
+        done = subprocess.run([sys.executable, "-m", "labkit", "grade", str(subs), "--out", str(tmp / f"command{jobs}"),
+                               "--jobs", str(jobs), "--timeout", "120"], capture_output=True, text=True,
+                              env={**os.environ, "LABKIT_PROGRESS": "0"})
         seconds[jobs] = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"labkit grade --jobs {jobs} failed (exit {done.returncode}): {done.stderr[-2000:]}")
     return {"grading_command_seconds": {str(k): v for k, v in seconds.items()},
             "grading_command_speedup": seconds[1] / seconds[cores]}
 
