@@ -45,7 +45,7 @@ def right_overlap_model(backprop, ready, seconds):
 
 
 RIGHT = {"cable_seconds": right_cable_seconds, "overlap_model": right_overlap_model}
-COUNT = {"cable_seconds": "an allreduce on cables: all 9", "overlap_model": "the step with and without overlap: all 8"}
+COUNT = {"cable_seconds": "an allreduce on cables: all 11", "overlap_model": "the step with and without overlap: all 8"}
 LABKITS = {"cable_seconds": costmodel.cable_seconds, "overlap_model": data_parallel.step_model}
 
 
@@ -109,6 +109,69 @@ def whole_log_at_once(log, p, alpha, beta):
 def test_cable_seconds_names_the_mistake(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         check.cable_seconds(wrong)
+
+
+def picked(weights_of, both=False):
+    """A cable_seconds answer that times each round by one cable: the one with the most weights_of(msgs) (messages
+    or bytes), each way and the slower of the two, or over both ways at once."""
+    def round_time(msgs, p, alpha, beta):
+        cost = alpha + msgs[:, 2] * beta
+        ways = [(np.bincount(msgs[:, k], weights=cost, minlength=p),
+                 np.bincount(msgs[:, k], weights=weights_of(msgs), minlength=p)) for k in (0, 1)]
+        if both:
+            out, into = ways
+            busiest = out if out[1].max() >= into[1].max() else into
+            return busiest[0][np.argmax(busiest[1])]
+        return max(c[np.argmax(w)] for c, w in ways)
+    return lambda log, p, a, b: sum(round_time(log[log[:, 3] == r], p, a, b) for r in np.unique(log[:, 3]))
+
+
+def split_terms(alpha_count, beta_bytes):
+    """A cable_seconds answer that prices each round as alpha times alpha_count(msgs, p) plus beta times
+    beta_bytes(msgs, p): its latency and its bytes taken from different places."""
+    def fn(log, p, alpha, beta):
+        rounds = [log[log[:, 3] == r] for r in np.unique(log[:, 3])]
+        return sum(alpha * alpha_count(m, p) + beta * beta_bytes(m, p) for m in rounds)
+    return fn
+
+
+def _most(m, p, w):
+    return max(np.bincount(m[:, 0], weights=w, minlength=p).max(), np.bincount(m[:, 1], weights=w, minlength=p).max())
+
+
+def busiest_count(m, p):
+    return _most(m, p, np.ones(len(m)))
+
+
+def busiest_bytes(m, p):
+    return _most(m, p, m[:, 2])
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (picked(lambda m: np.ones(len(m))), "you took the cable with the most messages"),
+    (picked(lambda m: np.ones(len(m)), both=True), "you took the cable with the most messages"),
+    (picked(lambda m: m[:, 2]), "you took the cable with the most bytes, which is not the slowest"),
+    (picked(lambda m: m[:, 2], both=True), "you took the cable with the most bytes"),
+    (split_terms(busiest_count, busiest_bytes), "alpha terms of the cable with the most messages to the beta terms of "
+                                                "the cable with the most bytes"),
+    (split_terms(lambda m, p: len(m), lambda m, p: m[:, 2].max()), "alpha terms of every message of the round to "
+                                                                   "the beta terms of the round's longest message"),
+    (split_terms(lambda m, p: len(m), busiest_bytes), "every message of the round to the beta terms of the cable"),
+    (split_terms(busiest_count, lambda m, p: m[:, 2].max()), "most messages to the beta terms of the round's longest"),
+])
+def test_cable_seconds_names_a_round_timed_by_the_wrong_cable(wrong, match):
+    """Two logs where the cable with the most messages is not the one with the most bytes: picking a round's cable by
+    either count, or pricing its latency and its bytes on different cables, fails and is named."""
+    with pytest.raises(ExerciseError, match=match):
+        check.cable_seconds(wrong)
+
+
+def test_a_mistake_is_named_by_all_the_logs_not_one_coincidence():
+    """On the ring of 10 on 3 ranks, picking the first cable with the most messages gives the whole log's time as
+    one round; the check names the mistake that explains every log."""
+    with pytest.raises(ExerciseError, match=r"3 ranks \(chunks.*\n.*most messages") as e:
+        check.cable_seconds(picked(lambda m: np.ones(len(m)), both=True))
+    assert "the rounds follow one another" not in str(e.value)
 
 
 def _end(rule, blocking=lambda b, s: b + s.sum()):

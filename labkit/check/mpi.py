@@ -910,6 +910,17 @@ def _ring_log(p: int, n: int, itemsize: int = 8) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
 
+def _fan(into: bool, long_bytes: tuple[int, int]) -> np.ndarray:
+    """Two rounds on 7 ranks: rank 0's cable carries four short messages (out, or in when ``into``) while rank 5's
+    carries one long one; the long one is shorter than the four in the first round and longer in the second, so the
+    busiest cable by messages is not the busiest by bytes, and each is the slowest in one round."""
+    rows = []
+    for rnd, long in enumerate(long_bytes):
+        rows += [(0, r, 100, rnd) for r in range(1, 5)] + [(5, 6, long, rnd)]
+    log = np.array(rows, dtype=np.int64)
+    return log[:, [1, 0, 2, 3]] if into else log
+
+
 def _cable_cases(rng) -> list[tuple[str, np.ndarray, int, float, float]]:
     """(what it is, log, p, alpha, beta), each log in the format of TrafficComm.gather_log."""
     gather = np.array([(r, 0, 4000, 0) for r in range(1, 5)], dtype=np.int64)  # the root's cable receives 4 at once
@@ -928,57 +939,125 @@ def _cable_cases(rng) -> list[tuple[str, np.ndarray, int, float, float]]:
             ("rank 0 sending to 3 ranks, then rank 2 to rank 3", bcast, 4, 1e-5, 1e-9),
             ("the naive allreduce on 3 ranks, its round numbered 7", later, 3, 2e-5, 1e-8),
             ("rounds 2 and 5 of an uneven log", uneven, 4, 1e-3, 1e-6),
+            ("rank 0 sending 4 short messages while rank 5 sends a long one (20 kB, then 100 kB)",
+             _fan(False, (20_000, 100_000)), 7, 1e-4, 1e-8),
+            ("rank 0 receiving 4 short messages while rank 5 receives a long one (100 kB, then 20 kB)",
+             _fan(True, (100_000, 20_000)), 7, 1e-4, 1e-8),
             ("a log drawn afresh", drawn, p, float(rng.uniform(1e-6, 1e-4)), float(rng.uniform(1e-10, 1e-7))),
             ("no messages at all (one rank)", np.zeros((0, 4), dtype=np.int64), 1, 1e-4, 8e-8)]
 
 
+def _per_round(log, cost_of_round) -> float:
+    return float(sum(cost_of_round(log[log[:, 3] == r]) for r in np.unique(log[:, 3])))
+
+
+def _ways(msgs, p: int, weights) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, the sum of ``weights`` over the messages its cable carries out, and over those it carries in."""
+    w = np.broadcast_to(np.asarray(weights, dtype=float), msgs[:, 2].shape)
+    return np.bincount(msgs[:, 0], weights=w, minlength=p), np.bincount(msgs[:, 1], weights=w, minlength=p)
+
+
+def _picked_by(msgs, p: int, alpha: float, beta: float, weights, both: bool) -> float:
+    """The time of a round taken as that of the cable with the most ``weights`` (messages or bytes): each way's, the
+    slower of the two; or, when ``both``, the one such cable over both ways (out first where they tie)."""
+    cost = _ways(msgs, p, alpha + msgs[:, 2] * beta)
+    most = _ways(msgs, p, weights)
+    if both:
+        return float(np.concatenate(cost)[int(np.argmax(np.concatenate(most)))])
+    return max(c[int(np.argmax(m))] for c, m in zip(cost, most))
+
+
+_PICKED = ("the round ends when its slowest cable is done, and a cable's time is alpha for each of its messages plus "
+           "beta for each of its bytes: ")
+
+
+def _cable_split(log, p, alpha, beta) -> list[tuple[float, str]]:
+    """The mistakes that price a round's latency and its bytes on different things: each pair of (alpha times the
+    messages of the busiest cable by messages, or of the whole round) and (beta times the bytes of the busiest cable by
+    bytes, or of the round's longest message)."""
+    def most(msgs, weights):
+        return max(m.max() for m in _ways(msgs, p, weights))
+
+    alphas = (("the cable with the most messages", lambda m: most(m, 1.0)), ("every message of the round", len))
+    betas = (("the cable with the most bytes", lambda m: most(m, m[:, 2])),
+             ("the round's longest message", lambda m: m[:, 2].max()))
+    return [(_per_round(log, lambda m, a=a, b=b: alpha * a(m) + beta * b(m)),
+             _PICKED + f"you added the alpha terms of {a_what} to the beta terms of {b_what}: one cable's alpha and "
+                       "beta terms go together")
+            for a_what, a in alphas for b_what, b in betas]
+
+
 def _cable_wrong(log, p, alpha, beta) -> list[tuple[float, str]]:
     """What the typical mistakes give for this log, each with what to say."""
-    def per_round(cost_of_round):
-        return sum(cost_of_round(log[log[:, 3] == r]) for r in np.unique(log[:, 3]))
-
     def ways(msgs, a=alpha):
-        cost = a + msgs[:, 2] * beta
-        return np.bincount(msgs[:, 0], weights=cost, minlength=p), np.bincount(msgs[:, 1], weights=cost, minlength=p)
+        return _ways(msgs, p, a + msgs[:, 2] * beta)
 
     every = log[:, 2].size * alpha + log[:, 2].sum() * beta
     out, into = ways(log)
+    by_count = _PICKED + ("you took the cable with the most messages, which is not the slowest where another carries "
+                          "fewer but longer ones")
+    by_bytes = _PICKED + ("you took the cable with the most bytes, which is not the slowest where another carries more, "
+                          "shorter messages (each pays alpha)")
     return [
         (every, "every rank has a cable of its own: messages on different cables travel at the same time, so a round "
                 "lasts as long as its busiest cable, not as long as all its messages one after another"),
         (max(out.max(), into.max()) if log.size else 0.0,
          "the rounds follow one another (a rank sends its next chunk only after the last one arrived): add up the "
          "rounds' times instead of treating the whole log as one round"),
-        (per_round(lambda m: ways(m)[0].max()), "a cable carries in as well as out: the busiest way of a round may be "
-                                                "the one into a rank, as into a gather's root"),
-        (per_round(lambda m: (ways(m)[0] + ways(m)[1]).max()),
+        (_per_round(log, lambda m: ways(m)[0].max()), "a cable carries in as well as out: the busiest way of a round "
+                                                      "may be the one into a rank, as into a gather's root"),
+        (_per_round(log, lambda m: (ways(m)[0] + ways(m)[1]).max()),
          "a cable carries out and in at the same time, each way at the full rate: take the busier way, not the sum"),
-        (per_round(lambda m: alpha + ways(m, 0.0)[0].max()) if log.size else 0.0,
+        (_per_round(log, lambda m: alpha + ways(m, 0.0)[0].max()) if log.size else 0.0,
          "every message pays alpha, not every round once: a cable that carries 3 messages pays it 3 times"),
-        (per_round(lambda m: ways(m)[0].mean()), "the round ends when its busiest cable is done: the maximum, not the mean"),
+        (_per_round(log, lambda m: ways(m)[0].mean()), "the round ends when its busiest cable is done: the maximum, "
+                                                        "not the mean"),
+        *((_per_round(log, lambda m, w=w, both=both: _picked_by(m, p, alpha, beta, 1.0 if w else m[:, 2], both)),
+           by_count if w else by_bytes) for w in (True, False) for both in (False, True)),
+        *_cable_split(log, p, alpha, beta),
     ]
+
+
+def _cable_mistake(fn, cases, k: int, got: float) -> str:
+    """The usual mistake that explains the student's time on case ``k``: the first whose times equal the student's on
+    every log (the remaining ones run now), so that a coincidence on one log does not name the wrong mistake; else
+    the first that equals it on this log alone."""
+    gots = {k: got}
+    for i, (_, log, p, alpha, beta) in enumerate(cases):
+        if i not in gots:
+            try:
+                gots[i] = float(fn(log.copy(), p, alpha, beta))
+            except capture.NotRecorded:
+                raise
+            except Exception:  # noqa: BLE001 - the student's code on a log it has not been judged on yet
+                pass
+    named = [[(i, wrong, why) for wrong, why in _cable_wrong(log, p, alpha, beta)]
+             for i, (_, log, p, alpha, beta) in enumerate(cases)]
+    here = [why for _, wrong, why in named[k] if np.isclose(got, wrong, rtol=1e-9, atol=1e-15)]
+    for j, (_, _, why) in enumerate(named[k]):
+        if why in here and all(np.isclose(gots[i], named[i][j][1], rtol=1e-9, atol=1e-15) for i in gots):
+            return why
+    return here[0] if here else "group the messages by round; in each round, find the time every cable needs each way"
 
 
 @recorded
 def cable_seconds(fn) -> None:
     """Exercise (lab 07): ``fn(log, p, alpha, beta) -> seconds``, the alpha-beta time of the messages of a traffic
     log (rows source, dest, bytes, round) when every rank has a cable of its own; against
-    :func:`labkit.costmodel.cable_seconds` to a relative 1e-9 on 9 logs (one drawn afresh when graded)."""
+    :func:`labkit.costmodel.cable_seconds` to a relative 1e-9 on 11 logs (one drawn afresh when graded, two where the
+    cable with the most messages is not the one with the most bytes)."""
     from ..costmodel import cable_seconds as reference
 
     ex = "an allreduce on cables"
     fn = capture.student(fn, ex=ex)
     cases = _cable_cases(np.random.default_rng(capture.seed(127)))
-    for what, log, p, alpha, beta in cases:
+    for k, (what, log, p, alpha, beta) in enumerate(cases):
         where = f"{what} (alpha = {alpha:g} s, beta = {beta:g} s/byte)"
         got = _seconds(ex, where, call(ex, fn, log.copy(), p, alpha, beta))
         want = reference(log, p, alpha, beta)
         if np.isclose(got, want, rtol=1e-9, atol=1e-15):
             continue
-        hint = next((why for wrong, why in _cable_wrong(log, p, alpha, beta) if np.isclose(got, wrong, rtol=1e-9,
-                                                                                           atol=1e-15)),
-                    "group the messages by round; in each round, find the time every cable needs each way")
-        fail(ex, f"{where}: yours gives {got:.6g} s, expected {want:.6g} s", hint)
+        fail(ex, f"{where}: yours gives {got:.6g} s, expected {want:.6g} s", _cable_mistake(fn, cases, k, got))
     passed(ex, len(cases))
 
 
