@@ -45,13 +45,37 @@ def _plt():
     return plt
 
 
+LabFigure = None  # the class of every figure here, made at first use: importing labkit does not import matplotlib
+
+
+def _subplots(*args, **kwargs):
+    """``pyplot.subplots``, its Figure a :data:`LabFigure`, which a notebook shows once."""
+    global LabFigure
+    if LabFigure is None:
+        from matplotlib.figure import Figure
+
+        class LabFigure(Figure):
+            """A Figure that a notebook shows once. pyplot's inline backend shows every figure still open when the
+            cell ends, so a plot that was also the cell's value (what every function here returns) came out twice."""
+
+            def _ipython_display_(self):
+                """Show the figure, then close it in pyplot so that the end of the cell does not show it again."""
+                from IPython.core.pylabtools import print_figure
+                from IPython.display import display
+
+                display({"image/png": print_figure(self, "png", base64=True), "text/plain": repr(self)}, raw=True)
+                _plt().close(self)
+
+        LabFigure.__qualname__ = "LabFigure"  # pickled by the module's name for it
+    return _plt().subplots(*args, FigureClass=LabFigure, **kwargs)
+
+
 def show_digits(x, labels=None, predicted=None, n: int = 16, cols: int = 8, class_names=None, title: str | None = None):
     """A grid of 28x28 images with their labels; wrong predictions in red as "label→predicted"."""
-    plt = _plt()
     x = to_numpy(x)[:n]
     n = len(x)
     rows = max(1, -(-n // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.1, rows * 1.3), squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(cols * 1.1, rows * 1.3), squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.axis("off")
         if i >= n:
@@ -73,10 +97,9 @@ def show_digits(x, labels=None, predicted=None, n: int = 16, cols: int = 8, clas
 
 def plot_history(histories: Mapping[str, object], title: str | None = None):
     """Training loss and test accuracy per epoch for one or more runs (``{name: History}``)."""
-    plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax1, ax2) = _subplots(1, 2, figsize=(10, 3.8))
     markers = "os^Dv<>p"
     for i, ((name, h), c) in enumerate(zip(histories.items(), colours(histories))):
         style = dict(color=c, marker=markers[i % len(markers)], label=name,
@@ -107,9 +130,8 @@ def plot_speedup(p: Sequence[float], speedups: Mapping[str, Sequence[float]], xl
                  ideal: bool = True, amdahl_f: float | None = None, cores: int | None = None, title: str | None = None):
     """Speedup against worker count, with the ideal line, a fitted Amdahl curve and the core count marked
     (:func:`plot_scaling` draws a :class:`labkit.scaling.Scaling` result, Gustafson's curve included)."""
-    plt = _plt()
     p = np.asarray(p, dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     for (name, s), c in zip(speedups.items(), colours(speedups)):
         ax.plot(p, s, "o-", color=c, label=name)
     grid = np.linspace(p.min(), p.max(), 100)
@@ -144,8 +166,7 @@ def _integer_ticks(ax, x) -> None:
 def plot_efficiency(p: Sequence[float], efficiencies: Mapping[str, Sequence[float]], xlabel: str = "ranks",
                     cores: int | None = None, title: str | None = None, ax=None):
     """Parallel efficiency (speedup / p) against worker count, in percent, with 100 % marked."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
+    fig, ax = _subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
     for (name, e), c in zip(efficiencies.items(), colours(efficiencies)):
         ax.plot(p, 100 * np.asarray(e, dtype=float), "o-", color=c, label=name)
     ax.axhline(100, color=COLOURS["ideal"], ls="--", lw=1, label="ideal (100 %)")
@@ -162,14 +183,13 @@ def plot_efficiency(p: Sequence[float], efficiencies: Mapping[str, Sequence[floa
 def plot_scaling(*results, title: str | None = None):
     """Speedup (with the ideal line and each result's fitted Amdahl or Gustafson curve, dotted in its colour) beside
     efficiency, for one or more :class:`labkit.scaling.Scaling` results of the same mode."""
-    plt = _plt()
     if not results:
         raise ValueError("plot_scaling needs at least one labkit.scaling.Scaling result")
     modes = {r.mode for r in results}
     if len(modes) != 1:
         raise ValueError("plot strong and weak scaling separately: their speedups mean different things")
     weak = modes.pop() == "weak"
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a1, a2) = _subplots(1, 2, figsize=(11, 4.2))
     ranks = sorted({p for r in results for p in r.ranks})
     cores = results[0].cores if results[0].cores and results[0].cores < max(ranks) else None
     names = [f"{r.workload}, size {r.size}{' per rank' if weak else ''}" for r in results]
@@ -203,7 +223,6 @@ def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colou
     seconds), coloured by phase ``name`` or by ``kind`` (compute / comm): gaps are idle time, long comm bars waiting.
     ``lane_per_kind``: a lane per rank and kind, so that phases that run at once (an allreduce in flight during
     backprop) are seen side by side instead of on top of each other."""
-    plt = _plt()
     if not events:
         raise ValueError("no events to draw")
     kinds = list(dict.fromkeys(str(e["kind"]) for e in events))
@@ -215,7 +234,7 @@ def plot_rank_timeline(events: Sequence[Mapping], title: str = "timeline", colou
     row = {ln: i for i, ln in enumerate(lanes)}
     keys = list(dict.fromkeys(str(e[colour_by]) for e in events))
     cmap = dict(zip(keys, colours(keys)))
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(lanes) + 1.8))
+    fig, ax = _subplots(figsize=(9, 0.55 * len(lanes) + 1.8))
     t_min = min(e["start"] for e in events)
     for e in events:
         ax.barh(row[lane(e)], (e["end"] - e["start"]) * 1e3, left=(e["start"] - t_min) * 1e3,
@@ -240,8 +259,7 @@ def plot_lines(x: Sequence[float], ys: Mapping[str, Sequence[float]], xlabel: st
     ``formulas`` are predictions drawn as dashed lines under the measured markers, the i-th formula in the colour
     of the i-th measured series, so a measurement that equals its formula stays visible on it.
     """
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = _subplots(figsize=(6.5, 4))
     cols = colours(ys)
     for (name, y), c in zip(ys.items(), cols):
         ax.plot(x, y, "o" if formulas else "o-", color=c, ms=8 if formulas else 6, zorder=3, label=name)
@@ -266,8 +284,7 @@ def plot_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], x
                 title: str | None = None, hline: float | None = None, hline_label: str | None = None):
     """Several measured curves, each with x values of its own: ``{name: (x, y)}`` (accuracy against each run's own
     training time, say). ``hline`` draws a dashed level (a target) across them, named ``hline_label``."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = _subplots(figsize=(6.5, 4))
     for (name, (x, y)), c in zip(curves.items(), colours(curves)):
         ax.plot(x, y, "o-", color=c, ms=6, zorder=3, label=name)
     if hline is not None:
@@ -285,9 +302,8 @@ def plot_traffic(log, p: int, title: str = "messages", split_round: int | None =
     ``split_round`` colours rounds before it as one phase (e.g. the ring's reduce-scatter) and the rest
     as another (its allgather).
     """
-    plt = _plt()
     log = np.asarray(log).reshape(-1, 4)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.6]})
+    fig, (ax1, ax2) = _subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.6]})
     mat = np.zeros((p, p))
     for src, dst, nbytes, _ in log:
         mat[src, dst] += nbytes
@@ -319,8 +335,7 @@ def plot_traffic(log, p: int, title: str = "messages", split_round: int | None =
 def plot_cost_model(nbytes, measured: Mapping[str, Sequence[float]], predicted: Mapping[str, Sequence[float]] | None = None,
                     title: str = "time against message size"):
     """Measured times (points) and the alpha-beta model's predictions (lines), log-log, one colour per algorithm."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _subplots(figsize=(7, 4.5))
     names = list(dict.fromkeys(list(measured) + list(predicted or {})))
     cols = dict(zip(names, colours(names)))
     for name, t in measured.items():
@@ -338,10 +353,9 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
               line: float | None = None, line_label: str | None = None, labels: Sequence[str] | None = None):
     """Horizontal bars of any measured value (accuracy, bytes...), each labelled (``fmt``, or ``labels``);
     ``line`` marks a reference."""
-    plt = _plt()
     names = list(values)
     vals = np.array([values[k] for k in names], dtype=float)
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
+    fig, ax = _subplots(figsize=(8, 0.5 * len(names) + 1.2))
     ax.barh(names, vals, color=colours(names))
     ax.invert_yaxis()
     for i, (v, label) in enumerate(zip(vals, labels or [fmt.format(v) for v in vals])):
@@ -360,11 +374,10 @@ def plot_bars(values: Mapping[str, float], xlabel: str, title: str | None = None
 def plot_heatmaps(maps: Mapping[str, np.ndarray], title: str | None = None, label: str = "", shared_scale: bool = True):
     """2-D arrays side by side as images (row 0 at the top), each with its colour bar; one colour scale for all with
     ``shared_scale``, so that equal colours mean equal values."""
-    plt = _plt()
     names = list(maps)
     arrays = [np.asarray(maps[k], dtype=float) for k in names]
     top = max(float(a.max()) for a in arrays) if shared_scale else None
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    fig, axes = _subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
     for ax, name, a in zip(axes[0], names, arrays):
         im = ax.imshow(a, cmap="viridis", vmin=0 if shared_scale else None, vmax=top, interpolation="nearest")
         ax.set_title(name, fontsize=10)
@@ -378,8 +391,7 @@ def plot_heatmaps(maps: Mapping[str, np.ndarray], title: str | None = None, labe
 
 def plot_staleness(staleness: Mapping[str, Sequence[int]], title: str = "staleness of the applied updates"):
     """One histogram per run of how many updates old each applied gradient was (0 = computed on the newest)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9.5, 3.8))
+    fig, ax = _subplots(figsize=(9.5, 3.8))
     series = {k: np.asarray(v, dtype=int) for k, v in staleness.items()}
     top = max((int(s.max()) for s in series.values() if s.size), default=0)
     width = 0.8 / max(len(series), 1)
@@ -413,10 +425,9 @@ def plot_accuracy_table(rows, hline: float | None = None, title: str | None = No
 def plot_timeline(events, title: str = "pipeline schedule", stage_names: Sequence[str] | None = None):
     """A Gantt chart of (rank, kind 0=forward 1=backward, micro-batch, start s, end s) rows, one lane per rank;
     white space is the bubble."""
-    plt = _plt()
     ev = np.asarray(events, dtype=float).reshape(-1, 5)
     ranks = sorted({int(r) for r in ev[:, 0]})
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(ranks) + 1.6))
+    fig, ax = _subplots(figsize=(9, 0.6 * len(ranks) + 1.6))
     kinds = {0: ("forward", "#1f77b4"), 1: ("backward", "#ff7f0e")}
     for r, kind, mb, t0, t1 in ev:
         ax.barh(int(r), (t1 - t0) * 1e3, left=t0 * 1e3, color=kinds[int(kind)][1], edgecolor="white", height=0.7)
@@ -436,8 +447,7 @@ def plot_timeline(events, title: str = "pipeline schedule", stage_names: Sequenc
 def plot_tradeoff(points: Mapping[str, tuple[float, float]], xlabel: str, ylabel: str, logx: bool = False,
                   title: str | None = None, hline: float | None = None):
     """One labelled point per method: what it costs (x) against what it gives (y), e.g. bytes against accuracy."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    fig, ax = _subplots(figsize=(8.5, 4.5))
     for (name, (x, y)), c in zip(points.items(), colours(points)):
         ax.plot([x], [y], "o", color=c, ms=8, label=name)
     # named in a legend beside the axes: labels next to points overlap where points crowd and run past the edge
@@ -459,7 +469,6 @@ def plot_stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]
     ``normalise=True`` draws each bar as shares of its own total (for totals that differ by orders of
     magnitude); the total is written at the end of every bar either way.
     """
-    plt = _plt()
     labels = list(labels)
     names = list(parts)
     vals = np.array([[float(v) for v in parts[k]] for k in names])  # (parts, labels)
@@ -469,7 +478,7 @@ def plot_stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]
         raise ValueError("stacked bars need values >= 0")
     totals = vals.sum(axis=0)
     shown = vals / np.where(totals > 0, totals, 1) if normalise else vals
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(labels) + 1.6))
+    fig, ax = _subplots(figsize=(9, 0.5 * len(labels) + 1.6))
     left = np.zeros(len(labels))
     for name, row, c in zip(names, shown, colours(names)):
         ax.barh(labels, row, left=left, color=c, label=name)
@@ -489,13 +498,12 @@ def plot_roofline(points: Mapping[str, tuple[float, float]], peak_gflops: float,
                   peak_label: str = "peak compute", bandwidth_label: str = "memory bandwidth", title: str | None = None):
     """The roofline: attainable GFLOP/s = min(peak, intensity x bandwidth), on log-log axes, with each measured
     kernel at (arithmetic intensity in FLOP/byte, achieved GFLOP/s). Labels say where the ceilings came from."""
-    plt = _plt()
     if peak_gflops <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"the ceilings must be positive, got {peak_gflops} GFLOP/s and {bandwidth_gbs} GB/s")
     xs = [p[0] for p in points.values()]
     lo, hi = min([*xs, peak_gflops / bandwidth_gbs]) / 4, max([*xs, peak_gflops / bandwidth_gbs]) * 4
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = _subplots(figsize=(6.5, 4.5))
     ax.plot(grid, np.minimum(peak_gflops, grid * bandwidth_gbs), color="black", lw=1.5)
     ridge = peak_gflops / bandwidth_gbs
     ax.text(lo * 1.1, lo * 1.1 * bandwidth_gbs * 1.15, f"{bandwidth_label}: {bandwidth_gbs:.3g} GB/s", fontsize=8,
