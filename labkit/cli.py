@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,35 +30,76 @@ def _cmd_report(a) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def work_copies(notebooks: Path, work: Path) -> list[str]:
-    """Copy the lab notebooks into ``work`` for ``labkit lab``; a notebook already there is the user's work and is
-    never overwritten. Returns one line per notebook saying what happened."""
+SOLUTIONS = "labkit-solutions"  # `labkit lab --solutions` copies the worked solutions here, beside the work folder
+
+
+def _course_version(src: Path, solutions: bool) -> bytes:
+    """The file ``labkit lab`` copies for one lab: the course's notebook itself with ``solutions``, else its student
+    version as ``labkit assign`` hands it out."""
+    from .grading import assign
+
+    return src.read_bytes() if solutions else assign.handed_out(src)[1].encode("utf-8")
+
+
+def _kept(dest: Path, solutions: bool) -> str:
+    """Why a copy already in the folder stays as it is, and how to get the course's version again."""
+    if solutions:
+        return f"kept {dest} (it differs from the course's solution: delete it to copy the solution again)"
+    if "### BEGIN SOLUTION" in dest.read_text(encoding="utf-8", errors="replace"):
+        # copied before `labkit lab` handed out student versions: it holds the course's worked solutions
+        return (f"kept your {dest.name}, an older copy that holds the worked solutions (rename it and run labkit lab "
+                "again for the version with exercises to do)")
+    return f"kept your {dest.name} (delete or rename it to start again from a fresh copy)"
+
+
+def work_copies(notebooks: Path, work: Path, solutions: bool = False) -> list[str]:
+    """Copy the lab notebooks into ``work`` for ``labkit lab``: their student versions (exercises as stubs, answer
+    cells blank), or with ``solutions`` the course's notebooks. A notebook already there is never overwritten.
+    Returns one line per notebook copied or kept."""
     from .report import find_notebooks
 
     work.mkdir(parents=True, exist_ok=True)
     lines = []
     for src in find_notebooks(notebooks):
-        dest = work / src.name
-        if not dest.exists():
-            shutil.copyfile(src, dest)
+        want, dest = _course_version(src, solutions), work / src.name
+        try:
+            with open(dest, "xb") as f:  # "x": a file that is there, even one made a moment ago, is never replaced
+                f.write(want)
             lines.append(f"copied {src.name}")
-        elif dest.read_bytes() != src.read_bytes():
-            lines.append(f"kept your {dest.name} (delete it to start again from the course's version)")
+        except FileExistsError:
+            if dest.read_bytes() != want:
+                lines.append(_kept(dest, solutions))
     return lines
+
+
+def _lab_folder(a) -> Path:
+    """The folder ``labkit lab`` opens: the one given with --notebooks, else the work folder (or, with --solutions,
+    the solutions folder beside it) after copying into it the labs it lacks."""
+    from .report import NOTEBOOKS
+
+    if a.notebooks:  # an instructor editing the course's notebooks themselves
+        if a.solutions:
+            raise ValueError("--notebooks opens a folder as it is; --solutions copies the course's solutions: give one")
+        return Path(a.notebooks)
+    # everyone else works on copies: autosave never touches the course's notebooks
+    work = Path(a.work).resolve()
+    folder = work.parent / SOLUTIONS if a.solutions else work
+    if a.solutions and folder == work:
+        raise ValueError(f"--solutions copies into {folder}, which is your work folder: choose another --work")
+    for line in work_copies(NOTEBOOKS, folder, solutions=a.solutions):
+        print(line)
+    if a.solutions:
+        print(f"the worked solutions are in {folder}, apart from your own copies in {work}")
+    else:
+        print(f"working on your copies in {folder}: exercises to write, answer cells blank (the worked solutions: "
+              "labkit lab --solutions)")
+    return folder
 
 
 def _cmd_lab(a) -> int:
     import os
 
-    from .report import NOTEBOOKS
-
-    if a.notebooks:  # an instructor editing the course's notebooks themselves
-        folder = Path(a.notebooks)
-    else:  # everyone else works on copies: autosave never touches the course's notebooks
-        folder = Path(a.work).resolve()
-        for line in work_copies(NOTEBOOKS, folder):
-            print(line)
-        print(f"working on copies in {folder}; the course's notebooks in {NOTEBOOKS} stay as they are")
+    folder = _lab_folder(a)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", *a.extra]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in cmd:
         cmd.append("--allow-root")  # containers and lab machines run as root; JupyterLab refuses that unless told
@@ -346,16 +386,21 @@ def _add_report(sub) -> None:
 
 
 def _add_lab(sub) -> None:
-    lab = _sub(sub, "lab", "start JupyterLab on the lab notebooks (other options go to JupyterLab)",
-               "Copy the lab notebooks into a work folder (once: your edits there are never overwritten) and start\n"
-               "JupyterLab on it, so autosave never changes the course's notebooks. JupyterLab keeps its token\n"
-               "(the URL it prints holds it); as root labkit adds --allow-root. Every option labkit does not know\n"
-               "is passed on to JupyterLab unchanged, e.g. `labkit lab --no-browser --port 8899`;\n"
-               "`jupyter lab --help-all` lists them.",
+    lab = _sub(sub, "lab", "start JupyterLab on your copies of the labs (other options go to JupyterLab)",
+               "Copy the labs into a work folder as students get them (exercises to write, answer cells\n"
+               "blank, the checks as they are) and start JupyterLab on it. A notebook already there is yours\n"
+               "and is never overwritten; autosave never changes the course's notebooks. --solutions copies\n"
+               f"the worked solutions into {SOLUTIONS}/ beside the work folder instead (never into it) and\n"
+               "opens that. JupyterLab keeps its token (the URL it prints holds it); as root labkit adds\n"
+               "--allow-root. Every option labkit does not know is passed on to JupyterLab unchanged, e.g.\n"
+               "`labkit lab --no-browser --port 8899`; `jupyter lab --help-all` lists them.",
                _cmd_lab)
     lab.add_argument("--work", default="labkit-work",
                      help="folder for your copies of the labs, made on first use and never overwritten (default: "
                           "./labkit-work)")
+    lab.add_argument("--solutions", action="store_true",
+                     help=f"after trying: copy the worked solutions and model answers into {SOLUTIONS}/ beside the "
+                          "work folder (never over a file there) and open that folder; your copies stay as they are")
     lab.add_argument("--notebooks", default=None,
                      help="open this folder itself instead of copies (instructors editing the course's notebooks)")
 

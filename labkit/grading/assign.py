@@ -223,6 +223,19 @@ class WouldOverwrite(LabkitError, FileExistsError):
     """A student file in the output folder differs from the version labkit would write (it may hold their work)."""
 
 
+def handed_out(path: Path | str):
+    """One instructor's notebook file as a student gets it, from ``labkit assign`` or ``labkit lab``: (the student
+    notebook, its file's text)."""
+    nb = nbformat.read(path, as_version=4)
+    _only_declared(nb, Path(path).name)
+    try:
+        student = student_notebook(nb)
+    except ValueError as e:
+        raise ValueError(f"{Path(path).name}: {e}") from None
+    lock_given_cells(student)
+    return student, nbformat.writes(student) + "\n"
+
+
 def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bool = False,
                            release_dir: Path | str | None = None) -> list[Path]:
     """Write the student version of each notebook into ``out_dir`` (same file names); return the paths.
@@ -236,19 +249,12 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
     out_dir = Path(out_dir)
     versions = []
     for path in notebooks:
-        nb = nbformat.read(path, as_version=4)
-        _only_declared(nb, Path(path).name)
-        try:
-            student = student_notebook(nb)
-        except ValueError as e:
-            raise ValueError(f"{path.name}: {e}") from None
         target = out_dir / Path(path).name
         if target.resolve() == Path(path).resolve():
             raise ValueError(f"writing the student version of {path} would overwrite the instructor's notebook: "
                              "choose another output folder")
-        lock_given_cells(student)
-        versions.append((target, nbformat.writes(student) + "\n", student))
-    differ = [t for t, text, _ in versions if t.exists() and t.read_text(encoding="utf-8") != text]
+        versions.append((target, *handed_out(path)))
+    differ = [t for t, _, text in versions if t.exists() and t.read_text(encoding="utf-8") != text]
     if differ and not force:
         raise WouldOverwrite(f"{len(differ)} file(s) in {out_dir} differ from the student versions and may hold "
                              f"students' work: {', '.join(t.name for t in differ)}. Nothing was written. Choose another "
@@ -259,7 +265,7 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
             raise ValueError(f"the release record belongs with the instructor's files, not in the students' folder "
                              f"{out_dir}: choose another --release folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for target, text, _ in versions:
+    for target, _, text in versions:
         target.write_text(text, encoding="utf-8")
     if release_dir is not None:
         import time
@@ -267,7 +273,7 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
         from .. import __version__
 
         record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "notebooks": {t.name: release_entry(student) for t, _, student in versions}}
+                  "notebooks": {t.name: release_entry(student) for t, student, _ in versions}}
         release_dir.mkdir(parents=True, exist_ok=True)
         (release_dir / RELEASE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return [t for t, _, _ in versions]
@@ -275,5 +281,5 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
 
 __all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
            "student_source", "undeclared_checks",
-           "student_notebook", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
+           "student_notebook", "handed_out", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
            "has_exercises", "write_student_versions"]
