@@ -53,6 +53,25 @@ def hints_start_over(monkeypatch):
     monkeypatch.setattr(common, "_failed_runs", {})
 
 
+def edited(answer, k: int):
+    """The same wrong answer as a student's k-th try at it, edited: for a hint to advance the answer must change
+    (:func:`labkit.check.common.next_hint`). A source gets a comment; a function is wrapped in one that closes over k."""
+    import inspect
+
+    if isinstance(answer, str):
+        return f"{answer}\n// try {k}\n"
+
+    def tried(*args, **kwargs):
+        assert k is not None  # the closure over k makes each try another answer
+        return answer(*args, **kwargs)
+
+    try:
+        tried.__signature__ = inspect.signature(answer)
+    except (TypeError, ValueError):
+        pass
+    return tried
+
+
 def record_check(monkeypatch, folder, name: str, answer, seed: int) -> tuple[bool, str]:
     """``check.<name>(answer)`` in record mode, as the grader runs a notebook (into ``folder``, on the inputs of
     ``seed``): (passed, the message the student saw)."""

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ranks, record_check, run_mpi_cases
+from conftest import edited, ranks, record_check, run_mpi_cases
 
 from labkit import check, compression, questions
 from labkit.check import ExerciseError, capture, common
@@ -390,7 +390,7 @@ def test_each_failed_run_shows_one_more_hint_and_never_the_whole_solution(name):
     seen = []
     for k in range(1, len(hints) + 2):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(WRONG[name])
+            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
         message = str(e.value)
         shown = min(k, len(hints))
         assert f"Step {shown} of {len(hints)}" in message and hints[shown - 1] in message

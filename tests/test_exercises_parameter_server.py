@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from conftest import edited
 
 from labkit import check, param_server
 from labkit.check import common
@@ -73,9 +74,9 @@ def test_the_delayed_descent_check_names_the_mistake(wrong, named):
 def test_each_failed_run_shows_one_more_step_of_the_derivation(monkeypatch):
     monkeypatch.setattr(common, "_failed_runs", {})
     seen = []
-    for _ in range(4):
+    for k in range(4):
         with pytest.raises(check.ExerciseError) as e:
-            check.round_robin_staleness(lambda W, n: [W - 1] * n)
+            check.round_robin_staleness(edited(lambda W, n: [W - 1] * n, k))  # a changed answer each time
         seen.append(str(e.value).split("\nStep ")[1][:6])
     assert seen == ["1 of 3", "2 of 3", "3 of 3", "3 of 3"]  # the last step repeats, and no step gives the code
     with pytest.raises(check.ExerciseError) as e:

@@ -90,7 +90,7 @@ def recorded(check):
             ran = True
             if capture.replaying():  # the grader's verdict: the mistake, without the steps
                 raise
-            hint = next_hint(check.__name__, str(e))
+            hint = next_hint(check.__name__, str(e), answer_of(args, kwargs))
             if hint:
                 raise ExerciseError(f"{e}\n{hint}") from None
             raise
@@ -118,20 +118,62 @@ def _hidden_part(check, args, kwargs) -> None:
             pass
 
 
-_failed_runs: dict[str, int] = {}  # per exercise, this process's failed runs: which hint comes next
+_failed_runs: dict[str, tuple[int, str]] = {}  # per exercise, this process's hint step and the answer that last failed
 
 
-def next_hint(exercise: str, message: str) -> str:
-    """The next step of the exercise's derivation, one more after each failed run of its check (the last one
-    repeats); nothing for a function not written yet, or an exercise without hints."""
+def next_hint(exercise: str, message: str, answer: str = "") -> str:
+    """The next step of the exercise's derivation: one more after each failed run of a changed answer (``answer`` is
+    its :func:`fingerprint`), the same one again for the same answer run again, the last one repeating; nothing for a
+    function not written yet, or an exercise without hints."""
     from .exercises import exercise as declared
 
     ex = declared(exercise)
     if ex is None or not ex.hints or "not written yet" in message:
         return ""
-    k = _failed_runs[exercise] = min(_failed_runs.get(exercise, 0) + 1, len(ex.hints))
-    more = " (run the check again after your next change for another)" if k < len(ex.hints) else ""
+    k, last = _failed_runs.get(exercise, (0, None))
+    if answer != last or k == 0:
+        k = min(k + 1, len(ex.hints))
+    _failed_runs[exercise] = (k, answer)
+    more = " (change your answer and run the check again for another)" if k < len(ex.hints) else ""
     return f"Step {k} of {len(ex.hints)}{more}: {ex.hints[k - 1]}"
+
+
+def answer_of(args, kwargs) -> str:
+    """The fingerprint of the student's answer a check was given: its first argument, or ``fn`` or ``source``."""
+    answer = args[0] if args else kwargs.get("fn", kwargs.get("source"))
+    return fingerprint(answer)
+
+
+def fingerprint(answer, _seen=None) -> str:
+    """What identifies a student's answer across runs of its cell: a source text itself; a function's source (or, where
+    it cannot be read, its code), with the functions of its own module that it names and the values it closes over.
+    Running the same cell again gives the same fingerprint; editing the function or a helper it calls changes it."""
+    import hashlib
+    import inspect
+
+    seen = set() if _seen is None else _seen
+    if isinstance(answer, str) or not callable(answer):
+        return hashlib.sha256(repr(answer).encode()).hexdigest()[:16]
+    fn = getattr(answer, "func", answer)  # a functools.partial: its function
+    if id(fn) in seen:
+        return ""
+    seen.add(id(fn))
+    code = getattr(fn, "__code__", None)
+    try:
+        parts = [inspect.getsource(fn)]
+    except (OSError, TypeError):
+        parts = [repr((code.co_code, code.co_consts, code.co_names)) if code else repr(fn)]
+    if code is not None:
+        scope = getattr(fn, "__globals__", {})
+        parts += [fingerprint(scope[n], seen) for n in code.co_names
+                  if inspect.isfunction(scope.get(n)) and scope[n].__module__ == fn.__module__]
+        for cell in fn.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                continue
+            parts.append(fingerprint(value, seen) if callable(value) else repr(value)[:200])
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def fail(exercise: str, what: str, hint: str = "") -> None:
