@@ -127,6 +127,73 @@ def test_backward_mistakes_are_named(wrong, match):
         check.device_backward(wrong)
 
 
+def backward_made_by(product, new=None):
+    """The right backward pass with nabla_W = product(xp, delta, a_in), stored into new(W) when new is given."""
+    def fn(xp, Ws, acts, delta):
+        nabla = [None] * len(Ws)
+        for i in range(len(Ws) - 1, -1, -1):
+            nabla[i] = product(xp, delta, acts[i])
+            if new is not None:
+                made = new(xp, Ws[i])
+                made[:] = nabla[i]
+                nabla[i] = made
+            if i:
+                delta = xp.dot(Ws[i].T, delta) * acts[i] * (1 - acts[i])
+        return nabla
+    return fn
+
+
+NUMPY_DIRECTLY = "your function calls NumPy directly where it should call xp"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (backward_made_by(lambda xp, d, a: np.dot(d, a.T)), f"np.dot was called on xp's arrays: {NUMPY_DIRECTLY}"),
+    (backward_made_by(lambda xp, d, a: np.outer(d, a)), f"np.outer was called on xp's arrays: {NUMPY_DIRECTLY}"),
+    (backward_made_by(lambda xp, d, a: np.matmul(d, a.T)), f"np.matmul was called on xp's arrays: {NUMPY_DIRECTLY}"),
+    (backward_made_by(lambda xp, d, a: np.multiply(d, a.T)), "np.multiply was called on xp's arrays"),
+    (backward_made_by(lambda xp, d, a: np.einsum("ik,jk->ij", d, a)), "np.einsum was called on xp's arrays"),
+    (backward_made_by(lambda xp, d, a: d @ a.T, new=lambda xp, W: np.zeros_like(W)), "np.zeros_like was called"),
+    (backward_made_by(lambda xp, d, a: d @ a.T, new=lambda xp, W: np.zeros(W.shape)),
+     f"NumPy tried to turn an array of xp into one of its own .*: {NUMPY_DIRECTLY}"),
+    (backward_made_by(lambda xp, d, a: xp.asarray(np.asarray(d) @ np.asarray(a).T)), "NumPy tried to turn an array"),
+    (backward_made_by(lambda xp, d, a: np.zeros((len(d), len(a))) + d @ a.T), "a NumPy array met an array of xp"),
+    (backward_made_by(lambda xp, d, a: d @ a.T + np.zeros((len(d), len(a)))), "a NumPy array was given to xp's add"),
+    (lambda xp, Ws, acts, delta: [np.array(g.tolist()) for g in right_backward(xp, Ws, acts, delta)],
+     "nabla_W of layer 0 came back as a NumPy array, not one of xp's"),
+])
+def test_backward_that_calls_numpy_where_xp_is_given_is_named(wrong, match):
+    """Right on xp = numpy, where np and xp are one module; the check runs it once more with xp a module that is not
+    NumPy, whose arrays NumPy refuses as CuPy's are refused, and names the call."""
+    with pytest.raises(ExerciseError, match=r"sizes \[4, 4, 4, 4\] \(float64\), with xp an array module that is not "
+                                            "NumPy(?s:.*)" + match):
+        check.device_backward(wrong)
+
+
+@pytest.mark.parametrize("right", [
+    backward_made_by(lambda xp, d, a: d @ a.T),
+    backward_made_by(lambda xp, d, a: xp.outer(d, a)),
+    backward_made_by(lambda xp, d, a: xp.matmul(xp.asarray(d), xp.asarray(a).T)),
+    backward_made_by(lambda xp, d, a: d.dot(a.T), new=lambda xp, W: xp.zeros_like(W)),
+    backward_made_by(lambda xp, d, a: xp.outer(d.ravel(), a.reshape(-1)), new=lambda xp, W: xp.empty(W.shape, W.dtype)),
+    backward_made_by(lambda xp, d, a: d * a.T * np.float64(1)),  # a NumPy scalar is no array of NumPy's
+    offload.backward,
+])
+def test_backward_on_xp_alone_passes_on_the_module_that_is_not_numpy(right, capsys):
+    check.device_backward(right)
+    assert "✔ backward on xp: all 6 checks passed" in capsys.readouterr().out
+
+
+def test_the_module_that_is_not_numpy_refuses_numpy_and_gives_its_own_arrays():
+    from labkit.check.offload import FOREIGN_XP, NumPyOnXP, XPArray
+
+    a = FOREIGN_XP.asarray(np.arange(6.0).reshape(2, 3))
+    assert isinstance(a.T @ a, XPArray) and isinstance(1 - a, XPArray) and a.shape == (2, 3) and len(a) == 2
+    for numpy_call in (lambda: np.asarray(a), lambda: np.sum(a), lambda: np.exp(a), lambda: a + np.ones(3),
+                       lambda: np.ones(3) * a, lambda: FOREIGN_XP.dot(np.ones((3, 2)), a)):
+        with pytest.raises(NumPyOnXP):
+            numpy_call()
+
+
 def test_backward_on_single_neurons_and_one_layer():
     """The cases where a shape cannot give a mistake away: [1, 1, 1] (everything 1 x 1) and [3, 2] (one layer)."""
     rng = np.random.default_rng(0)
@@ -349,6 +416,16 @@ def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
     assert verdict[0] is False and verdict[1] == plain[1].split("\nStep ")[0]  # the mistake, without the hint
     passed, message = replay.replay(name, tmp_path / "right", SEED + 1)
     assert not passed and "was not recorded" in message
+
+
+def test_the_replay_names_numpy_called_where_xp_is_given(tmp_path, monkeypatch):
+    """The run on the module that is not NumPy is recorded as one step, and the grader judges it from the record."""
+    from labkit.grading import replay
+
+    wrong = backward_made_by(lambda xp, d, a: np.outer(d, a))
+    plain = _record(monkeypatch, tmp_path, "device_backward", wrong)
+    assert plain[0] is False and "np.outer was called on xp's arrays" in plain[1]
+    assert replay.replay("device_backward", tmp_path, SEED) == (False, plain[1].split("\nStep ")[0])
 
 
 @pytest.mark.parametrize("name, reference", [("device_backward", offload.backward), ("offload_time", offload.offload_time),

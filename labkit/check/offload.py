@@ -72,17 +72,158 @@ def _close(a, b, dtype) -> bool:
     return a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol)
 
 
+# ---- an array module that is not NumPy ---------------------------------------------------------------------------------
+
+class NumPyOnXP(Exception):
+    """NumPy was handed an array of :data:`FOREIGN_XP`, as CuPy's arrays on a GPU refuse to be."""
+
+
+class XPArray:
+    """An array of :data:`FOREIGN_XP`: a NumPy array inside, reached only through the module's functions, the array's
+    own methods and Python's operators. Like a CuPy array it refuses NumPy's functions (np.dot, np.outer,
+    np.zeros_like), NumPy's conversion (np.asarray) and arithmetic with NumPy's arrays, each with :class:`NumPyOnXP`."""
+
+    __slots__ = ("a",)
+    __hash__ = None
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def __array__(self, *args, **kwargs):
+        raise NumPyOnXP("NumPy tried to turn an array of xp into one of its own (np.asarray or np.array, or an xp "
+                        "array stored into a NumPy array)")
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise NumPyOnXP(f"np.{func.__name__} was called on xp's arrays")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if any(isinstance(v, np.ndarray) for v in inputs):
+            raise NumPyOnXP(f"a NumPy array met an array of xp in np.{ufunc.__name__} (was it made by np.zeros, "
+                            "np.empty or np.array?)")
+        if method != "__call__" or kwargs or not any(isinstance(v, np.generic) for v in inputs):
+            raise NumPyOnXP(f"np.{ufunc.__name__} was called on xp's arrays")
+        return _xp_wrap(ufunc(*(_xp_plain(v, ufunc.__name__) for v in inputs)))  # a NumPy scalar's operator
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # NumPy looks for __array_interface__ and the like: the data stays out of its reach
+            raise AttributeError(name)
+        value = getattr(self.a, name)
+        if callable(value):
+            return lambda *args, **kwargs: _xp_wrap(value(*_xp_plain(args, name), **_xp_plain(kwargs, name)))
+        return _xp_wrap(value)
+
+    def __setitem__(self, key, value):
+        self.a[_xp_plain(key, "[]")] = value.a if isinstance(value, XPArray) else value  # a host array is copied in
+
+    def __repr__(self) -> str:
+        return f"xp.array({self.a!r})"
+
+
+def _xp_operator(name: str):
+    def op(self, *others):
+        result = getattr(self.a, name)(*_xp_plain(others, name))
+        return self if result is self.a else _xp_wrap(result)  # an in-place operator returns the array itself
+
+    op.__name__ = name
+    return op
+
+
+for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "matmul", "rmatmul", "truediv", "rtruediv", "pow", "rpow",
+              "neg", "pos", "abs", "iadd", "isub", "imul", "imatmul", "itruediv", "ipow", "getitem", "len", "iter",
+              "lt", "le", "gt", "ge", "eq", "ne", "float", "int", "bool"):
+    setattr(XPArray, f"__{_name}__", _xp_operator(f"__{_name}__"))
+
+
+def _xp_plain(v, where: str):
+    """The NumPy arrays inside ``v`` (an array of xp, or lists, tuples and dicts of them); a NumPy array refused."""
+    if isinstance(v, XPArray):
+        return v.a
+    if isinstance(v, np.ndarray):
+        raise NumPyOnXP(f"a NumPy array was given to xp's {where.strip('_')} beside xp's arrays (was it made by "
+                        "np.zeros, np.empty or np.array?)")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_xp_plain(x, where) for x in v)
+    if isinstance(v, dict):
+        return {k: _xp_plain(x, where) for k, x in v.items()}
+    return v
+
+
+def _xp_wrap(v):
+    if isinstance(v, np.ndarray):
+        return XPArray(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_xp_wrap(x) for x in v)
+    return v if not hasattr(v, "__next__") else (_xp_wrap(x) for x in v)
+
+
+class _ForeignModule:
+    """An array module that is not NumPy: NumPy's functions under their names, taking and giving :class:`XPArray`;
+    ``asarray`` and ``array`` also take NumPy's arrays, as a copy to the device does."""
+
+    __name__ = "labkit.check.offload.FOREIGN_XP"
+
+    def __getattr__(self, name):
+        value = getattr(np, name)
+        if isinstance(value, type) or not callable(value):
+            return value  # dtypes (xp.float32), constants (xp.newaxis, xp.pi)
+        if name in ("asarray", "array", "ascontiguousarray"):
+            return lambda a, *args, **kwargs: XPArray(value(a.a if isinstance(a, XPArray) else a, *args, **kwargs))
+        return lambda *args, **kwargs: _xp_wrap(value(*_xp_plain(args, name), **_xp_plain(kwargs, name)))
+
+
+FOREIGN_XP = _ForeignModule()
+
+
+def _on_foreign_xp(fn, Ws, acts, delta) -> dict:
+    """``fn`` run on :data:`FOREIGN_XP` with copies of the arrays: plain data for the record, what it raised or what
+    it returned (each entry an array of xp, brought back; a NumPy array, marked; anything else, its type's name)."""
+    try:
+        got = fn(FOREIGN_XP, [XPArray(W.copy()) for W in Ws], [XPArray(a.copy()) for a in acts], XPArray(delta.copy()))
+    except Exception as e:  # noqa: BLE001 - the student's code: what it raised is judged by the check
+        return {"raised": type(e).__name__, "message": str(e)}
+    if not isinstance(got, (list, tuple)):
+        return {"returned": type(got).__name__}
+    kinds = ["xp" if isinstance(g, XPArray) else "numpy" if isinstance(g, np.ndarray) else type(g).__name__ for g in got]
+    return {"kinds": kinds, "arrays": [g.a if isinstance(g, XPArray) else None for g in got]}
+
+
+def _judge_foreign_xp(ex: str, where: str, seen: dict, Ws, acts, delta, dtype) -> None:
+    """Fail where the run on an array module that is not NumPy reached for NumPy, or came out otherwise than on
+    NumPy."""
+    why = "a module like CuPy, whose arrays live on a GPU, cannot take them: use xp for every product and every new array"
+    if seen.get("raised") == NumPyOnXP.__name__:
+        fail(ex, f"{where}, with xp an array module that is not NumPy: {seen['message']}: your function calls NumPy "
+                 f"directly where it should call xp; {why}")
+    if "raised" in seen:
+        fail(ex, f"{where}: your function passed with xp = numpy but raised {seen['raised']}: {seen['message']} with xp "
+                 "an array module that is not NumPy (NumPy's functions under the same names)",
+             "use only what NumPy and CuPy both have: xp's functions, the arrays' methods and operators")
+    kinds = seen.get("kinds", [])
+    numpy = [i for i, k in enumerate(kinds) if k == "numpy"]
+    if numpy:
+        fail(ex, f"{where}, with xp an array module that is not NumPy: nabla_W of layer {numpy[0]} came back as a "
+                 f"NumPy array, not one of xp's: it was made by np.* (np.zeros? np.outer?); {why}")
+    other = [f"layer {i}: {k}" for i, k in enumerate(kinds) if k != "xp"]
+    if "returned" in seen or other:
+        fail(ex, f"{where}, with xp an array module that is not NumPy: expected a list of xp's arrays, got "
+                 f"{seen.get('returned') or ', '.join(other)}")
+    _compare_backward(ex, f"{where}, with xp an array module that is not NumPy", seen["arrays"], Ws, acts, delta, dtype)
+
+
 @recorded
 def device_backward(fn) -> None:
     """Exercise (lab 04): ``fn(xp, Ws, acts, delta) -> [nabla_W_0, ..., nabla_W_{L-1}]``, one sample's weight gradients
     from the output layer back, written on the array module ``xp``; checked with xp = numpy against
     :func:`labkit.offload.backward` on five networks (square layers, all widths different, one layer, single neurons,
-    [784, 100, 10] in float32), relative tolerance 1e-7 (float64) and 1e-4 (float32)."""
+    [784, 100, 10] in float32), relative tolerance 1e-7 (float64) and 1e-4 (float32); then once more on the first with
+    xp an array module that is not NumPy (:data:`FOREIGN_XP`), whose arrays NumPy's functions refuse, as on CuPy."""
     ex = "backward on xp"
-    fn = capture.student(fn, ex=ex)
+    student, fn = fn, capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(40))
+    first = None
     for sizes, dtype in _BACKWARD_CASES:
         Ws, acts, delta = _forward(rng, sizes, dtype)
+        first = first or (sizes, dtype, Ws, acts, delta)
         kept = [a.copy() for a in (*Ws, *acts, delta)]
         where = f"sizes {sizes} ({np.dtype(dtype)})"
         got = call(ex, fn, np, Ws, acts, delta)
@@ -90,7 +231,11 @@ def device_backward(fn) -> None:
             fail(ex, f"{where}: your function changed its inputs (Ws, acts or delta)",
                  "compute new arrays (delta = ... makes a new one; delta *= ... changes the caller's)")
         _compare_backward(ex, where, got, Ws, acts, delta, dtype)
-    passed(ex, len(_BACKWARD_CASES))
+    sizes, dtype, Ws, acts, delta = first  # once more, on an array module that is not NumPy
+    seen = capture.step("foreign xp", lambda: _on_foreign_xp(student, Ws, acts, delta),
+                        key=capture.digest((Ws, acts, delta), {}))
+    _judge_foreign_xp(ex, f"sizes {sizes} ({np.dtype(dtype)})", seen, Ws, acts, delta, dtype)
+    passed(ex, len(_BACKWARD_CASES) + 1)
 
 
 def _compare_backward(ex, where, got, Ws, acts, delta, dtype) -> None:
