@@ -175,6 +175,29 @@ def list_shape(S, M):
     return f.T, b.T
 
 
+def simulated_gpipe(steps=None, fill=-1, dtype=int):
+    """GPipe as a student simulates it, step by step; ``steps``: a fixed number of steps instead of until done."""
+    def fn(S, M):
+        f, b = np.full((S, M), fill, dtype), np.full((S, M), fill, dtype)
+        nf, nb = [0] * S, [0] * S
+        for t in range(steps or 2 * (M + S)):
+            for s in range(S):
+                m = nf[s]
+                if m < M and (s == 0 or (nf[s - 1] > m and f[s - 1, m] < t)):
+                    f[s, m], nf[s] = t, m + 1
+                elif nf[s] == M and nb[s] < M:
+                    m = M - 1 - nb[s]  # the last micro-batch first, as the errors arrive
+                    if f[s, m] < t if s == S - 1 else (nb[s + 1] > nb[s] and b[s + 1, m] < t):
+                        b[s, m], nb[s] = t, nb[s] + 1
+        return f, b
+    return fn
+
+
+def small_int_schedule(S, M):
+    s, m = np.arange(S, dtype=np.int8)[:, None], np.arange(M, dtype=np.int8)[None, :]
+    return s + m, (M + S - 1) + (S - 1 - s) + (M - 1 - m)
+
+
 WRONG_SCHEDULE = {
     "stages start together": (together, r"S = 3 stages.*the stages start together: stage 1 runs the forward of "
                                          r"micro-batch 0 at step 0.*before the stage before it has finished it"),
@@ -192,6 +215,13 @@ WRONG_SCHEDULE = {
                      r"S = 1 stage, M = 4.*stage 0 waits: it runs the forward of micro-batch 1 at step 2"),
     "transposed": (list_shape, r"S = 1 stage, M = 4.*forward has shape \(4, 1\), expected \(1, 4\).*one row per stage"),
     "floats": (lambda S, M: tuple(a + 0.5 for a in right_schedule(S, M)), r"whole step numbers"),
+    # right on every size the check used to try (up to 6 stages and 10 micro-batches, 30 steps), wrong past them
+    "a fixed number of steps": (simulated_gpipe(steps=30), r"tasks never ran: they are all at step -1.*the others stop "
+                                r"at step 29.*a loop stops at a fixed step"),
+    "a fixed number of steps, zeros": (simulated_gpipe(steps=32, fill=0), r"tasks never ran: they are all at step 0, "
+                                       r"stage 0's backward.*a loop stops at a fixed step"),
+    "int8 steps": (small_int_schedule, r"S = 16 stages, M = 64 micro-batches: forward is an array of int8, which holds "
+                   r"steps up to 127 only.*wrap around"),
 }
 
 
@@ -199,7 +229,8 @@ def test_gpipe_schedule_passes_backwards_in_either_order(capsys):
     check.gpipe_schedule(right_schedule)
     check.gpipe_schedule(ascending_backwards)
     check.gpipe_schedule(lambda S, M: tuple(a.tolist() for a in right_schedule(S, M)))  # lists will do
-    assert capsys.readouterr().out.count("✔ GPipe schedule: all 8 checks passed") == 3
+    check.gpipe_schedule(simulated_gpipe())  # a simulation run until every task has run
+    assert capsys.readouterr().out.count("✔ GPipe schedule: all 9 checks passed") == 4
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_SCHEDULE))
@@ -232,13 +263,37 @@ WRONG_STEP = {
     "forwards only": (lambda f, b, M: f.sum() + (M - 1) * f.max(), r"only the forwards"),
     "M instead of M - 1": (lambda f, b, M: f.sum() + M * f.max() + b.sum() + M * b.max(), r"one micro-batch too many"),
     "a list": (lambda f, b, M: [closed_form(f, b, M)] * 2, r"expected one number \(seconds\), got list of shape \(2,\)"),
+    "lockstep": (lambda f, b, M: lockstep(f, b, M), r"moves the stages in lockstep"),
+    "arrays for 12 micro-batches": (lambda f, b, M: simulated_step(f, b, M, room=12), r"raised IndexError.*It ran on the "
+                                    r"smaller cases\? This one has \d+ stages and \d+ micro-batches.*sized for those"),
 }
+
+
+def lockstep(f, b, M):
+    """Each step of the unit-time GPipe schedule as long as its slowest task: right on every fixed case of the check."""
+    forward, backward = right_schedule(len(f), M)
+    return sum(max([f[s] for s, m in zip(*np.nonzero(forward == t))] + [b[s] for s, m in zip(*np.nonzero(backward == t))])
+               for t in range(1 + backward.max()))
+
+
+def simulated_step(f, b, M, room=None):
+    """The notebook's simulation; ``room``: its arrays sized for that many micro-batches instead of M."""
+    free, ready = np.zeros(len(f)), np.zeros(room or M)
+    for s in range(len(f)):
+        for m in range(M):
+            ready[m] = free[s] = max(free[s], ready[m]) + f[s]
+    ready[:] = 0
+    for s in reversed(range(len(b))):
+        for m in range(M):
+            ready[m] = free[s] = max(free[s], ready[m]) + b[s]
+    return free.max()
 
 
 def test_pipeline_step_time_passes_a_simulation_and_the_closed_form(capsys):
     check.pipeline_step_time(closed_form)
     check.pipeline_step_time(lambda f, b, M: model_parallel.pipeline_step_time(f, b, M) + 0.0)
-    assert capsys.readouterr().out.count("✔ pipeline step time: all 7 checks passed") == 2
+    check.pipeline_step_time(simulated_step)
+    assert capsys.readouterr().out.count("✔ pipeline step time: all 8 checks passed") == 3
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_STEP))
@@ -260,14 +315,61 @@ def right_peaks(forward, backward):
     return peaks
 
 
+def peaks_to_step(last):
+    """right_peaks counted over the steps up to ``last(S, M)`` only."""
+    def fn(f, b):
+        steps = np.arange(last(*f.shape) + 1)
+        return ((f[:, :, None] <= steps) & (steps <= b[:, :, None])).sum(axis=1).max(axis=1)
+    return fn
+
+
+def peaks_fixed_array(f, b):
+    held = np.zeros((f.shape[0], 32), int)  # room for the steps of the check's schedules up to 6 x 10
+    for s, m in np.ndindex(f.shape):
+        held[s, f[s, m]:b[s, m] + 1] += 1
+    return held.max(axis=1)
+
+
+def peaks_by_arrivals(f, b):
+    """The most micro-batches that arrive while one is held: right when they leave in the order they came."""
+    return np.array([max(((f[s] >= f[s, m]) & (f[s] <= b[s, m])).sum() for m in range(f.shape[1]))
+                     for s in range(f.shape[0])])
+
+
+def peaks_in_order(f, b):
+    """Held when micro-batch m leaves: those arrived before, less the m freed before it (1F1B's order)."""
+    return np.array([max((f[s] < b[s, m]).sum() - m for m in range(f.shape[1])) for s in range(f.shape[0])])
+
+
+def peaks_by_kind(f, b):
+    """GPipe holds M, 1F1B S - s: the peaks guessed from the schedule's kind."""
+    S, M = f.shape
+    gpipe = (f.max(axis=1) < b.min(axis=1)).all()
+    return np.full(S, M) if gpipe else np.minimum(S - np.arange(S), M)
+
+
 WRONG_PEAKS = {
-    "every micro-batch": (lambda f, b: np.full(f.shape[0], f.shape[1]), r"1F1B, S = 4, M = 8: peaks \[8, 8, 8, 8\], "
-                          r"expected \[4, 3, 2, 1\].*frees a micro-batch's activations once its backward has run"),
+    "every micro-batch": (lambda f, b: np.full(f.shape[0], f.shape[1]), r"1F1B, S = 4, M = 8 \(steps 0 to 21\): peaks "
+                          r"\[8, 8, 8, 8\], expected \[4, 3, 2, 1\].*frees a micro-batch's activations once its backward "
+                          r"has run"),
     "forwards before the first backward": (
         lambda f, b: np.array([(f[s] < b[s].min()).sum() for s in range(f.shape[0])]),
-        r"one stage, two forwards then one backward, S = 1, M = 7: peaks \[2\], expected \[3\].*the peak can come later"),
+        r"one stage, two forwards then one backward, S = 1, M = 7 \(steps 0 to 13\): peaks \[2\], expected \[3\].*the "
+        r"peak can come later"),
     "the pipeline's peak": (lambda f, b: np.full(f.shape[0], right_peaks(f, b).max()),
-                            r"1F1B, S = 4, M = 8: peaks \[4, 4, 4, 4\].*each stage has its own peak"),
+                            r"1F1B, S = 4, M = 8 \(steps 0 to 21\): peaks \[4, 4, 4, 4\].*each stage has its own peak"),
+    # right on every GPipe and 1F1B schedule, wrong on schedules of neither kind or longer than the check's were
+    "GPipe's step count": (peaks_to_step(lambda S, M: 2 * (M + S - 1) - 1), r"then the rest as GPipe, S = 3, M = 8 "
+                           r"\(steps 0 to 31\): peaks \[2, 1, 1\], expected \[5, 5, 5\].*the peaks of steps 0 to 19 "
+                           r"only: 2\(M \+ S - 1\) steps are GPipe's and 1F1B's.*count to its own last step"),
+    "an array of 32 steps": (peaks_fixed_array, r"GPipe, S = 12, M = 40 \(steps 0 to 101\).*the peaks of steps 0 to 31 "
+                             r"only.*a loop or an array of fixed length"),
+    "arrivals": (peaks_by_arrivals, r"backwards out of micro-batch order, S = 1, M = 4 \(steps 0 to 7\): peaks \[3\], "
+                 r"expected \[2\].*arrive while it is held"),
+    "freed in order": (peaks_in_order, r"backwards out of micro-batch order.*peaks \[3\], expected \[2\].*micro-batch "
+                       r"order"),
+    "by the kind of schedule": (peaks_by_kind, r"two forwards then one backward, S = 1, M = 7 \(steps 0 to 13\): peaks "
+                                r"\[1\], expected \[3\].*1F1B's limit of S - s; this schedule is not 1F1B's"),
     "per step": (lambda f, b: np.zeros((f.shape[0], 3), int), r"expected an array of shape \(4,\), got shape \(4, 3\).*"
                  r"not the count at every step"),
     "one number": (lambda f, b: right_peaks(f, b).max(), r"got shape \(\).*one number per stage"),
@@ -280,7 +382,7 @@ def test_activations_in_flight_passes_loops_and_arrays(capsys):
     check.activations_in_flight(right_peaks)
     check.activations_in_flight(model_parallel.peak_activations)
     check.activations_in_flight(lambda f, b: right_peaks(f, b).tolist())  # a list will do
-    assert capsys.readouterr().out.count("✔ activations in flight: all 8 checks passed") == 3
+    assert capsys.readouterr().out.count("✔ activations in flight: all 12 checks passed") == 3
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_PEAKS))
@@ -292,12 +394,12 @@ def test_activations_in_flight_names_the_mistake(name):
 
 # ---- exercise 6: 1F1B -------------------------------------------------------------------------------------------------
 
-def one_f_one_b(room=lambda S, s: S - s, late=0, seen=lambda step, t: 0 <= step < t):
-    """A 1F1B answer as a student simulates it, with one of its rules changed."""
+def one_f_one_b(room=lambda S, s: S - s, late=0, seen=lambda step, t: 0 <= step < t, steps=None, dtype=int):
+    """A 1F1B answer as a student simulates it, with one of its rules changed (``steps``: a fixed number of steps)."""
     def fn(S, M):
-        f, b = -np.ones((S, M), int), -np.ones((S, M), int)
+        f, b = -np.ones((S, M), dtype), -np.ones((S, M), dtype)
         nf, nb, t = [0] * S, [0] * S, 0
-        while nb[0] < M and t < 10 * (M + S):
+        while nb[0] < M and t < (steps or 10 * (M + S)):
             for s in range(S):
                 can_b = nb[s] < nf[s] and seen((b[s + 1, nb[s]] if s < S - 1 else f[s, nb[s]]) + late, t)
                 can_f = nf[s] < M and nf[s] - nb[s] < room(S, s) and (s == 0 or seen(f[s - 1, nf[s]], t))
@@ -320,13 +422,17 @@ WRONG_1F1B = {
                     r"rule runs it at step 1.*at step 1 stage 0 was free, its input had arrived"),
     "input seen at once": (one_f_one_b(seen=lambda step, t: 0 <= step <= t), r"S = 3 stages, M = 1.*the stages start "
                            r"together"),
+    "a fixed number of steps": (one_f_one_b(steps=30), r"tasks never ran: they are all at step -1.*the others stop at "
+                                r"step 29.*a loop stops at a fixed step"),
+    "int8 steps": (one_f_one_b(dtype=np.int8), r"raised OverflowError.*This one runs to step \d+: look for an array, a "
+                   r"loop or an integer type sized for those"),
 }
 
 
 def test_one_f_one_b_passes_a_simulation(capsys):
     check.one_f_one_b(one_f_one_b())
     check.one_f_one_b(lambda S, M: tuple(a.tolist() for a in model_parallel.one_f_one_b_schedule(S, M)))
-    assert capsys.readouterr().out.count("✔ 1F1B schedule: all 8 checks passed") == 2
+    assert capsys.readouterr().out.count("✔ 1F1B schedule: all 9 checks passed") == 2
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_1F1B))
@@ -389,6 +495,17 @@ def test_the_replay_gives_the_checks_own_verdict(tmp_path, monkeypatch, name):
     assert replay.replay(name, tmp_path / "wrong", 7) == (False, student_saw)
     passed, message = replay.replay(name, tmp_path / "right", 8)  # other inputs: the record answers nothing
     assert not passed and "was not recorded" in message
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("gpipe_schedule", WRONG_SCHEDULE["int8 steps"][0]), ("gpipe_schedule", WRONG_SCHEDULE["a fixed number of steps"][0]),
+    ("one_f_one_b", WRONG_1F1B["int8 steps"][0]), ("pipeline_step_time", WRONG_STEP["lockstep"][0]),
+    ("activations_in_flight", peaks_fixed_array), ("activations_in_flight", peaks_by_arrivals)])
+def test_the_replay_names_the_mistakes_past_the_small_cases(tmp_path, monkeypatch, name, wrong):
+    plain = record_check(monkeypatch, tmp_path, name, wrong, 7)  # int8 arrays, a raised OverflowError, drawn schedules
+    assert plain[0] is False
+    student_saw = re.sub(r"\nStep \d+ of \d+.*", "", plain[1], flags=re.S)
+    assert replay.replay(name, tmp_path, 7) == (False, student_saw)
 
 
 REFERENCES = {"neuron_part": lambda W, b, x, r, p: model_parallel.neuron_part(W, b, x, r, p),
