@@ -89,14 +89,18 @@ def right_combine(grads, counts):
 
 
 def _threaded(params, x, Y, p, divide="n", loss_divide="n", shared=False, join=True, in_caller=False,
-              join_each=False, accumulate=right_accumulate):
+              join_each=False, accumulate=right_accumulate, split=right_split, dtype=None):
     """Lab 02's fourth exercise as the notebook's solution writes it (threading.Thread, your my_split and accumulate),
-    or with one of the typical mistakes."""
+    or with one of the typical mistakes; ``dtype`` makes the accumulators from their shapes in that dtype."""
     n = x.shape[0]
-    shards = right_split(n, p)
-    one = [(np.zeros_like(W), np.zeros_like(b)) for W, b in params]
-    accs = [one] * p if shared else [[(np.zeros_like(W), np.zeros_like(b)) for W, b in params] for _ in shards]
-    losses = [0.0] * p
+    shards = split(n, p)
+
+    def zeros(a):
+        return np.zeros_like(a) if dtype is None else np.zeros(a.shape, dtype=dtype)
+
+    one = [(zeros(W), zeros(b)) for W, b in params]
+    accs = [one] * p if shared else [[(zeros(W), zeros(b)) for W, b in params] for _ in shards]
+    losses = [0.0] * len(shards)
 
     def work(i, lo, hi):
         losses[i] = accumulate(params, x[lo:hi], Y[lo:hi], accs[i])
@@ -392,6 +396,91 @@ def test_threaded_step_mistakes_are_named(kw, match):
         check.threaded_step(lambda params, x, Y, p: _threaded(params, x, Y, p, **kw))
 
 
+def _whole_batch(params, x, Y, p, keep="all"):
+    """Every thread sums the whole batch into its own accumulator; all of them divided by n p, or the first one's
+    kept: right values from threads that divide no work."""
+    n = x.shape[0]
+    accs, losses = [mlp.zeros_like(params) for _ in range(p)], [0.0] * p
+
+    def work(i):
+        losses[i] = right_accumulate(params, x, Y, accs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(p)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept, by = (accs, n * p) if keep == "all" else (accs[:1], n)
+    return sum(losses[:len(kept)]) / by, [(sum(a[i][0] for a in kept) / by, sum(a[i][1] for a in kept) / by)
+                                          for i in range(len(params))]
+
+
+def _split_last_takes_rest_threads(n, k):
+    base = n // k
+    return [(i * base, (i + 1) * base if i < k - 1 else n) for i in range(k)]
+
+
+def _split_overlapping(n, k):
+    return [(lo, min(hi + 1, n)) for lo, hi in right_split(n, k)]
+
+
+def _one_total(params, x, Y, p, store):
+    """Every thread adds each sample's gradient into one total shared by all, with new arrays (no in-place +=): a race
+    that a quiet machine's GIL almost always hides. ``store`` puts the sum back: into the list, or into the array."""
+    n = x.shape[0]
+    total, losses = [[np.zeros_like(W), np.zeros_like(b)] for W, b in params], [0.0] * p
+
+    def work(i, lo, hi):
+        for k in range(lo, hi):
+            loss, g = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])
+            losses[i] += loss
+            for t, pair in zip(total, g):
+                for j in (0, 1):
+                    store(t, j, t[j] + pair[j])
+
+    threads = [threading.Thread(target=work, args=(i, lo, hi)) for i, (lo, hi) in enumerate(right_split(n, p))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(losses) / n, [(t[0] / n, t[1] / n) for t in total]
+
+
+def _rebinds(t, j, value):
+    t[j] = value
+
+
+def _copies_into(t, j, value):
+    t[j][...] = value
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_whole_batch, r"p = 2 threads: each of your 2 threads computed the gradients of all 8 samples: every thread worked "
+                   "on the whole batch"),
+    (lambda params, x, Y, p: _whole_batch(params, x, Y, p, keep="first"), "every thread worked on the whole batch"),
+    (lambda params, x, Y, p: _threaded(params, x, Y, p, split=_split_last_takes_rest_threads),
+     r"p = 3 threads: your threads computed \[4, 2, 2\] samples each, where shards whose sizes differ by at most one "
+     r"hold \[3, 3, 2\]"),
+    (lambda params, x, Y, p: _threaded(params, x, Y, p, split=_split_overlapping),
+     r"the gradients of 1 of the 8 samples \(rows 4\) were computed more than once: shards that overlap"),
+    (lambda params, x, Y, p: _threaded(params, x, Y, p, split=_split_floor_only),
+     r"batch of 13, p = 2 threads: the gradients of 1 of the 13 samples \(rows 12\) were never computed"),
+    (lambda params, x, Y, p: _one_total(params, x, Y, p, _rebinds), "several threads added their gradients into the "
+                                                                    "same accumulator arrays"),
+    (lambda params, x, Y, p: _one_total(params, x, Y, p, _copies_into), "a race, even where the GIL happens to keep"),
+    (lambda params, x, Y, p: _threaded(params, x, Y, p, dtype=np.float64),
+     r"\[6, 5, 4\], batch of 9, p = 2 threads, layer 0: dW is float64, for parameters of float32(?s:.*)np.zeros\(shape\)"),
+    (lambda params, x, Y, p: _threaded(params, x, Y, p, dtype=np.float32), "dW is float32, for parameters of float64"),
+])
+def test_threaded_step_names_what_each_thread_did_and_the_gradients_dtype(wrong, match):
+    """Answers whose values can come out right, or nearly, and that passed before: threads that each take the whole
+    batch, shards uneven, overlapping or short of the remainder, one total shared without a lock but written with new
+    arrays, accumulators of the wrong dtype. The check sees which rows each thread computed and which arrays it read
+    beside its gradients, and has a float32 network."""
+    with pytest.raises(ExerciseError, match=match):
+        check.threaded_step(wrong)
+
+
 def test_threaded_step_passes_on_a_thread_pool_and_names_an_empty_shard_that_crashes(capsys):
     check.threaded_step(right_threaded_pool)
     assert "✔" in capsys.readouterr().out
@@ -469,7 +558,8 @@ def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, 
     assert replay.replay(name, tmp_path / "wrong", SEED) == (False, student_saw)  # ...the grader the mistake alone
 
 
-@pytest.mark.parametrize("kw", [{"in_caller": True}, {"join": False}, {"shared": True}, {"join_each": True}])
+@pytest.mark.parametrize("kw", [{"in_caller": True}, {"join": False}, {"shared": True}, {"join_each": True},
+                                {"split": _split_overlapping}, {"dtype": np.float64}])
 def test_the_replay_gives_the_threaded_steps_verdict_on_its_threads_from_the_record(tmp_path, monkeypatch, kw):
     """What the threads did is seen in the student's process, kept in the record, and judged again by the grader."""
     plain = record_check(monkeypatch, tmp_path, "threaded_step", lambda params, x, Y, p: _threaded(params, x, Y, p, **kw),

@@ -471,9 +471,10 @@ def combine_shards(fn) -> None:
 
 
 class _Tracked(np.ndarray):
-    """A gradient array handed to the student's code by :class:`_Threads`: an in-place operation that takes it as an
-    input (``acc_W += dW``) tells the watch which thread wrote into which array. Arithmetic on it gives plain arrays;
-    what keeps its type (a copy, ``np.zeros_like``) reports nothing: only the arrays the wrapper returned do."""
+    """A gradient array handed to the student's code by :class:`_Threads`: an operation that takes it as an input tells
+    the watch which thread wrote into which array (``acc_W += dW``), read which other array beside it (``total + dW``)
+    and made which new one. Arithmetic on it gives plain arrays; what keeps its type (a copy, ``np.zeros_like``)
+    reports nothing: only the arrays the wrapper returned do."""
 
     _watch = None
 
@@ -483,13 +484,15 @@ class _Tracked(np.ndarray):
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         watch = next((a._watch for a in inputs if isinstance(a, _Tracked) and a._watch is not None), None)
         plain = [np.asarray(a) if isinstance(a, _Tracked) else a for a in inputs]
+        if watch is not None:  # a total that threads share is read, or written, beside their gradients
+            watch.wrote([a for a in inputs if not isinstance(a, _Tracked)] + list(out or ()))
         if out is not None:
-            if watch is not None:
-                watch.wrote(out)
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _Tracked) else o for o in out)
         result = getattr(ufunc, method)(*plain, **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
+        if watch is not None:
+            watch.wrote([result])  # a new total: another thread that adds to it shares it
         return result
 
 
@@ -503,8 +506,13 @@ class _Threads:
     WRAPPED = ("loss_and_grads_per_sample", "backprop_per_sample", "loss_and_grads", "loss_and_grads_unchecked",
                "backprop", "backprop_one")
 
-    def __init__(self, expected: int):
+    def __init__(self, expected: int, x: np.ndarray, params):
         self.expected = expected
+        self.row_of = {self._row_key(row): k for k, row in enumerate(x)}  # a sample's values -> its row in x
+        self.n_in = x.shape[1]
+        self.rows: dict = {}  # thread -> the rows of x it computed gradients of
+        self.unknown = 0  # rows passed to labkit.mlp that are not x's
+        self.inputs = {a.__array_interface__["data"][0] for pair in params for a in pair}  # read by all, written by none
         self.caller = threading.current_thread()
         self.cond = threading.Condition()
         self.inside = threading.local()
@@ -535,15 +543,35 @@ class _Threads:
         if args.exc_type is not SystemExit:
             self.errors.append(f"{args.exc_type.__name__}: {args.exc_value}")
 
-    def wrote(self, out) -> None:
+    def wrote(self, arrays) -> None:
+        """Note the arrays this thread wrote, read or made beside a gradient (each kept, so that its memory is not
+        reused for another array while the function runs)."""
         if not self.open:
             return
         me = threading.current_thread()
         with self.cond:
-            for o in out:
-                if isinstance(o, np.ndarray):
+            for o in arrays:
+                if isinstance(o, np.ndarray) and o.ndim:
                     key = o.__array_interface__["data"][0]
-                    self.targets.setdefault(key, (o, set()))[1].add(me)
+                    if key not in self.inputs:
+                        self.targets.setdefault(key, (o, set()))[1].add(me)
+
+    @staticmethod
+    def _row_key(row) -> bytes:
+        return np.asarray(row, dtype=np.float32).tobytes()  # in float32 too: a student's cast keeps the sample known
+
+    def _note_rows(self, me, args) -> None:
+        """Which rows of the case's x the gradient call on ``args`` (params, x, ...) computes, for thread ``me``."""
+        x = np.asarray(args[1]) if len(args) > 1 and isinstance(args[1], np.ndarray) else None
+        if x is None or x.size % self.n_in:
+            self.unknown += 1
+            return
+        for row in x.reshape(-1, self.n_in):
+            k = self.row_of.get(self._row_key(row))
+            if k is None:
+                self.unknown += 1
+            else:
+                self.rows.setdefault(me, []).append(k)
 
     def _tracked(self, v):
         if isinstance(v, np.ndarray) and v.dtype.kind == "f":
@@ -565,6 +593,7 @@ class _Threads:
                 first = me not in self.spans
                 self.spans.setdefault(me, [now, now])
                 self.active += 1
+                self._note_rows(me, args)
                 self.cond.notify_all()
                 if first and me != self.caller:
                     self.cond.wait_for(lambda: len(self.spans) >= self.expected, timeout=0.25)
@@ -587,7 +616,8 @@ class _Threads:
     def summary(self) -> tuple:
         """(threads that computed gradients, whether the calling thread did, the most of them at work at once,
         gradients finished after the function returned, arrays written by more than one thread, what the threads
-        raised): plain numbers and text, recorded when graded. Waits first for threads still at work."""
+        raised, the rows of x each thread computed in the order they began, the rows not x's): plain numbers, lists
+        and text, recorded when graded. Waits first for threads still at work."""
         deadline = time.perf_counter() + 2.0
         while time.perf_counter() < deadline:
             with self.cond:
@@ -598,11 +628,14 @@ class _Threads:
             spans = sorted(self.spans.values())
             at_once = max((sum(1 for s in spans if s[0] <= t <= s[1]) for t, _ in spans), default=0)
             shared = sum(1 for _, threads in self.targets.values() if len(threads) > 1)
-            return (len(self.spans), self.caller in self.spans, at_once, self.late, shared, list(self.errors))
+            order = sorted(self.spans, key=lambda t: self.spans[t][0])
+            rows = [sorted(self.rows.get(t, [])) for t in order]
+            return (len(self.spans), self.caller in self.spans, at_once, self.late, shared, list(self.errors), rows,
+                    self.unknown)
 
 
 def _threaded_cases(seed: int):
-    """(params, x, Y, p): p = 2, 3 and 1 threads on the usual problems, one drawn afresh, then p > n."""
+    """(params, x, Y, p): p = 2, 3 and 1 threads on the usual problems, one drawn afresh, one in float32, then p > n."""
     probs = list(problems(seed))
     rng = np.random.default_rng(seed + 1)
     sizes = ([5, 4, 3], [7, 6, 5, 3])[int(rng.integers(2))]
@@ -614,9 +647,70 @@ def _threaded_cases(seed: int):
             if p <= x.shape[0]:
                 yield params, x, Y, p
     yield (*drawn, int(rng.integers(2, 7)))
+    params = mlp.init_params([6, 5, 4], seed=int(rng.integers(1000)), dtype=np.float32)  # lab 02 trains in float32
+    yield params, rng.random((9, 6)).astype(np.float32), mlp.targets(rng.integers(0, 4, 9), 4, np.float32), 2
     for params, x, Y in probs:
         for p in ((2, 3) if x.shape[0] == 1 else (x.shape[0] + 2,)):
             yield params, x, Y, p
+
+
+def _row_text(rows) -> str:
+    rows = [int(r) for r in rows]
+    return ", ".join(map(str, rows[:6])) + (", ..." if len(rows) > 6 else "")
+
+
+def _row_mistake(rows: list, unknown: int, n: int, p: int) -> str | None:
+    """What is wrong with the rows of x that each thread computed gradients of (``rows``, one list per thread), if
+    anything: the whole batch on every thread, a sample computed twice or never, shards of uneven sizes. Nothing is
+    said where some rows were not x's (``unknown``): the values will say what is wrong."""
+    if unknown or not rows:
+        return None
+    counts = np.bincount([r for t in rows for r in t], minlength=n)
+    if n > 1 and len(rows) > 1 and all(t == list(range(n)) for t in rows):
+        return (f"each of your {len(rows)} threads computed the gradients of all {n} samples: every thread worked on "
+                "the whole batch instead of its shard, so the threads divide no work")
+    if counts.max() > 1:
+        twice = np.flatnonzero(counts > 1)
+        return (f"the gradients of {len(twice)} of the {n} samples (rows {_row_text(twice)}) were computed more than "
+                "once: shards that overlap, or a shard given to two threads; each sample belongs to exactly one shard")
+    if counts.min() == 0:
+        never = np.flatnonzero(counts == 0)
+        return (f"the gradients of {len(never)} of the {n} samples (rows {_row_text(never)}) were never computed: "
+                "your shards leave them out (the n % p samples of the remainder?)")
+    sizes = sorted((len(t) for t in rows), reverse=True)
+    want = sorted((hi - lo for lo, hi in shard_bounds(n, p) if hi > lo), reverse=True)
+    if len(sizes) == len(want) and sizes != want:
+        return (f"your threads computed {sizes} samples each, where shards whose sizes differ by at most one hold "
+                f"{want}: the thread with the most samples sets the time, while the others wait")
+    return None
+
+
+def _dtype_mistake(ex: str, where: str, grads, params) -> None:
+    """Fail where a gradient that is an array has another dtype than its parameter's."""
+    if not isinstance(grads, (list, tuple)):
+        return
+    for i, (pair, (W, b)) in enumerate(zip(grads, params)):
+        if not isinstance(pair, (list, tuple)):
+            return
+        for name, g, q in zip(("dW", "db"), pair, (W, b)):
+            if isinstance(g, (np.ndarray, np.generic)) and g.dtype != q.dtype:
+                why = ("an array made from a shape alone (np.zeros(shape)) is float64 whatever the parameters are"
+                       if g.dtype == np.float64 else f"yours were made {g.dtype}")
+                fail(ex, f"{where}, layer {i}: {name} is {g.dtype}, for parameters of {q.dtype}: the gradients take "
+                          f"their dtype from the arrays they were summed into, and {why}",
+                     "make every accumulator with its parameter's dtype, float32 parameters included")
+
+
+def _close_in(params, got, want) -> bool:
+    """Whether float32 gradients (params in float32) equal labkit's to float32's rounding; False for float64 ones, whose
+    comparison is compare_grads's."""
+    if params[0][0].dtype != np.float32:
+        return False
+    try:
+        return len(got) == len(want) and all(np.allclose(np.asarray(g, dtype=float), w, rtol=1e-4, atol=1e-6)
+                                             for gp, wp in zip(got, want) for g, w in zip(gp, wp))
+    except (TypeError, ValueError):
+        return False
 
 
 def _sums(params, x, Y, bounds):
@@ -686,14 +780,14 @@ def threaded_step(fn) -> None:
         want_loss, want = mlp.loss_and_grads_per_sample(params, x, Y)
         before = [a.copy() for a in (x, Y, *(v for pair in params for v in pair))]
         expected = min(p, n)
-        with _Threads(expected) as watch:
+        with _Threads(expected, x, params) as watch:
             try:
                 got = call(ex, fn, params, x, Y, p, where=where,
                            hint=empty if p > n else "run it on a small batch by hand and print the shapes of every array")
             finally:
                 watch.returned = True
-            threads, caller, at_once, late, shared, errors = capture.step("threads", watch.summary,
-                                                                          key=capture.digest((params, x, Y, p), {}))
+            threads, caller, at_once, late, shared, errors, rows, unknown = capture.step(
+                "threads", watch.summary, key=capture.digest((params, x, Y, p), {}))
         _unchanged(ex, where, before, (x, Y, *(v for pair in params for v in pair)), "params, x or Y")
         if errors:
             if any(e.startswith("NotImplementedError") for e in errors):
@@ -716,7 +810,11 @@ def threaded_step(fn) -> None:
             fail(ex, f"{where}: expected (loss, grads), got {type(got).__name__}"
                  + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
                  "return the mean loss and the list of (dW, db) pairs, as mlp.loss_and_grads_per_sample does")
+        why = None if caller else _row_mistake(rows, unknown, n, p)  # work in the calling thread is named below
+        if why:
+            fail(ex, f"{where}: {why}", "each thread takes the samples of its own shard (my_split(n, p)), and only those")
         got_loss, got_grads = got
+        _dtype_mistake(ex, where, got_grads, params)
         try:
             got_loss = float(got_loss)
         except (TypeError, ValueError):
@@ -731,8 +829,9 @@ def threaded_step(fn) -> None:
         why = _threaded_mistake(got_loss, got_grads, want_loss, want, _sums(params, x, Y, shard_bounds(n, p)), n, p)
         if why:
             fail(ex, f"{where}: {why}")
-        compare_grads(ex, got_grads, want, n, where)
-        if not np.isclose(got_loss, want_loss, rtol=1e-6):
+        if not _close_in(params, got_grads, want):
+            compare_grads(ex, got_grads, want, n, where)
+        if not np.isclose(got_loss, want_loss, rtol=1e-6 if params[0][0].dtype == np.float64 else 1e-5):
             fail(ex, f"{where}: the loss {got_loss:.6g} differs from the batch's mean loss {want_loss:.6g}")
         if threads == 0:
             fail(ex, f"{where}: the check saw no call of mlp.loss_and_grads_per_sample while your function ran: it "
