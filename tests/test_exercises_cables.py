@@ -174,6 +174,14 @@ def test_a_mistake_is_named_by_all_the_logs_not_one_coincidence():
     assert "the rounds follow one another" not in str(e.value)
 
 
+def test_the_replay_names_a_round_timed_by_the_wrong_cable(tmp_path, monkeypatch):
+    """The logs run after the first wrong one, to name the mistake, are recorded and replayed like the others."""
+    wrong = picked(lambda m: np.ones(len(m)), both=True)
+    plain = record_check(monkeypatch, tmp_path, "cable_seconds", wrong, SEED)
+    assert plain[0] is False and "you took the cable with the most messages" in plain[1]
+    assert replay.replay("cable_seconds", tmp_path, SEED) == (False, plain[1].split("\nStep ")[0])
+
+
 def _end(rule, blocking=lambda b, s: b + s.sum()):
     """An overlap_model answer whose overlapped time is rule(backprop, ready, seconds)."""
     def fn(backprop, ready, seconds):
