@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import record_check
+from conftest import edited, record_check
 
 from labkit import check, model_parallel
 from labkit.check import ExerciseError, capture
@@ -476,7 +476,7 @@ def test_the_hints_come_one_more_after_each_failed_run(name):
     assert len(hints) >= 3 and exercise(name).lab == "11" and exercise(name).module == "pipeline"
     for k in range(1, len(hints) + 2):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(WRONG[name])
+            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
         shown = min(k, len(hints))  # the last one repeats
         assert f"Step {shown} of {len(hints)}" in str(e.value) and hints[shown - 1] in str(e.value)
         assert all(h not in str(e.value) for i, h in enumerate(hints) if i != shown - 1)

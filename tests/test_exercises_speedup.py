@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import record_check
+from conftest import edited, record_check
 
 from labkit import bench, check, questions, scaling
 from labkit.bench import Timing
@@ -104,7 +104,7 @@ def test_lab_12_declares_its_exercises_with_hints_and_references():
                                          ("gustafson_fit", "Gustafson fit: all 7"),
                                          ("karp_flatt", "Karp-Flatt metric: all 9"),
                                          ("amdahl_fit", "Amdahl fit: all 8"),
-                                         ("wait_breakdown", "waiting or sending: all 8"),
+                                         ("wait_breakdown", "waiting or sending: all 10"),
                                          ("wire_step", "the step on a network that costs: all 6")])
 def test_the_right_answer_passes(name, count, capsys):
     getattr(check, name)(RIGHT[name])
@@ -300,7 +300,7 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
     n = len(hints)
     for k in range(1, n + 2):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(wrong)
+            getattr(check, name)(edited(wrong, k))  # a changed answer: the hint advances
         shown = min(k, n)
         assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
         assert ("run the check again" in str(e.value)) == (shown < n)
@@ -380,6 +380,95 @@ def shortest_time(events):
 def test_wait_breakdown_names_the_mistake(wrong, match):
     with pytest.raises(ExerciseError, match=f"(?s){match}"):
         check.wait_breakdown(wrong)
+
+
+def every_rank_stays(events):
+    """Waiting taken as the last rank's entry less the rank's own: right while no rank leaves before the last enters."""
+    out = breakdown()(events)
+    ranks = sorted({e["rank"] for e in events})
+    out[:, 1:] = 0.0
+    comm = [e for e in events if e["kind"] == "comm"]
+    for name in {e["name"] for e in comm}:
+        group = [e for e in comm if e["name"] == name]
+        last = max(e["start"] for e in group)
+        for e in group:
+            out[ranks.index(e["rank"]), 1:] += last - e["start"], e["end"] - last
+    return out
+
+
+def last_ranks_transfer(events):
+    """Every rank's transfer taken as the last rank's time in the collective, the rest of its time as waiting."""
+    out = breakdown()(events)
+    ranks = sorted({e["rank"] for e in events})
+    out[:, 1:] = 0.0
+    comm = [e for e in events if e["kind"] == "comm"]
+    for name in {e["name"] for e in comm}:
+        group = [e for e in comm if e["name"] == name]
+        final = max(group, key=lambda e: e["start"])
+        for e in group:
+            moved = final["end"] - final["start"]
+            out[ranks.index(e["rank"]), 1:] += e["end"] - e["start"] - moved, moved
+    return out
+
+
+def one_collective_a_rank(events):
+    """One comm event per rank assumed: a dict by rank keeps the last one listed."""
+    out = breakdown()(events)
+    ranks = sorted({e["rank"] for e in events})
+    mine = {e["rank"]: e for e in events if e["kind"] == "comm"}
+    last = max(e["start"] for e in mine.values())
+    out[:, 1:] = 0.0
+    for r, e in mine.items():
+        wait = max(0.0, min(e["end"], last) - e["start"])
+        out[ranks.index(r), 1:] = wait, e["end"] - e["start"] - wait
+    return out
+
+
+def collectives_by_place(events):
+    """A rank's k-th comm event listed taken as its k-th collective: right while the events come sorted by time."""
+    out = breakdown()(events)
+    ranks = sorted({e["rank"] for e in events})
+    out[:, 1:] = 0.0
+    mine = {r: [e for e in events if e["rank"] == r and e["kind"] == "comm"] for r in ranks}
+    for k in range(max(len(v) for v in mine.values())):
+        group = [v[k] for v in mine.values() if len(v) > k]
+        last = max(e["start"] for e in group)
+        for e in group:
+            wait = min(e["end"], last) - e["start"]
+            out[ranks.index(e["rank"]), 1:] += wait, e["end"] - e["start"] - wait
+    return out
+
+
+# Each passed the check before it tried a rank that leaves before the last one enters and two collectives shuffled
+WRONG_WAITING = {
+    "every rank stays till the last enters": (every_rank_stays, r"3 ranks, rank 0 leaves before rank 2 enters: wrong "
+                                              r"waiting column.*rank 0 left allreduce at 0.9 s, before the last rank "
+                                              r"entered it at 1.1 s: ranks need not leave together"),
+    "the last rank's transfer for all": (last_ranks_transfer, r"3 ranks that leave at different times: wrong waiting "
+                                         r"column.*the last rank's time in the collective as its transfer"),
+    "the last one listed entered last": (breakdown(last_start=lambda group, comm: group[-1]["start"]),
+                                         r"ranks 0, 1 and 7, listed 7 first: wrong waiting column.*the one whose start "
+                                         r"is latest, not the one listed last"),
+    "one collective a rank": (one_collective_a_rank, r"2 ranks, two collectives: wrong waiting column.*a step may hold "
+                              r"several collectives"),
+    "collectives by their place in the list": (collectives_by_place, r"3 ranks, two collectives, events in any order: "
+                                               r"wrong waiting column.*k-th event listed need not be its k-th collective"),
+    "a negative transfer": (lambda events: breakdown()(events) - [0.0, 0.0, 0.4], r"a negative time.*neither is below 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_WAITING))
+def test_wait_breakdown_names_the_mistakes_of_ranks_leaving_early_and_of_order(name):
+    wrong, match = WRONG_WAITING[name]
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.wait_breakdown(wrong)
+
+
+@pytest.mark.parametrize("name", ["every rank stays till the last enters", "collectives by their place in the list"])
+def test_the_replay_names_them_too(tmp_path, monkeypatch, name):
+    plain = _record(monkeypatch, tmp_path, "wait_breakdown", WRONG_WAITING[name][0])
+    assert plain[0] is False
+    assert replay.replay("wait_breakdown", tmp_path, SEED) == (False, plain[1].split("\nStep ")[0])
 
 
 def test_wait_breakdown_splits_a_collective_at_its_last_rank():

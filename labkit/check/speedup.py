@@ -316,14 +316,36 @@ def _breakdown_cases(rng) -> list[tuple[str, list[dict]]]:
     two = _step(0, 1.0, 1.6) + _step(1, 1.4, 1.6)
     two += [{"rank": 0, "name": "allreduce loss", "kind": "comm", "start": 1.7, "end": 2.0},
             {"rank": 1, "name": "allreduce loss", "kind": "comm", "start": 1.65, "end": 2.0}]
-    p = int(rng.integers(2, 7))
-    done = np.round(rng.uniform(0.5, 2.0, p), 4)
-    drawn = [e for r in range(p) for e in _step(r, float(done[r]), float(done.max()) + 0.25)]
     leave = _step(0, 0.8, 1.5) + _step(1, 1.1, 1.45) + _step(2, 1.2, 1.6)  # a rank may leave before another
+    early = _step(0, 0.5, 0.9) + _step(1, 0.7, 1.3) + _step(2, 1.1, 1.4)  # rank 0 leaves before rank 2 enters
     return [("one rank", _step(0, 1.0, 1.2)), ("2 ranks, equal", equal), ("3 ranks, uneven", uneven),
             ("3 ranks that leave at different times", leave),
             ("3 ranks, uneven, events in any order", shuffled), ("ranks 0, 1 and 7, listed 7 first", later),
-            ("2 ranks, two collectives", two), (f"{p} ranks, drawn at random", drawn)]
+            ("2 ranks, two collectives", two),
+            ("3 ranks, rank 0 leaves before rank 2 enters", early),
+            ("3 ranks, two collectives, events in any order", _two_shuffled(rng)), _drawn_breakdown(rng)]
+
+
+def _two_shuffled(rng) -> list[dict]:
+    """Two collectives of 3 ranks, each with its own last rank, listed in an order where some rank's second
+    collective comes before its first and another's does not: order and position say nothing, names do."""
+    events = _step(0, 1.0, 1.6) + _step(1, 1.4, 1.6) + _step(2, 1.2, 1.6)
+    events += [{"rank": r, "name": "allreduce loss", "kind": "comm", "start": a, "end": 2.0}
+               for r, a in ((0, 1.7), (1, 1.65), (2, 1.8))]
+    while True:
+        order = [events[i] for i in rng.permutation(len(events))]
+        first = {r: next(e["name"] for e in order if e["rank"] == r and e["kind"] == "comm") for r in range(3)}
+        if len(set(first.values())) == 2:
+            return order
+
+
+def _drawn_breakdown(rng) -> tuple[str, list[dict]]:
+    """2 to 6 ranks, each leaving its collective at its own time (some before the last enters), events shuffled."""
+    p = int(rng.integers(2, 7))
+    done = np.round(rng.uniform(0.5, 2.0, p), 4)
+    stay = np.round(rng.uniform(0.05, 0.8, p), 4)
+    events = [e for r in range(p) for e in _step(r, float(done[r]), float(done[r] + stay[r]))]
+    return f"{p} ranks, drawn at random", [events[i] for i in rng.permutation(len(events))]
 
 
 @recorded
@@ -331,8 +353,9 @@ def wait_breakdown(fn) -> None:
     """Exercise (lab 12): ``fn(events) -> array``, one row ``(compute, waiting, transfer)`` per rank of a traced
     step (:class:`labkit.bench.Timeline` events: dicts of rank, name, kind, start, end), rows in rank order; against
     :func:`labkit.bench.wait_breakdown` to a relative 1e-9: one rank, equal and uneven ranks, ranks that leave at
-    different times, events in any order,
-    rank numbers with gaps, two collectives in one step, and one drawn at random."""
+    different times, a rank that leaves before the last one enters, events in any order, rank numbers with gaps, two
+    collectives in one step, listed in order and shuffled, and one drawn at random (ranks leaving at their own
+    times, events shuffled)."""
     ex = "waiting or sending"
     fn = capture.student(fn, ex=ex)
     cases = _breakdown_cases(np.random.default_rng(capture.seed(124)))
@@ -373,20 +396,75 @@ def _compare_breakdown(ex: str, where: str, events, got, want) -> None:
         fail(ex, f"{where}: no waiting at all{shown}",
              "a rank that enters the collective early cannot finish it before the last rank enters: that part is "
              "waiting, not transfer")
-    comm = [e for e in events if e["kind"] == "comm"]
-    ranks = sorted({int(e["rank"]) for e in events})
-    last = max(e["start"] for e in comm) if comm else 0.0  # all collectives taken as one
-    w = np.zeros(len(ranks))
-    for e in comm:
-        w[ranks.index(int(e["rank"]))] += max(0.0, min(e["end"], last) - e["start"])
-    if not np.allclose(w, want[:, 1]) and np.allclose(a[:, 1], w, rtol=1e-9, atol=1e-12):
-        fail(ex, f"{where}: wrong waiting column{shown}",
-             "each collective waits for its own last rank: take the latest start among the events of that name only")
+    for w, hint in _wrong_splits(events):
+        if not np.allclose(w, want[:, 1:], rtol=1e-9, atol=1e-12) and np.allclose(a[:, 1:], w, rtol=1e-9, atol=1e-12):
+            fail(ex, f"{where}: wrong waiting column{shown}", hint)
+    if (a[:, 1:] < -1e-12).any():
+        fail(ex, f"{where}: a negative time{shown}", "waiting and transfer are parts of a rank's time in a collective: "
+             "neither is below 0, and together they are that time")
     if np.allclose(a[:, 1], want[:, 1], rtol=1e-9, atol=1e-12):
         fail(ex, f"{where}: wrong transfer column{shown}",
              "transfer is the rest of the rank's time in the collective: its whole time there, less the waiting")
     fail(ex, f"{where}: wrong waiting column{shown}",
          "a rank waits from the start of its collective until the last rank has entered it")
+
+
+def _split(events, groups, last_of=None, waiting=None) -> np.ndarray:
+    """(waiting, transfer) per rank, in rank order, with the collectives taken as ``groups`` (lists of events),
+    each's last entry as ``last_of(group)`` and a rank's waiting as ``waiting(event, last)``: labkit's rule, or a
+    student's mistaken one."""
+    last_of = last_of or (lambda g: max(e["start"] for e in g))
+    waiting = waiting or (lambda e, last: min(e["end"], last) - e["start"])
+    ranks = sorted({int(e["rank"]) for e in events})
+    out = np.zeros((len(ranks), 2))
+    for group in groups:
+        last = last_of(group)
+        for e in group:
+            w = waiting(e, last)
+            out[ranks.index(int(e["rank"]))] += w, e["end"] - e["start"] - w
+    return out
+
+
+def _wrong_splits(events) -> list[tuple[np.ndarray, str]]:
+    """The (waiting, transfer) columns of the typical mistakes, each with its hint: rules right only while every rank
+    leaves after the last one enters, the events come sorted, or a step holds one collective."""
+    comm = [e for e in events if e["kind"] == "comm"]
+    by_name = [[e for e in comm if e["name"] == n] for n in dict.fromkeys(e["name"] for e in comm)]
+    per_rank: dict[int, list[dict]] = {}
+    for e in comm:
+        per_rank.setdefault(int(e["rank"]), []).append(e)
+    by_place = [[v[k] for v in per_rank.values() if len(v) > k] for k in range(max(map(len, per_rank.values()), default=0))]
+    gone = [(e, max(x["start"] for x in g)) for g in by_name for e in g if e["end"] < max(x["start"] for x in g)]
+    left = (f"rank {gone[0][0]['rank']} left {gone[0][0]['name']} at {gone[0][0]['end']:g} s, before the last rank "
+            f"entered it at {gone[0][1]:g} s" if gone else "a rank left before the last one entered")
+
+    def last_rank_transfer(e, last, groups=by_name):  # every rank's transfer taken as the last rank's
+        g = next(g for g in groups if e in g)
+        final = max(g, key=lambda x: x["start"])
+        return e["end"] - e["start"] - (final["end"] - final["start"])
+
+    return [
+        (_split(events, by_name, waiting=lambda e, last: last - e["start"]),
+         f"{left}: ranks need not leave together, and no rank waits past its own leaving"),
+        (_split(events, by_name, waiting=last_rank_transfer),
+         "that gives every rank the last rank's time in the collective as its transfer: each rank leaves at its own "
+         "time, its event's end"),
+        (_split(events, by_name, last_of=lambda g: g[-1]["start"]),
+         "the events come in any order: the last rank to enter is the one whose start is latest, not the one listed "
+         "last"),
+        (_split(events, by_name, last_of=lambda g: g[-1]["start"], waiting=lambda e, last: max(0.0, min(e["end"], last)
+                                                                                             - e["start"])),
+         "the events come in any order: the last rank to enter is the one whose start is latest, not the one listed "
+         "last"),
+        (_split(events, [list({int(e["rank"]): e for e in comm}.values())]),
+         "a step may hold several collectives, one event each per rank: add up each rank's waiting and transfer over "
+         "all of them"),
+        (_split(events, by_place),
+         "the events come in any order: a rank's k-th event listed need not be its k-th collective. Group the events "
+         "by their name"),
+        (_split(events, [comm], waiting=lambda e, last: max(0.0, min(e["end"], last) - e["start"])),
+         "each collective waits for its own last rank: take the latest start among the events of that name only"),
+    ]
 
 
 # ---- exercise 6: the step on a network that costs -----------------------------------------------------------------
