@@ -16,7 +16,8 @@ COSTLY := slow or notebooks or mpi or compile or cluster or hosts or sandbox or 
 
 help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
-	@echo "make lab      JupyterLab on your own copies of the labs (labkit-work/)"
+	@echo "make lab      JupyterLab on your copies of the labs, exercises to do (labkit-work/);"
+	@echo "              make lab SOLUTIONS=1: the worked solutions, apart (labkit-solutions/)"
 	@echo "make test     set up .venv and run the whole test suite (as CI does)"
 	@echo "make test-fast   the pure-Python units, under 90 s: run it every few minutes"
 	@echo "make test-smoke  test-fast plus one MPI run and one compile of each kind"
@@ -61,7 +62,7 @@ test-smoke: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(COSTLY)) or smoke"
 
 lab: $(STAMP)
-	$(BIN)/labkit lab
+	$(BIN)/labkit lab $(if $(SOLUTIONS),--solutions)
 
 lint: $(STAMP)
 	$(BIN)/ruff check labkit tests
