@@ -2,8 +2,10 @@
 
 Playwright drives the system's Chromium (Debian's ``chromium`` package; ``LABKIT_CHROMIUM`` names another
 binary). Without one the test is skipped with the reason, unless ``LABKIT_REQUIRE_BROWSER=1`` (set by CI, which
-installs Chromium), where a missing browser fails it. JupyterLab serves a copy of ``notebooks/`` so that the run
-and the save leave the repository's notebooks untouched.
+installs Chromium), where a missing browser fails it. JupyterLab is started as a student starts it, by ``labkit lab``,
+here with ``--solutions``: lab 01 with its exercises solved, copied into a temporary folder, so that the run and the
+save leave the repository's notebooks untouched. (The student's copies stop at the first exercise's check; their run
+headlessly is tests/test_notebooks.py's.)
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ def _free_port() -> int:
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """JupyterLab on a copy of notebooks/, on 127.0.0.1 with a random token; yields (url, notebook folder)."""
-    folder = tmp_path / "notebooks"
-    shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns("traces", ".ipynb_checkpoints"))
+    """JupyterLab through ``labkit lab --solutions`` on 127.0.0.1 with a random token; yields (url, token, the
+    folder it serves)."""
+    folder = tmp_path / "labkit-solutions"  # labkit lab --solutions puts them beside the work folder
     settings = tmp_path / "settings" / "@jupyterlab"
     # render every cell (JupyterLab 4 otherwise draws only the cells in view) and ask no news server
     for ext, name, value in (("notebook-extension", "tracker", {"windowingMode": "none"}),
@@ -64,13 +66,12 @@ def jupyterlab(tmp_path):
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
     env.pop("MPLBACKEND", None)  # the test suite's Agg would keep figures out of the page: a user has none set
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--notebook-dir={folder}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")
+    cmd = [sys.executable, "-m", "labkit", "lab", "--solutions", f"--work={tmp_path / 'labkit-work'}", "--no-browser",
+           "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]  # as root, labkit adds --allow-root
     log = tmp_path / "jupyterlab.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "w") as out:  # labkit becomes JupyterLab (exec): the same process, in a session of its own
+        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  cwd=tmp_path)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -83,6 +84,8 @@ def jupyterlab(tmp_path):
                 if time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not answer within 90 s:\n{log.read_text()[-3000:]}")
                 time.sleep(0.5)
+        assert (folder / NOTEBOOK).read_bytes() == (ROOT / "notebooks" / NOTEBOOK).read_bytes()
+        assert f"--notebook-dir={folder}" in log.read_text()
         yield f"http://127.0.0.1:{port}", token, folder
     finally:
         os.killpg(server.pid, 15)
