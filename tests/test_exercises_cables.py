@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import record_check
+from conftest import edited, record_check
 
 from labkit import check, costmodel, data_parallel
 from labkit.check import ExerciseError
@@ -230,7 +230,7 @@ def test_each_failed_run_shows_one_more_hint(name):
     hints = exercise(name).hints
     for k in range(1, len(hints) + 2):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(WRONG[name])
+            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
         assert f"Step {min(k, len(hints))} of {len(hints)}" in str(e.value)
 
 

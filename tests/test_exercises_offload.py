@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import needs_cxx, record_check
+from conftest import edited, needs_cxx, record_check
 
 from labkit import check, mlp
 from labkit.check import ExerciseError
@@ -382,7 +382,7 @@ def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
     seen = []
     for k in range(len(hints) + 1):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(wrong)
+            getattr(check, name)(edited(wrong, k))  # a changed answer: the hint advances
         seen.append(str(e.value))
         if k == 1:  # a blank run in between shows no hint and does not move on
             with pytest.raises(ExerciseError, match="not written yet"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_mpi_cases
+from conftest import edited, run_mpi_cases
 
 from labkit import check, collectives, mlp
 from labkit.check import ExerciseError, capture
@@ -298,7 +298,7 @@ def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name,
     n = len(hints)
     for k in range(1, n + 2):
         with pytest.raises(ExerciseError) as e:
-            run(name, wrong, self_comm)
+            run(name, edited(wrong, k), self_comm)  # a changed answer: the hint advances
         shown = min(k, n)
         assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
         assert ("run the check again" in str(e.value)) == (shown < n)

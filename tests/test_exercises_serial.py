@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import record_check
+from conftest import edited, record_check
 
 from labkit import check, cpu_parallel, mlp
 from labkit.check import ExerciseError, capture
@@ -526,7 +526,7 @@ def test_each_failed_run_shows_one_more_hint_and_never_the_whole_solution(name):
     seen = []
     for k in range(1, len(hints) + 2):
         with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(WRONG[name])
+            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
         message = str(e.value)
         shown = min(k, len(hints))
         assert f"Step {shown} of {len(hints)}" in message and hints[shown - 1] in message
