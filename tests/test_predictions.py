@@ -1,0 +1,164 @@
+"""Predictions that noise cannot decide. Before an experiment a lab asks for a prediction; the instructor's model
+answer is the release notebook's answer cell. Where the answer depends on a measurement that noise could decide (a
+timing, an asynchronous run), the measurement is repeated RUNS times here as its lab makes it on the quick profile,
+beside a busy neighbour (one core spinning), and the model answer must be right every time: a choice equal to the one
+measured, a ratio on the measured side of 1. Every other prediction is listed in EXACT with why no noise decides it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_mpi_cases
+
+from labkit import report
+
+RUNS = 5
+ROOT = Path(__file__).resolve().parent.parent
+
+# why each of these predictions has one answer in every run: an exact count, a formula, or a seeded computation
+EXACT = {
+    "05-reads-of-A": "the emulator's exact load counts",
+    "05-bank-conflicts": "the emulator's exact bank-conflict counts",
+    "05-softmax-overflow": "float32 arithmetic: inf and nan in every run",
+    "06-bcast-rounds": "the algorithms' round counts",
+    "07-naive-kB": "the bytes rank 0 sends, counted",
+    "07-ring-traffic": "the ring's messages and bytes, counted",
+    "09-staleness": "an estimate the instructor reads; the lab's claim checks the staleness grows about W - 1",
+    "09-stable-step": "the delayed recurrence, computed exactly",
+    "10-topk-bytes": "the bytes are counted and the errors computed on seeded draws",
+    "10-feedback-reach": "a seeded simulation, the same in every run",
+    "11-bytes": "bytes counted from the layer sizes",
+    "11-bubble": "the schedule's exact idle fraction",
+    "11-1f1b": "the schedule's exact step count and held activations",
+}
+
+
+def model_answer(answer: str) -> dict:
+    """The variables of the release notebook's answer cell ``answer`` (its metadata ``labkit.answer``), as written."""
+    for path in report.find_notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell.get("metadata", {}).get("labkit", {}).get("answer") == answer:
+                scope: dict = {}
+                exec("".join(cell["source"]), {}, scope)
+                return scope
+    raise KeyError(answer)
+
+
+def right(model, measured) -> bool:
+    """A choice is right when it is the one measured; a ratio when it lies on the measured side of 1."""
+    if isinstance(model, str):
+        return model.strip().lower() == str(measured).strip().lower()
+    return (model > 1) == (measured > 1)
+
+
+def predictions() -> dict[str, str]:
+    """Every prediction of the labs: answer id -> notebook."""
+    found = {}
+    for path in report.find_notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            meta = cell.get("metadata", {}).get("labkit", {})
+            if meta.get("kind") == "predict":
+                found[meta["answer"]] = path.name
+    return found
+
+
+@pytest.fixture
+def busy_neighbour():
+    """One core kept busy by another process for the length of the test, as a student's browser or a second job."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def judge(answer: str, runs: list[dict]) -> None:
+    """Every run's measurements against the model answer of ``answer``: fail naming each run it was wrong in."""
+    model = model_answer(answer)
+    wrong = [f"run {k}: {name} = {model[name]!r}, measured {got[name]!r}"
+             for k, got in enumerate(runs, 1) for name in got if not right(model[name], got[name])]
+    assert len(runs) >= RUNS and not wrong, f"{answer}: the model answer was wrong in {len(wrong)} of {len(runs)} runs: " \
+                                            + "; ".join(wrong)
+
+
+# ---- measured in this process ---------------------------------------------------------------------------------------
+
+def _lab01(digits, samples: int = 2000) -> dict:
+    from labkit import mlp
+
+    (x, y), _ = digits
+    x, y = x[:samples], y[:samples]
+
+    def epoch(method: str, batch: int) -> float:
+        h = mlp.train(mlp.init_params([784, 30, 10], seed=0), (x, y), epochs=1, batch_size=batch, lr=3.0,
+                      method=method, progress=False)
+        return float(np.median(h.epoch_time))
+
+    return {"predicted_speedup": epoch("per_sample", 10) / epoch("vectorised", 10),
+            "predicted_slowdown": epoch("vectorised", 1) / epoch("vectorised", 100)}
+
+
+def _lab03(digits) -> dict:
+    from labkit import mlp, openmp
+
+    (x, y), _ = digits
+    xb, Yb = x[:100], mlp.targets(y[:100], 10, np.float32)
+    params = mlp.init_params([784, 100, 10], seed=0)
+    narrow, wide = mlp.init_params([784, 30, 10], seed=0), mlp.init_params([784, 1000, 10], seed=0)
+    t = openmp.batch_times({"-O0": dict(params=params, version="fused", opt="-O0"),
+                            "-O2": dict(params=params, version="fused", opt="-O2"),
+                            "narrow": dict(params=narrow, version="omp_reduction", threads=1),
+                            "wide": dict(params=wide, version="omp_reduction", threads=1)}, xb, Yb, 3, 1)
+    return {"predicted_O2_speedup": t["-O0"] / t["-O2"], "predicted_work_ratio": t["wide"] / t["narrow"]}
+
+
+# answer id -> (how its measurements are made, the marks its test needs)
+IN_PROCESS = {
+    "01-vectorised-speedup": (_lab01, ()),
+    "01-batch-size": (_lab01, ()),
+    "03-O2-speedup": (_lab03, (pytest.mark.compile,)),
+    "03-wide-work": (_lab03, (pytest.mark.compile,)),
+}
+# answer id -> (the case of tests/mpi/cases_predictions.py that measures it, its ranks)
+ON_MPI = {
+    "06-small-allreduce": ("small allreduce", 4),
+    "09-collapse": ("collapse", 4),
+}
+
+
+def test_every_prediction_is_measured_here_or_exact():
+    found = predictions()
+    assert not set(IN_PROCESS) - set(found) and not set(ON_MPI) - set(found) and not set(EXACT) - set(found), \
+        "listed here, but no such prediction in the labs"
+    left = set(found) - set(IN_PROCESS) - set(ON_MPI) - set(EXACT)
+    assert not left, f"predictions neither measured by this file nor listed in EXACT: {sorted(left)}"
+
+
+def test_a_model_answer_is_judged_by_its_kind():
+    assert right("naive", " Naive") and not right("naive", "ring")
+    assert right(1.3, 1.01) and not right(1.3, 0.98) and right(0.7, 0.95) and not right(0.7, 1.2)
+    assert model_answer("06-small-allreduce")["predicted_faster_small"] == "recursive_doubling"
+    with pytest.raises(AssertionError, match="wrong in 1 of 5 runs: run 3: predicted_faster_small"):
+        judge("06-small-allreduce", [{"predicted_faster_small": "recursive_doubling"}] * 2
+              + [{"predicted_faster_small": "ring"}] + [{"predicted_faster_small": "recursive_doubling"}] * 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [pytest.param(a, marks=m) for a, (_, m) in IN_PROCESS.items()])
+def test_the_model_answer_holds_in_every_run(answer, digits, busy_neighbour):
+    measure = IN_PROCESS[answer][0]
+    wanted = set(model_answer(answer))
+    judge(answer, [{k: v for k, v in measure(digits).items() if k in wanted} for _ in range(RUNS)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("answer", sorted(ON_MPI))
+def test_the_model_answer_holds_in_every_run_on_mpi(answer, busy_neighbour):
+    name, n = ON_MPI[answer]
+    out = run_mpi_cases("cases_predictions.py", n, only=name, timeout=600)
+    runs = [json.loads(line.split(" ", 2)[2]) for line in out.splitlines() if line.startswith(f"MEASURED {answer} ")]
+    judge(answer, runs)
