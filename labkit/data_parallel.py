@@ -557,26 +557,34 @@ def step_model(backprop: float, ready, seconds) -> tuple[float, float]:
     return float(backprop) + float(np.sum(seconds)), max(float(backprop), overlapped_end(ready, seconds))
 
 
+def bucket_sizes(events, rank: int = 0) -> list[int]:
+    """The number of values in each bucket of one overlapped step's timeline (:func:`overlap_runs`' events) on
+    ``rank``, in the order the buckets started."""
+    buckets = sorted((e for e in events if e["rank"] == rank and e["name"].startswith("allreduce bucket")),
+                     key=lambda e: e["start"])
+    return [int(e["name"].rsplit("(", 1)[1].split()[0]) for e in buckets]
+
+
 def bucket_times(events, allreduce_seconds: float, rank: int = 0) -> tuple[float, list[float], list[float]]:
     """From the timeline of one overlapped step (:func:`overlap_runs`' events), on ``rank``: (backprop seconds, each
     bucket's ready time since backprop began, each bucket's share of ``allreduce_seconds``, a blocking allreduce of
     all the gradients, by its number of values)."""
     mine = [e for e in events if e["rank"] == rank]
     backprop = next(e for e in mine if e["name"] == "backprop")
-    buckets = sorted((e for e in mine if e["name"].startswith("allreduce bucket")), key=lambda e: e["start"])
-    counts = np.array([int(e["name"].rsplit("(", 1)[1].split()[0]) for e in buckets], dtype=float)
-    return (backprop["end"] - backprop["start"], [e["start"] - backprop["start"] for e in buckets],
+    starts = sorted(e["start"] for e in mine if e["name"].startswith("allreduce bucket"))
+    counts = np.array(bucket_sizes(events, rank), dtype=float)
+    return (backprop["end"] - backprop["start"], [t - backprop["start"] for t in starts],
             (allreduce_seconds * counts / max(counts.sum(), 1.0)).tolist())
 
 
-def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: int = 8):
+def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: int = 8, drawn=("none", "layers")):
     """On the first 2 ranks, ``layers`` trained for ``steps`` steps of ``batch`` rows with MPI's allreduce in 1 MiB
     buckets, blocking and overlapped with each progress ("none", "layers", "thread"): ({name: (step seconds, backprop
-    seconds, seconds waiting after backprop, W1[:4, :4], sum of |W1|)}, the timeline of one more "layers" step
-    gathered on rank 0). ({}, None) on the other ranks."""
+    seconds, seconds waiting after backprop, W1[:4, :4], sum of |W1|)}, {name: the timeline of one more step, gathered
+    on rank 0} for each progress in ``drawn``). ({}, {}) on the other ranks."""
     from .bench import Timeline
 
-    runs, events = {}, None
+    runs, timelines = {}, {}
     sub = _first_ranks(comm, 2)
     if sub != _comm_null():
         xb, yb = x[: steps * batch], y[: steps * batch]
@@ -589,22 +597,23 @@ def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: in
                           cost="cross_entropy", method=dp, progress=False)
             runs[name] = (h.epoch_time[0] / dp.steps, dp.compute_seconds / dp.steps, dp.comm_seconds / dp.steps,
                           params[0][0][:4, :4].copy(), float(np.abs(params[0][0]).sum()))
-            if name == "layers":  # one more step, drawn
+            if name in drawn:  # one more step, drawn
                 dp.timeline = Timeline(sub.Get_rank())
                 sub.Barrier()
                 dp.timeline.reset()
                 dp(params, xb[:batch], yb[:batch], "relu", "cross_entropy")
-                events = dp.timeline.gather(sub)
+                timelines[name] = dp.timeline.gather(sub)
         sub.Free()
-    return runs, events
+    return runs, timelines
 
 
 def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_layers=(784, 512, 512, 10),
                     steps: int = 20) -> dict:
     """Lab 08's experiments for a job across hosts (:mod:`labkit.network`), on the first 2 ranks: ``"split"``, the
     blocking step of [784, 256, 10] at ``batch`` rows (MPI's allreduce), per step (backprop seconds, allreduce
-    seconds) over ``steps`` steps; ``"overlap"`` and ``"events"``, :func:`overlap_runs` of ``overlap_layers`` at
-    ``overlap_batch`` rows (4 steps). Loads MNIST's first ``samples`` training images itself."""
+    seconds) over ``steps`` steps; ``"overlap"``, :func:`overlap_runs` of ``overlap_layers`` at ``overlap_batch`` rows
+    (4 steps), and ``"events"``, the timeline of its "layers" step. Loads MNIST's first ``samples`` training images
+    itself."""
     from .data import load_mnist
 
     (x, y), _ = load_mnist(quiet=True)
@@ -623,8 +632,8 @@ def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_
         k = dp.steps - s0
         split = ((dp.compute_seconds - c0) / k, (dp.comm_seconds - m0) / k)
         sub.Free()
-    runs, events = overlap_runs(comm, x, y, overlap_batch, layers=overlap_layers, steps=4)
-    return {"split": split, "overlap": runs, "events": events}
+    runs, timelines = overlap_runs(comm, x, y, overlap_batch, layers=overlap_layers, steps=4, drawn=("layers",))
+    return {"split": split, "overlap": runs, "events": timelines.get("layers")}
 
 
 def _comm_null():
