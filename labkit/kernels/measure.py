@@ -81,7 +81,7 @@ def scaling_rates(source: str, rows: int, cols: int, repeat: int) -> dict[str, f
 
 def copy_rates(source: str, rows: int, cols: int, repeat: int) -> dict[str, float]:
     """GB/s (read and write) of ``source``'s ``copy_coalesced`` and ``copy_strided`` on a (rows, cols) float32 array,
-    256 threads a block, and of the library's copy ("library copy", the roofline's bandwidth)."""
+    256 threads a block, and of the library's copy of the same array ("library copy")."""
     xp, rng, put = _device_arrays()
     src = put(rng.standard_normal((rows, cols)))
     dst = xp.empty_like(src)
@@ -159,3 +159,32 @@ def library_peak(repeat: int) -> tuple[float, int]:
     from .matmul import library_gflops
 
     return library_gflops(array_module_for(backend()), repeat)
+
+
+def last_level_cache_bytes() -> int | None:
+    """The size of the kernels' device's last cache before its main memory: a GPU's L2, or the CPU's largest cache
+    as Linux reports it; None where it cannot be read."""
+    if backend() == "cupy":
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["L2CacheSize"])
+    from pathlib import Path
+
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return max(sizes, default=None)
+
+
+def library_bandwidth(repeat: int, *, least: int = 256 << 20, most: int = 1 << 30) -> tuple[float, int]:
+    """(GB/s read and written, bytes copied): the library's copy of one float32 buffer into another on the kernels'
+    device, the roofline's bandwidth ceiling. The buffer is four times the last-level cache (within ``least`` and
+    ``most``), so the copy streams from main memory: a buffer that fits in a cache measures the cache."""
+    xp, _, _ = _device_arrays()
+    cache = last_level_cache_bytes() or 0
+    nbytes = min(max(4 * cache, least), most)
+    src = xp.ones(nbytes // 4, np.float32)
+    dst = xp.empty_like(src)  # the untimed warm-up copy touches its pages first: a page fault is no copy's cost
+    return 2 * nbytes / time_kernel(lambda: xp.copyto(dst, src), repeat) / 1e9, nbytes
