@@ -438,7 +438,8 @@ def thread_speedups(params, x, y, threads, repeat: int = 3, work: str = "per_sam
     """Lab 02's first timing: (serial seconds per batch, {"threads, <combine>": speedups over ``threads``}) of every
     :class:`ThreadedBackprop` combine, each with one BLAS thread per call so that only the pool's threads overlap.
     Every configuration runs once per round, side by side with the serial one (:func:`labkit.bench.interleaved`), so
-    a slow spell of a shared machine lands on all of them; each figure is the median over ``repeat`` rounds."""
+    a slow spell of a shared machine lands on all of them; each figure is the median over ``4 * repeat + 1`` rounds
+    (a round takes milliseconds, and a few rounds let one slow spell decide which pool looks best)."""
     from threadpoolctl import threadpool_limits
 
     serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
@@ -449,7 +450,7 @@ def thread_speedups(params, x, y, threads, repeat: int = 3, work: str = "per_sam
             jobs.update({key: _seconds_of(pool, params, x, y) for key, pool in pools.items()})
             for job in jobs.values():  # warm up
                 job()
-            timed = interleaved(jobs, rounds=repeat)
+            timed = interleaved(jobs, rounds=4 * repeat + 1)
     finally:
         for pool in pools.values():
             pool.close()
@@ -487,3 +488,53 @@ def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dic
             sweep["threads (2), per-sample"].append(t)
             sweep["processes (2), per-sample"].append(q)
     return sweep
+
+
+def threaded_step_times(yours, params, x, Y, repeat: int = 3) -> dict[str, float]:
+    """Lab 02's fourth exercise timed beside labkit's: median seconds per batch of ``yours(params, x, Y, p)`` and of
+    :func:`threaded_grads`, which both call :func:`labkit.mlp.loss_and_grads_per_sample` once per row, and of
+    ``ThreadedBackprop(p, "local")``, whose threads run the per-sample loop once per shard; p = 1 and 2, one BLAS
+    thread, side by side in ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`)."""
+    from threadpoolctl import threadpool_limits
+
+    pools = {p: ThreadedBackprop(p, "local") for p in (1, 2)}
+    jobs = {}
+    for p in (1, 2):
+        jobs[f"yours, {p} thread{'s' * (p > 1)}"] = _seconds_of(yours, params, x, Y, p)
+        jobs[f"threaded_grads, {p} thread{'s' * (p > 1)}"] = _seconds_of(threaded_grads, params, x, Y, p)
+        jobs[f"ThreadedBackprop, {p} thread{'s' * (p > 1)}"] = _seconds_of(pools[p], params, x, Y)
+    try:
+        with threadpool_limits(1):
+            for job in jobs.values():  # warm up
+                job()
+            timed = interleaved(jobs, rounds=2 * repeat + 1)
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return {name: t.median for name, t in timed.items()}
+
+
+def process_speedups(params, x, y, procs, repeat: int = 3, work: str = "per_sample") -> tuple[float, np.ndarray]:
+    """Lab 02's Amdahl reading: (serial seconds per batch, the speedup of ``ProcessBackprop(k)`` for each k in
+    ``procs``), one BLAS thread everywhere. The serial loop and every pool run once per round, side by side in
+    ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`); each figure is a median. Idle pools
+    wait on a socket and take no core from the one being timed."""
+    from threadpoolctl import threadpool_limits
+
+    serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
+    sizes = mlp.sizes_of(params)
+    pools = {}
+    try:
+        with threadpool_limits(1):
+            for k in procs:
+                pools[int(k)] = ProcessBackprop(sizes, int(k), max_batch=len(x), dtype=params[0][0].dtype, work=work)
+            jobs = {"serial": _seconds_of(serial, params, x, y)}
+            jobs.update({k: _seconds_of(pool, params, x, y) for k, pool in pools.items()})
+            for job in jobs.values():  # warm up
+                job()
+            timed = interleaved(jobs, rounds=2 * repeat + 1)
+    finally:
+        for pool in pools.values():
+            pool.close()
+    t_serial = timed["serial"].median
+    return t_serial, np.array([t_serial / timed[int(k)].median for k in procs])

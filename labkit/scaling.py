@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bench import Timeline, Timing, efficiency, fit_amdahl, fit_gustafson, karp_flatt, measure
+from .bench import Timeline, Timing, efficiency, fit_amdahl_times, fit_gustafson, karp_flatt, measure
 from .machine import usable_cores
 from .progress import progress_bar
 
@@ -253,9 +253,21 @@ class Scaling:
 
     @property
     def serial_fraction(self) -> float:
-        """Fitted with Amdahl's law (strong) or Gustafson's law (weak) on :attr:`fitted_ranks`."""
+        """Fitted on :attr:`fitted_ranks`: strong, Amdahl's law by least squares on every timed repetition, f and T1
+        together (:func:`labkit.bench.fit_amdahl_times`, lab 12's exercise 4); weak, Gustafson's law on the scaled
+        speedups."""
+        if self.mode == "strong":
+            return fit_amdahl_times(*self.samples(self.fitted_ranks))[0]
         keep = [self.ranks.index(p) for p in self.fitted_ranks]
-        return (fit_amdahl if self.mode == "strong" else fit_gustafson)(np.asarray(self.ranks)[keep], self.speedup[keep])
+        return fit_gustafson(np.asarray(self.ranks)[keep], self.speedup[keep])
+
+    def gustafson_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Weak scaling: (one-rank times, p-rank times) of the rank counts 1, 2, ..., k among :attr:`fitted_ranks`,
+        the rows that lab 12's ``gustafson_fit`` takes (it numbers its rows p = 1, 2, ...)."""
+        k = 0
+        while k < len(self.ranks) and self.ranks[k] == k + 1 and self.ranks[k] in self.fitted_ranks:
+            k += 1
+        return self.one_rank_times[:k], self.times[:k]
 
     @property
     def karp_flatt(self) -> np.ndarray:
