@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import needs_cc, needs_cxx, record_check
+from conftest import edited, needs_cc, needs_cxx, record_check
 
 from labkit import check, openmp, report
 from labkit.check import ExerciseError, common
@@ -134,9 +134,9 @@ def test_simd_forward_race_names_every_unreduced_sum_and_only_those():
 def test_simd_forward_gives_one_more_hint_after_each_failed_run():
     hints = exercise("simd_forward").hints
     seen = []
-    for _ in range(len(hints) + 1):
+    for k in range(len(hints) + 1):
         with pytest.raises(ExerciseError) as e:
-            check.simd_forward(NO_REDUCTION)
+            check.simd_forward(edited(NO_REDUCTION, k))  # a changed answer: the hint advances
         seen.append(str(e.value))
     for k, message in enumerate(seen[:len(hints)], 1):
         assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
@@ -313,15 +313,55 @@ def test_reduction_by_hand_mistakes_are_named(changes, match):
         check.reduction_by_hand(source, runs=12 if "a race" in match else 6)  # a lost update is not in every run
 
 
+
+# The families of wrong answers whose values are right at the counts of a plain run: a buffer of fixed size, the
+# count asked for ignored, memory never freed, every thread asked for counted on
+ZEROED_BY_EACH_THREAD = [
+    ("float* blocks = calloc((size_t)p * total, sizeof(float));", "float* blocks = malloc(sizeof(float) * p * total);"),
+    ("double* costs = calloc(p, sizeof(double));", "double* costs = malloc(sizeof(double) * p);"),
+    ("        const int t = omp_get_thread_num();\n", "        const int t = omp_get_thread_num();\n"
+     "        memset(blocks + (size_t)t * total, 0, sizeof(float) * total);\n        costs[t] = 0.0;\n"
+     "        #pragma omp barrier\n")]
+
+
+@needs_cc
+@pytest.mark.parametrize("changes, match", [
+    ([("double* costs = calloc(p, sizeof(double));", "double costs[8] = {0};"), ("    free(costs);\n", "")],
+     r"with a team of 100 threads: .*an access outside a local array.*line 16 of yours.c.*Hint: .*fixed size"),
+    ([("double* costs = calloc(p, sizeof(double));",
+       "static double costs[64];\n    for (int u = 0; u < p; ++u) costs[u] = 0.0;"), ("    free(costs);\n", "")],
+     r"with a team of 100 threads: .*index 64 out of bounds for type 'double \[64\]'"),
+    ([("const int p = omp_get_max_threads();", "const int p = 4;")],
+     r"asked for 1, 2, \d.*100 threads .*your samples ran in teams of 4, 4, .*4: your code sets the size of its team "
+     "itself, and ignores the count it is asked for"),
+    ([("const int p = omp_get_max_threads();", "const int p = omp_get_max_threads() < 8 ? omp_get_max_threads() : 8;")],
+     r"your samples ran in teams of 1, 2, .*, 8: your code sets the size of its team itself"),
+    # no parallel region: the two omp for share their loops among a team of one
+    ([("    #pragma omp parallel num_threads(p)\n", "")], r"your samples ran in teams of 1, 1, .*1: your code runs on one "
+                                                          "thread"),
+    ([("        free(work);\n", ""), ("    free(costs);\n", "")],
+     r"after one call with 1 thread 2 allocations of your code were never freed \(1 from line 9, 1 from line 13\): "
+     "memory not freed"),
+    (ZEROED_BY_EACH_THREAD, r"NaN in the gradients when the team is smaller than asked for: .*gets 1 thread while "
+                            r"omp_get_max_threads\(\) still says \d.*counts on every thread it asked for having run"),
+])
+def test_reduction_by_hand_names_what_right_values_at_a_few_counts_hide(changes, match):
+    source = PRIVATE
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    with pytest.raises(ExerciseError, match=f"(?s){match}"):
+        check.reduction_by_hand(source, runs=1)
+
 def test_reduction_by_hand_gives_one_more_hint_after_each_failed_run():
     wrong = PRIVATE.replace("            costs[t] += add_sample",
                             "            #pragma omp atomic\n            cost += add_sample")
     hints = exercise("reduction_by_hand").hints
     assert len(hints) >= 4
     seen = []
-    for _ in range(len(hints) + 1):
+    for k in range(len(hints) + 1):
         with pytest.raises(ExerciseError) as e:
-            check.reduction_by_hand(wrong)
+            check.reduction_by_hand(edited(wrong, k))  # a changed answer: the hint advances
         seen.append(str(e.value))
     for k, message in enumerate(seen[:len(hints)], 1):
         assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
@@ -395,9 +435,9 @@ def test_naive_matmul_gives_one_more_hint_after_each_failed_run(naive):
     wrong = naive.replace("blockIdx.y * blockDim.y + ", "").replace("blockIdx.x * blockDim.x + ", "")
     hints = exercise("naive_matmul").hints
     seen = []
-    for _ in range(len(hints) + 1):  # compiled once: the emulator's cache serves the later runs
+    for k in range(len(hints) + 1):
         with pytest.raises(ExerciseError) as e:
-            check.naive_matmul(wrong)
+            check.naive_matmul(edited(wrong, k))  # a changed answer: the hint advances
         seen.append(str(e.value))
     for k, message in enumerate(seen[:len(hints)], 1):
         assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
@@ -462,7 +502,7 @@ def test_the_four_older_exercises_give_their_hints_one_at_a_time(name, match):
     hints = exercise(name).hints
     for k in range(1, len(hints) + 1):
         with pytest.raises(ExerciseError, match=match) as e:
-            getattr(check, name)(wrong)
+            getattr(check, name)(edited(wrong, k))  # a changed answer: the hint advances
         assert f"Step {k} of {len(hints)}" in str(e.value) and hints[k - 1] in str(e.value)
 
 

@@ -50,13 +50,13 @@ def _compile(ex: str, source: str, name: str, helpers: bool, label: str, **optio
     return capture.build(label, compile_, ex)
 
 
-def _call(ex: str, fn, args, hint: str, **kw):
+def _call(ex: str, fn, args, hint: str, where: str = "", **kw):
     from .. import hostc
 
     try:
         return fn(*args, **kw)
     except hostc.CError as e:
-        fail(ex, str(e), hint)
+        fail(ex, f"{where}{e}", hint)
     except (TypeError, ValueError) as e:
         fail(ex, f"your function's parameters do not fit: {e}", "keep the signature given in the exercise")
 
@@ -301,18 +301,84 @@ def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], run
     return most
 
 
-# Compiled between sample.h and the student's code in the reduction-by-hand check: the memory their malloc returns is
-# NaN bytes. malloc's memory holds whatever was there (zeros on a fresh page, an earlier call's sums when reused), so a
-# block never zeroed is wrong every time here, not only now and then.
+# Compiled between sample.h and the student's code in the reduction-by-hand check. The memory their malloc returns is
+# NaN bytes: malloc's memory holds whatever was there (zeros on a fresh page, an earlier call's sums when reused), so a
+# block never zeroed is wrong every time here, not only now and then. Every allocation of theirs is kept with its line
+# until it is freed (labkit_leaked), and add_sample notes the size of the team it ran in (labkit_team).
 DIRTY_MALLOC = r"""#line 1 "labkit-check.h"
-__attribute__((unused)) static void* labkit_dirty_malloc(size_t n)
-{ void* p = malloc(n); if (p) memset(p, 0xff, n); return p; }
-__attribute__((unused)) static void* labkit_dirty_aligned_alloc(size_t a, size_t n)
-{ void* p = aligned_alloc(a, n); if (p) memset(p, 0xff, n); return p; }
-#define malloc(n) labkit_dirty_malloc(n)
-#define aligned_alloc(a, n) labkit_dirty_aligned_alloc(a, n)
+#define LABKIT_LIVE 8192
+static struct { void* p; int line; } labkit_live_[LABKIT_LIVE];
+static int labkit_live_lock_, labkit_team_most_, labkit_team_least_ = 1 << 30;
+static void labkit_note_(void* p, void* gone, int line)
+{
+    while (__atomic_test_and_set(&labkit_live_lock_, __ATOMIC_ACQUIRE)) {}
+    for (int i = 0; gone && i < LABKIT_LIVE; ++i)
+        if (labkit_live_[i].p == gone) { labkit_live_[i].p = 0; break; }
+    for (int i = 0; p && i < LABKIT_LIVE; ++i)
+        if (!labkit_live_[i].p) { labkit_live_[i].p = p; labkit_live_[i].line = line; break; }
+    __atomic_clear(&labkit_live_lock_, __ATOMIC_RELEASE);
+}
+int labkit_leaked(int* lines, int room)
+{
+    int n = 0;
+    for (int i = 0; i < LABKIT_LIVE; ++i)
+        if (labkit_live_[i].p) { if (n < room) lines[n] = labkit_live_[i].line; ++n; labkit_live_[i].p = 0; }
+    return n;
+}
+int labkit_team(int* least)
+{
+    const int most = labkit_team_most_;
+    *least = labkit_team_most_ ? labkit_team_least_ : 0;
+    labkit_team_most_ = 0;
+    labkit_team_least_ = 1 << 30;
+    return most;
+}
+__attribute__((unused)) static void* labkit_dirty_malloc(size_t n, int line)
+{ void* p = malloc(n); if (p) memset(p, 0xff, n); labkit_note_(p, 0, line); return p; }
+__attribute__((unused)) static void* labkit_dirty_aligned_alloc(size_t a, size_t n, int line)
+{ void* p = aligned_alloc(a, n); if (p) memset(p, 0xff, n); labkit_note_(p, 0, line); return p; }
+__attribute__((unused)) static void* labkit_calloc(size_t k, size_t n, int line)
+{ void* p = calloc(k, n); labkit_note_(p, 0, line); return p; }
+__attribute__((unused)) static void* labkit_realloc(void* q, size_t n, int line)
+{ void* p = realloc(q, n); if (p || !n) labkit_note_(p, q, line); return p; }
+__attribute__((unused)) static void labkit_free(void* p) { labkit_note_(0, p, 0); free(p); }
+__attribute__((unused)) static double labkit_sample(const float* W1, const float* b1, const float* W2, const float* b2,
+    const float* xs, const float* ys, int n_in, int n_hid, int n_out, float* work, float* gW1, float* gb1, float* gW2,
+    float* gb2)
+{
+    const int team = omp_get_num_threads();
+    int most = __atomic_load_n(&labkit_team_most_, __ATOMIC_RELAXED);
+    while (team > most && !__atomic_compare_exchange_n(&labkit_team_most_, &most, team, 1, __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED)) {}
+    int least = __atomic_load_n(&labkit_team_least_, __ATOMIC_RELAXED);
+    while (team < least && !__atomic_compare_exchange_n(&labkit_team_least_, &least, team, 1, __ATOMIC_RELAXED,
+                                                        __ATOMIC_RELAXED)) {}
+    return add_sample(W1, b1, W2, b2, xs, ys, n_in, n_hid, n_out, work, gW1, gb1, gW2, gb2);
+}
+#define malloc(n) labkit_dirty_malloc(n, __LINE__)
+#define aligned_alloc(a, n) labkit_dirty_aligned_alloc(a, n, __LINE__)
+#define calloc(k, n) labkit_calloc(k, n, __LINE__)
+#define realloc(q, n) labkit_realloc(q, n, __LINE__)
+#define free(p) labkit_free(p)
+#define add_sample(...) labkit_sample(__VA_ARGS__)
 #line 1 "yours.c"
 """
+# Appended after the student's code: their function called where no parallel region may be active (as inside
+# another region, once nesting is used up). A region in it then gets one thread, while omp_get_max_threads() still
+# says the run's count.
+NESTED = r"""
+#line 1 "labkit-check-nested.c"
+double labkit_nested(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
+                     int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    const int levels = omp_get_max_active_levels();
+    omp_set_max_active_levels(0);
+    const double cost = NAME(W1, b1, W2, b2, x, y, B, n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
+    omp_set_max_active_levels(levels);
+    return cost;
+}
+"""
+LARGE_TEAM = 100  # above the 8, 16 or 64 threads a buffer of fixed size is made for
 # what a reduction by hand may not use: OpenMP's own reduction (a simd loop's is allowed: it is not between threads)
 # and anything that lets one thread at a time add into a shared sum
 _BUILT_IN = ((re.compile(r"#\s*pragma\s+omp\s+(?!simd\b)[^\n]*\breduction\s*\("), "a reduction clause"),
@@ -335,13 +401,79 @@ def _cost_race(code: str) -> bool:
     return bool(_COST_RACE.search(code)) and len(_COST_DECLARED.findall(code)) <= 1
 
 
+
+def _teams_and_leaks(fast, run, counts: list[int]) -> list[list]:
+    """[threads asked, the largest and the smallest team add_sample ran in, the lines of the allocations left] for
+    one call at each of ``counts`` threads: the counters DIRTY_MALLOC compiles in, read after each call."""
+    module = getattr(fast, "unrecorded", fast).module
+    team, leaked = module.get_function("labkit_team"), module.get_function("labkit_leaked")
+    least, lines = np.zeros(1, np.int32), np.zeros(256, np.int32)
+    team(least), leaked(lines, np.int32(len(lines)))  # what the earlier calls left
+    rows = []
+    for p in counts:
+        run(p)
+        most = int(team(least))
+        left = int(leaked(lines, np.int32(len(lines))))
+        rows.append([p, most, int(least[0]), [int(v) for v in lines[:min(left, len(lines))]]])
+    return rows
+
+
+def _team_as_asked(ex: str, rows) -> None:
+    """Fail code whose samples ran in a team of another size than the threads asked for (the count ignored)."""
+    asked = [p for p, most, _, _ in rows if most]  # add_sample not called: nothing to say
+    ran = [f"{most}" if most == least else f"{least}-{most}" for p, most, least, _ in rows if most]
+    if all(most == least == p for p, most, least, _ in rows if most):
+        return
+    where = (f"asked for {', '.join(map(str, asked))} threads (as any caller does: omp_set_num_threads, or "
+             f"OMP_NUM_THREADS), your samples ran in teams of {', '.join(ran)}")
+    if all(most == 1 for _, most, _, _ in rows if most):
+        fail(ex, f"the values are right, but {where}: your code runs on one thread",
+             "omp for shares out a loop only among the threads of a team: outside a #pragma omp parallel region "
+             "there is a team of one. Open the team with #pragma omp parallel")
+    fail(ex, f"the values are right, but {where}: your code sets the size of its team itself, and ignores the count "
+             "it is asked for", "leave the team's size to the caller: num_threads(...) with a number of your own, "
+         "omp_set_num_threads() or omp_get_num_procs() in your function override it")
+
+
+def _freed(ex: str, rows) -> None:
+    """Fail code that leaves memory allocated after a call, naming the lines of the allocations."""
+    from collections import Counter
+
+    for p, _, _, lines in rows:
+        if lines:
+            at = ", ".join(f"{k} from line {line}" for line, k in sorted(Counter(lines).items()))
+            fail(ex, f"the values are right, but after one call with {p} thread{'s' if p > 1 else ''} {len(lines)} "
+                 f"allocation{'s' if len(lines) > 1 else ''} of your code {'were' if len(lines) > 1 else 'was'} never "
+                 f"freed ({at}): memory not freed, lost again at every call (a training run calls this once per "
+                 "batch)", "every malloc or calloc needs its free once the memory is no longer used: a thread's own "
+                 "arrays before it leaves the parallel region, the shared ones after it")
+
+
+def _smaller_team(ex: str, result, cost: float, asked: int, right) -> None:
+    """Fail code that is wrong when its parallel region gets fewer threads than omp_get_max_threads() said."""
+    c, out = result
+    if np.isclose(c, cost, rtol=1e-4) and right(out):
+        return
+    got = "NaN in the gradients" if any(np.isnan(o).any() for o in out) else (
+        "a wrong cost" if right(out) else "wrong gradients")
+    fail(ex, f"{got} when the team is smaller than asked for: the check called your function as if from inside "
+             "another parallel region (no more levels of teams allowed), where the region in your function gets 1 "
+             f"thread while omp_get_max_threads() still says {asked}. Your code counts on every thread it asked for "
+             "having run: the blocks or the costs of threads that never ran hold whatever malloc left there",
+         "a parallel region may get fewer threads than asked for (inside another region, under OMP_THREAD_LIMIT or "
+         "OMP_DYNAMIC): size the buffer by the team that did start, omp_get_num_threads() inside the region, or zero "
+         "every block and cost before the region")
+
+
 @recorded
 def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -> None:
     """Lab 03: ``my_bp_private`` (``my_bp_omp``'s signature) is what ``reduction(+ : ...)`` does inside, written out:
     each thread adds its samples into a zeroed private block of one shared buffer, and after the samples the threads
     combine the blocks into gW1, gb1, gW2, gb2, split over the entries; the cost likewise. No reduction clause,
-    atomic, critical, ordered or lock. Run with the sanitizers first, then at 1 to 2x-cores threads, ``runs`` times
-    each, against the NumPy reference, with the memory malloc returns filled with NaN."""
+    atomic, critical, ordered or lock. Run with the sanitizers first, in a team of LARGE_TEAM threads (larger than a
+    buffer of fixed size holds), then at 1 to 2x-cores threads, ``runs`` times each, and once where its region gets
+    fewer threads than omp_get_max_threads() says, against the NumPy reference, with the memory malloc returns filled
+    with NaN; then the team its samples ran in must be the size asked for, and all it allocated freed."""
     from .. import mlp
     from ..hostc import strip_comments
     from ..machine import usable_cores
@@ -358,7 +490,10 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
             fail(ex, f"your code uses {' and '.join(used)}: this exercise builds the reduction itself, so OpenMP's "
                  "reduction clause, atomic, critical, ordered and locks are out", "give every thread a block of its "
                  "own to add into, and combine the blocks after the samples, each entry by one thread")
-    dirty = DIRTY_MALLOC + source if isinstance(source, str) else source
+    dirty = source
+    if isinstance(source, str):
+        dirty = DIRTY_MALLOC + source + (NESTED.replace("NAME", name) if code and re.search(rf"\b{name}\s*\(", code)
+                                         else "")
     checked = _compile(ex, dirty, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
     fast = _compile(ex, dirty, name, helpers=True, label="O2", opt="-O2", openmp=True)
     rng = np.random.default_rng(capture.seed(2))
@@ -370,19 +505,27 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
     want = [g * B for pair in grads for g in pair]
     names = ("gW1", "gb1", "gW2", "gb2")
     (W1, b1), (W2, b2) = params
+    threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
+    print(f"{ex}: gW1..gb2 and the cost of a [784, 30, 10] network on {B} samples against NumPy, once under the "
+          f"sanitizers with {LARGE_TEAM} threads, {runs} times at each of {', '.join(map(str, threads))} threads and "
+          "once in a team smaller than asked for; then the size of the team your samples ran in, and the memory your "
+          "code left allocated")
 
-    def call(fn, threads, fill=np.nan):
+    def call(fn, threads, fill=np.nan, hint="thread t's block is total floats from t * total, and the buffer must "
+             "hold one block per thread of the team", where=""):
         out = [np.full_like(w, fill) for w in want]  # NaN: nothing carried over, the function must overwrite
         cost = _call(ex, fn, (W1, b1, W2, b2, x, Y, np.int32(B), np.int32(784), np.int32(30), np.int32(10), *out),
-                     "thread t's block is total floats from t * total, and the buffer must hold one block per thread "
-                     "of the team", threads=threads)
+                     hint, where, threads=threads)
         return cost, out
 
     def right(out):
         return all(np.allclose(o, w, rtol=1e-3, atol=1e-5) for o, w in zip(out, want))
 
-    call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
-    threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
+    # an access out of bounds or undefined behaviour stops here, with the line; a team larger than any fixed size
+    call(checked, LARGE_TEAM, hint=f"the check ran your code with a team of {LARGE_TEAM} threads: thread t's block is "
+         "total floats from t * total, and every buffer must hold one block (and one cost) per thread of the team, "
+         "however many that is. A buffer of a fixed size (blocks[8], costs[64]) or one sized by the cores overflows "
+         "in a larger team", where=f"with a team of {LARGE_TEAM} threads: ")
     n = 1
     for p in threads:
         results = [call(fast, p) for _ in range(runs)]
@@ -391,6 +534,15 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
         if wrong:
             _name_the_mistake(ex, code or "", p, runs, results, wrong, want, loss * B, names,
                               lambda p=p: call(fast, p, fill=0.0), right)
+    if "labkit_nested" in (dirty if isinstance(dirty, str) else ""):
+        nested = _compile(ex, dirty, "labkit_nested", helpers=True, label="O2 nested", opt="-O2", openmp=True)
+        _smaller_team(ex, call(nested, threads[-1]), loss * B, threads[-1], right)
+        n += 1
+    rows = capture.step("team", lambda: _teams_and_leaks(fast, lambda p: call(getattr(fast, "unrecorded", fast), p),
+                                                         [*threads, LARGE_TEAM]))
+    _team_as_asked(ex, rows)
+    _freed(ex, rows)
+    n += 2
     if code is not None and _ONE_THREAD.search(code):
         many = [p for p in threads if p > 1]
         most = capture.step("overlap", lambda: _most_inside_at_once(source, name, (W1, b1, W2, b2, x, Y), many, runs))
