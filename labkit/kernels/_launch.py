@@ -67,11 +67,13 @@ def synchronize(which: str | None = None) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = None) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones, synchronising the GPU before and after
-    each call: a launch returns before the kernel has run, so timing without waiting measures only the launch."""
+def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = None, best: bool = False) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones (the fastest call's with ``best``),
+    synchronising the GPU before and after each call: a launch returns before the kernel has run, so timing without
+    waiting measures only the launch."""
     from ..bench import measure
 
     which = resolve(backend)
     synchronize(which)  # nothing queued earlier is counted in the first call
-    return measure(fn, repeat=repeat, warmup=warmup, sync=lambda: synchronize(which)).median
+    timing = measure(fn, repeat=repeat, warmup=warmup, sync=lambda: synchronize(which))
+    return timing.best if best else timing.median

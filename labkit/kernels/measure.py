@@ -155,7 +155,7 @@ def conv_times(shape: tuple[int, int, int, int, int], repeat: int) -> tuple[dict
 
 
 def library_peak(repeat: int) -> tuple[float, int]:
-    """(GFLOP/s, n): the library's float32 matmul rate on the kernels' device, the roofline's compute ceiling."""
+    """(GFLOP/s, n): the library's best float32 matmul rate on the kernels' device, the roofline's compute ceiling."""
     from .matmul import library_gflops
 
     return library_gflops(array_module_for(backend()), repeat)
@@ -181,10 +181,11 @@ def last_level_cache_bytes() -> int | None:
 def library_bandwidth(repeat: int, *, least: int = 256 << 20, most: int = 1 << 30) -> tuple[float, int]:
     """(GB/s read and written, bytes copied): the library's copy of one float32 buffer into another on the kernels'
     device, the roofline's bandwidth ceiling. The buffer is four times the last-level cache (within ``least`` and
-    ``most``), so the copy streams from main memory: a buffer that fits in a cache measures the cache."""
+    ``most``), so the copy streams from main memory: a buffer that fits in a cache measures the cache. The fastest
+    of ``repeat`` copies counts, as for :func:`library_peak`."""
     xp, _, _ = _device_arrays()
     cache = last_level_cache_bytes() or 0
     nbytes = min(max(4 * cache, least), most)
     src = xp.ones(nbytes // 4, np.float32)
     dst = xp.empty_like(src)  # the untimed warm-up copy touches its pages first: a page fault is no copy's cost
-    return 2 * nbytes / time_kernel(lambda: xp.copyto(dst, src), repeat) / 1e9, nbytes
+    return 2 * nbytes / time_kernel(lambda: xp.copyto(dst, src), repeat, best=True) / 1e9, nbytes
