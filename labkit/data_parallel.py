@@ -499,18 +499,44 @@ def epochs_by_ranks(comm, x, y) -> list[tuple[int, float, float, float]]:
     return timings
 
 
-def allreduce_variants(comm, x, y) -> dict[str, float]:
-    """On the first 2 ranks: seconds of allreduce per step of one epoch for each allreduce ("ring", "mpi", "shm"),
-    fused into one buffer and per layer ("shm" fused only), by name such as "ring, fused". Empty on the others."""
+class _Clock:
+    """Every phase a DataParallel records (its ``timeline`` hook), as raw ``time.perf_counter()`` readings: on Linux
+    one clock for all the processes of a machine, so that two ranks' phases can be set side by side."""
+
+    def __init__(self):
+        self.events: list[tuple[str, float, float]] = []
+
+    def add(self, name: str, kind: str, t0: float, t1: float) -> None:
+        self.events.append((kind, t0, t1))
+
+
+def allreduce_variants(comm, x, y, steps: int = 40, batch: int = 128,
+                       layers=(784,) + (64,) * 7 + (10,)) -> dict[str, float]:
+    """On the first 2 ranks: seconds of allreduce in the median of ``steps`` gradient steps of ``layers`` (by default
+    8 layers of at most 64 neurons: 16 arrays of gradients) at ``batch`` rows, for each allreduce ("ring", "mpi",
+    "shm"), fused into one buffer and per layer ("shm" fused only), by name such as "ring, fused". Empty on the
+    others. A step's allreduce counts from the moment both ranks have ended backprop, so a rank slowed down in
+    backprop by another program does not count as communication; the variants take turns step by step, so that a
+    busy moment of the machine slows them alike."""
     variants = {}
     sub = _first_ranks(comm, 2)
     if sub != _comm_null():
+        dps = {}
         for allreduce in ("ring", "mpi", "shm"):
             for fused in (True, False) if allreduce != "shm" else (True,):
-                dp = DataParallel(sub, allreduce=allreduce, fused=fused)
-                _train_one_epoch((x, y), dp, momentum=0.0)
-                variants[f"{allreduce}, {'fused' if fused else 'per layer'}"] = dp.comm_seconds / dp.steps
-                dp.close()
+                dp = dps[f"{allreduce}, {'fused' if fused else 'per layer'}"] = DataParallel(sub, allreduce, fused)
+                dp.timeline = _Clock()
+        params = mlp.init_params(list(layers), seed=0, init="he")
+        for s in range(steps):
+            lo = s * batch % max(len(x) - batch, 1)
+            for dp in dps.values():
+                dp(params, x[lo:lo + batch], y[lo:lo + batch], "relu", "cross_entropy")
+        for name, dp in dps.items():
+            phases = np.array([[t0, t1] for _, t0, t1 in dp.timeline.events]).reshape(-1, 2, 2)  # step, phase, (t0, t1)
+            both = np.empty_like(phases)
+            sub.Allreduce(phases, both, op=_max())  # the later rank's readings
+            variants[name] = float(np.median(both[:, 1, 1] - both[:, 0, 1]))  # both done, less both backpropped
+            dp.close()
         sub.Free()
     return variants
 
@@ -634,6 +660,12 @@ def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_
         sub.Free()
     runs, timelines = overlap_runs(comm, x, y, overlap_batch, layers=overlap_layers, steps=4, drawn=("layers",))
     return {"split": split, "overlap": runs, "events": timelines.get("layers")}
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def _comm_null():
