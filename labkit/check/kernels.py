@@ -267,6 +267,9 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
         "__shared__": "each block sums its values in a __shared__ array, halving the active threads each step",
         "atomicAdd": "finish with atomicAdd(out, block_total) from one thread of each block: blocks cannot see each other's "
                      "shared memory"})
+    print(f"{ex}: the sum on 5 sizes from n=1 to n=100,003 against NumPy to a relative 1e-4; then, counted in one launch "
+          "of 8 blocks with the warps of each block in the opposite order: the sum again, the atomicAdds of each block "
+          "(one) and the shared-memory requests of each warp (a tree's steps)")
     rng = np.random.default_rng(capture.seed(1))
     checks = 0
     for n, blocks in [(1, 1), (threads, 1), (threads + 1, 2), (10_000, 8), (100_003, 16)]:
@@ -285,6 +288,9 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
             fail(ex, f"n={n} over {blocks} blocks of {threads}: the sum is {float(out[0]):.6g} (yours) "
                   f"but should be {want:.6g} (spec)", hint)
         checks += 1
+    if isinstance(source, str):
+        _reduction_counted(ex, source, name, "block", threads)
+        checks += 3
     passed(ex, checks)
 
 
@@ -304,6 +310,9 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
         fail(ex, "your kernel declares __shared__ memory; this one sums within each warp through shuffles alone",
              "the lanes of a warp exchange registers with __shfl_down_sync(0xffffffff, v, offset): no __shared__ array "
              "and no __syncthreads() are needed")
+    print(f"{ex}: the sum on 6 sizes from n=1 to n=100,003 against NumPy to a relative 1e-4; then, counted in one launch "
+          "of 8 blocks with the warps of each block in the opposite order: the sum again, the atomicAdds of each block "
+          "(one per warp) and the shuffles of each lane (a tree's 5 steps)")
     rng = np.random.default_rng(capture.seed(2))
     checks = 0
     for n, blocks in [(1, 1), (32, 1), (33, 1), (threads, 1), (10_000, 8), (100_003, 16)]:
@@ -319,6 +328,9 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
             fail(ex, f"n={n} over {blocks} blocks of {threads}: the sum is {float(out[0]):.6g} (yours) but should be "
                  f"{want:.6g} (spec)", hint)
         checks += 1
+    if isinstance(source, str):
+        _reduction_counted(ex, source, name, "warp", threads)
+        checks += 3
     passed(ex, checks)
 
 
@@ -660,3 +672,99 @@ EXERCISES = (
         "last __syncthreads().",
     )),
 )
+
+
+# Compiled before a reduction kernel for one more launch of it: every atomicAdd and every warp shuffle is counted per
+# thread (the kernel gets one more parameter, labkit_ops_: two counts per thread), and the warps of a block see
+# their threadIdx.x in the opposite order: the emulator runs warp 0 first, a GPU in any order.
+_COUNTED = r"""static thread_local unsigned int* labkit_ops_at_ = nullptr;
+inline unsigned long long labkit_thread_() {
+    return ((unsigned long long)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
+        * (blockDim.x * blockDim.y * blockDim.z) + (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+}
+template <class P, class V> inline auto labkit_atomic_add_(P p, V v) {
+    if (labkit_ops_at_) labkit_ops_at_[2 * labkit_thread_()] += 1;
+    return atomicAdd(p, v);
+}
+template <class T> inline T labkit_shuffled_(T v) {
+    if (labkit_ops_at_) labkit_ops_at_[2 * labkit_thread_() + 1] += 1;
+    return v;
+}
+inline uint3 labkit_reordered_() {
+    uint3 t = ::threadIdx;
+    t.x = ((blockDim.x + 31) / 32 - 1 - t.x / 32) * 32 + t.x % 32;
+    return t;
+}
+#define atomicAdd(...) labkit_atomic_add_(__VA_ARGS__)
+#undef __shfl_sync
+#undef __shfl_up_sync
+#undef __shfl_down_sync
+#undef __shfl_xor_sync
+#define __shfl_sync(...) labkit_shuffled_(::labkit::shfl_call<::labkit::SHFL_IDX>{__LINE__}(__VA_ARGS__))
+#define __shfl_up_sync(...) labkit_shuffled_(::labkit::shfl_call<::labkit::SHFL_UP>{__LINE__}(__VA_ARGS__))
+#define __shfl_down_sync(...) labkit_shuffled_(::labkit::shfl_call<::labkit::SHFL_DOWN>{__LINE__}(__VA_ARGS__))
+#define __shfl_xor_sync(...) labkit_shuffled_(::labkit::shfl_call<::labkit::SHFL_XOR>{__LINE__}(__VA_ARGS__))
+#define threadIdx (labkit_reordered_())
+#line 1
+"""
+
+
+def _counted_run(source: str, name: str, n: int, blocks: int, threads: int, seed: int) -> tuple:
+    """(the sum, atomics of each block, most shuffles of a thread, most shared-memory requests of a warp) of one
+    launch of a reduction kernel with its warps in the opposite order and its atomics and shuffles counted."""
+    from .. import kernels
+    from ..kernels import counts
+    from ..kernels.source import find_kernels, strip_comments
+
+    text = strip_comments(source)
+    decl = next(k for k in find_kernels(text) if k.name == name)
+    a, b = decl.params_span
+    body = text.index("{", b)
+    text = text[:b] + ", unsigned int* labkit_ops_" + text[b:body + 1] + " labkit_ops_at_ = labkit_ops_;" + text[body + 1:]
+    x = np.random.default_rng(seed).random(n).astype(np.float32)
+    out, ops = np.zeros(1, np.float32), np.zeros(2 * blocks * threads, np.uint32)
+    k = kernels.load(_COUNTED + text, backend="emulator", checked=True).get_function(name)
+    k((blocks,), (threads,), (x, out, np.int32(n), ops))
+    ops = ops.reshape(blocks, threads, 2)
+    plain = np.zeros(1, np.float32)
+    t = counts.traffic(source, name, (blocks,), (threads,), (x, plain, np.int32(n)))
+    return (float(out[0]), float(x.sum(dtype=np.float64)), [int(v) for v in ops[..., 0].sum(axis=1)],
+            [int(v) for v in np.nonzero(ops[0, :, 0])[0][:9]], int(ops[..., 1].max()),
+            int(t.warps[..., 4].max()))  # shared_requests
+
+
+def _reduction_counted(ex: str, source: str, name: str, per: str, threads: int) -> None:
+    """Fail a reduction whose sum is right only in the emulator's order of warps, that calls atomicAdd other than
+    once per ``per`` ("block" or "warp"), or whose adding is not a tree (counted in one launch of 8 blocks)."""
+    import math
+
+    n, blocks = 10_000, 8
+    got, want, per_block, callers, shuffles, requests = capture.step(
+        "counted", lambda: _counted_run(source, name, n, blocks, threads, capture.seed(5)))
+    where = f"n={n:,} over {blocks} blocks of {threads}"
+    if not np.isclose(got, want, rtol=1e-4):
+        fail(ex, f"{where}: the sum is {got:.6g} (yours) but should be {want:.6g} (spec) when the warps of each block run "
+             "in the opposite order (the emulator runs warp 0 first; a GPU runs the warps in any order): a race "
+             "between warps", "a thread reads an entry of the shared array that a thread of another warp writes in the "
+             "same step: each step of the tree must read only what the steps before it wrote, with a __syncthreads() "
+             "between two steps")
+    expected = 1 if per == "block" else threads // 32
+    calls = max(per_block, key=lambda c: abs(c - expected))
+    if calls != expected:
+        who = {threads: "every thread calls it", threads // 32: "one thread of each warp calls it", 0: "no thread "
+               "calls it"}.get(calls, f"threads {', '.join(map(str, callers[:8]))}{', ...' if len(callers) > 8 else ''} "
+                                      "call it")
+        fail(ex, f"{where}: {calls} atomicAdd calls in a block where one per {per} ({expected}) are expected: {who}",
+             "atomics on one address take turns: " + ("sum the block in shared memory first, and let thread 0 alone "
+                                                      "add the block total" if per == "block" else "let the shuffles "
+                                                      "bring the warp total to lane 0, and lane 0 alone add it"))
+    steps = int(math.log2(threads if per == "block" else 32))
+    if per == "warp" and shuffles > steps:
+        fail(ex, f"{where}: a lane made {shuffles} shuffles, where a tree over the 32 lanes of a warp takes log2(32) = "
+             f"{steps}: the warp's values were collected one at a time, not halved step by step",
+             "each shuffle step halves the lanes that hold a partial sum: offsets 16, 8, 4, 2, 1")
+    if per == "block" and requests > 4 * steps + 8:
+        fail(ex, f"{where}: one warp made {requests} shared-memory requests, where a tree of log2({threads}) = {steps} "
+             f"steps makes about 3 per step: the block's values were added one after the other, not by a tree",
+             "a tree halves the adding threads each step: with h = blockDim.x / 2, 64, ... 1, the threads below h "
+             "add s[t + h] into s[t]")
