@@ -142,3 +142,57 @@ def batch_times(runs: dict[str, dict], x, Y, repeat: int = 5, rounds: int = 3) -
         if any("schedule" in kw for kw in runs.values()):
             set_schedule("static")
     return {name: t.median for name, t in times.items()}
+
+
+# Lab 03's readings of its timings. Interleaved rounds on a laptop shared with other programs still vary by about
+# this much, so a ratio closer to 1 is read as no difference rather than as a win or a loss.
+NOISE = 0.1
+
+
+def _side(ratio: float) -> int:
+    """+1 when a speedup ``ratio`` is a gain beyond NOISE, -1 a loss beyond it, 0 within it."""
+    return 1 if ratio > 1 + NOISE else -1 if ratio < 1 - NOISE else 0
+
+
+def _and(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+def interchange_reading(speedup: float) -> str:
+    """What lab 03's run says of the loop interchange alone (``speedup``: naive's time over interchanged's)."""
+    chain = ("the row-wise dot product is one long chain of dependent additions that the compiler may not reorder, "
+             "where the column-wise loop updates independent sums. Vector instructions (omp simd) break the chain, "
+             "and only then does the row-major order pay.")
+    return {1: f"Here the interchange alone gave {speedup:.2f}x: row-major access paid off at this size.",
+            0: f"Here the interchange alone gave {speedup:.2f}x, no more than these timings vary: at this size the "
+               f"weights stay in the caches, and {chain}",
+            -1: f"Here the interchange alone gave {speedup:.2f}x, a loss: at this size the weights stay in the caches, "
+                f"and {chain}"}[_side(speedup)]
+
+
+def schedule_reading(times: dict[str, float]) -> str:
+    """What lab 03's run says of its schedules (``times``: seconds by 'kind, chunk c'), dynamic's chunk 1 against
+    static's default."""
+    best = min(times, key=times.get)
+    ratio = times["dynamic, chunk 1"] / times["static, chunk default"]
+    said = f"Here the fastest schedule was {best}; dynamic with chunk 1 took {ratio:.2f}x the time of static"
+    return said + {
+        -1: ": every sample costs the same, so handing out work at run time only added its own cost.",
+        0: ", no more than these timings vary: every sample costs the same, so dynamic had nothing to balance, and "
+           "its price, one chunk handed out per sample, is small beside the samples' work.",
+        1: ", less, although every sample costs the same. The likely cause: the two cores did not run alike. When "
+           "another program takes a core for a while, static leaves that thread's block waiting for it; dynamic "
+           "hands the remaining samples to the thread that is free."}[_side(1 / ratio)]
+
+
+def layer_scaling_reading(threads, speedups: dict[str, np.ndarray], narrow: str, wide: str) -> str:
+    """Where lab 03's run had the ``narrow`` layer fall behind the ``wide`` one: their speedups' ratio at each thread
+    count past one, grouped by NOISE."""
+    gap = {p: w / n for p, w, n in zip(threads, speedups[wide], speedups[narrow]) if p > 1}
+    said = "wide speedup / narrow speedup: " + ", ".join(f"{p} threads {g:.2f}" for p, g in gap.items())
+    groups = {1: "the narrow layer fell behind at", 0: "the two scaled alike (within 10 %) at",
+              -1: "the narrow layer scaled better at"}
+    found = [f"{words} {_and([str(p) for p, g in gap.items() if _side(g) == k])} threads"
+             for k, words in groups.items() if any(_side(g) == k for g in gap.values())]
+    return f"{said}. Here {'; '.join(found)}."
