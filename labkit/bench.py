@@ -256,7 +256,7 @@ def serial_fraction_reading(f: float, law: str = "Amdahl") -> str:
     if law == "Amdahl":
         if f == 0:
             return "0 %: no serial part measurable"
-        return f"{f:.1%} of the work (Amdahl: at most {1 / f:.0f}x on any number of workers)"
+        return f"{f:.1%} of the work (Amdahl: at most {1 / f:.2g}x on any number of workers)"
     return f"{f:.1%} of the parallel run's time"
 
 

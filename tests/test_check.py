@@ -207,7 +207,7 @@ def test_tiled_matmul_with_another_tile_size_passes(tiled_solution, capsys):
 @needs_cxx
 def test_block_reduction_solution_passes(reduction_solution, capsys):
     check.block_reduction(reduction_solution)
-    assert "all 5 checks passed" in capsys.readouterr().out
+    assert "all 8 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx
@@ -233,7 +233,7 @@ def warp_solution():
 @needs_cxx
 def test_warp_reduction_solution_passes(warp_solution, capsys):
     check.warp_reduction(warp_solution)
-    assert "all 6 checks passed" in capsys.readouterr().out
+    assert "all 9 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx

@@ -287,3 +287,16 @@ def test_batch_times_times_each_run_and_sets_the_schedule_back():
     # a run backprop_c would refuse is refused by name, and the schedule set back even then
     with pytest.raises(ValueError, match="version must be one of"):
         openmp.batch_times({"bad": dict(params=params, version="nonesuch")}, x, Y, repeat=1, rounds=1)
+
+
+def test_lab03_readings_name_a_gain_a_loss_or_no_difference():
+    assert "paid off" in openmp.interchange_reading(1.2)
+    assert "no more than these timings vary" in openmp.interchange_reading(1.05)
+    assert "a loss" in openmp.interchange_reading(0.8)
+    t = {"static, chunk default": 1.0, "static, chunk 1": 0.9}
+    assert "only added its own cost" in openmp.schedule_reading(t | {"dynamic, chunk 1": 1.3})
+    assert "did not run alike" in openmp.schedule_reading(t | {"dynamic, chunk 1": 0.8})
+    assert "nothing to balance" in openmp.schedule_reading(t | {"dynamic, chunk 1": 1.02})
+    said = openmp.layer_scaling_reading([1, 2, 4, 5], {"n": np.array([1, 1.48, 1.23, 1.04]),
+                                                       "w": np.array([1, 1.65, 1.19, 1.44])}, "n", "w")
+    assert said.endswith("fell behind at 2 and 5 threads; the two scaled alike (within 10 %) at 4 threads.")
