@@ -14,7 +14,10 @@ from every other active worker (``"sync"``), or applied at once but answered onl
 most ``staleness_bound`` = s steps ahead of the slowest active worker (``"ssp"``, stale-synchronous): then
 no update is staler than (2 s + 1)(W - 1) for W workers, where ``"async"`` has no bound at all.
 Each master records the staleness of every update it applies (its version now minus the version the
-gradient was computed on) and how many updates it applied. At the end the slices are gathered on rank 0.
+gradient was computed on), how many updates it applied, and how many of them came before the first worker was done:
+while every worker runs, an asynchronous master's updates are W - 1 old on average, whatever order they arrive in
+(each has one gradient in flight, and every update counts once in each other worker's next staleness); the workers
+still running after the first is done are fewer, and their updates less stale.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class PSResult:
 
     params: mlp.Params | None
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # one entry per applied update
+    # the staleness of the updates each master applied before its first DONE came, while every worker still ran
+    steady_staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     master_updates: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # updates per master
     worker_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # steps per worker
     worker_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # mean training loss per worker
@@ -66,6 +71,7 @@ class _Master:
         self.held: list[int] = []  # ssp: workers whose reply waits for the slowest to catch up
         self.sync_grads: dict[int, np.ndarray] = {}
         self.staleness: list[int] = []
+        self.steady: int | None = None  # updates applied before the first worker said DONE
         self.problems: list[str] = []
         self.updates = 0
         self.n = hi - lo + 1
@@ -128,6 +134,8 @@ class _Master:
 
         self.comm.Recv(np.empty(max(count, 0), dtype=self.buf.dtype), source=src, tag=DONE)
         self.done.add(src)
+        if self.steady is None:
+            self.steady = len(self.staleness)
         if src in self.sending and count:  # DONE with a value: the worker failed (it reports why itself)
             self.sending[src] = MPI.REQUEST_NULL
         elif src in self.sending:
@@ -195,7 +203,8 @@ class _Master:
             self.send_weights(w)
 
     def finish(self):
-        """Wait for the last replies to be received; raise the first problem seen, else return (staleness, updates)."""
+        """Wait for the last replies to be received; raise the first problem seen, else return (staleness, updates,
+        updates applied before the first worker was done)."""
         from mpi4py import MPI
 
         from .collectives import wait_all
@@ -205,11 +214,12 @@ class _Master:
         if self.problems:
             more = f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
             raise ParameterServerError(self.problems[0] + more)
-        return np.array(self.staleness, dtype=np.int64), self.updates
+        return np.array(self.staleness, dtype=np.int64), self.updates, self.steady
 
 
 def _master(comm, flat, lo, hi, n_masters, mode, staleness_bound, lr, timeout):
-    """Serve gradients for flat[lo:hi] until every worker has said it is done: (staleness of each update, updates).
+    """Serve gradients for flat[lo:hi] until every worker has said it is done: (staleness of each update, updates,
+    updates before the first worker was done).
 
     A message of the wrong length or with an unknown tag is drained, answered with the current weights (so its
     worker does not wait forever) and reported when the run ends.
@@ -354,12 +364,12 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
     bounds = shard_bounds(flat.size, masters)
     comm = comm.Dup()  # this run's messages never mix with the caller's, even if a failed run leaves some behind
     t0 = time.perf_counter()
-    staleness, updates, steps, wloss = np.zeros(0, np.int64), 0, 0, 0.0
+    staleness, updates, steady, steps, wloss = np.zeros(0, np.int64), 0, 0, 0, 0.0
     error = None
     try:
         if rank < masters:
             lo, hi = bounds[rank]
-            staleness, updates = _master(comm, flat, lo, hi, masters, mode, staleness_bound, lr, timeout)
+            staleness, updates, steady = _master(comm, flat, lo, hi, masters, mode, staleness_bound, lr, timeout)
         else:
             w = rank - masters
             lo, hi = shard_bounds(len(x), n_workers)[w]
@@ -377,13 +387,14 @@ def train(comm, sizes, train_data, masters: int = 1, mode: str = "async", epochs
     piece = flat[bounds[rank][0]:bounds[rank][1]].copy() if rank < masters else np.zeros(0, dtype=flat.dtype)
     whole = gather(comm, piece, root=0)
     stale = gather(comm, staleness, root=0)
+    stale_steady = gather(comm, staleness[:steady], root=0)
     loads = gather(comm, np.array([updates] if rank < masters else [], dtype=np.int64), root=0)
     wsteps = gather(comm, np.array([steps] if rank >= masters else [], dtype=np.int64), root=0)
     wl = gather(comm, np.array([wloss] if rank >= masters else [], dtype=np.float64), root=0)
     comm.Free()
     if rank != 0:
         return PSResult(None, seconds=seconds)
-    return PSResult(unflatten(whole, params), stale, loads, wsteps, wl, seconds)
+    return PSResult(unflatten(whole, params), stale, stale_steady, loads, wsteps, wl, seconds)
 
 
 # -- the staleness model of lab 09 ------------------------------------------------------------------------------------
@@ -439,7 +450,8 @@ def stable_step_formula(delay: int) -> float:
 
 def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1, 0.6), masters=(1, 2)) -> list:
     """Train on the first W + M ranks for every W workers and M ``masters`` at every learning rate; on rank 0 the rows
-    (workers, masters, lr, test accuracy, mean staleness, seconds), an empty list elsewhere. Progress is printed."""
+    (workers, masters, lr, test accuracy, mean staleness while every worker ran, seconds), an empty list elsewhere.
+    Progress is printed."""
     from .cluster import first_ranks
 
     x_test, y_test = test_data
@@ -452,8 +464,8 @@ def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1
                         r = train(sub, sizes, train_data, masters=m, epochs=epochs, lr=lr)
                         if comm.Get_rank() == 0:
                             rows.append((w, m, lr, mlp.accuracy(r.params, x_test, y_test, "relu", "cross_entropy"),
-                                         float(r.staleness.mean()), r.seconds))
-                            print(f"{w} workers, {m} master(s), lr {lr}: done", flush=True)
+                                         float(r.steady_staleness.mean()), r.seconds))
+                            print(f"{w} worker{'s' * (w > 1)}, {m} master{'s' * (m > 1)}, lr {lr}: done", flush=True)
             comm.Barrier()
     return rows
 
