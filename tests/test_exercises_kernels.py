@@ -1,6 +1,7 @@
-"""Lab 05's block and warp reductions against the wrong answers whose sums are right on the emulator: atomics per
-thread or per warp instead of one per block (or warp), a block summed by one thread, lanes collected one at a time,
-and a tree whose steps race between warps (right only in the emulator's order of warps). Each is named by the check."""
+"""Lab 05's kernels against wrong answers whose values are right on the emulator. The block and warp reductions:
+atomics per thread or per warp instead of one per block (or warp), a block summed by one thread, lanes collected one
+at a time, and a tree whose steps race between warps (right only in the emulator's order of warps). The tiled matmul:
+B (or C) read from global memory inside the k loop. Each is named by the check."""
 
 from __future__ import annotations
 
@@ -83,3 +84,88 @@ def test_the_reductions_pass_with_their_counts_said_before_they_run(capsys):
     out = capsys.readouterr().out
     assert "the atomicAdds of each block (one)" in out and "✔ block reduction: all 8 checks passed" in out
     assert "the shuffles of each lane (a tree's 5 steps)" in out and "✔ warp reduction: all 9 checks passed" in out
+
+
+# -- the tiled matmul: every operand's loads counted, not only A's ------------------------------------------------------
+
+# A tiled through shared memory, B read through a pointer into its column inside the k loop: the source scan sees no
+# B[...] outside a tile's store, so only the count of every global load finds it
+ONLY_A_TILED = r"""#define TILE 16
+extern "C" __global__ void matmul_tiled(const float* A, const float* B, float* C, int M, int N, int K)
+{
+    __shared__ float As[TILE][TILE];
+    int ty = threadIdx.y, tx = threadIdx.x;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    const float* Bcol = B + col;
+    float acc = 0.0f;
+    for (int t = 0; t < K; t += TILE) {
+        As[ty][tx] = (row < M && t + tx < K) ? A[row * K + t + tx] : 0.0f;
+        __syncthreads();
+        for (int k = 0; k < TILE && t + k < K; ++k)
+            if (col < N) acc += As[ty][k] * Bcol[(t + k) * N];
+        __syncthreads();
+    }
+    if (row < M && col < N) C[row * N + col] = acc;
+}
+"""
+IN_K_LOOP = "B is read from global memory inside the k loop, each element n = 64 times, not n / TILE"
+TILED_WRONG = {
+    "B through a pointer of its own": (ONLY_A_TILED, f"loads each element of B 64 times on average from global memory; "
+                                                     f"a tiled kernel loads it 64 / TILE = 4 times: {IN_K_LOOP}"),
+    "B as *(B + i)": (ONLY_A_TILED.replace("    const float* Bcol = B + col;\n", "").replace(
+        "Bcol[(t + k) * N]", "*(B + (t + k) * N + col)"), IN_K_LOOP),
+    "B's tile stored, B read": (None, IN_K_LOOP),
+    "B handed to a helper": (ONLY_A_TILED.replace("    const float* Bcol = B + col;\n", "").replace(
+        "#define TILE 16\n", "#define TILE 16\n__device__ float at(const float* p, int i) { return p[i]; }\n").replace(
+        "Bcol[(t + k) * N]", "at(B, (t + k) * N + col)"), "hands B to a function of its own, where they cannot be "
+                                                          "counted: `at\\(B, \\(t \\+ k\\) \\* N \\+ col\\)`"),
+    "C accumulated in global memory": (None, "your kernel makes 262,144 loads from global memory beyond those of A and B "
+                                             "\\(64 per entry of C\\): C is read inside the k loop"),
+}
+INNER = "        for (int k = 0; k < TILE; ++k) acc += As[ty][k] * Bs[k][tx];"
+
+
+def _tiled_wrong(kind: str) -> str:
+    source = TILED_WRONG[kind][0]
+    solution = (KDIR / "tiled_matmul_solution.cu").read_text()
+    assert INNER in solution
+    if kind == "B's tile stored, B read":  # the tile of B is filled and waited for, then B read beside it
+        source = solution.replace(INNER, "        const float* Bk = B + t * N + col;\n        for (int k = 0; k < TILE; ++k) "
+                                         "acc += As[ty][k] * (col < N && t + k < K ? Bk[k * N] : Bs[k][tx]);")
+    if kind == "C accumulated in global memory":
+        source = solution.replace("    float acc = 0.0f;\n", "    if (row < M && col < N) C[row * N + col] = 0.0f;\n").replace(
+            INNER, "        if (row < M && col < N) for (int k = 0; k < TILE; ++k) C[row * N + col] += As[ty][k] * Bs[k][tx];"
+        ).replace("    if (row < M && col < N) C[row * N + col] = acc;\n", "")
+    return source
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", sorted(TILED_WRONG))
+def test_tiled_matmul_names_b_or_c_read_from_global_memory(kind):
+    with pytest.raises(ExerciseError, match=f"tiled matmul: .*{TILED_WRONG[kind][1]}"):
+        check.tiled_matmul(_tiled_wrong(kind))
+
+
+@needs_cxx
+def test_tiled_matmul_says_it_counts_both_operands_and_passes_the_solutions(capsys):
+    solution = (KDIR / "tiled_matmul_solution.cu").read_text()
+    check.tiled_matmul(solution)
+    check.tiled_matmul(solution.replace("#define TILE 16", "#define TILE 8"))
+    out = capsys.readouterr().out
+    assert "how often each element of A and each of B is loaded from global memory in one product of 64 x 64" in out
+    assert "32 x 32 matrices (a tiled kernel: 32 / TILE = 4 times)" in out
+    assert out.count("✔ tiled matmul: all 7 checks passed") == 2
+
+
+@needs_cxx
+def test_tiled_matmul_replays_the_count_of_b(tmp_path, monkeypatch):
+    from conftest import record_check
+
+    from labkit.check import common
+    from labkit.grading import replay
+
+    plain = record_check(monkeypatch, tmp_path / "wrong", "tiled_matmul", ONLY_A_TILED, 41)
+    assert plain[0] is False and IN_K_LOOP in plain[1]
+    monkeypatch.setattr(common, "_failed_runs", {})
+    got = replay.replay("tiled_matmul", tmp_path / "wrong", 41)
+    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]

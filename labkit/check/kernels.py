@@ -198,8 +198,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
     tile = tile or (define(source, "TILE", 16) if isinstance(source, str) else 16)
     if not 1 <= tile <= 32:
         fail(ex, f"#define TILE {tile}: a block of TILE x TILE threads needs 1 <= TILE <= 32 (at most 1,024 threads)")
-    print(f"{ex}: C on 5 sizes, then how often each element of A is loaded from global memory in one product of "
-          f"{4 * tile} x {4 * tile} matrices (a tiled kernel: {4 * tile} / TILE = 4 times)")
+    print(f"{ex}: C on 5 sizes, then how often each element of A and each of B is loaded from global memory in one "
+          f"product of {4 * tile} x {4 * tile} matrices (a tiled kernel: {4 * tile} / TILE = 4 times)")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "
@@ -230,13 +230,13 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         checks += 1
     if isinstance(source, str):
         _loads_per_element(ex, source, tile)
-        checks += 1
+        checks += 2
     passed(ex, checks)
 
 
 def _loads_per_element(ex: str, source: str, tile: int) -> None:
-    """Fail a "tiled" kernel whose inner product still reads A from global memory: counted on the emulator, each
-    element of A must be loaded n / TILE times in an n x n x n product, not n times as the naive kernel does."""
+    """Fail a "tiled" kernel whose inner product still reads A or B from global memory: counted on the emulator, each
+    element of A and of B must be loaded n / TILE times in an n x n x n product, not n times as the naive kernel does."""
     from ..kernels import KernelCompileError, counts
 
     n = 4 * tile
@@ -255,6 +255,66 @@ def _loads_per_element(ex: str, source: str, tile: int) -> None:
              f"memory; a tiled kernel loads it {n} / TILE = {n // tile} times", "the inner product must read only the "
              "__shared__ tiles: each thread loads one element of A's tile and one of B's per step, and every other use "
              "of them comes from shared memory")
+    _loads_of_b(ex, source, tile, reads)
+
+
+def _handed_to_helper(source: str, array: str) -> str | None:
+    """The call in ``source`` that hands ``array`` (or a pointer made from it) to a ``__device__`` function of the
+    source, where the emulator's counts cannot follow its loads; None if there is none."""
+    import re
+
+    from ..kernels.source import matching_bracket, strip_comments
+
+    code = strip_comments(source)
+    helpers = set(re.findall(r"__device__\s+[\w\s\*&<>:]*?\b(\w+)\s*\(", code))
+    names = {array} | set(re.findall(rf"\*\s*(?:const\s+|__restrict__\s+)*(\w+)\s*=[^;=]*\b{array}\b", code))
+    for m in re.finditer(r"\b(\w+)\s*\(", code):
+        args = code[m.end():matching_bracket(code, m.end() - 1)] if m.group(1) in helpers else ""
+        if any(re.search(rf"\b{re.escape(p)}\b", args) for p in names):
+            return " ".join(f"{m.group(1)}({args})".split())
+    return None
+
+
+def _loads_of_b(ex: str, source: str, tile: int, reads_a: float) -> None:
+    """Fail a "tiled" kernel that loads B (or C) from global memory more often than a tiled kernel does: every global
+    load of one n x n x n product is counted on the emulator, through any pointer made from B, and A's are taken
+    off."""
+    from ..kernels import KernelCompileError, counts
+
+    n = 4 * tile
+    helper = _handed_to_helper(source, "B")
+    if helper:
+        fail(ex, f"the check counts the loads of B where your kernel reads them, and your kernel hands B to a function "
+             f"of its own, where they cannot be counted: `{helper}`", "read B as B[index] in the kernel itself (a "
+             "__device__ helper may take the loaded value instead of the pointer)")
+
+    def count() -> tuple:
+        total = float(counts.matmul_reads_per_thread(source, "tiled", n)[0].sum())
+        rest = (total - reads_a * n * n) / (n * n)  # loads beyond A's, per element of B
+        if rest <= n / tile + 1e-9:
+            return rest, None
+        try:  # whose loads they are: B's alone, where B is read as B[...]
+            src, name, grid, block, args, _, _ = counts._matmul_launch(source, "tiled", n)
+            return rest, float(counts.loads(src, name, "B", grid, block, args).mean())
+        except (KernelCompileError, ValueError):
+            return rest, None
+
+    rest, reads_b = capture.step("loads of B", count)
+    if rest <= n / tile + 1e-9:
+        return
+    if reads_b is not None and reads_b <= n / tile + 1e-9:
+        fail(ex, f"in a {n} x {n} product your kernel makes {(rest - reads_b) * n * n:,.0f} loads from global memory "
+             f"beyond those of A and B ({rest - reads_b:g} per entry of C): C is read inside the k loop", "a thread "
+             "adds its products in a register of its own and writes its entry of C once, after the last tile")
+    times = reads_b if reads_b is not None else rest
+    inside = times >= n - 1e-9
+    fail(ex, f"in a {n} x {n} product your kernel loads each element of B {times:g} times on average from global memory; "
+         f"a tiled kernel loads it {n} / TILE = {n // tile} times" + (
+             f": B is read from global memory inside the k loop, each element n = {n} times, not n / TILE"
+             if inside else ": B is loaded more than once per tile"),
+         "the inner product must read only the __shared__ tiles, B's as well as A's, and not B itself (nor a pointer "
+         "into B): each thread loads one element of B's tile per step, and every other use of it comes from shared "
+         "memory")
 
 
 @recorded
