@@ -47,8 +47,12 @@ CLAIMS = {
     ],
     "05_cuda_kernels.ipynb": [
         "on a GPU the order is naive < tiled < register-blocked",
-        "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
+        "on the emulator the tiled kernel is slower than the naive one",
+        "on the emulator the register-blocked kernel, with the most work per barrier, is faster than the tiled one",
         "a warp's loads touch 4 sectors in the coalesced copy and 32 in the strided one",
+        "on the emulator the strided copy costs less than the 8x its sectors would on a GPU",
+        "on the emulator the atomics-only sum is faster than the block tree",
+        "on the emulator the library convolution is faster than the fused kernel",
     ],
     "06_mpi_collectives.ipynb": [
         "the tree broadcast needs fewer rounds than the linear one, with the same p - 1 messages",
@@ -102,7 +106,11 @@ MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more
     "copies from pinned memory are faster than from pageable memory", "two streams overlap the copies with the kernels",
     "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",
     "on a GPU the order is naive < tiled < register-blocked",
-    "on the emulator the register-blocked kernel, with the most work per barrier, is the fastest of the three",
+    "on the emulator the tiled kernel is slower than the naive one",
+    "on the emulator the register-blocked kernel, with the most work per barrier, is faster than the tiled one",
+    "on the emulator the strided copy costs less than the 8x its sectors would on a GPU",
+    "on the emulator the atomics-only sum is faster than the block tree",
+    "on the emulator the library convolution is faster than the fused kernel",
 }
 FULL_MNIST = real_data_dir()
 
