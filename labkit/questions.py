@@ -19,8 +19,9 @@ def blank(value) -> bool:
     return value is ... or value is None or (isinstance(value, str) and not value.strip())
 
 
-def compare(predicted, measured, unit: str = "", what: str = "") -> str:
-    """Print the prediction beside the measurement, and how far apart they are; return the line printed.
+def compare(predicted, measured, unit: str = "", what: str = "") -> None:
+    """Print the prediction beside the measurement, and how far apart they are (and return nothing, so that a cell
+    ending in it shows the line once).
 
     Numbers are compared by their ratio; anything else (a choice such as ``"ring"``) by equality, case and
     surrounding blanks ignored. A blank or unreadable prediction is said to be so; this never raises.
@@ -47,7 +48,6 @@ def compare(predicted, measured, unit: str = "", what: str = "") -> str:
         line = (f"{label}your prediction {predicted!r} is a {type(predicted).__name__}, the measurement a "
                 f"{type(measured).__name__} ({_fmt(measured)}{u}): write a {_kind(measured)} in the answer cell.")
     print(line)
-    return line
 
 
 def written(fn) -> bool:
