@@ -1,7 +1,8 @@
 """Lab 05's kernels against wrong answers whose values are right on the emulator. The block and warp reductions:
 atomics per thread or per warp instead of one per block (or warp), a block summed by one thread, lanes collected one
 at a time, and a tree whose steps race between warps (right only in the emulator's order of warps). The tiled matmul:
-B (or C) read from global memory inside the k loop. Each is named by the check."""
+B (or C) read from global memory inside the k loop. The row softmax: rows far below zero, where a max started at a
+constant or an online softmax started from a -inf gives nan. Each is named by the check."""
 
 from __future__ import annotations
 
@@ -168,4 +169,100 @@ def test_tiled_matmul_replays_the_count_of_b(tmp_path, monkeypatch):
     assert plain[0] is False and IN_K_LOOP in plain[1]
     monkeypatch.setattr(common, "_failed_runs", {})
     got = replay.replay("tiled_matmul", tmp_path / "wrong", 41)
+    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
+
+
+# -- the row softmax: rows far below zero ----------------------------------------------------------------------------
+
+# one pass per thread with a running max and a sum rescaled when the max grows, the (max, sum) pairs merged by a tree;
+# started from the row's first element, a -inf there makes expf(-inf - -inf) = nan
+ONLINE_SOFTMAX = r"""extern "C" __global__ void softmax_rows(const float* x, float* y, int rows, int cols)
+{
+    __shared__ float sm[256];
+    __shared__ float sd[256];
+    const float* xr = x + (long long)blockIdx.x * cols;
+    float* yr = y + (long long)blockIdx.x * cols;
+    int t = threadIdx.x;
+    float m = xr[0], d = 0.0f;
+    for (int c = t; c < cols; c += blockDim.x) {
+        float mn = fmaxf(m, xr[c]);
+        d = d * expf(m - mn) + expf(xr[c] - mn);
+        m = mn;
+    }
+    sm[t] = m;
+    sd[t] = d;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+        if (t < h) {
+            float mn = fmaxf(sm[t], sm[t + h]);
+            sd[t] = sd[t] * expf(sm[t] - mn) + sd[t + h] * expf(sm[t + h] - mn);
+            sm[t] = mn;
+        }
+        __syncthreads();
+    }
+    m = sm[0];
+    d = sd[0];
+    for (int c = t; c < cols; c += blockDim.x) yr[c] = expf(xr[c] - m) / d;
+}
+"""
+START = "float m = xr[0];"
+AT_A_CONSTANT = ("the max you subtract is above every value of the row, so every exp is 0 and the sum is 0: a max started "
+                 "at a constant")
+SOFTMAX_WRONG = {
+    "max from -500": (START, "float m = -500.0f;", f"rows=7, cols=1000: row 4, values about -1000, gives 1000 nan in y, "
+                                                   f"while the row of -300 came out right: {AT_A_CONSTANT}"),
+    "max from -200": (START, "float m = -200.0f;", f"row 4, values about -1000, gives 1000 nan in y.*{AT_A_CONSTANT}"),
+    "max from -1e9": (START, "float m = -1e9f;", f"rows=7, cols=1000: row 6, every value -3e38 \\(near float32's lowest, "
+                                                 f"-3.4e38\\), gives 1000 nan in y, where each entry is 1 / 1000, while "
+                                                 f"the row of values about -1000 came out right: {AT_A_CONSTANT}"),
+    "exp before the max": ("sum += expf(xr[c] - m);", "sum += expf(xr[c]) / expf(m);",
+                           "row 1, values of -100, 100 and 1000, gives .* nan in y: exp overflowed. Subtract the row's "
+                           "max before exp"),
+    "online from the first element": (None, None, "rows=7, cols=1000: row 5, -inf in every column but one -1000 "
+                                                  "\\(column \\d+\\), gives 1000 nan in y, where it is 1 in column \\d+ "
+                                                  "and 0 elsewhere, while the row of values about -1000 came out right: "
+                                                  "a -inf minus a -inf is nan"),
+    "online from -500": (None, "float m = -500.0f, d", f"row 4, values about -1000, gives 1000 nan in y.*{AT_A_CONSTANT}"),
+}
+
+
+def _softmax_wrong(kind: str) -> str:
+    old, new, _ = SOFTMAX_WRONG[kind]
+    if kind.startswith("online"):
+        return ONLINE_SOFTMAX if new is None else ONLINE_SOFTMAX.replace("float m = xr[0], d", new)
+    solution = (KDIR / "softmax_rows_solution.cu").read_text()
+    assert old in solution
+    source = solution.replace(old, new)
+    return source.replace("yr[c] = expf(xr[c] - m) / sum;", "yr[c] = expf(xr[c]) / expf(m) / sum;") \
+        if kind == "exp before the max" else source
+
+
+@needs_cxx
+@pytest.mark.parametrize("kind", sorted(SOFTMAX_WRONG))
+def test_row_softmax_names_rows_far_below_zero(kind):
+    with pytest.raises(ExerciseError, match=f"row softmax: .*{SOFTMAX_WRONG[kind][2]}"):
+        check.row_softmax(_softmax_wrong(kind))
+
+
+@needs_cxx
+def test_row_softmax_says_it_tries_rows_far_below_zero_and_passes_a_max_from_below_them(capsys):
+    check.row_softmax((KDIR / "softmax_rows_solution.cu").read_text())
+    check.row_softmax(ONLINE_SOFTMAX.replace("float m = xr[0], d", "float m = -3.4e38f, d"))
+    out = capsys.readouterr().out
+    assert "with rows of large and of equal values and rows far below zero (about -1000; -inf but for one -1000; all " \
+           "-3e38)" in out
+    assert out.count("✔ row softmax: all 9 checks passed") == 2
+
+
+@needs_cxx
+def test_row_softmax_replays_rows_far_below_zero(tmp_path, monkeypatch):
+    from conftest import record_check
+
+    from labkit.check import common
+    from labkit.grading import replay
+
+    plain = record_check(monkeypatch, tmp_path / "wrong", "row_softmax", ONLINE_SOFTMAX, 41)
+    assert plain[0] is False and "a -inf minus a -inf is nan" in plain[1]
+    monkeypatch.setattr(common, "_failed_runs", {})
+    got = replay.replay("row_softmax", tmp_path / "wrong", 41)
     assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]

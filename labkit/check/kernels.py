@@ -476,10 +476,15 @@ SOFTMAX_UNWRITTEN = -1.0  # y's entries before the launch: no softmax is negativ
 def _softmax_rows_of(x: np.ndarray) -> dict[str, list[int]]:
     """The check's rows by kind: a row of +-100 with 1000 in column 0 (the max in thread 0's own column), a row of
     equal values (-300: exp(-300) is 0 in float32), the +-100 row with the 1000 in column 3 (where a max tree
-    without its barriers never looks), and the ordinary rows of N(0, 16) scores."""
+    without its barriers never looks), three rows far below zero (values about -1000; -inf but for one -1000, with
+    -inf in column 0; every value -3e38, near float32's lowest), and the ordinary rows of N(0, 16) scores."""
     rows = x.shape[0]
-    return {"large": [1] if rows > 1 else [], "equal": [2] if rows > 2 else [], "large3": [3] if rows > 3 else [],
-            "ordinary": [r for r in range(rows) if r == 0 or r > 3]}
+    special = {"large": 1, "equal": 2, "large3": 3, "deep": 4, "masked": 5, "lowest": 6}
+    kinds = {kind: [r] if r < rows else [] for kind, r in special.items()}
+    return {**kinds, "ordinary": [r for r in range(rows) if r == 0 or r > 6]}
+
+
+SOFTMAX_LOWEST = -3e38  # the "lowest" row's value: only a max started below it (-3.4e38f) or from the row is right
 
 
 def _softmax_inputs(rng, rows: int, cols: int) -> np.ndarray:
@@ -490,6 +495,13 @@ def _softmax_inputs(rng, rows: int, cols: int) -> np.ndarray:
             x[r, at] = 1000
     if rows > 2:
         x[2] = -300
+    if rows > 4:
+        x[4] -= 1000
+    if rows > 5:
+        x[5] = -np.inf
+        x[5, int(rng.integers(1, cols))] = -1000
+    if rows > 6:
+        x[6] = SOFTMAX_LOWEST
     return x
 
 
@@ -560,6 +572,42 @@ def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: in
                         + ": the max your threads subtract is not the row's max", "every level of the max tree must "
                         "end with __syncthreads(), outside the if: without it thread t reads s[t + h] before the thread "
                         "that owns it has written it")
+        return _softmax_far_below(x, y, want)
+    return None
+
+
+def _softmax_far_below(x: np.ndarray, y: np.ndarray, want: np.ndarray) -> tuple[str, str] | None:
+    """(what, hint) for a softmax that fails only on the rows far below zero: a max started at a constant, or a -inf
+    minus a -inf; None if those rows are right or wrong in another way."""
+    kinds = _softmax_rows_of(x)
+    cols = x.shape[1]
+    right = {kind: all(np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9) for r in rows) for kind, rows in kinds.items()}
+    start = ("start each thread's max from a value no score is below, -3.4e38f, or from an element of the row, "
+             "x[r * cols] (INFINITY and FLT_MAX need headers a GPU's compiler lacks)")
+    for r in kinds["deep"]:
+        if not np.isfinite(y[r]).all():
+            return (f"row {r}, values about -1000, gives {_nonfinite(y[r])} in y" + (
+                ", while the row of -300 came out right" if kinds["equal"] and right["equal"] else "") + ": the max you "
+                "subtract is above every value of the row, so every exp is 0 and the sum is 0: a max started at a "
+                "constant, not at a value the row cannot lie below", start)
+    for r in kinds["masked"]:
+        if not np.isfinite(y[r]).all():
+            j = int(np.argmax(x[r]))
+            return (f"row {r}, -inf in every column but one -1000 (column {j}), gives {_nonfinite(y[r])} in y, where it "
+                    f"is 1 in column {j} and 0 elsewhere" + (", while the row of values about -1000 came out right" if
+                                                             kinds["deep"] and right["deep"] else "") +
+                    ": a -inf minus a -inf is nan. A max still at -inf (the row's first element, -inf here) was "
+                    "subtracted from a -inf: an online softmax that rescales its sum by expf(old max - new max) from "
+                    "the first element does this", "expf(x - max) is safe once max is the row's max, found first by a "
+                    "tree of its own; a running max needs a start that no score is below and that is not -inf, or its "
+                    "rescaling skipped while it is still -inf")
+    for r in kinds["lowest"]:
+        if not np.isfinite(y[r]).all():
+            return (f"row {r}, every value -3e38 (near float32's lowest, -3.4e38), gives "
+                    f"{_nonfinite(y[r])} in y, where each entry is 1 / {cols}" + (
+                        ", while the row of values about -1000 came out right" if kinds["deep"] and right["deep"] else "")
+                    + ": the max you subtract is above every value of the row, so every exp is 0 and the sum is 0: a "
+                    "max started at a constant (such as -1e9), not at a value the row cannot lie below", start)
     return None
 
 
@@ -585,9 +633,9 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
 
     ex = "row softmax"
     source = capture.source(source)
-    print(f"{ex}: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values, against NumPy to a "
-          f"relative 1e-5; then, counted in a (2, 1024) softmax, the loads of each thread and the sectors of each warp's "
-          "loads")
+    print(f"{ex}: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values and rows far below "
+          "zero (about -1000; -inf but for one -1000; all -3e38), against NumPy to a relative 1e-5; then, counted in a "
+          "(2, 1024) softmax, the loads of each thread and the sectors of each warp's loads")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "the block shares its max and its sum through a __shared__ array of 256 floats, a tree as in "
                       "exercise 3",
@@ -596,7 +644,7 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
     rng = np.random.default_rng(capture.seed(4))
     drawn = (int(rng.integers(2, 7)), int(rng.integers(300, 3000)))
     checks = 0
-    for rows, cols in [(1, 1), (3, 5), (4, threads), (2, threads + 1), (5, 1000), (1, 4097), drawn]:
+    for rows, cols in [(1, 1), (3, 5), (4, threads), (2, threads + 1), (7, 1000), (1, 4097), drawn]:
         x = _softmax_inputs(rng, rows, cols)
         y = np.full((rows, cols), SOFTMAX_UNWRITTEN, np.float32)
         what = f"rows={rows}, cols={cols}"
