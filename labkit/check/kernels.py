@@ -573,7 +573,6 @@ def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: in
                         "end with __syncthreads(), outside the if: without it thread t reads s[t + h] before the thread "
                         "that owns it has written it")
         return _softmax_far_below(x, y, want)
-    return None
 
 
 def _softmax_far_below(x: np.ndarray, y: np.ndarray, want: np.ndarray) -> tuple[str, str] | None:
@@ -596,11 +595,11 @@ def _softmax_far_below(x: np.ndarray, y: np.ndarray, want: np.ndarray) -> tuple[
             return (f"row {r}, -inf in every column but one -1000 (column {j}), gives {_nonfinite(y[r])} in y, where it "
                     f"is 1 in column {j} and 0 elsewhere" + (", while the row of values about -1000 came out right" if
                                                              kinds["deep"] and right["deep"] else "") +
-                    ": a -inf minus a -inf is nan. A max still at -inf (the row's first element, -inf here) was "
-                    "subtracted from a -inf: an online softmax that rescales its sum by expf(old max - new max) from "
-                    "the first element does this", "expf(x - max) is safe once max is the row's max, found first by a "
-                    "tree of its own; a running max needs a start that no score is below and that is not -inf, or its "
-                    "rescaling skipped while it is still -inf")
+                    ": a -inf minus a -inf is nan. A max still at -inf (the row's first element, -inf here, or a start "
+                    "of -inf) was subtracted from a -inf: an online softmax that rescales its sum by expf(old max - "
+                    "new max) from the first element does this", "expf(x - max) is safe once max is the row's max, "
+                    "found first by a tree of its own; a running max needs a start that no score is below and that is "
+                    "not -inf, or its rescaling skipped while it is still -inf")
     for r in kinds["lowest"]:
         if not np.isfinite(y[r]).all():
             return (f"row {r}, every value -3e38 (near float32's lowest, -3.4e38), gives "
