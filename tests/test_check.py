@@ -162,9 +162,9 @@ def reduction_solution():
 def test_tiled_matmul_solution_passes(tiled_solution, capsys):
     check.tiled_matmul(tiled_solution)
     out = capsys.readouterr().out
-    assert out.startswith("tiled matmul: C on 5 sizes, then how often each element of A is loaded from global memory in "
-                          "one product of 64 x 64 matrices (a tiled kernel: 64 / TILE = 4 times)")
-    assert "all 6 checks passed" in out
+    assert out.startswith("tiled matmul: C on 5 sizes, then how often each element of A and each of B is loaded from "
+                          "global memory in one product of 64 x 64 matrices (a tiled kernel: 64 / TILE = 4 times)")
+    assert "all 7 checks passed" in out
 
 
 @needs_cxx
@@ -201,7 +201,7 @@ def test_tiled_matmul_without_shared_memory_is_the_naive_kernel():
 @needs_cxx
 def test_tiled_matmul_with_another_tile_size_passes(tiled_solution, capsys):
     check.tiled_matmul(tiled_solution.replace("#define TILE 16", "#define TILE 8"))
-    assert "all 6 checks passed" in capsys.readouterr().out
+    assert "all 7 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx
