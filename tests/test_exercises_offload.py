@@ -58,12 +58,29 @@ def right_stream_time(copy, kernel, streams):
     return float(kernel_end[-1])
 
 
+def right_batch_step(xp, params, x, Y, lr):
+    acts = [x]
+    for W, b in params:
+        acts.append(1 / (1 + xp.exp(-(acts[-1] @ W.T + b))))
+    a = acts[-1]
+    delta = (a - Y) * a * (1 - a) / len(x)
+    grads = []
+    for i in range(len(params) - 1, -1, -1):
+        grads.insert(0, (delta.T @ acts[i], delta.sum(axis=0)))
+        if i:
+            delta = delta @ params[i][0] * acts[i] * (1 - acts[i])
+    for (W, b), (gW, gb) in zip(params, grads):
+        W -= lr * gW
+        b -= lr * gb
+    return float(((a - Y) ** 2).sum()) / 2 / len(x)
+
+
 def blank(*args):
     raise NotImplementedError
 
 
 RIGHT = {"device_backward": right_backward, "offload_time": right_time, "offload_crossover": right_crossover,
-         "stream_time": right_stream_time}
+         "stream_time": right_stream_time, "batch_step": right_batch_step}
 
 
 @pytest.mark.parametrize("name", sorted(RIGHT))
@@ -79,7 +96,7 @@ def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
     assert "Step" not in str(e.value)
 
 
-def test_the_four_exercises_are_lab_04s_with_hints():
+def test_the_five_exercises_are_lab_04s_with_hints():
     assert sorted(e.name for e in in_lab("04")) == sorted(RIGHT)
     for e in in_lab("04"):
         assert len(e.hints) >= 4 and e.module == "offload" and e.references
@@ -370,13 +387,95 @@ def test_the_stream_mistakes_are_told_apart_from_the_right_time():
     assert streams.stream_time(c, k, 2) > _free_copies(c, k), "the buffer rule holds a copy back"
 
 
+# ---- exercise 4: one step on a whole batch, on xp --------------------------------------------------------------------
+
+
+def step_with(outer="right", mean="right", bias="right", back="right", prime="right", early=False, update="in place",
+              loop=False, sigmoid=None):
+    """A batched SGD step with one mistake (or none)."""
+    def fn(xp, params, x, Y, lr):
+        sig = sigmoid or (lambda z: 1 / (1 + xp.exp(-z)))
+        acts = [x]
+        for W, b in params:
+            acts.append(sig(acts[-1] @ W.T + b))
+        n, a = len(x), acts[-1]
+        delta = (a - Y) * a * (1 - a) / {"right": n, "sum": 1, "twice": n * n}[mean]
+        grads = [None] * len(params)
+        for i in range(len(params) - 1, -1, -1):
+            if loop:
+                gW = xp.zeros_like(params[i][0])
+                for k in range(n):
+                    gW += xp.outer(delta[k], acts[i][k])
+            else:
+                gW = acts[i].T @ delta if outer == "transposed" else delta.T @ acts[i]
+            gb = delta.sum(axis=1 if bias == "neurons" else 0)
+            grads[i] = (gW, gb)
+            if early:
+                params[i][0][...] -= lr * gW
+            if i:
+                sent = delta @ params[i][0].T if back == "WT" else delta @ params[i][0]
+                p = acts[i + 1] if prime == "next" else acts[i]
+                delta = sent if prime == "none" else sent * p * (1 - p)
+        for j, ((W, b), (gW, gb)) in enumerate(zip(params, grads)):
+            if update == "new":
+                W, b = W - lr * gW, b - lr * gb
+                continue
+            if update == "replace":
+                params[j] = (W - lr * gW, b - lr * gb)
+                continue
+            elif not early:
+                W -= lr * gW
+            if bias != "none":
+                b -= lr * gb
+        return float(((a - Y) ** 2).sum()) / 2 / n
+    return fn
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (step_with(outer="transposed"), r"a batch of 4 .*layer 1 \(the output layer\), dW: dW is transposed"),
+    (step_with(mean="sum"), r"layer 1 \(the output layer\), dW: your gradients are B times too large"),
+    (step_with(mean="twice"), r"your gradients are B times too small: you divided by B twice"),
+    (step_with(bias="neurons"), r"a batch of 4 .*db: db summed delta over the neurons \(axis 1\)"),
+    (step_with(bias="none"), r"db: b was not updated"),
+    (step_with(back="WT"), r"layer 0 .*dW: delta went back as delta W\^T"),
+    (step_with(prime="none"), r"layer 0 .*the error sent back lost sigma'\(z\)"),
+    (step_with(prime="next"), r"layer 0 .*sigma'\(z\) of the wrong layer: the error sent back to acts\[1\]"),
+    (step_with(early=True), r"layer 0 .*you updated layer 1's weights before sending delta back through them"),
+    (step_with(update="new"), r"the weights did not change: W = W - lr \* dW makes a new array"),
+    (step_with(update="replace"), r"you replaced the entries of params with new arrays"),
+    (step_with(loop=True), r"made \d+ array operations for a batch of 2 and \d+ for a batch of 8: a loop over the samples"),
+    (step_with(sigmoid=mlp.sigmoid), r"np.tanh was called on xp's arrays: your function calls NumPy directly where it "
+                                     r"should call xp \(labkit's mlp.sigmoid"),
+    (lambda xp, params, x, Y, lr: right_batch_step(xp, params, x, Y, lr) * 2, r"your loss is .*: twice it"),
+    (lambda xp, params, x, Y, lr: right_batch_step(xp, params, x, Y, lr) * len(x), r"a batch of 4 .*4 times it; the "
+                                                                                 "cost is the mean"),
+    (lambda xp, params, x, Y, lr: (right_batch_step(xp, params, x, Y, lr), None), r"a number; got tuple"),
+    (lambda xp, params, x, Y, lr: right_batch_step(xp, params, x * 1, Y.__imul__(1), lr) and x.__imul__(2),
+     "changed x or Y"),
+])
+def test_batch_step_mistakes_are_named(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        check.batch_step(wrong)
+
+
+def test_batch_step_accepts_a_loss_left_as_a_0d_array(capsys):
+    """CuPy's sums are 0-d arrays: a loss returned as one is a number too."""
+    def variant(xp, params, x, Y, lr):
+        loss = right_batch_step(xp, params, x, Y, lr)
+        return xp.asarray(loss)
+
+    check.batch_step(variant)
+    assert "✔ batch step on xp: all 7 checks passed" in capsys.readouterr().out
+
+
 # ---- the hints: one more after each failed run -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, wrong", [("device_backward", backward_with(prime="next")),
                                          ("offload_time", time_with(flops=1)),
                                          ("offload_crossover", crossover_with(reduce="mean")),
-                                         ("stream_time", stream_time_with(two="sum"))])
+                                         ("stream_time", stream_time_with(two="sum")),
+                                         ("batch_step", step_with(mean="sum"))])
 def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
     hints = next(e.hints for e in in_lab("04") if e.name == name)
     seen = []
@@ -397,7 +496,8 @@ def test_the_hints_come_one_more_after_each_failed_run(name, wrong):
 # ---- the grader's replay ---------------------------------------------------------------------------------------------
 
 WRONG = {"device_backward": backward_with(outer="transposed"), "offload_time": time_with(bytes_per=1),
-         "offload_crossover": crossover_with(none="last"), "stream_time": stream_time_with(two="free")}
+         "offload_crossover": crossover_with(none="last"), "stream_time": stream_time_with(two="free"),
+         "batch_step": step_with(outer="transposed")}
 SEED = 4343
 
 
@@ -430,7 +530,8 @@ def test_the_replay_names_numpy_called_where_xp_is_given(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, reference", [("device_backward", offload.backward), ("offload_time", offload.offload_time),
                                              ("offload_crossover", offload.offload_crossover),
-                                             ("stream_time", streams.stream_time)])
+                                             ("stream_time", streams.stream_time),
+                                             ("batch_step", offload.batch_step)])
 def test_labkits_own_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
     from labkit.grading import replay
 

@@ -119,8 +119,12 @@ class XPArray:
         return f"xp.array({self.a!r})"
 
 
+_OPS = [0]  # array operations done on FOREIGN_XP: a loop over the samples makes more of them for a larger batch
+
+
 def _xp_operator(name: str):
     def op(self, *others):
+        _OPS[0] += 1
         result = getattr(self.a, name)(*_xp_plain(others, name))
         return self if result is self.a else _xp_wrap(result)  # an in-place operator returns the array itself
 
@@ -166,6 +170,7 @@ class _ForeignModule:
         value = getattr(np, name)
         if isinstance(value, type) or not callable(value):
             return value  # dtypes (xp.float32), constants (xp.newaxis, xp.pi)
+        _OPS[0] += 1
         if name in ("asarray", "array", "ascontiguousarray"):
             return lambda a, *args, **kwargs: XPArray(value(a.a if isinstance(a, XPArray) else a, *args, **kwargs))
         return lambda *args, **kwargs: _xp_wrap(value(*_xp_plain(args, name), **_xp_plain(kwargs, name)))
@@ -190,14 +195,7 @@ def _on_foreign_xp(fn, Ws, acts, delta) -> dict:
 def _judge_foreign_xp(ex: str, where: str, seen: dict, Ws, acts, delta, dtype) -> None:
     """Fail where the run on an array module that is not NumPy reached for NumPy, or came out otherwise than on
     NumPy."""
-    why = "a module like CuPy, whose arrays live on a GPU, cannot take them: use xp for every product and every new array"
-    if seen.get("raised") == NumPyOnXP.__name__:
-        fail(ex, f"{where}, with xp an array module that is not NumPy: {seen['message']}: your function calls NumPy "
-                 f"directly where it should call xp; {why}")
-    if "raised" in seen:
-        fail(ex, f"{where}: your function passed with xp = numpy but raised {seen['raised']}: {seen['message']} with xp "
-                 "an array module that is not NumPy (NumPy's functions under the same names)",
-             "use only what NumPy and CuPy both have: xp's functions, the arrays' methods and operators")
+    why = _foreign_raised(ex, where, seen)
     kinds = seen.get("kinds", [])
     numpy = [i for i, k in enumerate(kinds) if k == "numpy"]
     if numpy:
@@ -208,6 +206,20 @@ def _judge_foreign_xp(ex: str, where: str, seen: dict, Ws, acts, delta, dtype) -
         fail(ex, f"{where}, with xp an array module that is not NumPy: expected a list of xp's arrays, got "
                  f"{seen.get('returned') or ', '.join(other)}")
     _compare_backward(ex, f"{where}, with xp an array module that is not NumPy", seen["arrays"], Ws, acts, delta, dtype)
+
+
+def _foreign_raised(ex: str, where: str, seen: dict) -> str:
+    """Fail where the run on :data:`FOREIGN_XP` raised: NumPy called on xp's arrays, or anything else; else the why."""
+    why = "a module like CuPy, whose arrays live on a GPU, cannot take them: use xp for every product and every new array"
+    if seen.get("raised") == NumPyOnXP.__name__:
+        sigmoid = " (labkit's mlp.sigmoid, too, calls NumPy on arrays it does not know)" if "np.tanh" in seen["message"] else ""
+        fail(ex, f"{where}, with xp an array module that is not NumPy: {seen['message']}: your function calls NumPy "
+                 f"directly where it should call xp{sigmoid}; {why}")
+    if "raised" in seen:
+        fail(ex, f"{where}: your function passed with xp = numpy but raised {seen['raised']}: {seen['message']} with xp "
+                 "an array module that is not NumPy (NumPy's functions under the same names)",
+             "use only what NumPy and CuPy both have: xp's functions, the arrays' methods and operators")
+    return why
 
 
 @recorded
@@ -573,6 +585,168 @@ def _stream_seconds(ex, where, got) -> float:
         fail(ex, f"{where}: expected a number of seconds, got {type(got).__name__}")
 
 
+# ---- 4. one step on a whole batch, on xp -----------------------------------------------------------------------------
+
+# (layer sizes, batch, dtype): everything 4 wide and a batch of 4 first, so that no transposed product or summed axis
+# can hide behind a shape error; then every size different, one layer and one sample, and lab 04's sizes in float32
+_STEP_CASES = (([4, 4, 4], 4, np.float64), ([7, 6, 5, 3], 8, np.float64), ([3, 2], 1, np.float64),
+               ([784, 100, 10], 16, np.float32))
+_STEP_LR = 0.5
+
+_STEP_MISTAKES = (
+    (dict(outer="transposed"), "dW is transposed: with one sample per row, the B outer products delta_k a_k^T summed "
+                               "are delta^T A_in, of W's shape (n_out, n_in)"),
+    (dict(mean="sum"), "your gradients are B times too large: the B outer products summed are the gradient of the "
+                       "batch's total cost; the cost is its mean, so divide by B once"),
+    (dict(mean="twice"), "your gradients are B times too small: you divided by B twice (once in delta, once more in "
+                         "dW or db); the mean's 1/B belongs in once"),
+    (dict(bias="neurons"), "db summed delta over the neurons (axis 1), not over the batch: one value per neuron, the sum "
+                           "of delta's rows (axis 0)"),
+    (dict(bias="none"), "b was not updated: db is the sum of delta's rows, divided by B, and b -= lr db"),
+    (dict(back="WT"), "delta went back as delta W^T: with one sample per row, each row delta_k^T becomes "
+                      "(W^T delta_k)^T = delta_k^T W, so the batch's error goes back as delta @ W"),
+    (dict(prime="none"), "the error sent back lost sigma'(z): it must pass back through the sigmoid as well as "
+                         "through the weights"),
+    (dict(prime="next"), "you multiplied by sigma'(z) of the wrong layer: the error sent back to acts[{i}] passes "
+                         "through the sigmoid that produced acts[{i}], not through the one above it"),
+    (dict(early=True), "you updated layer {up}'s weights before sending delta back through them: the error goes back "
+                       "through the weights the forward pass used, so update once every gradient is computed"),
+)
+
+
+def _step_variant(params, x, Y, outer="right", mean="right", bias="right", back="right", prime="right", early=False):
+    """The gradients of one step with one mistake (or none), from copies of ``params``: None where a shape stops it."""
+    params = [(W.copy(), b.copy()) for W, b in params]
+    acts = [x]
+    for W, b in params:
+        acts.append(mlp.sigmoid(acts[-1] @ W.T + b))
+    n, a = x.shape[0], acts[-1]
+    delta = (a - Y) * a * (1 - a) / {"right": n, "sum": 1, "twice": n * n}[mean]
+    grads = [None] * len(params)
+    try:
+        for i in range(len(params) - 1, -1, -1):
+            W = params[i][0]
+            gW = acts[i].T @ delta if outer == "transposed" else delta.T @ acts[i]
+            gb = 0 * params[i][1] if bias == "none" else delta.sum(axis=1 if bias == "neurons" else 0)
+            grads[i] = (gW, gb)
+            if early:
+                W -= _STEP_LR * gW
+            if i:
+                sent = delta @ W.T if back == "WT" else delta @ W
+                p = acts[i + 1] if prime == "next" else acts[i]
+                delta = sent if prime == "none" else sent * p * (1 - p)
+    except ValueError:  # shapes that do not fit: this mistake cannot be made on these sizes
+        pass
+    return grads
+
+
+def _step_inputs(rng, sizes, n, dtype):
+    """Weights and biases, a batch (n, n_in) and its one-hot targets, of ``dtype``."""
+    params = [((rng.standard_normal((n_out, n_in)) * 2 / np.sqrt(n_in)).astype(dtype),
+               rng.standard_normal(n_out).astype(dtype)) for n_in, n_out in zip(sizes, sizes[1:])]
+    x = rng.random((n, sizes[0])).astype(dtype)
+    Y = np.eye(sizes[-1], dtype=dtype)[rng.integers(0, sizes[-1], n)]
+    return params, x, Y
+
+
+def _on_foreign_step(fn, params, x, Y) -> dict:
+    """``fn`` run on :data:`FOREIGN_XP` with copies of the arrays: what it raised, or its loss, the weights after the
+    step and the array operations it made."""
+    d_params = [(XPArray(W.copy()), XPArray(b.copy())) for W, b in params]
+    _OPS[0] = 0
+    try:
+        loss = fn(FOREIGN_XP, d_params, XPArray(x.copy()), XPArray(Y.copy()), _STEP_LR)
+    except Exception as e:  # noqa: BLE001 - the student's code: what it raised is judged by the check
+        return {"raised": type(e).__name__, "message": str(e)}
+    if isinstance(loss, XPArray) and loss.a.ndim == 0:
+        loss = loss.a[()]
+    return {"ops": _OPS[0], "loss": float(loss) if isinstance(loss, numbers.Real) else type(loss).__name__,
+            "params": [[p.a if isinstance(p, XPArray) else None for p in layer] for layer in d_params]}
+
+
+@recorded
+def batch_step(fn) -> None:
+    """Exercise (lab 04): ``fn(xp, params, x, Y, lr) -> loss``, one SGD step of the mean quadratic cost on a batch
+    (one sample per row, sigmoid layers) on the array module ``xp``, updating ``params`` in place. Checked with
+    xp = numpy against :func:`labkit.kernels.offload.batch_step` on five networks and batches (all sizes 4, all
+    different, one layer and one sample, [784, 100, 10] with 16 samples in float32, one drawn afresh), relative 1e-7
+    (1e-4 in float32); then on an array module that is not NumPy, at two batch sizes, whose operations must not grow
+    with the batch (no loop over the samples)."""
+    ex = "batch step on xp"
+    student, fn = fn, capture.student(fn, ex=ex)
+    rng = np.random.default_rng(capture.seed(44))
+    drawn = ([int(v) for v in rng.integers(2, 9, int(rng.integers(2, 5)))], int(rng.integers(2, 12)), np.float64)
+    for sizes, n, dtype in (*_STEP_CASES, drawn):
+        params, x, Y = _step_inputs(rng, sizes, n, dtype)
+        where = f"sizes {sizes}, a batch of {n} ({np.dtype(dtype)})"
+        kept, data = list(params), (x.copy(), Y.copy())
+        before = [a.copy() for layer in params for a in layer]
+        loss = call(ex, fn, np, params, x, Y, _STEP_LR, where=where)
+        if not (np.array_equal(x, data[0]) and np.array_equal(Y, data[1])):
+            fail(ex, f"{where}: your function changed x or Y", "compute new arrays from x and Y; change only params")
+        same = len(params) == len(kept) and all(p is q for p, q in zip(params, kept))
+        _judge_step(ex, where, loss, [a for layer in kept for a in layer] if same else None, before, x, Y, dtype)
+    sizes, dtype = _STEP_CASES[1][0], np.float64  # once more, on an array module that is not NumPy, at two batch sizes
+    runs = {}
+    for n in (2, 8):
+        params, x, Y = _step_inputs(np.random.default_rng(capture.seed(45) + n), sizes, n, dtype)
+        seen = capture.step("foreign xp", lambda p=params, x=x, Y=Y: _on_foreign_step(student, p, x, Y),
+                            key=capture.digest((params, x, Y), {}))
+        where = f"sizes {sizes}, a batch of {n} ({np.dtype(dtype)})"
+        why = _foreign_raised(ex, where, seen)
+        got = [a for layer in seen["params"] for a in layer]
+        if any(a is None for a in got):
+            fail(ex, f"{where}, with xp an array module that is not NumPy: your function put arrays into params that are "
+                 f"not xp's; {why}")
+        _judge_step(ex, f"{where}, with xp an array module that is not NumPy", seen["loss"], got,
+                    [a for layer in params for a in layer], x, Y, dtype)
+        runs[n] = seen["ops"]
+    if runs[8] > runs[2]:
+        fail(ex, f"sizes {sizes}: your function made {runs[2]} array operations for a batch of 2 and {runs[8]} for a "
+             "batch of 8: a loop over the samples. The point of the batch is one matrix product per layer for all of "
+             "them: a loop launches B small kernels where one large one would do", "")
+    passed(ex, len(_STEP_CASES) + 3)
+
+
+def _judge_step(ex, where, loss, after, before, x, Y, dtype) -> None:
+    """The loss, then each layer's update from the output back: the first wrong one and the mistake it matches."""
+    start = [(before[2 * i], before[2 * i + 1]) for i in range(len(before) // 2)]
+    want_loss = offload.batch_step(np, [(W.copy(), b.copy()) for W, b in start], x, Y, _STEP_LR)
+    if isinstance(loss, np.ndarray) and loss.ndim == 0:
+        loss = loss[()]
+    if not isinstance(loss, numbers.Real) or isinstance(loss, bool):
+        fail(ex, f"{where}: expected the batch's mean cost before the step, a number; got {type(loss).__name__}"
+             + (f" {loss!r}"[:80] if isinstance(loss, str) else ""))
+    if not np.isclose(loss, want_loss, rtol=1e-4 if dtype == np.float32 else 1e-7, atol=0):
+        ratio, n = loss / want_loss, x.shape[0]
+        fail(ex, f"{where}: your loss is {loss:.6g}, expected {want_loss:.6g}"
+             + (": twice it; a sample's cost is 1/2 |a - y|^2" if np.isclose(ratio, 2) else "")
+             + (f": {n} times it; the cost is the mean over the batch, not the sum" if n > 1 and np.isclose(ratio, n)
+                else ""))
+    if after is None:
+        fail(ex, f"{where}: you replaced the entries of params with new arrays: the caller's weights stay as they were. "
+             "Update the arrays themselves, in place (W -= lr * dW), so the weights stay on the device")
+    if all(np.array_equal(a, b) for a, b in zip(after, before)):
+        fail(ex, f"{where}: the weights did not change: W = W - lr * dW makes a new array and leaves the caller's as it "
+             "was; update in place (W -= lr * dW)")
+    L, want = len(start), _step_variant(start, x, Y)
+    got = [((start[i][0] - after[2 * i]) / _STEP_LR, (start[i][1] - after[2 * i + 1]) / _STEP_LR) for i in range(L)]
+    for i in range(L - 1, -1, -1):
+        layer = f"{where}, layer {i} " + ("(the output layer)" if i == L - 1 else "(counting from 0 at the input)")
+        for k, part in enumerate(("W", "b")):
+            g = np.asarray(got[i][k], dtype=float)
+            if _close(g, want[i][k], dtype):
+                continue
+            for kw, why in _STEP_MISTAKES:
+                wrong = _step_variant(start, x, Y, **kw)[i]
+                if wrong is not None and np.shape(wrong[k]) == g.shape and not _close(wrong[k], want[i][k], dtype) \
+                        and _close(g, wrong[k], dtype):
+                    fail(ex, f"{layer}, d{part}: {why.format(i=i + 1, up=i + 1)}")
+            err = float(np.abs(g - want[i][k]).max())
+            fail(ex, f"{layer}: the step changed {part} by lr times a gradient that differs from the reference by up to "
+                 f"{err:.3g}" + (", and the layers above it are right" if i < L - 1 else ""))
+
+
 EXERCISES = (
     Exercise("device_backward", "04", "offload",
              references=("labkit.kernels.offload:backward", "labkit.mlp:backprop_one", "labkit.mlp:_sample_backward"),
@@ -587,6 +761,22 @@ EXERCISES = (
                  "entry by entry, by that sigmoid's derivative, which you can compute from its output a as a (1 - a).",
                  "Layer 0 needs no error sent back (its input is the data). Write the products with xp.dot or @, and "
                  "make any new array with xp, so the same lines run on CuPy arrays.",
+             )),
+    Exercise("batch_step", "04", "offload",
+             references=("labkit.kernels.offload:batch_step", "labkit.mlp:loss_and_grads",
+                         "labkit.mlp:loss_and_grads_unchecked", "labkit.mlp:backprop", "labkit.mlp:layer_backward"),
+             hints=(
+                 "Stack the batch: row k of acts[i] is sample k's activation a_k^T, row k of delta its error delta_k^T. "
+                 "The forward pass is then one product per layer for every sample: Z = A_in W^T + b, A = sigmoid(Z).",
+                 "The mean cost's gradient is the mean of the samples' gradients: (1/B) times the sum over k of "
+                 "exercise 1's delta_k a_k^T. Write that sum of B outer products as one product of delta and acts[i]: "
+                 "which one must be transposed to give (n_out, n_in)?",
+                 "The bias gradient is the sum of the samples' delta_k: a sum over the batch's axis. Put the 1/B in "
+                 "once, in the output layer's delta, and every layer below inherits it.",
+                 "Sending the error back: sample k needs W^T delta_k, a column; as a row that is delta_k^T W, so the "
+                 "whole batch goes back as one product of delta and W. Then multiply by a (1 - a) of acts[i].",
+                 "Update only when every layer's gradients are computed (the error goes back through the weights the "
+                 "forward pass used), and in place: W -= lr * dW changes the caller's array, W = W - ... does not.",
              )),
     Exercise("offload_time", "04", "offload", references=("labkit.kernels.offload:offload_time",), hints=(
         "List what crosses the link in one offloaded W^T delta: which arrays go to the device, which comes back. "

@@ -364,3 +364,50 @@ def batch_step_times(width: int, x, y, repeat: int = 3, n_out: int = 10) -> dict
             "host, vectorised": mlp.loss_and_grads,
             f"device, batched ({backend()})": lambda _p, xb, yb, **kw: net.loss_and_grads(xb, yb)}
     return {k: time_per_batch(fn, p, x, y, repeat=repeat, cost="cross_entropy") for k, fn in ways.items()}
+
+
+def batch_step(xp, params, x, Y, lr: float) -> float:
+    """One SGD step on a whole batch, on the array module ``xp``: the forward pass, the gradients of the mean quadratic
+    cost (sigmoid layers) and ``W -= lr dW``, ``b -= lr db`` in place, so the weights stay where they are. ``params``
+    is [(W (n_out, n_in), b (n_out,)), ...], ``x`` (B, n_in) one sample per row, ``Y`` (B, n_out) one-hot. Returns the
+    batch's mean cost before the step. Lab 04's fourth exercise: exercise 1's B outer products summed as one product."""
+    acts = [x]
+    for W, b in params:
+        acts.append(1 / (1 + xp.exp(-(acts[-1] @ W.T + b))))
+    n, a = x.shape[0], acts[-1]
+    loss = float(((a - Y) ** 2).sum()) / (2 * n)
+    delta = (a - Y) * a * (1 - a) / n
+    grads = [None] * len(params)
+    for i in range(len(params) - 1, -1, -1):
+        grads[i] = (delta.T @ acts[i], delta.sum(axis=0))
+        if i:
+            delta = (delta @ params[i][0]) * acts[i] * (1 - acts[i])
+    for (W, b), (gW, gb) in zip(params, grads):
+        W -= lr * gW
+        b -= lr * gb
+    return loss
+
+
+def batch_against_samples(step, backward_one, params, x, Y, lr: float, repeat: int = 3) -> dict[str, float]:
+    """Median seconds of one batch's forward pass and weight gradients on ``get_xp()`` (CuPy on a GPU, else NumPy),
+    two ways: ``backward_one`` (lab 04's first exercise) once per sample, and ``step`` (its fourth) once on the batch,
+    the SGD update included. The weights and the batch are copied there first; each call is timed until it ends."""
+    from ..bench import measure
+    from ..device import get_xp
+
+    xp = get_xp()
+    sync = None if xp is np else xp.cuda.get_current_stream().synchronize
+    d_params = [(xp.asarray(W), xp.asarray(b)) for W, b in params]
+    d_x, d_Y = xp.asarray(x), xp.asarray(Y)
+
+    def per_sample():
+        for k in range(x.shape[0]):
+            acts = [d_x[k][:, None]]
+            for W, b in d_params:
+                acts.append(1 / (1 + xp.exp(-(W @ acts[-1] + b[:, None]))))
+            a = acts[-1]
+            backward_one(xp, [W for W, _ in d_params], acts, (a - d_Y[k][:, None]) * a * (1 - a))
+
+    return {"per sample (exercise 1)": measure(per_sample, repeat=repeat, warmup=1, sync=sync).median,
+            "batched (exercise 4)": measure(lambda: step(xp, d_params, d_x, d_Y, lr), repeat=repeat, warmup=1,
+                                            sync=sync).median}
