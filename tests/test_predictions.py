@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # why each of these predictions has one answer in every run: an exact count, a formula, or a seeded computation
 EXACT = {
-    "04-stream-gain": "compared with exercise 4's model of 8 equal batches, exact",
+    "04-stream-gain": "compared with exercise 5's model of 8 equal batches, exact",
     "05-reads-of-A": "the emulator's exact load counts",
     "05-bank-conflicts": "the emulator's exact bank-conflict counts",
     "05-softmax-overflow": "float32 arithmetic: inf and nan in every run",
