@@ -294,7 +294,7 @@ def _loads_of_b(ex: str, source: str, tile: int, reads_a: float) -> None:
         if rest <= n / tile + 1e-9:
             return rest, None
         try:  # whose loads they are: B's alone, where B is read as B[...]
-            src, name, grid, block, args, _, _ = counts._matmul_launch(source, "tiled", n)
+            src, name, grid, block, args, _, _ = counts.matmul_launch(source, "tiled", n)
             return rest, float(counts.loads(src, name, "B", grid, block, args).mean())
         except (KernelCompileError, ValueError):
             return rest, None

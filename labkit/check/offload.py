@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from .. import mlp
+from ..errors import LabkitError
 from ..kernels import offload, streams
 from . import capture
 from .common import call, fail, passed, recorded
@@ -74,7 +75,7 @@ def _close(a, b, dtype) -> bool:
 
 # ---- an array module that is not NumPy ---------------------------------------------------------------------------------
 
-class NumPyOnXP(Exception):
+class NumPyOnXP(LabkitError):
     """NumPy was handed an array of :data:`FOREIGN_XP`, as CuPy's arrays on a GPU refuse to be."""
 
 

@@ -306,22 +306,22 @@ def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], run
 # block never zeroed is wrong every time here, not only now and then. Every allocation of theirs is kept with its line
 # until it is freed (labkit_leaked), and add_sample notes the size of the team it ran in (labkit_team).
 DIRTY_MALLOC = r"""#line 1 "labkit-check.h"
-#define LABKIT_LIVE 8192
-static struct { void* p; int line; } labkit_live_[LABKIT_LIVE];
+#define TRACKED_MAX 8192
+static struct { void* p; int line; } labkit_live_[TRACKED_MAX];
 static int labkit_live_lock_, labkit_team_most_, labkit_team_least_ = 1 << 30;
 static void labkit_note_(void* p, void* gone, int line)
 {
     while (__atomic_test_and_set(&labkit_live_lock_, __ATOMIC_ACQUIRE)) {}
-    for (int i = 0; gone && i < LABKIT_LIVE; ++i)
+    for (int i = 0; gone && i < TRACKED_MAX; ++i)
         if (labkit_live_[i].p == gone) { labkit_live_[i].p = 0; break; }
-    for (int i = 0; p && i < LABKIT_LIVE; ++i)
+    for (int i = 0; p && i < TRACKED_MAX; ++i)
         if (!labkit_live_[i].p) { labkit_live_[i].p = p; labkit_live_[i].line = line; break; }
     __atomic_clear(&labkit_live_lock_, __ATOMIC_RELEASE);
 }
 int labkit_leaked(int* lines, int room)
 {
     int n = 0;
-    for (int i = 0; i < LABKIT_LIVE; ++i)
+    for (int i = 0; i < TRACKED_MAX; ++i)
         if (labkit_live_[i].p) { if (n < room) lines[n] = labkit_live_[i].line; ++n; labkit_live_[i].p = 0; }
     return n;
 }

@@ -71,7 +71,7 @@ def loads(source: str, name: str, array: str, grid, block, args, shared_mem: int
     return counts.reshape(target.shape)
 
 
-def _matmul_launch(source: str | None, variant: str, n: int):
+def matmul_launch(source: str | None, variant: str, n: int):
     """(source, kernel, grid, block, args, whose, tile) of an n x n x n product by ``variant``: the student's kernel
     where it is written, else labkit's (whose own signature has two more flags)."""
     from .matmul import TILE
@@ -93,7 +93,7 @@ def _matmul_launch(source: str | None, variant: str, n: int):
 def matmul_reads_per_thread(source: str | None, variant: str, n: int = 64) -> tuple[np.ndarray, str]:
     """(an n x n map over C: how many values the thread computing each entry loads from global memory, whose kernel)
     for an n x n x n product by ``variant`` ("naive" or "tiled"), yours where written, as for :func:`matmul_loads`."""
-    src, name, grid, block, args, whose, tile = _matmul_launch(source, variant, n)
+    src, name, grid, block, args, whose, tile = matmul_launch(source, variant, n)
     t = traffic(src, name, grid, block, args)
     per = t.thread_loads[0]  # (grid y, grid x, block z = 1, block y, block x)
     gy, gx, _, by, bx = per.shape
@@ -104,7 +104,7 @@ def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, 
     """(mean loads of each element of A, whose kernel) for an n x n x n product by ``variant`` ("naive" or "tiled"):
     your kernel from ``source`` (signature (A, B, C, M, N, K); the tiled one with its ``#define TILE``), or labkit's
     own where ``source`` is None or not written yet."""
-    src, name, grid, block, args, whose, _ = _matmul_launch(source, variant, n)
+    src, name, grid, block, args, whose, _ = matmul_launch(source, variant, n)
     return float(loads(src, name, "A", grid, block, args).mean()), whose
 
 
