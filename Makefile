@@ -12,13 +12,14 @@ PIN := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # The test tiers (CONTRIBUTING.md): test-fast leaves out every test with a costly marker; test-smoke keeps one run of each kind
 COSTLY := slow or notebooks or mpi or compile or cluster or hosts or sandbox or browser or gpu
 
-.PHONY: help venv report test test-fast test-smoke lab lint bench doctor gpu-check wheelhouse lock clean
+.PHONY: help venv report test test-full test-fast test-smoke lab lint bench doctor gpu-check wheelhouse lock clean
 
 help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
 	@echo "make lab      JupyterLab on your copies of the labs, exercises to do (labkit-work/);"
 	@echo "              make lab SOLUTIONS=1: the worked solutions, apart (labkit-solutions/)"
-	@echo "make test     set up .venv and run the whole test suite (as CI does)"
+	@echo "make test     set up .venv and run the test suite (as CI does), all but the full tier"
+	@echo "make test-full   the full-profile notebooks and the predictions measured 5 times beside a busy core"
 	@echo "make test-fast   the pure-Python units, under 90 s: run it every few minutes"
 	@echo "make test-smoke  test-fast plus one MPI run and one compile of each kind"
 	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
@@ -53,7 +54,10 @@ report: $(STAMP)
 	$(BIN)/labkit report --profile $(PROFILE) --out report
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not full"
+
+test-full: $(STAMP)
+	$(BIN)/python -m pytest -m full
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(COSTLY))"

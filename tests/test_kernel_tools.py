@@ -151,7 +151,7 @@ def test_a_check_fails_a_kernel_that_only_the_emulator_compiles(capsys):
                                             r"namespace \"std\" has no member \"max\".*Hint: .*fmaxf"):
         check.block_reduction(BLOCK_SUM.replace("MAX(", "std::max("))
     check.block_reduction(BLOCK_SUM.replace("MAX(", "fmaxf("))
-    assert "all 5 checks passed" in capsys.readouterr().out
+    assert "all 8 checks passed" in capsys.readouterr().out
 
 
 @needs_cxx
@@ -161,4 +161,4 @@ def test_without_a_gpu_compiler_a_check_says_so(monkeypatch, capsys):
     monkeypatch.setattr(tools, "compiler_for_check", lambda: None)
     check.block_reduction(BLOCK_SUM.replace("MAX(", "fmaxf("))
     out = capsys.readouterr().out
-    assert "no CUDA compiler here" in out and "pip install nvidia-cuda-nvrtc-cu12" in out and "all 5 checks passed" in out
+    assert "no CUDA compiler here" in out and "pip install nvidia-cuda-nvrtc-cu12" in out and "all 8 checks passed" in out

@@ -179,6 +179,7 @@ def test_notebook_runs_quick_profile_and_its_claims_hold(path, tmp_path):
 
 @pytest.mark.notebooks
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.skipif(FULL_MNIST is None, reason="the full profile runs on the full MNIST, and none is here "
                                               "(LABKIT_DATA, data/ or ../shared/data)")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

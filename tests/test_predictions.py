@@ -227,6 +227,7 @@ THIN = {
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("measure, answers", _measures())
 def test_the_model_answer_holds_in_every_run(measure, answers, digits, busy_neighbour):
     runs = [measure(digits) for _ in range(RUNS)]
@@ -241,6 +242,7 @@ def test_the_model_answer_holds_in_every_run(measure, answers, digits, busy_neig
 
 
 @pytest.mark.mpi
+@pytest.mark.full
 @pytest.mark.parametrize("answer", sorted(ON_MPI))
 def test_the_model_answer_holds_in_every_run_on_mpi(answer, busy_neighbour):
     name, n = ON_MPI[answer]
