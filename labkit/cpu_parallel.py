@@ -440,24 +440,34 @@ def thread_speedups(params, x, y, threads, repeat: int = 3, work: str = "per_sam
     Every configuration runs once per round, side by side with the serial one (:func:`labkit.bench.interleaved`), so
     a slow spell of a shared machine lands on all of them; each figure is the median over ``4 * repeat + 1`` rounds
     (a round takes milliseconds, and a few rounds let one slow spell decide which pool looks best)."""
+
+    t_serial, timed = _pools_against_serial(
+        lambda: {(c, n): ThreadedBackprop(n, c, work) for c in ThreadedBackprop.COMBINES for n in threads},
+        params, x, y, work, rounds=4 * repeat + 1)
+    speedups = {f"threads, {c}": t_serial / np.array([timed[(c, n)] for n in threads]) for c in ThreadedBackprop.COMBINES}
+    return t_serial, speedups
+
+
+def _pools_against_serial(make_pools, params, x, y, work: str, rounds: int) -> tuple[float, dict]:
+    """(median seconds of the serial loop, {key: median seconds} of each pool ``make_pools()`` returns), all with one
+    BLAS thread (the pools made under that limit, so that worker processes inherit it), warmed up, then side by side
+    in ``rounds`` interleaved rounds (:func:`labkit.bench.interleaved`); the pools are closed whatever happens."""
     from threadpoolctl import threadpool_limits
 
     serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
-    pools = {(c, n): ThreadedBackprop(n, c, work) for c in ThreadedBackprop.COMBINES for n in threads}
+    pools: dict = {}
     try:
         with threadpool_limits(1):
+            pools.update(make_pools())
             jobs = {"serial": _seconds_of(serial, params, x, y)}
             jobs.update({key: _seconds_of(pool, params, x, y) for key, pool in pools.items()})
             for job in jobs.values():  # warm up
                 job()
-            timed = interleaved(jobs, rounds=4 * repeat + 1)
+            timed = interleaved(jobs, rounds=rounds)
     finally:
         for pool in pools.values():
             pool.close()
-    t_serial = timed["serial"].median
-    speedups = {f"threads, {c}": t_serial / np.array([timed[(c, n)].median for n in threads])
-                for c in ThreadedBackprop.COMBINES}
-    return t_serial, speedups
+    return timed.pop("serial").median, {key: t.median for key, t in timed.items()}
 
 
 def _against_one(one, pool, repeat: int) -> float:
@@ -519,22 +529,8 @@ def process_speedups(params, x, y, procs, repeat: int = 3, work: str = "per_samp
     ``procs``), one BLAS thread everywhere. The serial loop and every pool run once per round, side by side in
     ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`); each figure is a median. Idle pools
     wait on a socket and take no core from the one being timed."""
-    from threadpoolctl import threadpool_limits
-
-    serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
     sizes = mlp.sizes_of(params)
-    pools = {}
-    try:
-        with threadpool_limits(1):
-            for k in procs:
-                pools[int(k)] = ProcessBackprop(sizes, int(k), max_batch=len(x), dtype=params[0][0].dtype, work=work)
-            jobs = {"serial": _seconds_of(serial, params, x, y)}
-            jobs.update({k: _seconds_of(pool, params, x, y) for k, pool in pools.items()})
-            for job in jobs.values():  # warm up
-                job()
-            timed = interleaved(jobs, rounds=2 * repeat + 1)
-    finally:
-        for pool in pools.values():
-            pool.close()
-    t_serial = timed["serial"].median
-    return t_serial, np.array([t_serial / timed[int(k)].median for k in procs])
+    t_serial, timed = _pools_against_serial(
+        lambda: {int(k): ProcessBackprop(sizes, int(k), max_batch=len(x), dtype=params[0][0].dtype, work=work)
+                 for k in procs}, params, x, y, work, rounds=2 * repeat + 1)
+    return t_serial, np.array([t_serial / timed[int(k)] for k in procs])
