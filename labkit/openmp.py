@@ -144,6 +144,34 @@ def batch_times(runs: dict[str, dict], x, Y, repeat: int = 5, rounds: int = 3) -
     return {name: t.median for name, t in times.items()}
 
 
+def line_up(params, x, Y, cores: int, repeat: int = 3, rounds: int = 3) -> dict[str, float]:
+    """Lab 03's line-up of one batch's gradients: median seconds of NumPy's per-sample loop (lab 01), two Python
+    threads (lab 02), the C program on one thread (simd) and on two OpenMP threads, and NumPy's batched products on one
+    BLAS thread and on ``cores``. All are measured side by side in at least 3 interleaved rounds of ``repeat`` calls, so
+    that a slow spell of a shared machine lands on every entry of a round rather than deciding one ratio."""
+    from threadpoolctl import threadpool_limits
+
+    from . import bench, mlp
+    from .cpu_parallel import ThreadedBackprop
+
+    def timed(fn, blas=1):
+        def job():
+            with threadpool_limits(blas):
+                return bench.measure(lambda: fn(params, x, Y), repeat=repeat).median
+        return job
+
+    with ThreadedBackprop(2, "local", "per_sample") as pool:
+        jobs = {
+            "NumPy per-sample (lab 01)": timed(mlp.loss_and_grads_per_sample),
+            "2 Python threads, per-sample (lab 02)": timed(pool),
+            "C per-sample, one thread (simd)": timed(lambda *a: backprop_c(*a, "simd")),
+            "C per-sample, 2 OpenMP threads": timed(lambda *a: backprop_c(*a, "omp_reduction", threads=2)),
+            "NumPy vectorised, 1 BLAS thread": timed(mlp.loss_and_grads),
+            f"NumPy vectorised, {cores} BLAS threads": timed(mlp.loss_and_grads, cores),
+        }
+        return {k: t.median for k, t in bench.interleaved(jobs, max(3, rounds)).items()}
+
+
 # Lab 03's readings of its timings. Interleaved rounds on a laptop shared with other programs still vary by about
 # this much, so a ratio closer to 1 is read as no difference rather than as a win or a loss.
 NOISE = 0.1
