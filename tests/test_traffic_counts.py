@@ -190,3 +190,50 @@ def test_counting_is_compiled_only_when_asked():
     module = load(COPIES, backend="emulator")
     with pytest.raises(RuntimeError, match="not compiled for counting"):
         module.count_into(np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros((1, len(FIELDS)), np.uint64))
+
+
+ATOMICS = r"""
+extern "C" __global__ void histogram(const int* keys, int* bins, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&bins[keys[i]], 1);
+}
+extern "C" __global__ void shared_count(float* out)
+{
+    __shared__ int hits[2];
+    if (threadIdx.x < 2) hits[threadIdx.x] = 0;
+    __syncthreads();
+    atomicAdd(&hits[threadIdx.x % 2], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(out, (float)hits[0]);
+}
+"""
+
+
+def test_atomics_are_counted_with_the_most_on_one_address():
+    keys = np.array([i % 4 if i < 200 else 3 for i in range(256)], np.int32)  # bin 3: 50 + 56 keys
+    bins = np.zeros(4, np.int32)
+    t = traffic(ATOMICS, "histogram", (4,), (64,), (keys, bins, i32(256)))
+    assert list(bins) == [50, 50, 50, 106]
+    assert t.atomics == 256 and t.atomics_max_per_address == 106 and t.barriers == 0
+    assert t.flops is None  # not counted: a model's caller declares them
+
+
+def test_shared_atomics_count_per_block_and_barriers_per_block_and_barrier():
+    out = np.zeros(1, np.float32)
+    t = traffic(ATOMICS, "shared_count", (3,), (64,), (out,))
+    assert out[0] == 3 * 32
+    # each block: 64 atomics on its own hits (32 on each word), 1 on out; 2 barriers
+    assert t.atomics == 3 * 65 and t.atomics_max_per_address == 32 and t.barriers == 3 * 2
+
+
+def test_barriers_of_a_tiled_matmul_and_a_tree():
+    n = 64
+    a, b, c = np.ones((n, n), np.float32), np.ones((n, n), np.float32), np.zeros((n, n), np.float32)
+    t = traffic(MATMUL, "tiled", (n // 16, n // 16), (16, 16), (a, b, c, i32(n)))
+    assert (c == n).all()
+    assert t.barriers == 16 * (n // 16) * 2 and t.atomics == 0  # 16 blocks, 2 barriers per step of 16
+    x, out = np.ones(1000, np.float32), np.zeros(1, np.float32)
+    t = traffic("reduce", "sum_reduce", (3,), (256,), (x, out, i32(1000)))
+    assert out[0] == 1000
+    assert t.barriers == 3 * (1 + 8) and t.atomics == t.atomics_max_per_address == 3  # a store, then log2(256) levels

@@ -109,6 +109,7 @@ def matmul_loads(source: str | None, variant: str, n: int = 64) -> tuple[float, 
 
 
 FIELDS = ("load_requests", "load_sectors", "store_requests", "store_sectors", "shared_requests", "shared_wavefronts")
+LAUNCH_FIELDS = ("atomics", "atomics_max_per_address", "barriers")  # labkit::LaunchCount in cuda_emu.h
 
 
 @dataclass
@@ -120,6 +121,11 @@ class Traffic:
     read 32 neighbouring floats, 32 when they read one float each 32 floats apart. Shared memory has 32 banks of 4
     bytes; a request takes as many *wavefronts* as the most distinct words any one bank must serve (all lanes reading
     one word is a broadcast: 1), so ``bank_conflicts`` is the wavefronts beyond one per request.
+
+    In the same run: ``atomics``, every atomic operation of the launch; ``atomics_max_per_address``, the most of them on
+    any one address (a GPU performs those one after another); ``barriers``, the ``__syncthreads()`` passed, once per
+    block per barrier it passes. ``flops`` is None: floating-point operations are not counted (the emulator runs the
+    kernel's arithmetic as the host's own instructions, with nothing to count them by), so a model declares them.
     """
 
     kernel: str
@@ -128,6 +134,10 @@ class Traffic:
     thread_loads: np.ndarray    # global loads of each thread, shaped grid[::-1] + block[::-1] (z, y, x)
     thread_stores: np.ndarray
     warps: np.ndarray           # (blocks, warps per block, len(FIELDS)) in launch order
+    atomics: int = 0
+    atomics_max_per_address: int = 0
+    barriers: int = 0
+    flops: int | None = None    # not counted: the caller of a model declares them
 
     def total(self, field: str) -> int:
         return int(self.warps[..., FIELDS.index(field)].sum())
@@ -158,14 +168,16 @@ class Traffic:
     def summary(self) -> dict:
         return {"kernel": self.kernel, "global_loads": self.global_loads, "global_stores": self.global_stores,
                 **{f: self.total(f) for f in FIELDS}, "sectors_per_load": self.sectors_per_load,
-                "sectors_per_store": self.sectors_per_store, "bank_conflicts": self.bank_conflicts}
+                "sectors_per_store": self.sectors_per_store, "bank_conflicts": self.bank_conflicts,
+                **{f: getattr(self, f) for f in LAUNCH_FIELDS}}
 
     def describe(self) -> str:
         s = self.summary()
         return (f"{self.kernel}: {s['global_loads']:,} global loads in {s['load_requests']:,} requests "
                 f"({s['sectors_per_load']:.1f} sectors each), {s['global_stores']:,} stores in {s['store_requests']:,} "
                 f"({s['sectors_per_store']:.1f} sectors each); {s['shared_requests']:,} shared-memory requests, "
-                f"{s['bank_conflicts']:,} bank conflicts")
+                f"{s['bank_conflicts']:,} bank conflicts; {s['atomics']:,} atomics (at most "
+                f"{s['atomics_max_per_address']:,} on one address), {s['barriers']:,} barriers passed")
 
 
 def traffic(source: str, name: str, grid, block, args, shared_mem: int = 0) -> Traffic:
@@ -177,19 +189,21 @@ def traffic(source: str, name: str, grid, block, args, shared_mem: int = 0) -> T
     text, filename = read_source(source)
     nblocks, nthreads = int(np.prod(grid)), int(np.prod(block))
     nwarps = -(-nthreads // 32)
-    sizes = (nblocks * nthreads * 4, nblocks * nthreads * 4, nblocks * nwarps * len(FIELDS) * 8)
+    sizes = (nblocks * nthreads * 4, nblocks * nthreads * 4, nblocks * nwarps * len(FIELDS) * 8, len(LAUNCH_FIELDS) * 8)
     region = mmap.mmap(-1, sum(sizes))  # shared with the child process that runs the launch
     try:
         raw = np.frombuffer(region, np.uint8)
         loads_, stores_ = (raw[i * sizes[0]:(i + 1) * sizes[0]].view(np.uint32) for i in range(2))
-        warps = raw[2 * sizes[0]:].view(np.uint64).reshape(nblocks * nwarps, len(FIELDS))
+        warps = raw[2 * sizes[0]:2 * sizes[0] + sizes[2]].view(np.uint64).reshape(nblocks * nwarps, len(FIELDS))
+        launch = raw[2 * sizes[0] + sizes[2]:].view(np.uint64)
         module = Module(text, filename, backend="emulator", checked=True, counting=True)
-        module.count_into(loads_, stores_, warps)
+        module.count_into(loads_, stores_, warps, launch)
         module.get_function(name)(grid, block, args, shared_mem=shared_mem)
         shape = grid[::-1] + block[::-1]
         result = Traffic(name, grid, block, loads_.reshape(shape).copy(), stores_.reshape(shape).copy(),
-                         warps.reshape(nblocks, nwarps, len(FIELDS)).copy())
-        del raw, loads_, stores_, warps
+                         warps.reshape(nblocks, nwarps, len(FIELDS)).copy(),
+                         **{f: int(v) for f, v in zip(LAUNCH_FIELDS, launch)})
+        del raw, loads_, stores_, warps, launch
     finally:
         try:
             region.close()

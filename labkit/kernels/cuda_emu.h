@@ -33,6 +33,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -128,11 +129,20 @@ inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
 template <class T> inline T __ldg(const T* p) { return *p; }
 
 // ---- atomics (real ones: blocks run on different OS threads) -------------------------------------
+// Counting mode (LABKIT_EMU_COUNT) counts every atomic with its address: the most on one address is where they queue.
+#ifdef LABKIT_EMU_COUNT
+namespace labkit { inline void count_atomic(const void* p); }
+#define LABKIT_ATOMIC(p) ::labkit::count_atomic(p)
+#else
+#define LABKIT_ATOMIC(p) ((void)0)
+#endif
 
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline int atomicAdd(int* p, int v) { LABKIT_ATOMIC(p); return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+    LABKIT_ATOMIC(p); return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+    LABKIT_ATOMIC(p); return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 // GCC's __atomic_fetch_add takes no floating point: a compare-exchange loop on the bits does it.
 template <class F, class I> inline F labkit_atomic_float_add(F* p, F v) {
@@ -145,27 +155,27 @@ template <class F, class I> inline F labkit_atomic_float_add(F* p, F v) {
         if (__atomic_compare_exchange_n(ip, &old, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return f;
     }
 }
-inline float atomicAdd(float* p, float v) { return labkit_atomic_float_add<float, uint32_t>(p, v); }
-inline double atomicAdd(double* p, double v) { return labkit_atomic_float_add<double, uint64_t>(p, v); }
-inline int atomicSub(int* p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
-inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
-inline float atomicExch(float* p, float v) {
+inline float atomicAdd(float* p, float v) { LABKIT_ATOMIC(p); return labkit_atomic_float_add<float, uint32_t>(p, v); }
+inline double atomicAdd(double* p, double v) { LABKIT_ATOMIC(p); return labkit_atomic_float_add<double, uint64_t>(p, v); }
+inline int atomicSub(int* p, int v) { LABKIT_ATOMIC(p); return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+inline int atomicExch(int* p, int v) { LABKIT_ATOMIC(p); return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+inline float atomicExch(float* p, float v) { LABKIT_ATOMIC(p);
     uint32_t w; std::memcpy(&w, &v, 4);
     uint32_t o = __atomic_exchange_n(reinterpret_cast<uint32_t*>(p), w, __ATOMIC_RELAXED);
     float f; std::memcpy(&f, &o, 4); return f;
 }
-inline int atomicCAS(int* p, int cmp, int v) {
+inline int atomicCAS(int* p, int cmp, int v) { LABKIT_ATOMIC(p);
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp;
 }
-inline unsigned int atomicCAS(unsigned int* p, unsigned int cmp, unsigned int v) {
+inline unsigned int atomicCAS(unsigned int* p, unsigned int cmp, unsigned int v) { LABKIT_ATOMIC(p);
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp;
 }
-inline int atomicMax(int* p, int v) {
+inline int atomicMax(int* p, int v) { LABKIT_ATOMIC(p);
     int old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return old;
 }
-inline int atomicMin(int* p, int v) {
+inline int atomicMin(int* p, int v) { LABKIT_ATOMIC(p);
     int old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old > v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return old;
@@ -331,9 +341,24 @@ enum AccessKind { LOAD = 0, STORE = 1, LOAD_STORE = 2, ADDRESS = 3 };
 enum WarpCount { W_LOAD_REQ = 0, W_LOAD_SECTORS, W_STORE_REQ, W_STORE_SECTORS, W_SHARED_REQ, W_SHARED_WAVES, W_FIELDS };
 static const int MAX_SITES = 256;  // the last one collects what no subscript names (*p, p->x)
 struct Access { uint64_t key; uint64_t addr; uint32_t size; uint8_t shared; uint8_t kind; };
-struct CountState { std::vector<uint32_t> passes; std::vector<Access> acc; };
-struct CountBuffers { uint32_t* thread_loads; uint32_t* thread_stores; uint64_t* warps; uint64_t nthreads; uint64_t nwarps; };
+// Per block: the passes of each site; per OS thread, until the launch ends: barriers passed, atomics per address.
+struct CountState {
+    std::vector<uint32_t> passes;
+    std::vector<Access> acc;
+    uint64_t barriers = 0;
+    std::unordered_map<uint64_t, uint64_t> atomics;         // on global memory, per address
+    std::unordered_map<uint64_t, uint64_t> shared_atomics;  // on this block's shared memory, per address
+    uint64_t shared_total = 0, shared_most = 0;             // of the blocks done
+};
+// The launch's totals (g_counts.launch, in this order; counts.py's LAUNCH_FIELDS)
+enum LaunchCount { L_ATOMICS = 0, L_ATOMICS_MAX_PER_ADDRESS, L_BARRIERS, L_FIELDS };
+struct CountBuffers {
+    uint32_t* thread_loads; uint32_t* thread_stores; uint64_t* warps; uint64_t nthreads; uint64_t nwarps; uint64_t* launch;
+};
 static CountBuffers g_counts{};
+static std::mutex g_count_mutex;
+static std::unordered_map<uint64_t, uint64_t> g_atomics;  // atomics per address, this launch's OS threads merged
+static uint64_t g_barriers = 0, g_shared_atomics = 0, g_shared_most = 0;
 static thread_local int t_site = MAX_SITES - 1;
 static thread_local int t_kind = LOAD;
 
@@ -366,6 +391,49 @@ inline void count_access(const void* addr, uint32_t size, bool shared) {
             if (kind != LOAD) g_counts.thread_stores[tid]++;
         }
     }
+}
+
+// Whether p lies in one of the launch's arrays (global memory); else it is in a block's shared memory.
+inline bool in_launch_array(const void* p) {
+    const LaunchArgs* L = t_worker->launch->L;
+    const char* c = (const char*)p;
+    for (int i = 0; i < L->nargs; i++) {
+        if (!L->nbytes[i]) continue;
+        const char* a = *static_cast<char* const*>(L->args[i]);
+        if (c >= a && c < a + L->nbytes[i]) return true;
+    }
+    return false;
+}
+
+// Every block has its own shared memory, at one address here (a thread_local static): a block's atomics on it are
+// summed at the block's end, those on global memory at the launch's.
+inline void count_atomic(const void* p) {
+    Worker* w = t_worker;
+    if (!w || !w->counts) return;
+    (in_launch_array(p) ? w->counts->atomics : w->counts->shared_atomics)[(uint64_t)(uintptr_t)p]++;
+}
+
+// At the end of an OS thread's share of a launch: its barriers and atomics into the launch's.
+inline void merge_launch_counts(CountState* cs) {
+    std::lock_guard<std::mutex> g(g_count_mutex);
+    g_barriers += cs->barriers;
+    for (const auto& kv : cs->atomics) g_atomics[kv.first] += kv.second;
+    g_shared_atomics += cs->shared_total;
+    g_shared_most = std::max(g_shared_most, cs->shared_most);
+}
+
+// At the end of a launch: the totals into the caller's buffer (a second launch adds its own; the maximum is each one's).
+inline void finish_launch_counts() {
+    std::lock_guard<std::mutex> g(g_count_mutex);
+    if (g_counts.launch) {
+        uint64_t total = g_shared_atomics, most = g_shared_most;
+        for (const auto& kv : g_atomics) { total += kv.second; most = std::max(most, kv.second); }
+        g_counts.launch[L_ATOMICS] += total;
+        g_counts.launch[L_ATOMICS_MAX_PER_ADDRESS] = std::max(g_counts.launch[L_ATOMICS_MAX_PER_ADDRESS], most);
+        g_counts.launch[L_BARRIERS] += g_barriers;
+    }
+    g_atomics.clear();
+    g_barriers = g_shared_atomics = g_shared_most = 0;
 }
 
 inline bool in_dynamic_shared(const void* p) {
@@ -413,6 +481,11 @@ inline void finish_block_counts(Worker* w) {
     }
     a.clear();
     std::fill(cs->passes.begin(), cs->passes.end(), 0u);
+    for (const auto& kv : cs->shared_atomics) {
+        cs->shared_total += kv.second;
+        cs->shared_most = std::max(cs->shared_most, kv.second);
+    }
+    cs->shared_atomics.clear();
 }
 #endif
 
@@ -913,6 +986,9 @@ inline void run_block_fibered(Worker* w, char* stacks) {
             }
         }
 #endif
+#ifdef LABKIT_EMU_COUNT
+        w->counts->barriers++;  // every thread of the block is at this barrier: the block passes it once
+#endif
         for (int i = 0; i < n; i++) w->fibers[i].state = READY;
     }
 }
@@ -973,6 +1049,9 @@ inline void worker_loop(Launch* l) {
 #endif
     }
     if (stacks.first) stack_pool.put(stacks);
+#ifdef LABKIT_EMU_COUNT
+    merge_launch_counts(&counts);
+#endif
     t_worker = nullptr;
 }
 
@@ -993,6 +1072,9 @@ inline int run(const char* kernel, const LaunchArgs* L, void (*invoke)(void*), v
         for (int i = 0; i < nw; i++) ts.emplace_back(worker_loop, &l);
         for (auto& t : ts) t.join();
     }
+#ifdef LABKIT_EMU_COUNT
+    finish_launch_counts();
+#endif
     return l.failed.load() ? 1 : 0;
 }
 
@@ -1048,8 +1130,9 @@ int launch(const char* kernel, void (*fn)(A...), const char* const* names, const
 #ifdef LABKIT_EMU_COUNT
 // Counting mode: where the next launches add their counts (zeroed by the caller; sizes in elements).
 extern "C" __attribute__((visibility("default"))) void labkit_count_into(unsigned int* thread_loads,
-        unsigned int* thread_stores, unsigned long long nthreads, unsigned long long* warps, unsigned long long nwarps) {
-    ::labkit::g_counts = {thread_loads, thread_stores, (uint64_t*)warps, nthreads, nwarps};
+        unsigned int* thread_stores, unsigned long long nthreads, unsigned long long* warps, unsigned long long nwarps,
+        unsigned long long* launch) {
+    ::labkit::g_counts = {thread_loads, thread_stores, (uint64_t*)warps, nthreads, nwarps, (uint64_t*)launch};
 }
 #endif
 

@@ -404,15 +404,22 @@ class EmulatorModule:
         self._lib = build(text, filename, self.checked, options)
         self._launchers: dict = {}
 
-    def count_into(self, thread_loads: np.ndarray, thread_stores: np.ndarray, warps: np.ndarray) -> None:
+    def count_into(self, thread_loads: np.ndarray, thread_stores: np.ndarray, warps: np.ndarray,
+                   launch: np.ndarray | None = None) -> None:
         """Counting mode: the arrays the next launches add their counts to (uint32 per thread, uint64 per warp and
-        field); they must outlive those launches, and be in shared memory for an isolated launch to reach them."""
+        field, and ``launch``: 3 uint64, the atomics, the most atomics on one address and the barriers passed); they
+        must outlive those launches, and be in shared memory for an isolated launch to reach them."""
         if not self.counting:
             raise RuntimeError("this module was not compiled for counting (counting=True)")
+        if launch is not None and (launch.dtype != np.uint64 or launch.size < 3):
+            raise ValueError(f"launch must be 3 uint64 (atomics, the most on one address, barriers), got "
+                             f"{launch.size} {launch.dtype}")
         fn = self._lib.labkit_count_into
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong]
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_ulonglong,
+                       ctypes.c_void_p]
         fn.restype = None
-        fn(thread_loads.ctypes.data, thread_stores.ctypes.data, thread_loads.size, warps.ctypes.data, warps.shape[0])
+        fn(thread_loads.ctypes.data, thread_stores.ctypes.data, thread_loads.size, warps.ctypes.data, warps.shape[0],
+           None if launch is None else launch.ctypes.data)
 
     def launcher(self, name: str):
         if name not in self._launchers:

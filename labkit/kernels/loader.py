@@ -211,11 +211,11 @@ class Module:
             raise AttributeError(name)
         return self.get_function(name)
 
-    def count_into(self, thread_loads, thread_stores, warps) -> None:
+    def count_into(self, thread_loads, thread_stores, warps, launch=None) -> None:
         """A counting module (``counting=True``, the emulator): where its launches add their counts."""
         if self._emu is None:
             raise RuntimeError("memory traffic is counted on the emulator only")
-        self._emu.count_into(thread_loads, thread_stores, warps)
+        self._emu.count_into(thread_loads, thread_stores, warps, launch)
 
     def set_constant(self, name: str, value) -> None:
         """Copy a host array (or scalar) into the ``__constant__`` variable ``name``."""
