@@ -1,6 +1,7 @@
 import functools
 import json
 import os
+import shutil
 import subprocess
 import uuid
 import warnings
@@ -209,11 +210,14 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     subprocess.Popen.__init__ = _guarded_init(_POPEN_INIT)
     os.environ[leaks.RUN] = uuid.uuid4().hex  # this run's mark on everything it starts (tests/leaks.py)
+    _running["tmp"] = leaks.own_tempdir(os.environ[leaks.RUN])  # and its temporary folders, apart from another job's
     _running["audit"] = config.getoption("--tier-audit")
 
 
 def pytest_unconfigure(config):
     subprocess.Popen.__init__ = _POPEN_INIT
+    if _running.get("tmp"):  # what was left there is reported by now; nothing of the run's stays on the machine
+        shutil.rmtree(_running["tmp"], ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,9 +1,13 @@
 """What the suite may not leave behind, checked once at the end of every run, whatever subset was selected.
 
-A process counts as the suite's when it started after this pytest process and its command line is one of those
-labkit starts (JupyterLab, an ipyparallel controller or engine, mpiexec and its proxies, a labkit job, SLURM's
-daemons), whether it is still a child of pytest or was orphaned when its parent died. Network namespaces and the
-namespace hosts' links, grading cgroups and the temporary folders of grading, hosts, SLURM and engines count too.
+Only what this run started counts, never another job's processes nor a student's JupyterLab beside it:
+- a process, when it started after this pytest process, its command line is one of those labkit starts (JupyterLab,
+  an ipyparallel controller or engine, mpiexec and its proxies, a labkit job, SLURM's daemons), and it carries this
+  run's mark (``LABKIT_TEST_RUN`` in its environment, or in its nearest marked ancestor's) or descends from pytest;
+- a temporary folder of grading, hosts, SLURM or engines in this run's own temporary folder (``TMPDIR`` points every
+  process of the run there, see :func:`own_tempdir`);
+- a network namespace or link whose name this run gave to ``ip``;
+- a grading cgroup made since this run started, unless processes of another run or job are in it.
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ def _mark(pid: int) -> str | None:
     return found[0] if found else None
 
 
-def _other_run(pid: int, run: str | None) -> bool:
-    """Whether the process belongs to another test run: its own mark, or its nearest marked ancestor's (a sandbox
-    starts its processes with a clean environment)."""
+def _this_run(pid: int, run: str | None) -> bool:
+    """Whether the process is this run's: its own mark, or its nearest marked ancestor's, is ``run`` (a sandbox starts
+    its processes with a clean environment), or pytest (this process, whose own /proc environment predates the mark)
+    is among its ancestors."""
+    me = os.getpid()
     for _ in range(64):
+        if pid == me:
+            return True
         mark = _mark(pid)
         if mark is not None:
-            return mark != run
+            return mark == run
         try:
             pid = int(_stat(pid)[1])
         except (OSError, ValueError, IndexError):
@@ -80,7 +88,7 @@ def processes() -> list[str]:
         if parent == me and any(k in cmd for k in PYTEST_OWN):
             continue
         if (state != "Z" and started >= mine and any(k in cmd for k in KINDS) and "pytest" not in cmd
-                and not _other_run(int(d), run)):
+                and _this_run(int(d), run)):
             found.append(f"{d}: {cmd[:160]}")
     return found
 
@@ -97,19 +105,38 @@ def namespaces(made: set[str]) -> list[str]:
     return sorted(made & names)
 
 
-def folders_and_cgroups() -> list[str]:
-    """This run's grading cgroups, and its temporary folders of grading, hosts, SLURM and engines: those made since
-    this pytest started (a cgroup folder's time is its creation), so that what a killed run left earlier on the
-    machine is not blamed on this one."""
-    mine = pytest_started()
-    left = []
-    tmp = tempfile.gettempdir()
-    found = glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*")
-    for kind in FOLDERS:
-        found += glob.glob(f"{tmp}/labkit-{kind}-*")
-    for path in found:
+def own_tempdir(run: str) -> Path:
+    """Point this run's temporary files (``TMPDIR``, inherited by everything it starts) at a folder of its own, so that
+    the folders it leaves are told apart from another job's; pytest's own tmp_path stays where it was."""
+    base = tempfile.gettempdir()
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", base)  # pytest's basetemp root, read when tmp_path is first used
+    folder = Path(base) / f"labkit-test-{run[:12]}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # read TMPDIR again
+    return folder
+
+
+def _cgroup_pids(path: str) -> list[int]:
+    for name in ("cgroup.procs", "tasks"):
         try:
-            if os.stat(path).st_mtime >= mine:
+            return [int(x) for x in Path(path, name).read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return []
+
+
+def folders_and_cgroups(run: str | None = None) -> list[str]:
+    """This run's temporary folders of grading, hosts, SLURM and engines (in its own TMPDIR, see :func:`own_tempdir`),
+    and the grading cgroups made since it started that hold no process of another run or job (a cgroup's time is its
+    creation), so that what another job makes, or a killed run left earlier, is not blamed on this one."""
+    run = os.environ.get(RUN) if run is None else run
+    tmp = os.environ.get("TMPDIR", "")
+    left = [path for kind in FOLDERS for path in glob.glob(f"{tmp}/labkit-{kind}-*")] if "labkit-test-" in tmp else []
+    mine = pytest_started()
+    for path in glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*"):
+        try:
+            if os.stat(path).st_mtime >= mine and all(_this_run(pid, run) for pid in _cgroup_pids(path)):
                 left.append(path)
         except OSError:
             continue  # removed meanwhile

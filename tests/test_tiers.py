@@ -2,10 +2,13 @@
 leaves a process behind fails, whatever subset it ran (each tried in a pytest of its own, with this suite's hooks)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,48 @@ def test_a_run_that_leaves_a_process_behind_fails_and_names_it(tmp_path):
             if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
                 break
             time.sleep(0.1)
+
+
+def test_a_run_passes_beside_another_jobs_kernel_labkit_process_and_folder(tmp_path):
+    """What another job starts while this run goes on is not this run's: a lab's kernel in a student's JupyterLab, an
+    unrelated labkit process and a grading folder of another grader, none carrying the run's mark."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    inner = ("import pathlib, time\n\n"
+             "def test_waits_while_another_job_starts_its_processes():\n"
+             f"    pathlib.Path({str(started)!r}).touch()\n"
+             f"    while not pathlib.Path({str(go)!r}).exists():\n"
+             "        time.sleep(0.05)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LABKIT_TEST_RUN", "TMPDIR")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    others, folder = [], None
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(_suite, tmp_path, inner)
+        try:
+            while not started.exists() and not done.done():
+                time.sleep(0.05)
+            kernel = str(Path.home() / ".local/share/jupyter/runtime/kernel-labkit-lab-01.json")  # as JupyterLab names it
+            others = [subprocess.Popen(sleeper + ["-f", kernel], env=env),
+                      subprocess.Popen(sleeper + ["labkit-of-another-job"], env=env)]
+            folder = tempfile.mkdtemp(prefix="labkit-grader-", dir=os.environ.get("PYTEST_DEBUG_TEMPROOT", "/tmp"))
+            time.sleep(0.5)  # until they are those programs, not forks of this pytest
+        finally:
+            go.touch()
+            result = done.result()
+            for p in others:
+                p.kill()
+                p.wait()
+            if folder:
+                shutil.rmtree(folder)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout
+
+
+def test_a_run_that_leaves_a_grading_folder_fails_and_names_it(tmp_path):
+    done = _suite(tmp_path, "import tempfile\n\n"
+                            "def test_leaves_a_folder():\n"
+                            "    print(tempfile.mkdtemp(prefix='labkit-grader-'))\n")
+    assert done.returncode == 1, done.stdout
+    assert "1 passed" in done.stdout and "left behind by the tests" in done.stdout, done.stdout
+    assert "/labkit-grader-" in done.stdout and "labkit-test-" in done.stdout, done.stdout
 
 
 def test_the_kinds_of_a_command_line():
