@@ -165,18 +165,29 @@ def _names(given: list[str] | None) -> set[str]:
     return {name.strip() for names in (given or []) for name in names.split(",") if name.strip()}
 
 
+def _release(given: str | None) -> str | None:
+    """The release record a command uses: the one given, else ./release when it holds one (the command line's
+    default only: the library never reads the working directory's)."""
+    from .grading.assign import RELEASE_FILE
+
+    return given if given is not None else ("release" if (Path("release") / RELEASE_FILE).is_file() else None)
+
+
 def _cmd_grade(a) -> int:
     from .grading import workers
 
-    if a.jobs > 1 and not a.merge:
+    if a.jobs > 1 and not (a.merge or a.rescore):
         workers.start()  # the workers' fork server imports the grader while this process does the same
     from .grading import exports, grade
-    from .grading.sandbox import Limits
 
-    if a.roster and "canvas" not in (a.export or []):
-        raise SystemExit("labkit grade: --roster is for --export canvas")
+    gradebook = a.canvas_gradebook or a.roster
+    if (gradebook or a.canvas_assignment) and "canvas" not in (a.export or []):
+        raise SystemExit("labkit grade: --canvas-gradebook and --canvas-assignment are for --export canvas")
+    if a.merge and a.rescore:
+        raise SystemExit("labkit grade: --merge or --rescore, not both (merge first, then rescore the merged folder)")
+    a.release = _release(a.release)
     before = exports.load(a.regrade) if a.regrade else None  # read first: the run may write into the same folder
-    if before is not None and not a.regrade_other_release and not a.merge:
+    if before is not None and not a.regrade_other_release and not (a.merge or a.rescore):
         _, sha = grade.load_release(a.release)
         if sha != before.get("release_sha256"):
             raise SystemExit(f"labkit grade: --regrade {a.regrade}: those grades come from another release than this "
@@ -185,11 +196,26 @@ def _cmd_grade(a) -> int:
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
         print(grade.summary(results))
-        print(f"\nmerged {1 + len(a.more)} part(s) into {csv_path} and {json_path}")
-        _hand_on(a, json_path, before)
-        return 0
+        print(f"\nmerged {1 + len(a.more)} run(s) into {csv_path} and {json_path}")
+        return _hand_on(a, json_path, before)
     if a.more:
         raise SystemExit(f"labkit grade: one submissions folder, got {1 + len(a.more)} (several only with --merge)")
+    if a.rescore:
+        results, csv_path, json_path, warnings = grade.rescore(a.folder)
+        for warning in warnings:
+            print(f"labkit grade --rescore: {warning}", file=sys.stderr)
+        print(grade.summary(results))
+        print(f"\nrescored {csv_path} and {json_path} from {Path(a.folder) / 'answers.csv'}: no notebook was run")
+        a.out = a.folder
+        return _hand_on(a, json_path, before)
+    return _grade_run(a, before)
+
+
+def _grade_run(a, before: dict | None) -> int:
+    """``labkit grade FOLDER``: run and grade every notebook, then hand the grades on."""
+    from .grading import grade
+    from .grading.sandbox import Limits
+
     part = None
     if a.part:
         k, _, n = a.part.partition("/")
@@ -202,7 +228,9 @@ def _cmd_grade(a) -> int:
         results, csv_path, json_path = grade.grade(a.folder, a.out, timeout=a.timeout, profile=a.profile,
                                                    release=a.release, jobs=a.jobs,
                                                    isolate=False if a.no_sandbox else None, limits=limits, part=part,
-                                                   resume=a.resume, hidden_parts=_names(a.hidden_part))
+                                                   resume=a.resume, hidden_parts=_names(a.hidden_part),
+                                                   labs=_names(a.lab), submitted=a.submissions,
+                                                   extensions=a.extensions)
     except KeyboardInterrupt:
         print(f"\nlabkit grade: interrupted. Every notebook it was grading was stopped, with its sandbox, kernel and "
               f"engines; no grades were written. What was graded is kept in {Path(a.out) / grade.PROGRESS}: run the "
@@ -212,16 +240,16 @@ def _cmd_grade(a) -> int:
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     if (Path(a.out) / "answers.csv").is_file():
         print(f"the answers to the questions, to read and score by hand: {Path(a.out) / 'answers.html'} (scores go in "
-              f"the score column of {Path(a.out) / 'answers.csv'}; the next labkit grade into {a.out} keeps them)")
-    _hand_on(a, json_path, before)
-    return 0
+              f"the score column of {Path(a.out) / 'answers.csv'}; then labkit grade --rescore {a.out} totals them)")
+    return _hand_on(a, json_path, before)
 
 
-def _hand_on(a, json_path: Path, before: dict | None) -> None:
-    """The gradebook exports and the regrade's changes.csv of a grading run, from the grades.json it wrote."""
-    from .grading import exports
+def _hand_on(a, json_path: Path, before: dict | None) -> int:
+    """The feedback pages, gradebook exports and regrade's changes.csv of a grading run, from the grades.json it
+    wrote (only the labs of --lab). 1 when an export was refused (answers not scored, students not in Canvas)."""
+    from .grading import exports, scores
 
-    data = exports.load(json_path)
+    data = _only_labs(exports.load(json_path), _names(a.lab))
     hidden = _names(a.hidden)
     if a.feedback:
         from .grading import feedback
@@ -229,22 +257,71 @@ def _hand_on(a, json_path: Path, before: dict | None) -> None:
         pages = feedback.write(data, a.feedback, Path(json_path).parent, hidden)
         print(f"feedback: {len(pages)} page(s), one per student and lab, in {a.feedback}"
               + (f" ({len(hidden)} hidden check(s): they count, their messages are not shown)" if hidden else ""))
+    code = 0
     for kind in dict.fromkeys(a.export or []):
         if kind == "gradescope":
             files = exports.gradescope(data, a.out, hidden)
             print(f"Gradescope: {len(files)} results file(s) in {Path(a.out) / exports.GRADESCOPE_DIR}"
                   + (f" and {Path(a.out) / 'results.json'}" if len(data["students"]) == 1 else ""))
         elif kind == "canvas":
-            path, unplaced = exports.canvas(data, a.out, a.roster)
-            print(f"Canvas: {path} (Grades > Import)" + ("" if a.roster else "; without --roster the students' "
-                  "folder names stand in the Student and SIS Login ID columns, which Canvas must recognise"))
-            if unplaced:
-                print(f"Canvas: NOT in {path}, not found in the roster {a.roster}: {', '.join(unplaced)}",
-                      file=sys.stderr)
+            waiting = scores.unscored(data)
+            if waiting and not a.allow_unscored:
+                print(f"Canvas: NOT written: {len(waiting)} written answer(s) are not scored yet, and would go in as 0:"
+                      + "".join(f"\n  {w}" for w in waiting) + f"\nScore them in {Path(a.out) / 'answers.csv'} and run "
+                      f"labkit grade --rescore {a.out} --export canvas ..., or pass --allow-unscored", file=sys.stderr)
+                code = 1
+                continue
+            code = max(code, _canvas(a, data))
     if before is not None:
         rows = exports.changes(before, data, allow_other_release=True)  # the releases were compared before grading
         path = exports.write_changes(rows, a.out)
         print(exports.describe_changes(rows) + f"\n(every change, with the new message: {path})")
+    return code
+
+
+def _canvas(a, data: dict) -> int:
+    """canvas.csv, into the gradebook's assignment columns when one is given; 1 when students are not in it."""
+    from .grading import exports
+
+    gradebook = a.canvas_gradebook or a.roster
+    given = {}
+    for item in _names(a.canvas_assignment):
+        lab, _, number = item.partition("=")
+        if not (exports.lab_number_of(lab).isdigit() and number.strip().isdigit()):
+            raise SystemExit(f"labkit grade: --canvas-assignment takes NN=ID (lab 01 into assignment 5551: 01=5551), "
+                             f"got {item!r}")
+        given[exports.lab_number_of(lab)] = number.strip()
+    try:
+        done = exports.canvas(data, a.out, gradebook, given, allow_unmatched=a.allow_unmatched)
+    except ValueError as e:
+        print(f"Canvas: NOT written: {e}", file=sys.stderr)
+        return 1
+    for note in done.notes:
+        print(f"Canvas: {note}")
+    print(f"Canvas: {done.path} (Grades > Import)" + ("" if gradebook else "; without --canvas-gradebook its columns "
+          "carry no assignment ids and the folder names stand for the students: Canvas would make new assignments"))
+    if done.unmatched:
+        print(f"Canvas: left out, not in {gradebook}: {', '.join(done.unmatched)}", file=sys.stderr)
+    return 0
+
+
+def _only_labs(data: dict, labs: set[str]) -> dict:
+    """grades.json with only the notebooks of ``labs`` (all without)."""
+    from .grading.assign import lab_number
+
+    if not labs:
+        return data
+    wanted = {lab_number(x) for x in labs}
+    students = {s: {nb: e for nb, e in per.items() if lab_number(nb) in wanted} for s, per in data["students"].items()}
+    return {**data, "students": {s: per for s, per in students.items() if per}}
+
+
+def _cmd_collect(a) -> int:
+    from .grading import collect
+
+    result = collect.collect(a.download, _release(a.release), a.out, lms=a.source, labs=_names(a.lab))
+    print(collect.describe(result, a.out))
+    return 1 if result.unplaced else 0
 
 
 def _cmd_check_submission(a) -> int:
@@ -260,7 +337,7 @@ def _cmd_check_submission(a) -> int:
 def _cmd_similarity(a) -> int:
     from .grading import similarity
 
-    result = similarity.run(a.folder, release=a.release, out=a.out, top=a.top, lab=a.lab, common=a.common)
+    result = similarity.run(a.folder, release=_release(a.release), out=a.out, top=a.top, lab=a.lab, common=a.common)
     print(similarity.summary(result, top=10))
     return 0
 
@@ -463,8 +540,9 @@ def _add_grade(sub) -> None:
     g.add_argument("--cpu-seconds", type=int, default=1800, help="CPU seconds per process (default 1800)")
     g.add_argument("--part", metavar="K/N", help="grade only the K-th of N shares of the students (K = 0..N-1), e.g. "
                                                "one task of a SLURM array")
-    g.add_argument("--merge", action="store_true", help="merge the grades of the --part runs whose output folders "
-                                                      "are given into --out")
+    g.add_argument("--merge", action="store_true",
+                   help="merge the output folders given (the --part runs of a class, or a class then a later run that "
+                        "regrades some students: the later grade is kept) into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
     g.add_argument("--feedback", default=None, metavar="DIR",
@@ -483,12 +561,49 @@ def _add_grade(sub) -> None:
     g.add_argument("--export", action="append", choices=["gradescope", "canvas"],
                    help="also write the grades for a gradebook: gradescope (results.json per student) or canvas "
                         "(canvas.csv for the gradebook import); may be given twice")
-    g.add_argument("--roster", default=None, metavar="CSV",
-                   help="with --export canvas: the gradebook exported from Canvas, whose ID columns identify the students")
+    g.add_argument("--canvas-gradebook", default=None, metavar="CSV",
+                   help="with --export canvas: the gradebook exported from Canvas (Grades > Export); each lab goes into "
+                        "the column of its assignment there, each student is found by ID, SIS User ID or login")
+    g.add_argument("--roster", default=None, help=argparse.SUPPRESS)  # the earlier name of --canvas-gradebook
+    g.add_argument("--canvas-assignment", action="append", metavar="NN=ID",
+                   help="with --canvas-gradebook: lab NN goes into the assignment of Canvas id ID (default: the one "
+                        "whose title holds the lab's number); may be repeated, or NN=ID,NN=ID")
+    g.add_argument("--allow-unmatched", action="store_true",
+                   help="with --export canvas: leave out (and list) the students the gradebook lacks, instead of failing")
+    g.add_argument("--allow-unscored", action="store_true",
+                   help="export to Canvas even with written answers not scored yet (they count 0 until scored)")
+    g.add_argument("--lab", action="append", metavar="NN",
+                   help="grade only these labs (01, or 01,07; may be repeated): the grades, feedback and exports hold "
+                        "no other")
+    g.add_argument("--submissions", default=None, metavar="CSV",
+                   help="when each lab was handed in: the submissions.csv of labkit collect (default: FOLDER/"
+                        "submissions.csv if there); the release's deadlines and late policies apply from it")
+    g.add_argument("--extensions", default=None, metavar="CSV",
+                   help="extensions: a CSV of student,lab,deadline (ISO 8601) or student,lab,days; lab blank for all")
+    g.add_argument("--rescore", action="store_true",
+                   help="FOLDER is an earlier --out: merge the scores and comments of its answers.csv into its grades, "
+                        "then the feedback and exports asked for, without running any notebook")
     g.add_argument("--regrade", default=None, metavar="PREVIOUS",
                    help="an earlier run's output folder (or grades.json): write changes.csv, every verdict that changed")
     g.add_argument("--regrade-other-release", action="store_true",
                    help="with --regrade: compare even when the earlier grades come from another release")
+
+
+def _add_collect(sub) -> None:
+    c = _sub(sub, "collect", "sort an LMS's bulk download (Canvas, Moodle, Gradescope) into one folder per student",
+             "Read the bulk download of an assignment's submissions (the zip, or the folder it unpacks to) from\n"
+             "Canvas, Moodle or Gradescope; find each notebook's lab by its content; keep each student's latest\n"
+             "submission of a lab; and write SUBMISSIONS/<student>/<lab>.ipynb with SUBMISSIONS/submissions.csv\n"
+             "(student, lab, file, submitted_at, lms, lms_user_id, lms_submission_id): the times come from the LMS's\n"
+             "metadata, else from the files. A file it cannot place is listed with why, and the exit code is 1.",
+             _cmd_collect)
+    c.add_argument("download", help="the LMS's download: a .zip, or the folder it unpacks to")
+    c.add_argument("--release", default=None,
+                   help="the release record from labkit assign (default: release/ if there): the labs handed out")
+    c.add_argument("--out", required=True, metavar="SUBMISSIONS", help="the folder to write (labkit grade's input)")
+    c.add_argument("--from", dest="source", choices=["canvas", "moodle", "gradescope", "auto"], default="auto",
+                   help="which LMS made the download (default: auto, told by its file names)")
+    c.add_argument("--lab", action="append", metavar="NN", help="only these labs (01, or 01,07); others are listed")
 
 
 def _add_check_submission(sub) -> None:
@@ -567,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "`labkit doctor`.")
     p.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign,
+    for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign, _add_collect,
                 _add_grade, _add_check_submission, _add_similarity, _add_bench, _add_cluster, _add_gpu_check):
         add(sub)
     return p

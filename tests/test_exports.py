@@ -53,32 +53,64 @@ def test_gradescope_results_follow_the_documented_format(tmp_path):
     assert json.loads((tmp_path / "autograder" / "results.json").read_text())["score"] == 1.0
 
 
-def test_canvas_csv_has_the_import_columns_points_possible_and_a_column_per_lab(tmp_path):
-    roster = tmp_path / "export.csv"  # a gradebook as Canvas exports it (a Points Possible row, a test student)
-    roster.write_text('Student,ID,SIS User ID,SIS Login ID,Section,Old quiz (123)\n'
-                      '    Points Possible,,,,,10\n'
-                      '"Ana, Alvarez",101,S101,ana,Lab A,7\n'
-                      '"Student, Test",999,,test,Lab A,\n', encoding="utf-8")
-    path, unplaced = exports.canvas(CLASS, tmp_path / "out", roster)
-    assert unplaced == ["ben"]  # not in the roster: left out, and said
-    rows = list(csv.reader(path.open()))
-    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
-                       "Lab 05 cuda kernels", "Lab 07 ring allreduce"]
-    assert rows[1] == ["Points Possible", "", "", "", "", "2", "1"]
-    assert rows[2] == ["Ana, Alvarez", "101", "S101", "ana", "Lab A", "1", "1"] and len(rows) == 3
-    path, unplaced = exports.canvas(CLASS, tmp_path / "bare")  # no roster: the folder names identify the students
-    rows = list(csv.DictReader(path.open()))
-    assert unplaced == [] and [(r["Student"], r["SIS Login ID"], r["Lab 07 ring allreduce"]) for r in rows[1:]] == [
-        ("ana", "ana", "1"), ("ben", "ben", "")]  # ben handed in no lab 07: a blank, not a zero Canvas would keep
+# a gradebook as Canvas's Grades > Export writes it: the identity columns, each assignment as "Title (id)", the
+# assignment group and total columns, a Manual Posting row and a Points Possible row before the students, and the
+# test student at the end
+GRADEBOOK = (
+    'Student,ID,SIS User ID,SIS Login ID,Section,Lab 05: CUDA kernels (5555),Lab 7 Ring allreduce (5557),'
+    'Quiz 1 (6001),Assignments Current Score,Assignments Unposted Current Score,Current Score,Unposted Current Score\n'
+    ',,,,,Manual Posting,,,,,,\n'
+    '    Points Possible,,,,,4.00,1.00,10.00,(read only),(read only),(read only),(read only)\n'
+    '"Alvarez, Ana",4411,S1001,ana.alvarez,CS 491 Fall 2026,,,8.00,80,80,80,80\n'
+    '"Brown, Ben",4412,ben,bbrown,CS 491 Fall 2026,,,7.00,70,70,70,70\n'
+    '"Student, Test",4499,,,CS 491 Fall 2026,,,,,,,\n')
+
+
+def test_canvas_csv_goes_into_the_gradebooks_assignment_columns_by_id(tmp_path):
+    (tmp_path / "gradebook.csv").write_text(GRADEBOOK, encoding="utf-8")
+    data = json.loads(json.dumps(CLASS))
+    data["students"]["ana"]["05_cuda_kernels.ipynb"]["submission"] = {"lms": "canvas", "lms_user_id": "4411"}
+    done = exports.canvas(data, tmp_path / "out", tmp_path / "gradebook.csv")
+    rows = list(csv.reader(done.path.open()))
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "Lab 05: CUDA kernels (5555)",
+                       "Lab 7 Ring allreduce (5557)"]
+    assert rows[1][0] == "Points Possible" and rows[1][5:] == ["4.00", "1.00"]
+    # ana by the Canvas user id collect recorded, ben by his SIS User ID; lab 05 is worth 2 here, 4 in Canvas: scaled
+    assert rows[2] == ["Alvarez, Ana", "4411", "S1001", "ana.alvarez", "CS 491 Fall 2026", "2", "1"]
+    assert rows[3] == ["Brown, Ben", "4412", "ben", "bbrown", "CS 491 Fall 2026", "0", ""] and len(rows) == 4
+    assert done.unmatched == [] and done.notes == ["Lab 05: CUDA kernels (5555): 2 points here, 4 in Canvas: scaled"]
+    named = exports.canvas(data, tmp_path / "named", tmp_path / "gradebook.csv", {"07": "6001"})
+    assert "Quiz 1 (6001)" in next(csv.reader(named.path.open()))
+
+
+def test_canvas_export_refuses_unmatched_students_and_unclear_assignments(tmp_path):
+    (tmp_path / "gradebook.csv").write_text(GRADEBOOK, encoding="utf-8")
+    data = json.loads(json.dumps(CLASS))
+    data["students"]["cy"] = data["students"].pop("ana")  # nobody in the gradebook is cy
+    with pytest.raises(ValueError, match=r"not in the Canvas gradebook gradebook.csv .*: cy\. .*--allow-unmatched"):
+        exports.canvas(data, tmp_path / "out", tmp_path / "gradebook.csv")
+    assert not (tmp_path / "out" / "canvas.csv").exists()
+    done = exports.canvas(data, tmp_path / "out", tmp_path / "gradebook.csv", allow_unmatched=True)
+    assert done.unmatched == ["cy"] and [r[0] for r in csv.reader(done.path.open())] == ["Student", "Points Possible",
+                                                                                          "Brown, Ben"]
+    (tmp_path / "two.csv").write_text(GRADEBOOK.replace("Quiz 1 (6001)", "Lab 05 retake (6001)"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"lab 05: 2 assignments could be it .*--canvas-assignment NN=ID"):
+        exports.canvas(data, tmp_path / "x", tmp_path / "two.csv")
+    with pytest.raises(ValueError, match="lab 07: no assignment with id 999"):
+        exports.canvas(data, tmp_path / "x", tmp_path / "gradebook.csv", {"07": "999"})
     (tmp_path / "bad.csv").write_text("name,score\nana,3\n")
     with pytest.raises(ValueError, match="not a Canvas gradebook export"):
         exports.canvas(CLASS, tmp_path / "x", tmp_path / "bad.csv")
 
 
-def test_answer_scores_count_in_canvas_and_not_in_gradescope(tmp_path):
+def test_canvas_without_a_gradebook_and_answer_points(tmp_path):
+    path = exports.canvas(CLASS, tmp_path / "bare").path  # the folder names stand for the students
+    rows = list(csv.DictReader(path.open()))
+    assert [(r["Student"], r["SIS Login ID"], r["Lab 07 ring allreduce"]) for r in rows[1:]] == [
+        ("ana", "ana", "1"), ("ben", "ben", "")]  # ben handed in no lab 07: a blank, not a zero Canvas would keep
     data = _grades(ana={"01_serial_backprop.ipynb": [("backprop", True, "passed")]})
     data["students"]["ana"]["01_serial_backprop.ipynb"].update(answers=[{}, {}], answer_points=3, answer_score=2)
-    rows = list(csv.reader(exports.canvas(data, tmp_path)[0].open()))
+    rows = list(csv.reader(exports.canvas(data, tmp_path).path.open()))
     assert rows[1][-1] == "4" and rows[2][-1] == "3"  # 1 exercise + 3 answer points possible; 1 + 2 scored
     result = exports.gradescope_result(data["students"]["ana"], data)
     assert result["score"] == 1.0 and "2 written answer(s)" in result["output"]

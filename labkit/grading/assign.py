@@ -89,6 +89,26 @@ def exercises_in(nb) -> list[tuple[int, str]]:
     return found
 
 
+def lab_of(nb) -> str | None:
+    """The lab a notebook is ("01"), found by its content: the labs of the exercises its check cells call and the
+    ids of its answer cells ("01-..."), the most common; None when it holds neither."""
+    from collections import Counter
+
+    from ..check.exercises import exercise
+
+    votes = Counter(e.lab for _, name in exercises_in(nb) if (e := exercise(name)) is not None)
+    for cell in nb.cells:
+        if (m := answers.meta(cell)) is not None and re.match(r"\d\d-", str(m.get("answer", ""))):
+            votes[str(m["answer"])[:2]] += 1
+    return max(sorted(votes), key=votes.get) if votes else None
+
+
+def lab_number(name: str) -> str | None:
+    """The two-digit lab number a lab is given by ("1", "01", "01_serial_backprop.ipynb" -> "01"), or None."""
+    m = re.match(r"0*(\d{1,2})(?:\D|$)", str(name).strip())
+    return f"{int(m.group(1)):02d}" if m else None
+
+
 def undeclared_checks(nb) -> list[tuple[int, str]]:
     """(cell index, name) of every ``check.<name>(`` call that names no exercise of labkit.check.exercises."""
     return [(i, name) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
@@ -130,12 +150,18 @@ def release_entry(student) -> dict:
     for i, name in exercises_in(student):
         cell = student.cells[i]
         exercises.append({"name": name, "check_cell_id": cell.get("id"), "check_source": cell.source,
-                          "check_sha256": hashlib.sha256(cell.source.encode()).hexdigest()})
+                          "check_sha256": hashlib.sha256(cell.source.encode()).hexdigest(), "points": 1})
     questions = [{"id": m["answer"], "kind": m["kind"], "points": int(m.get("points", 1)),
                   "question": answers.question_text(student, i)} for i, m in answers.answer_cells(student)]
     given = [cell.source for cell in student.cells if cell.cell_type == "code"]
-    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "exercises": exercises, "answers": questions,
-            "given_code": given}
+    # what the instructor may edit in release.json: points, the hidden parts' share, the deadline and late policy
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "lab": lab_of(student), "exercises": exercises,
+            "answers": questions, "given_code": given, "hidden_share": HIDDEN_SHARE, "deadline": None,
+            "late": dict(LATE_POLICY)}
+
+
+HIDDEN_SHARE = 0.5  # of an exercise's points, its hidden part's (labkit grade --hidden-part)
+LATE_POLICY = {"percent_per_day": 10, "max_days": 5}  # per day late or part of one; later than max_days scores 0
 
 
 def nbgrader_source(nb, points: int = 1):
@@ -280,6 +306,7 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
 
 
 __all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
+           "lab_of", "lab_number", "HIDDEN_SHARE", "LATE_POLICY",
            "student_source", "undeclared_checks",
            "student_notebook", "handed_out", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
            "has_exercises", "write_student_versions"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 EXPORTS = ("gradescope", "canvas")
@@ -73,95 +75,218 @@ def gradescope(data: dict, out: Path | str, hidden: set[str] | None = None) -> l
 
 
 def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset()) -> dict:
-    """One student's results.json: a one-point test per exercise, in the order of the notebooks and their cells."""
+    """One student's results.json: a test per exercise worth its points, in the order of the notebooks and their
+    cells; a late penalty is taken off the score and said in the output."""
     from .notebook import is_secret, shown_name
 
-    tests, seconds, unscored = [], 0.0, 0
+    tests, seconds, unscored, penalties, lines = [], 0.0, 0, 0.0, []
     for name, entry in sorted(notebooks.items()):
         seconds += float(entry.get("seconds") or 0)
         lab = lab_name(name)
+        mine = []
         for k, r in enumerate(entry.get("results", []), 1):
             secret = is_secret(r["exercise"], hidden)
+            points = float(r.get("points", 1))
             output = r["message"] or ("passed" if r["passed"] else "failed")
-            tests.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
-                          "score": 1.0 if r["passed"] else 0.0, "max_score": 1.0,
-                          "status": "passed" if r["passed"] else "failed",
-                          "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
-                          "visibility": "after_published" if secret else "visible", "tags": [name]})
+            mine.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
+                         "score": points if r["passed"] else 0.0, "max_score": points,
+                         "status": "passed" if r["passed"] else "failed",
+                         "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
+                         "visibility": "after_published" if secret else "visible", "tags": [name]})
+        tests += mine
+        percent = float((entry.get("late") or {}).get("percent", 0))
+        if percent:
+            penalties += sum(t["score"] for t in mine) * percent / 100
+            lines.append(f"{lab}: {entry['late'].get('note', '')} (deadline {entry['late'].get('deadline')})")
         unscored += len(entry.get("answers", []))
-    lines = [f"labkit {data.get('labkit_version', '')}, profile {data.get('profile', 'quick')}, "
-             f"{data.get('timeout_s', '?')} s per cell" + ("" if data.get("isolated") else ", not isolated")]
+    lines.insert(0, f"labkit {data.get('labkit_version', '')}, profile {data.get('profile', 'quick')}, "
+                    f"{data.get('timeout_s', '?')} s per cell" + ("" if data.get("isolated") else ", not isolated"))
     if unscored:
         lines.append(f"{unscored} written answer(s) to the labs' questions are graded by hand, not here.")
-    return {"score": sum(t["score"] for t in tests), "execution_time": round(seconds),
+    return {"score": round(sum(t["score"] for t in tests) - penalties, 4), "execution_time": round(seconds),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 
-def read_roster(path: Path | str) -> list[dict]:
-    """The students of a gradebook exported from Canvas (CSV): rows with its identity columns. A second row whose
-    Student is 'Points Possible' (as Canvas writes it) is skipped."""
+# the columns of a Canvas gradebook export that say who a student is (those it has, in its order)
+CANVAS_PEOPLE = ("Student", "ID", "SIS User ID", "SIS Login ID", "Integration ID", "Root Account", "Section")
+_ASSIGNMENT = re.compile(r"^(.*\S)\s*\((\d+)\)$")
+_LAB_IN_TITLE = re.compile(r"\blab\s*#?\s*0*(\d{1,2})\b", re.I)
+
+
+@dataclass
+class Gradebook:
+    """A gradebook exported from Canvas: its columns, its Points Possible row and its students."""
+    path: Path
+    columns: list[str]
+    possible: dict[str, str]
+    people: list[dict]
+
+    def assignments(self) -> dict[str, str]:
+        """Each assignment column's Canvas id: {"Lab 01: Serial backprop (5551)": "5551"}."""
+        return {c: m.group(2) for c in self.columns if c not in CANVAS_PEOPLE and (m := _ASSIGNMENT.match(c))}
+
+
+def read_gradebook(path: Path | str) -> Gradebook:
+    """The gradebook CSV Canvas exports (Grades > Export): its header, the rows Canvas puts before the students (Points
+    Possible, and Manual Posting in newer exports) and the students; the test student is left out."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no roster at {path}: export the gradebook from Canvas (Grades > Export) and give "
-                                "that CSV")
+        raise FileNotFoundError(f"no gradebook at {path}: export it from Canvas (Grades > Export > CSV) and give that "
+                                "file")
     with open(path, newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or not {"Student", "SIS Login ID"} <= set(rows[0]):
-        raise ValueError(f"{path} is not a Canvas gradebook export: it needs the columns Student and SIS Login ID "
-                         "(and ID, SIS User ID, Section)")
-    return [r for r in rows if r.get("Student", "").strip().lower() != "points possible"
-            and "student, test" not in r.get("Student", "").lower()]
+        reader = csv.DictReader(f)
+        columns, rows = list(reader.fieldnames or []), list(reader)
+    if not {"Student", "ID"} <= set(columns) or not {"SIS User ID", "SIS Login ID"} & set(columns):
+        raise ValueError(f"{path} is not a Canvas gradebook export: it needs the columns Student, ID, SIS User ID and "
+                         "SIS Login ID (as Grades > Export writes them)")
+    possible = next((r for r in rows if r.get("Student", "").strip().lower() == "points possible"), {})
+    people = [r for r in rows if r.get("ID", "").strip() and r.get("Student", "").strip().lower() != "points possible"
+              and "student, test" not in r.get("Student", "").lower()]
+    return Gradebook(path, columns, possible, people)
 
 
-def canvas(data: dict, out: Path | str, roster: Path | str | None = None) -> tuple[Path, list[str]]:
-    """Write ``out``/canvas.csv; return its path and the students it could not place (not in the roster), who are
-    left out of it. Without a roster a student's folder name goes in Student and SIS Login ID."""
+def read_roster(path: Path | str) -> list[dict]:
+    """The students of a gradebook exported from Canvas (CSV)."""
+    return read_gradebook(path).people
+
+
+def canvas_columns(book: Gradebook, labs: list[str], given: dict[str, str] | None = None) -> dict[str, str]:
+    """For each lab ("01"), the gradebook's assignment column: the one ``given`` names by its Canvas id, else the one
+    whose title holds the lab's number ("Lab 01: ...", "Lab 1 ..."). A lab with none or several is refused, naming
+    them and how to choose."""
+    found, problems = {}, []
+    ids = book.assignments()
+    for lab in labs:
+        if given and lab in given:
+            hits = [c for c, i in ids.items() if i == str(given[lab])]
+            if not hits:
+                problems.append(f"lab {lab}: no assignment with id {given[lab]} in {book.path.name}")
+                continue
+        else:
+            hits = [c for c in ids if any(int(m) == int(lab) for m in _LAB_IN_TITLE.findall(_ASSIGNMENT.match(c)[1]))]
+        if len(hits) == 1:
+            found[lab] = hits[0]
+        else:
+            problems.append(f"lab {lab}: " + (f"{len(hits)} assignments could be it ({'; '.join(hits)})" if hits else
+                                              "no assignment whose title holds its number"))
+    if problems:
+        raise ValueError(f"{book.path}: " + ". ".join(problems) + ". Name each lab's assignment with "
+                         "--canvas-assignment NN=ID (the number in brackets after its title)")
+    return found
+
+
+def _match(people: list[dict], student: str, ids: set[str]) -> dict | None:
+    """The gradebook row of a labkit student: by the Canvas user id collect recorded, else their name as an ID, SIS
+    User ID or SIS Login ID."""
+    for key, column in [*((i, "ID") for i in sorted(ids)), *((student, c) for c in ("ID", "SIS User ID", "SIS Login ID"))]:
+        hits = [p for p in people if str(p.get(column, "")).strip().lower() == key.strip().lower()]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+@dataclass
+class CanvasExport:
+    path: Path
+    unmatched: list[str]
+    notes: list[str]
+
+
+def canvas(data: dict, out: Path | str, gradebook: Path | str | None = None, assignments: dict[str, str] | None = None,
+           allow_unmatched: bool = False) -> CanvasExport:
+    """Write ``out``/canvas.csv for Canvas's gradebook import. With ``gradebook`` (exported from Canvas) each lab goes
+    into its assignment's column, ``Title (id)``, and each student is found by ID, SIS User ID or login; a student
+    not found fails the export, naming them all, unless ``allow_unmatched`` (then they are left out, and returned).
+    A lab's points are scaled to the assignment's points possible where the two differ. Without a gradebook the
+    students' folder names stand in Student and SIS Login ID, under columns Canvas would take for new assignments."""
     notebooks = sorted({nb for per in data["students"].values() for nb in per})
-    possible = {nb: _points_possible(data, nb) for nb in notebooks}
-    people = read_roster(roster) if roster else None
-    rows, unplaced = [], []
+    ours = {nb: _points_possible(data, nb) for nb in notebooks}
+    if gradebook is None:
+        return _canvas_bare(data, out, notebooks, ours)
+    book = read_gradebook(gradebook)
+    labs = {nb: lab_number_of(nb) for nb in notebooks}
+    columns = canvas_columns(book, sorted(set(labs.values())), assignments)
+    scale, notes = {}, []
+    for nb in notebooks:
+        theirs = _number(book.possible.get(columns[labs[nb]], ""))
+        scale[nb] = theirs / ours[nb] if theirs and ours[nb] and abs(theirs - ours[nb]) > 1e-9 else 1.0
+        if scale[nb] != 1.0:
+            notes.append(f"{columns[labs[nb]]}: {_fmt(ours[nb])} points here, {_fmt(theirs)} in Canvas: scaled")
+    people = [c for c in CANVAS_PEOPLE if c in book.columns]
+    rows, unmatched = [], []
     for student, per in sorted(data["students"].items()):
-        who = _find(people, student) if people is not None else {"Student": student, "SIS Login ID": student}
+        ids = {str((e.get("submission") or {}).get("lms_user_id") or "") for e in per.values()
+               if (e.get("submission") or {}).get("lms") == "canvas"} - {""}
+        who = _match(book.people, student, ids)
         if who is None:
-            unplaced.append(student)
+            unmatched.append(student)
             continue
-        row = {k: who.get(k, "") for k in CANVAS_IDENTITY}
-        for nb in notebooks:
-            entry = per.get(nb)
-            row[lab_name(nb)] = _fmt(_points(entry)) if entry is not None else ""
+        row = {c: who.get(c, "") for c in people}
+        for nb, entry in per.items():
+            row[columns[labs[nb]]] = _fmt(round(_points(entry) * scale[nb], 2))
         rows.append(row)
-    path = Path(out) / CANVAS_CSV
+    if unmatched and not allow_unmatched:
+        raise ValueError(f"not in the Canvas gradebook {book.path.name} (by ID, SIS User ID or SIS Login ID): "
+                         f"{', '.join(unmatched)}. Correct the folder names, or pass --allow-unmatched to leave them "
+                         "out of canvas.csv")
+    fields = [*people, *dict.fromkeys(columns[labs[nb]] for nb in notebooks)]
+    possible = {"Student": "Points Possible", **{columns[labs[nb]]: book.possible.get(columns[labs[nb]], "")
+                                                 or _fmt(ours[nb]) for nb in notebooks}}
+    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), unmatched, notes)
+
+
+def _canvas_bare(data: dict, out: Path | str, notebooks: list[str], ours: dict) -> CanvasExport:
+    """canvas.csv without a gradebook: folder names as the students, a column per lab by its name."""
+    rows = []
+    for student, per in sorted(data["students"].items()):
+        row = {"Student": student, "SIS Login ID": student}
+        row.update({lab_name(nb): _fmt(_points(per[nb])) if nb in per else "" for nb in notebooks})
+        rows.append(row)
+    fields = [*CANVAS_IDENTITY, *(lab_name(nb) for nb in notebooks)]
+    possible = {"Student": "Points Possible", **{lab_name(nb): _fmt(ours[nb]) for nb in notebooks}}
+    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), [], [])
+
+
+def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=[*CANVAS_IDENTITY, *(lab_name(nb) for nb in notebooks)])
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
-        w.writerow({"Student": "Points Possible", **{lab_name(nb): _fmt(possible[nb]) for nb in notebooks}})
         w.writerows(rows)
-    return path, unplaced
+    return path
+
+
+def lab_number_of(notebook: str) -> str:
+    from .assign import lab_number
+
+    return lab_number(notebook) or notebook
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(str(text).strip())
+    except ValueError:
+        return None
 
 
 def _points(entry: dict) -> float:
+    """A lab's points as it goes into a gradebook: its total after any late penalty."""
+    if "total" in entry:
+        return float(entry["total"])
     return float(entry.get("passed", 0)) + float(entry.get("answer_score") or 0)
 
 
 def _points_possible(data: dict, notebook: str) -> float:
-    """The most points any student could get on a notebook: its exercises and its questions' points."""
+    """The points a notebook is worth: its exercises' and its questions' (the most any student's entry says)."""
     best = 0.0
     for per in data["students"].values():
         if notebook in per:
             e = per[notebook]
-            best = max(best, float(e.get("exercises", 0)) + float(e.get("answer_points") or 0))
+            possible = e.get("points_possible")
+            if possible is None:
+                possible = float(e.get("exercises", 0)) + float(e.get("answer_points") or 0)
+            best = max(best, float(possible))
     return best
-
-
-def _find(people: list[dict], student: str) -> dict | None:
-    """The roster row of a labkit student (a folder name): by SIS Login ID, SIS User ID, ID, then the name."""
-    key = student.strip().lower()
-    for column in ("SIS Login ID", "SIS User ID", "ID", "Student"):
-        hits = [p for p in people if str(p.get(column, "")).strip().lower() == key]
-        if len(hits) == 1:
-            return hits[0]
-    return None
 
 
 def changes(before: dict, after: dict, allow_other_release: bool = False) -> list[dict]:

@@ -1,17 +1,19 @@
 """Grading a class: every student's notebooks, each run and judged by :mod:`.notebook`, into one set of grades.
 
-    labkit grade submissions/ --out grades/
+    labkit grade submissions/ --release release/ --lab 01 --out grades/
 
-``submissions/`` holds one folder per student (``alice/05_cuda_kernels.ipynb``...) or the notebooks
-themselves (the file name then names the student). Every notebook runs from top to bottom on the quick
-profile; a cell that errs or runs past ``timeout`` seconds is stopped and the notebook goes on, so one
-endless loop costs one exercise, never the rest of the notebook or the other students. An exercise is a
-check cell, ``check.<name>(...)`` of an exercise declared in :mod:`labkit.check.exercises`: its verdict is the
-check's, replayed by the grader on what the student's function returned (never the cell's own success).
-Results go to ``grades.csv`` (one row per exercise) and ``grades.json`` (with scores), and the executed
-notebooks beside them, for reading the students' errors in full. The answers to the labs' questions (predict and
-explain, :mod:`.answers`) go to ``answers.html``, one table per question to read, and ``answers.csv``, whose
-``score`` column the instructor fills in: the next run into the same folder keeps those scores.
+``submissions/`` holds one folder per student (``alice/05_cuda_kernels.ipynb``...; ``labkit collect`` writes it from
+an LMS's download) or the notebooks themselves (the file name then names the student). Each notebook is the lab its
+content says (its check cells and answer cells), never what its file is called: a renamed download still grades as
+its lab, and a student's two files of one lab are never graded as two (the newest is kept, and the run says so).
+Every notebook runs from top to bottom on the quick profile; a cell that errs or runs past ``timeout`` seconds is
+stopped and the notebook goes on, so one endless loop costs one exercise, never the rest of the notebook or the other
+students. An exercise is a check cell, ``check.<name>(...)`` of an exercise declared in :mod:`labkit.check.exercises`:
+its verdict is the check's, replayed by the grader on what the student's function returned (never the cell's own
+success). Results go to ``grades.csv`` (one row per exercise, with its points and the lab's late penalty) and
+``grades.json`` (with each lab's points, :mod:`.scores`), and the executed notebooks beside them. The answers to the
+labs' questions (:mod:`.answers`) go to ``answers.html`` and ``answers.csv``, whose ``score`` column the instructor
+fills in; ``labkit grade --rescore OUT`` then totals them without running a notebook again.
 """
 
 from __future__ import annotations
@@ -21,26 +23,25 @@ import json
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..progress import progress_bar
 from . import answers as answer_cells
-from .assign import CHECK_CALL, RELEASE_FILE, exercises_in
+from . import late, scores
+from .assign import CHECK_CALL, RELEASE_FILE, exercises_in, lab_number, lab_of
 from .notebook import ExerciseResult, grade_notebook, rows_of
 from .sandbox import Limits
 
 
 def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
-    """The release record written by ``labkit assign --release DIR`` and its sha256: from ``release`` (the
-    release.json or its folder), else ./release/release.json when it exists, else (None, None)."""
+    """The release record written by ``labkit assign --release DIR`` and its sha256, from ``release`` (the release.json
+    or its folder); (None, None) without one. (The command line's default, ./release when it is there, is the command
+    line's: a folder left in the working directory never changes what the library grades.)"""
     import hashlib
 
     if release is None:
-        default = Path("release") / RELEASE_FILE
-        if not default.is_file():
-            return None, None
-        release = default
+        return None, None
     path = Path(release)
     if path.is_dir():
         path = path / RELEASE_FILE
@@ -49,10 +50,24 @@ def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
     text = path.read_text(encoding="utf-8")
     try:
         record = json.loads(text)
-        record["notebooks"]
-    except (ValueError, KeyError, TypeError) as e:
+        record["notebooks"].items()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is not a release record written by labkit assign ({e})") from None
     return record, hashlib.sha256(text.encode()).hexdigest()
+
+
+def only_labs(record: dict, labs: set[str]) -> dict:
+    """The release record with only the notebooks of ``labs`` ("01", "07"); a lab it does not hold is refused."""
+    kept = {name: entry for name, entry in record["notebooks"].items() if _lab_of_entry(name, entry) in labs}
+    missing = sorted(labs - {_lab_of_entry(n, e) for n, e in kept.items()})
+    if missing:
+        held = ", ".join(sorted(filter(None, (_lab_of_entry(n, e) for n, e in record["notebooks"].items()))))
+        raise ValueError(f"--lab {','.join(missing)}: the release holds no such lab (it holds {held})")
+    return {**record, "notebooks": kept}
+
+
+def _lab_of_entry(name: str, entry: dict) -> str | None:
+    return entry.get("lab") or lab_number(name)
 
 
 def submissions(folder: Path) -> list[tuple[str, Path]]:
@@ -71,47 +86,128 @@ def submissions(folder: Path) -> list[tuple[str, Path]]:
     return found
 
 
-def released_name(path: Path, record: dict) -> str | None:
-    """The released notebook a submission is: by file name, else (a flat folder named by students) the one most of
-    whose check cells it holds, by id and by the check they call (ids alone repeat from notebook to notebook)."""
+def _read(path: Path):
     import nbformat
 
-    if path.name in record["notebooks"]:
-        return path.name
     try:
-        cells = {c.get("id"): c.get("source", "") for c in nbformat.read(path, as_version=4).cells}
+        return nbformat.read(path, as_version=4)
     except Exception:  # noqa: BLE001 - an unreadable file is reported when it is run
         return None
 
-    def holds(ex: dict) -> bool:
-        source = cells.get(ex["check_cell_id"])
-        return source is not None and f"check.{ex['name'].split('#')[0]}(" in source
 
-    score = {name: sum(holds(ex) for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
-    best = max(score, key=score.get, default=None)
-    return best if best is not None and score[best] > 0 else None
+def lab_notebook(lab: str) -> str:
+    """The file name of a lab's notebook in the course (``01_serial_backprop.ipynb``), which names its rows."""
+    from ..report import NOTEBOOKS
+
+    found = sorted(Path(NOTEBOOKS).glob(f"{lab}_*.ipynb"))
+    return found[0].name if found else f"{lab}.ipynb"
 
 
-def _grade_one(args) -> tuple[list[ExerciseResult], float, str]:
+def released_name(path: Path, record: dict) -> str | None:
+    """The released notebook a submission is: the one of the lab its content shows; else (a notebook whose check and
+    answer cells name no lab) the one most of whose check cells it holds, by id and by the check they call; the
+    only one of a release of one lab; and, for a file that cannot be read at all, its file name."""
+    nb = _read(path)
+    lab = lab_of(nb) if nb is not None else None
+    by_lab = {_lab_of_entry(name, entry): name for name, entry in record["notebooks"].items()}
+    if lab is not None:
+        return by_lab.get(lab)
+    if nb is not None:
+        cells = {c.get("id"): c.get("source", "") for c in nb.cells}
+
+        def holds(ex: dict) -> bool:
+            source = cells.get(ex["check_cell_id"])
+            return source is not None and f"check.{ex['name'].split('#')[0]}(" in source
+
+        score = {name: sum(holds(ex) for ex in entry["exercises"]) for name, entry in record["notebooks"].items()}
+        best = max(score, key=score.get, default=None)
+        if best is not None and score[best] > 0:
+            return best
+    if len(record["notebooks"]) == 1:
+        return next(iter(record["notebooks"]))
+    return path.name if nb is None and path.name in record["notebooks"] else None
+
+
+def notebook_name(path: Path, record: dict | None) -> str | None:
+    """The lab notebook a submitted file is (its rows are named by it): in the release, else in the course's
+    notebooks; a notebook that shows no lab keeps its file's name without a release, and is None with one."""
+    if record is not None:
+        return released_name(path, record)
+    nb = _read(path)
+    lab = lab_of(nb) if nb is not None else None
+    return lab_notebook(lab) if lab else path.name
+
+
+@dataclass(frozen=True)
+class Handed:
+    """One notebook to grade: whose, which file, and the lab notebook it is."""
+    student: str
+    path: Path
+    name: str
+
+
+def place(found: list[tuple[str, Path]], record: dict | None, labs: set[str] | None) -> list[Handed]:
+    """Each submitted file named by the lab it is; files of other labs than ``labs`` left out; of one student's two
+    files of one lab the newest kept (said on stderr), so that a lab is never graded in two halves."""
+    chosen: dict[tuple[str, str], Handed] = {}
+    for student, path in found:
+        name = notebook_name(path, record)
+        if name is None:
+            print(f"labkit grade: {path}: not graded, it is none of the release's labs (its check and answer cells "
+                  "name no lab the release holds)", file=sys.stderr)
+            continue
+        if labs and (lab_number(name) or "") not in labs:
+            continue
+        here = Handed(student, path, name)
+        other = chosen.get((student, name))
+        if other is not None:
+            keep, drop = sorted([other, here], key=lambda h: (h.path.stat().st_mtime, str(h.path)))[::-1]
+            print(f"labkit grade: {student} handed in {name} twice ({drop.path.name} and {keep.path.name}): grading "
+                  f"the newer, {keep.path}", file=sys.stderr)
+            here = keep
+        chosen[(student, name)] = here
+    return sorted(chosen.values(), key=lambda h: (h.student, h.name))
+
+
+@dataclass(frozen=True)
+class GradeOptions:
+    """How every notebook of a run is graded: the limit per cell, the profile, BLAS and OpenMP threads per kernel,
+    isolation, the sandbox's limits and the exercises with a hidden part."""
+    timeout: int = 60
+    profile: str = "quick"
+    threads: int | None = None
+    isolate: bool | None = None
+    limits: Limits | None = None
+    hidden_parts: frozenset[str] = field(default_factory=frozenset)
+
+
+def _grade_one(work: tuple[Handed, Path, dict | None, GradeOptions]) -> tuple[list[ExerciseResult], float, str]:
     """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
     import hashlib
 
-    path, student, out_dir, timeout, profile, released, threads, isolate, limits, hidden_parts = args
+    handed, out_dir, released, o = work
     t0 = time.perf_counter()
-    results = grade_notebook(path, student, out_dir, timeout, profile, released, threads, isolate, limits, hidden_parts)
-    return results, time.perf_counter() - t0, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    results = grade_notebook(handed.path, handed.student, out_dir, o.timeout, o.profile, released, o.threads, o.isolate,
+                             o.limits, o.hidden_parts, name=handed.name)
+    return results, time.perf_counter() - t0, hashlib.sha256(Path(handed.path).read_bytes()).hexdigest()
 
 
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
           jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
-          part: tuple[int, int] | None = None, resume: bool = False,
-          hidden_parts: Iterable[str] = ()) -> tuple[list[ExerciseResult], Path, Path]:
+          part: tuple[int, int] | None = None, resume: bool = False, hidden_parts: Iterable[str] = (),
+          labs: Iterable[str] | None = None, submitted: Path | str | None = None,
+          extensions: Path | str | None = None) -> tuple[list[ExerciseResult], Path, Path]:
     """Grade every notebook under ``folder``; write ``grades.csv`` and ``grades.json`` into ``out``.
 
-    With a release record (``release``, or ./release/release.json), every exercise of every released notebook is
-    graded for every student, by the check cells as handed out: a missing, edited or converted check cell fails and
-    says so, and a notebook a student did not hand in fails all its exercises.
+    With a release record (``release``), every exercise of every released notebook is graded for every student, by
+    the check cells as handed out: a missing, edited or converted check cell fails and says so, and a notebook a
+    student did not hand in fails all its exercises. ``labs`` ("01", "07") grades only those labs: the grades, the
+    answers and everything made from them hold no other.
+
+    ``submitted`` is the submissions.csv of ``labkit collect`` (``folder``/submissions.csv when there): the time each
+    lab was handed in, from which the release's deadline and late policy (with ``extensions``, a CSV, :mod:`.late`)
+    give its penalty. Points come from the release (:mod:`.scores`).
 
     ``jobs`` > 1 grades that many submissions at once (worker processes), each kernel's BLAS and OpenMP threads set
     to its share of the cores; the results are the same, in the same order.
@@ -129,8 +225,8 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     changed since is graded again), with the same options.
 
     ``hidden_parts`` names exercises (or ``"all"``) whose checks also run, silently, on a second secret draw of
-    inputs: each such exercise gets a second row, ``<name>~hidden``, that counts like any other and whose message the
-    feedback and the Gradescope export show only as "a hidden check failed"."""
+    inputs: each such exercise gets a second row, ``<name>~hidden``, a share of the exercise's points, whose message
+    the feedback and the Gradescope export show only as "a hidden check failed"."""
     from .. import __version__
     from ..machine import usable_cores
 
@@ -138,44 +234,88 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
-    hidden_parts = _hidden_parts(hidden_parts)
-    found = _share(submissions(Path(folder)), part)  # an empty or missing folder is said before anything starts
-    isolate = _isolation(isolate)
+    hidden_parts, wanted = _hidden_parts(hidden_parts), _labs(labs)
     record, release_sha = load_release(release)
+    if record is not None and wanted:
+        record = only_labs(record, wanted)
+    handed = place(_share(submissions(Path(folder)), part), record, wanted)  # said before anything starts
+    if not handed:
+        raise FileNotFoundError(f"no notebook of lab {', '.join(sorted(wanted))} under {folder}")
+    times = _times(Path(folder), submitted, extensions)
+    isolate = _isolation(isolate)
     if record is None:
         print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
               "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
     out = Path(out)
-    threads = max(1, usable_cores() // jobs) if jobs > 1 else None
-    options = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "part": list(part) if part else None,
-               "limits": asdict(limits or Limits()), "isolated": bool(isolate), "hidden_parts": sorted(hidden_parts)}
-    kept = _Progress(out, options, resume)
-    work = [(path, student, out / "executed" / student, timeout, profile,
-             record["notebooks"][name] if record and (name := released_name(path, record)) else None, threads, isolate,
-             limits, hidden_parts)
-            for student, path in found]
+    options = GradeOptions(timeout, profile, max(1, usable_cores() // jobs) if jobs > 1 else None, isolate, limits,
+                           hidden_parts)
+    run = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "part": list(part) if part else None,
+           "limits": asdict(limits or Limits()), "isolated": bool(isolate), "hidden_parts": sorted(hidden_parts),
+           "labs": sorted(wanted) or None}
+    kept = _Progress(out, run, resume)
+    work = [(h, out / "executed" / h.student, record["notebooks"][h.name] if record else None, options) for h in handed]
     results: list[ExerciseResult] = []
     seconds, hashes = {}, {}
     with _sigterm_as_interrupt():
         graded = _grade_all(work, jobs, progress, kept)
-    for (student, path), (mine, secs, digest) in zip(found, graded):
+    for h, (mine, secs, digest) in zip(handed, graded):
         results += mine
-        seconds[(student, path.name)] = secs
-        hashes[(student, path.name)] = digest
+        seconds[(h.student, h.name)], hashes[(h.student, h.name)] = secs, digest
     if record:
-        missing = _not_handed_in(found, record, hidden_parts)
+        missing = _not_handed_in(handed, record, hidden_parts)
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
-    answered = _answers(found, record, out)
-    meta = {"profile": profile, "timeout_s": timeout, "labkit_version": __version__, "isolated": bool(isolate),
-            "limits": asdict(limits or Limits()),
-            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "release_sha256": release_sha,
-            "part": list(part) if part else None, "hidden_parts": sorted(hidden_parts)}
+    scores.set_points(results, record, hidden_parts)
+    answered, comments = _answers(handed, record, out)
     students = _by_student(results, seconds, hashes)
-    _add_answers(students, answered)
-    csv_path, json_path = _write(out, results, {**meta, "students": students})
+    _add_answers(students, answered, comments)
+    _add_late(students, record, times)
+    meta = {**run, "labkit_version": __version__, "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    csv_path, json_path = _write(out, {**meta, "students": students})
     kept.finish()
     return results, csv_path, json_path
+
+
+def _labs(labs: Iterable[str] | None) -> set[str]:
+    """The lab numbers of ``--lab 01,7``, as "01", "07"; a name that is no lab number is refused."""
+    wanted = set()
+    for given in labs or ():
+        for name in str(given).split(","):
+            if name.strip():
+                number = lab_number(name)
+                if number is None:
+                    raise ValueError(f"--lab {name.strip()!r} is no lab number: give 01 ... 12, e.g. --lab 01,07")
+                wanted.add(number)
+    return wanted
+
+
+def _times(folder: Path, submitted: Path | str | None, extensions: Path | str | None) -> tuple[dict, dict]:
+    """The submission times (submissions.csv, given or in the submissions folder) and the extensions."""
+    if submitted is None and (folder / "submissions.csv").is_file():
+        submitted = folder / "submissions.csv"
+    return (late.read_submissions(submitted) if submitted else {},
+            late.read_extensions(extensions) if extensions else {})
+
+
+def _add_late(students: dict, record: dict | None, times: tuple[dict, dict]) -> None:
+    """Each lab's submission (time, LMS ids) and late penalty, from the release's deadline and policy; then its total."""
+    submitted, extensions = times
+    for student, per in students.items():
+        for nb, entry in per.items():
+            lab = lab_number(nb) or ""
+            row = submitted.get((student, lab))
+            if row:
+                entry["submission"] = {k: row[k] for k in late.SUBMISSIONS_FIELDS if k != "student"}
+            released = (record or {}).get("notebooks", {}).get(nb, {})
+            deadline = late.deadline_for(released, student, lab, extensions)
+            when = late.parse_time(row["submitted_at"], "submitted_at") if row and row["submitted_at"] else None
+            handed_in = any(r["message"] != "notebook not handed in" for r in entry.get("results", []))
+            entry["late"] = late.penalty(when if handed_in else None, deadline if handed_in else None,
+                                         released.get("late"))
+            if deadline is not None and when is None and handed_in:
+                print(f"labkit grade: {student}, {nb}: no submission time (give --submissions, the submissions.csv of "
+                      "labkit collect): no late penalty applied", file=sys.stderr)
+            scores.total(entry)
 
 
 PROGRESS = ".progress"
@@ -261,58 +401,61 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _answers(found: list[tuple[str, Path]], record: dict | None, out: Path) -> list[answer_cells.Answer]:
-    """Every student's answers to the questions (blank ones too), with the scores an earlier run's answers.csv in
-    ``out`` holds for answers unchanged since; written to answers.csv and answers.html."""
-    import nbformat
-
+def _answers(handed: list[Handed], record: dict | None, out: Path) -> tuple[list[answer_cells.Answer], dict]:
+    """Every student's answers to the questions (a blank one scores 0, and says so), with the scores an earlier run's
+    answers.csv in ``out`` holds for answers unchanged since, written to answers.csv and answers.html; and that
+    earlier file's comments, by (student, notebook, question)."""
     answered: list[answer_cells.Answer] = []
     prompts: dict[tuple[str, str], str] = {}
-    for student, path in found:
-        name = released_name(path, record) if record else path.name
-        expected = (record["notebooks"][name].get("answers", []) if record and name in record["notebooks"] else None)
-        try:
-            nb = nbformat.read(path, as_version=4)
-            mine = {a.question: a for a in answer_cells.collect(nb, student, name or path.name)}
-            for i, cell in enumerate(nb.cells):
-                if (m := answer_cells.meta(cell)) is not None:
-                    prompts.setdefault((name or path.name, m["answer"]), answer_cells.question_text(nb, i))
-        except Exception as e:  # noqa: BLE001 - an unreadable notebook has blank answers, said why
-            mine, why = {}, f"the notebook could not be read ({type(e).__name__})"
-        else:
-            why = "its answer cell is missing from the notebook (deleted?)"
-        for q in expected if expected is not None else []:
+    for h in handed:
+        entry = record["notebooks"].get(h.name) if record else None
+        nb = _read(h.path)
+        mine, why = {}, "the notebook could not be read"
+        if nb is not None:
+            try:
+                mine = {a.question: a for a in answer_cells.collect(nb, h.student, h.name)}
+                prompts.update({(h.name, m["answer"]): answer_cells.question_text(nb, i)
+                                for i, c in enumerate(nb.cells) if (m := answer_cells.meta(c)) is not None})
+                why = "its answer cell is missing from the notebook (deleted?)"
+            except Exception as e:  # noqa: BLE001 - a malformed answer cell: its answers are blank, said why
+                why = f"the answer cells could not be read ({type(e).__name__})"
+        for q in entry.get("answers", []) if entry else []:
             answered.append(mine.pop(q["id"], None) or answer_cells.Answer(
-                student, name, q["id"], q["kind"], int(q["points"]), "", True, note=why))
+                h.student, h.name, q["id"], q["kind"], int(q["points"]), "", True, note=why))
         answered += list(mine.values())
     if record:  # a released notebook a student did not hand in: its questions unanswered
-        handed_in = {(s, released_name(p, record)) for s, p in found}
-        for student in sorted({s for s, _ in found}):
+        done = {(h.student, h.name) for h in handed}
+        for student in sorted({h.student for h in handed}):
             for name, entry in record["notebooks"].items():
-                if (student, name) not in handed_in:
+                if (student, name) not in done:
                     answered += [answer_cells.Answer(student, name, q["id"], q["kind"], int(q["points"]), "", True,
                                                      note="notebook not handed in") for q in entry.get("answers", [])]
         for name, entry in record["notebooks"].items():
             prompts.update({(name, q["id"]): q.get("question", "") for q in entry.get("answers", [])})
+    for a in answered:
+        if a.blank:
+            a.score, a.note = 0.0, a.note or scores.BLANK_NOTE
+    comments, _ = scores.read_hand_scores(out / answer_cells.ANSWERS_CSV)
     for warning in answer_cells.merge_scores(answered, out / answer_cells.ANSWERS_CSV):
         print(f"labkit grade: answers.csv: {warning}", file=sys.stderr)
     if answered:
         answer_cells.write(out, answered, prompts)
-    return answered
+    return answered, comments
 
 
-def _add_answers(students: dict, answered: list) -> None:
-    """grades.json: per student and notebook, its answers and the points the instructor has scored so far."""
+def _add_answers(students: dict, answered: list, comments: dict) -> None:
+    """grades.json: per student and notebook, its answers, the points scored so far and the instructor's comments."""
+    by: dict[tuple[str, str], list[dict]] = {}
     for a in answered:
-        entry = students.setdefault(a.student, {}).setdefault(a.notebook, {})
-        entry.setdefault("answers", []).append(
-            {"question": a.question, "kind": a.kind, "points": a.points, "blank": a.blank, "score": a.score})
-    for notebooks in students.values():
-        for entry in notebooks.values():
-            if "answers" in entry:
-                entry["answer_points"] = sum(q["points"] for q in entry["answers"])
-                entry["answer_score"] = sum(q["score"] or 0 for q in entry["answers"])
-                entry["answers_unscored"] = sum(q["score"] is None and not q["blank"] for q in entry["answers"])
+        row = {"question": a.question, "kind": a.kind, "points": a.points, "blank": a.blank, "score": a.score}
+        if a.note:
+            row["note"] = a.note
+        if (comment := comments.get((a.student, a.notebook, a.question), {}).get("comment")):
+            row["comment"] = comment
+        by.setdefault((a.student, a.notebook), []).append(row)
+    for (student, nb), rows in by.items():
+        entry = students.setdefault(student, {}).setdefault(nb, {"passed": 0, "exercises": 0, "results": []})
+        scores.answers_into(entry, rows)
 
 
 def _isolation(isolate: bool | None) -> bool:
@@ -350,15 +493,15 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
     from . import workers
 
     done: dict[int, tuple] = {}
-    for k, args in enumerate(work):
-        if kept is not None and (item := kept.get(args[1], args[0])) is not None:
+    for k, (handed, *_) in enumerate(work):
+        if kept is not None and (item := kept.get(handed.student, handed.path)) is not None:
             done[k] = item
     todo = [k for k in range(len(work)) if k not in done]
     with progress_bar(total=len(work), initial=len(done), enable=progress, desc="grading", unit="nb") as bar:
         def finished(k, item):
             done[k] = item
             if kept is not None:
-                kept.put(work[k][1], work[k][0], item)
+                kept.put(work[k][0].student, work[k][0].path, item)
             bar.update(1)
 
         if jobs == 1:
@@ -376,12 +519,12 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
     return [done[k] for k in range(len(work))]
 
 
-def _not_handed_in(found: list[tuple[str, Path]], record: dict, hidden_parts=frozenset()) -> list[ExerciseResult]:
+def _not_handed_in(handed: list[Handed], record: dict, hidden_parts=frozenset()) -> list[ExerciseResult]:
     """A failed row for every exercise (and hidden part) of every released notebook a student did not hand in."""
-    handed_in = {(s, released_name(p, record)) for s, p in found}
+    done = {(h.student, h.name) for h in handed}
     return [ExerciseResult(student, name, row, False, "notebook not handed in")
-            for student in sorted({s for s, _ in found}) for name, entry in record["notebooks"].items()
-            if (student, name) not in handed_in for ex in entry["exercises"] for row in rows_of(ex["name"], hidden_parts)]
+            for student in sorted({h.student for h in handed}) for name, entry in record["notebooks"].items()
+            if (student, name) not in done for ex in entry["exercises"] for row in rows_of(ex["name"], hidden_parts)]
 
 
 def _hidden_parts(names: Iterable[str]) -> frozenset[str]:
@@ -397,27 +540,39 @@ def _hidden_parts(names: Iterable[str]) -> frozenset[str]:
 
 
 def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict) -> dict:
-    """grades.json's students: per student and notebook, the score, the seconds, the file's sha256 and the rows."""
+    """grades.json's students: per student and notebook, the lab, what passed, the seconds, the file's sha256, rows."""
     summary: dict = {}
-    for (student, nb_name), secs in seconds.items():
+    for (student, nb_name), secs in sorted(seconds.items()):
         mine = [r for r in results if r.student == student and r.notebook == nb_name]
         summary.setdefault(student, {})[nb_name] = {
-            "passed": sum(r.passed for r in mine), "exercises": len(mine), "seconds": round(secs, 1),
-            "results": [asdict(r) for r in mine]}
+            "lab": lab_number(nb_name), "passed": sum(r.passed for r in mine), "exercises": len(mine),
+            "seconds": round(secs, 1), "results": [asdict(r) for r in mine]}
     for (student, nb_name), digest in hashes.items():
         summary[student][nb_name]["sha256"] = digest
     return summary
 
 
-def _write(out: Path, results: list[ExerciseResult], data: dict) -> tuple[Path, Path]:
-    """grades.csv and grades.json, each written whole or not at all (a temporary file renamed into place)."""
+CSV_FIELDS = ("student", "notebook", "exercise", "passed", "message", "points", "score", "lab", "submitted_at",
+              "days_late", "penalty_percent")
+
+
+def _write(out: Path, data: dict) -> tuple[Path, Path]:
+    """grades.csv (a row per exercise, with its points and its lab's late penalty) and grades.json, each written
+    whole or not at all (a temporary file renamed into place)."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out / "grades.csv", out / "grades.json"
     with open(csv_path.with_suffix(".csv.part"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "notebook", "exercise", "passed", "message"])
-        for r in results:
-            w.writerow([r.student, r.notebook, r.exercise, int(r.passed), r.message])
+        w.writerow(CSV_FIELDS)
+        for student, per in data["students"].items():
+            for nb, entry in per.items():
+                when = (entry.get("submission") or {}).get("submitted_at", "")
+                penalty = entry.get("late") or {}
+                for r in entry.get("results", []):
+                    points = float(r.get("points", 1))
+                    w.writerow([student, nb, r["exercise"], int(r["passed"]), r["message"], f"{points:g}",
+                                f"{points * r['passed']:g}", entry.get("lab") or lab_number(nb) or "", when,
+                                penalty.get("days_late", 0), f"{float(penalty.get('percent', 0)):g}"])
     csv_path.with_suffix(".csv.part").replace(csv_path)
     json_path.with_suffix(".json.part").write_text(json.dumps(data, indent=2) + "\n")
     json_path.with_suffix(".json.part").replace(json_path)
@@ -425,44 +580,97 @@ def _write(out: Path, results: list[ExerciseResult], data: dict) -> tuple[Path, 
 
 
 def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult], Path, Path]:
-    """Put the grades of several ``labkit grade --part`` runs (their output folders, or grades.json files) into one
-    grades.csv and grades.json in ``out``. The parts must come from the same release and labkit version, and no
-    student may be graded in two of them."""
-    loaded = []
-    for p in parts:
-        path = Path(p) / "grades.json" if Path(p).is_dir() else Path(p)
-        if not path.is_file():
-            raise FileNotFoundError(f"no grades.json at {path}: give the --out folders of the labkit grade runs")
-        try:
-            data = json.loads(path.read_text())
-            data["students"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not a grades.json written by labkit grade ({e})") from None
-        loaded.append((path, data))
+    """Put the grades of several runs (their output folders, or grades.json files) into one grades.csv and grades.json
+    in ``out``: the ``--part`` shares of one class, or a class and a later run that regrades some of its students,
+    whose grade of a lab replaces the earlier one (the later folder, given after). The runs must come from the same
+    release and labkit version; two shares of one split may not both hold a student."""
+    loaded = [(path, _load_grades(path)) for path in (_grades_file(p) for p in parts)]
     if not loaded:
         raise ValueError("nothing to merge: give the output folders of the labkit grade runs")
-    for key in ("release_sha256", "labkit_version", "profile", "timeout_s", "hidden_parts"):
+    for key in ("release_sha256", "labkit_version", "profile", "hidden_parts"):
         values = {json.dumps(d.get(key)) for _, d in loaded}
         if len(values) > 1:
-            raise ValueError(f"the parts differ in {key} ({', '.join(sorted(values))}): grade every part with the "
+            raise ValueError(f"the runs differ in {key} ({', '.join(sorted(values))}): grade every part with the "
                              "same release, labkit version and options")
     students: dict = {}
     owner: dict = {}
     for path, data in loaded:
         for student, notebooks in data["students"].items():
-            if student in students:
-                raise ValueError(f"{student} was graded in two parts: {owner[student]} and {path}")
-            students[student], owner[student] = notebooks, path
-    results = [ExerciseResult(**r) for student in sorted(students) for nb in students[student].values()
-               for r in nb.get("results", [])]
+            for nb, entry in notebooks.items():
+                earlier = owner.get((student, nb))
+                if earlier is not None and _shares_of_one_split(earlier[1], data):
+                    raise ValueError(f"{student} was graded in two shares of one split: {earlier[0]} and {path}")
+                if earlier is not None:
+                    print(f"labkit grade --merge: {student}, {nb}: the later grade ({path}) replaces {earlier[0]}",
+                          file=sys.stderr)
+                students.setdefault(student, {})[nb] = entry
+                owner[(student, nb)] = (path, data)
     first = loaded[0][1]
-    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "isolated", "limits",
-                                      "hidden_parts")}
+    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "limits",
+                                      "hidden_parts", "labs")}
     meta["isolated"] = all(d.get("isolated") for _, d in loaded)
     meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
     meta["parts"] = [{"grades": str(p), "part": d.get("part"), "graded_at": d.get("graded_at")} for p, d in loaded]
-    csv_path, json_path = _write(Path(out), results, {**meta, "students": {s: students[s] for s in sorted(students)}})
-    return results, csv_path, json_path
+    merged = {s: dict(sorted(students[s].items())) for s in sorted(students)}
+    _merge_answers([p.parent for p, _ in loaded], Path(out), owner)
+    csv_path, json_path = _write(Path(out), {**meta, "students": merged})
+    return _rows(merged), csv_path, json_path
+
+
+def _grades_file(p: Path | str) -> Path:
+    path = Path(p) / "grades.json" if Path(p).is_dir() else Path(p)
+    if not path.is_file():
+        raise FileNotFoundError(f"no grades.json at {path}: give the --out folders of the labkit grade runs")
+    return path
+
+
+def _load_grades(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        data["students"].items()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a grades.json written by labkit grade ({e})") from None
+    return data
+
+
+def _shares_of_one_split(a: dict, b: dict) -> bool:
+    """Whether two runs are two shares (--part K/N) of the same N, which never hold one student twice."""
+    return bool(a.get("part") and b.get("part") and a["part"][1] == b["part"][1] and a["part"] != b["part"])
+
+
+def _merge_answers(folders: list[Path], out: Path, owner: dict) -> None:
+    """The merged runs' answers.csv into ``out``: each student's lab from the run whose grade was kept."""
+    rows, fields = [], None
+    for folder in folders:
+        path = folder / answer_cells.ANSWERS_CSV
+        if not path.is_file():
+            continue
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields = fields or reader.fieldnames
+            rows += [r for r in reader if (kept := owner.get((r.get("student"), r.get("notebook")))) is not None
+                     and kept[0].parent == folder]
+    if fields is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / answer_cells.ANSWERS_CSV, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _rows(students: dict) -> list[ExerciseResult]:
+    return [ExerciseResult(**r) for per in students.values() for entry in per.values() for r in entry.get("results", [])]
+
+
+def rescore(out: Path | str) -> tuple[list[ExerciseResult], Path, Path, list[str]]:
+    """Merge the hand scores and comments of ``out``/answers.csv into ``out``'s grades (grades.json, grades.csv)
+    without running a notebook again; returns the rows, the two files and the warnings."""
+    out = Path(out)
+    data = _load_grades(_grades_file(out))
+    warnings = scores.rescore(data, out)
+    csv_path, json_path = _write(out, data)
+    return _rows(data["students"]), csv_path, json_path, warnings
 
 
 def summary(results: list[ExerciseResult]) -> str:
@@ -476,5 +684,5 @@ def summary(results: list[ExerciseResult]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CHECK_CALL", "ExerciseResult", "exercises_in", "load_release", "grade_notebook", "submissions", "grade",
-           "merge", "summary"]
+__all__ = ["CHECK_CALL", "ExerciseResult", "GradeOptions", "Handed", "exercises_in", "load_release", "grade_notebook",
+           "submissions", "grade", "merge", "only_labs", "place", "rescore", "summary"]

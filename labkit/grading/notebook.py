@@ -34,6 +34,7 @@ class ExerciseResult:
     exercise: str
     passed: bool
     message: str
+    points: float = 1.0  # what the row is worth (:mod:`.scores`); it scores them when passed
 
 
 def _outcome(cell, timeout: int) -> tuple[bool, str]:
@@ -349,8 +350,10 @@ class NotebookRun:
             message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
         return passed, message
 
-    def results(self, student: str, outcomes: dict[str, tuple[bool, str]]) -> list[ExerciseResult]:
-        """A row for every exercise: every released one, in the release's order, else those the notebook holds."""
+    def results(self, student: str, outcomes: dict[str, tuple[bool, str]],
+                notebook: str | None = None) -> list[ExerciseResult]:
+        """A row for every exercise: every released one, in the release's order, else those the notebook holds; each
+        row names ``notebook`` (the lab found in it), else the file."""
         names = ([ex["name"] for ex in self.released["exercises"]] if self.released
                  else [name for _, name in self.exercises])
         rows = []
@@ -359,7 +362,7 @@ class NotebookRun:
                 passed, message = outcomes.get(row, (False, ""))
                 if name in self.problems:
                     passed, message = False, self.problems[name] + (f"; when run: {message}" if row in outcomes else "")
-                rows.append(ExerciseResult(student, self.path.name, row, passed, message))
+                rows.append(ExerciseResult(student, notebook or self.path.name, row, passed, message))
         return rows
 
     def close(self) -> None:
@@ -396,9 +399,11 @@ def shown_name(row: str) -> str:
 
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
                    released: dict | None = None, threads: int | None = None, isolate: bool | None = None,
-                   limits: Limits | None = None, hidden_parts: frozenset[str] = frozenset()) -> list[ExerciseResult]:
+                   limits: Limits | None = None, hidden_parts: frozenset[str] = frozenset(),
+                   name: str | None = None) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
-    student's errors).
+    student's errors). ``name`` is the lab notebook it is (found by its content), which names its rows and the
+    executed copy; the file's own name without it.
 
     The notebook runs in a sandbox of its own (:mod:`labkit.grading.sandbox`; ``isolate=None`` where one can be
     made) and in record mode (:mod:`labkit.check.capture`) on inputs drawn afresh: right after each check cell, what
@@ -414,16 +419,16 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     if why:  # an empty upload, a file that is not a notebook: its rows say so, the class goes on
         names = ([row for ex in released["exercises"] for row in rows_of(ex["name"], hidden_parts)] if released
                  else ["(the notebook)"])
-        return [ExerciseResult(student, Path(path).name, name, False, why) for name in names]
+        return [ExerciseResult(student, name or Path(path).name, row, False, why) for row in names]
     run = NotebookRun(path, timeout, profile, released, threads, isolate, limits, hidden_parts)
     try:
         stopped = run.execute()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        nbformat.write(run.nb, Path(out_dir) / Path(path).name)
+        nbformat.write(run.nb, Path(out_dir) / (name or Path(path).name))
         outcomes = run.verdicts(stopped)
     finally:
         run.close()
-    return run.results(student, outcomes)
+    return run.results(student, outcomes, name)
 
 
 def unreadable(path: Path) -> str | None:

@@ -1,0 +1,115 @@
+"""Points: what each exercise row and written answer is worth, the late penalty, and each student's total per lab.
+
+The release sets the points (:mod:`.assign` writes the defaults into release.json for the instructor to edit): each
+exercise's ``points`` (1 by default) and each question's ``points``. A hidden part (``labkit grade --hidden-part``) is
+``hidden_share`` of its exercise's points (0.5 by default), taken from the exercise's own, so that a lab's points
+possible never change with ``--hidden-part``. A blank written answer scores 0 and says so; a non-blank one counts once
+the instructor has scored it in answers.csv (``labkit grade --rescore OUT`` merges the scores without running a
+notebook again). The late penalty (:mod:`.late`) is a percent of the lab's score.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .assign import HIDDEN_SHARE
+from .notebook import ExerciseResult, rows_of
+
+BLANK_NOTE = "blank answer: 0 points"
+
+
+def set_points(results: list[ExerciseResult], record: dict | None, hidden_parts) -> None:
+    """Give every row its points: the exercise's points from the release (1 without one), shared with its hidden part
+    where it has one."""
+    for r in results:
+        entry = (record or {}).get("notebooks", {}).get(r.notebook, {})
+        base = r.exercise.split("~")[0]
+        declared = next((ex for ex in entry.get("exercises", []) if ex["name"] == base), {})
+        points = float(declared.get("points", 1))
+        if len(rows_of(base, hidden_parts)) > 1:
+            share = float(entry.get("hidden_share", HIDDEN_SHARE))
+            points *= share if r.exercise != base else 1 - share
+        r.points = points
+
+
+def answers_into(entry: dict, answers: list[dict]) -> None:
+    """A lab's written answers into its grades.json entry: a blank answer is 0 and says so."""
+    for a in answers:
+        if a.get("blank"):
+            a["score"] = 0.0 if a.get("score") is None else a["score"]
+            a["note"] = a.get("note") or BLANK_NOTE
+    entry["answers"] = answers
+    entry["answer_points"] = sum(float(a["points"]) for a in answers)
+    entry["answer_score"] = sum(float(a["score"] or 0) for a in answers)
+    entry["answers_unscored"] = sum(a["score"] is None and not a["blank"] for a in answers)
+
+
+def total(entry: dict) -> None:
+    """A lab's points: its exercises', its answers', what the late penalty takes, and what is left (``total``)."""
+    rows = entry.get("results", [])
+    entry["exercise_points"] = round(sum(float(r.get("points", 1)) for r in rows), 4)
+    entry["exercise_score"] = round(sum(float(r.get("points", 1)) for r in rows if r["passed"]), 4)
+    entry["points_possible"] = round(entry["exercise_points"] + float(entry.get("answer_points") or 0), 4)
+    before = entry["exercise_score"] + float(entry.get("answer_score") or 0)
+    percent = float((entry.get("late") or {}).get("percent", 0))
+    entry["score_before_penalty"] = round(before, 4)
+    entry["total"] = round(before * (1 - percent / 100), 4)
+
+
+def unscored(data: dict) -> list[str]:
+    """'student, lab: question' for every non-blank written answer the instructor has not scored yet."""
+    return [f"{student}, {nb}: {a['question']}" for student, per in sorted(data["students"].items())
+            for nb, entry in sorted(per.items()) for a in entry.get("answers", [])
+            if a.get("score") is None and not a.get("blank")]
+
+
+def read_hand_scores(path: Path) -> tuple[dict[tuple[str, str, str], dict], list[str]]:
+    """answers.csv as the instructor left it: per (student, notebook, question) the score (None when blank) and the
+    comment; and a warning per score that is not a number or is out of range."""
+    found, warnings = {}, []
+    if not Path(path).is_file():
+        return found, warnings
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            key = (row.get("student", ""), row.get("notebook", ""), row.get("question", ""))
+            text, score = (row.get("score") or "").strip(), None
+            if text:
+                try:
+                    score = float(text)
+                    if not 0 <= score <= float(row.get("points") or 0):
+                        raise ValueError
+                except ValueError:
+                    warnings.append(f"{key[0]} / {key[2]}: score {text!r} is not a number within 0..{row.get('points')}; "
+                                    "left unscored")
+                    score = None
+            found[key] = {"score": score, "comment": (row.get("comment") or "").strip()}
+    return found, warnings
+
+
+def rescore(data: dict, out: Path) -> list[str]:
+    """Take the hand scores and comments of ``out``/answers.csv into ``data`` (a grades.json) and total every lab
+    again: no notebook runs. Returns the warnings (a score out of range, an answer with no row in answers.csv)."""
+    from .answers import ANSWERS_CSV
+
+    if not (Path(out) / ANSWERS_CSV).is_file():
+        raise FileNotFoundError(f"no {ANSWERS_CSV} in {out}: --rescore takes the --out folder of a labkit grade run "
+                                "whose answers you have scored")
+    hand, warnings = read_hand_scores(Path(out) / ANSWERS_CSV)
+    for student, per in data["students"].items():
+        for nb, entry in per.items():
+            for a in entry.get("answers", []):
+                mine = hand.get((student, nb, a["question"]))
+                if mine is None:
+                    warnings.append(f"{student} / {a['question']}: no row in {ANSWERS_CSV}; left as it was")
+                    continue
+                a["score"] = mine["score"] if mine["score"] is not None else (0.0 if a.get("blank") else None)
+                if mine["comment"]:
+                    a["comment"] = mine["comment"]
+            if "answers" in entry:
+                answers_into(entry, entry["answers"])
+            total(entry)
+    return warnings
+
+
+__all__ = ["BLANK_NOTE", "answers_into", "read_hand_scores", "rescore", "set_points", "total", "unscored"]
