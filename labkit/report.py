@@ -5,6 +5,10 @@ Run: ``labkit report [--profile quick|full] [--out DIR]``
 Each notebook is executed with nbclient in a fresh kernel, with ``PROFILE`` injected after its
 cell tagged ``parameters`` (as papermill does) and a timeout per cell. A notebook that fails is
 shown with its error and the others still run. Notebooks publish key numbers with :func:`record`.
+
+The report is what instructors publish, so the executed notebooks it writes (``.ipynb`` and ``.html``) show each
+exercise as students get it, its solution region a stub and each written answer blank, above the outputs of the
+instructor's run; ``solutions=True`` (``labkit report --solutions``) keeps the solution code and model answers.
 """
 
 from __future__ import annotations
@@ -131,12 +135,14 @@ def collect(nb, result: NotebookResult) -> None:
 
 
 def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progress: bool | None = None,
-            env: dict[str, str | None] | None = None, allow_errors: bool = False) -> NotebookResult:
+            env: dict[str, str | None] | None = None, allow_errors: bool = False,
+            solutions: bool = True) -> NotebookResult:
     """Execute one notebook into ``out_dir`` and return what it produced (never raises for notebook errors).
 
     ``env`` changes the kernel's environment: a value of None removes the variable (e.g. ``{"LABKIT_DATA": None}``
     runs the lab on the default data). With ``allow_errors`` every cell runs whatever the cells above it raised
-    (a student's version, as a student would run it to the end); the errors are in ``result.executed``."""
+    (a student's version, as a student would run it to the end); the errors are in ``result.executed``. Without
+    ``solutions`` the files written show the exercises as handed out (:func:`published`), the run's outputs kept."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -170,11 +176,37 @@ def execute(path: Path, out_dir: Path, params: dict, timeout: int = 600, progres
         bar.close()
     result.seconds = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
+    collect(nb, result)
+    if not solutions:
+        try:
+            nb = published(nb)
+        except ValueError as e:  # unpaired solution markers: publish nothing of this notebook rather than leak
+            result.ok, result.error = False, f"not published, its solutions could not be taken out: {e}"
+            return result
     result.executed = out_dir / path.name
     nbformat.write(nb, result.executed)
     result.html = export_html(nb, out_dir / f"{path.stem}.html")
-    collect(nb, result)
     return result
+
+
+def published(nb):
+    """A copy of an executed notebook as it may be published: each solution region replaced by its stub and each
+    answer cell as handed out (:mod:`labkit.grading.assign`), the outputs of the run kept. Raises ValueError for
+    solution markers that do not pair up."""
+    import nbformat
+
+    from .grading import answers, assign
+
+    nb = nbformat.from_dict(nb)
+    for i, cell in enumerate(nb.cells):
+        if answers.meta(cell):
+            cell.source = answers.student_source(cell)
+        elif cell.cell_type == "code":
+            try:
+                cell.source = assign.student_source(cell.source)
+            except ValueError as e:
+                raise ValueError(f"{nb.metadata.get('name', 'the notebook')}, cell {i}: {e}") from None
+    return nb
 
 
 MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"
@@ -210,6 +242,88 @@ def offline_exporter(html_exporter, mathjax_url: str):
 
     return html_exporter(mathjax_url=mathjax_url, template_file="labkit_offline.html.j2",
                          extra_loaders=[jinja2.DictLoader({"labkit_offline.html.j2": _OFFLINE_PAGE})])
+
+
+# MathML Core, as browsers render it without a script (Chromium 109+, Firefox, Safari), and the attributes a
+# converted formula needs: anything else (an href, an event handler, a tag in \text{...}) is dropped
+MATHML_ELEMENTS = frozenset("math semantics annotation mrow mi mn mo ms mtext mspace msub msup msubsup mfrac msqrt mroot "
+                            "mstyle merror mpadded mphantom menclose munder mover munderover mtable mtr mtd mmultiscripts "
+                            "mprescripts none".split())
+MATHML_ATTRIBUTES = frozenset("display stretchy mathvariant fence separator lspace rspace form largeop movablelimits "
+                              "symmetric minsize maxsize accent accentunder linethickness columnalign rowalign "
+                              "columnspacing rowspacing columnlines rowlines displaystyle scriptlevel width height "
+                              "depth notation encoding".split())
+_MATHML_NS = "{http://www.w3.org/1998/Math/MathML}"
+
+
+def tex_to_mathml(tex: str, display: bool = False) -> str:
+    """TeX math as MathML that a browser renders with no script and no network; the TeX shown as code where it
+    cannot be converted. Only MathML elements and layout attributes are kept, whatever the TeX held."""
+    import xml.etree.ElementTree as ET
+
+    from latex2mathml.converter import convert
+
+    tex = tex.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")  # as escaped by the markdown parser
+    try:
+        root = ET.fromstring(convert(tex, display="block" if display else "inline"))
+    except Exception:  # noqa: BLE001 - TeX the converter cannot read, or output that is not well formed
+        return f"<code>{html.escape(tex)}</code>"
+    for el in root.iter():
+        tag = el.tag.removeprefix(_MATHML_NS)
+        el.tag = tag if tag in MATHML_ELEMENTS else "mrow"
+        for name in [a for a in el.attrib if a not in MATHML_ATTRIBUTES]:
+            del el.attrib[name]
+    root.set("xmlns", "http://www.w3.org/1998/Math/MathML")
+    text = ET.tostring(root, encoding="unicode", short_empty_elements=False)
+    return f"<span class='labkit-math'>{text}</span>" if display else text
+
+
+# a page that travels alone: nbconvert's lab page with its math as MathML, and nothing loaded from anywhere
+_STANDALONE_PAGE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_js_mathjax -%}
+<style>.labkit-math{display:block;margin:1em 0;text-align:center;overflow-x:auto}</style>
+{%- endblock html_head_js_mathjax -%}
+"""
+
+
+def standalone_exporter():
+    """An nbconvert HTML exporter whose pages need no file beside them and no network: math converted to MathML
+    (:func:`tex_to_mathml`) when the page is written, figures embedded, no script loaded."""
+    import jinja2
+    from nbconvert import HTMLExporter
+    from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+    class MathMLRenderer(IPythonRenderer):
+        def block_math(self, body: str) -> str:
+            return tex_to_mathml(body, display=True)
+
+        def inline_math(self, body: str) -> str:
+            return tex_to_mathml(body)
+
+        def latex_environment(self, name: str, body: str) -> str:
+            return tex_to_mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", display=True)
+
+    class StandaloneExporter(HTMLExporter):
+        def markdown2html(self, context, source):
+            cell = context.get("cell", {})
+            renderer = MathMLRenderer(escape=False, attachments=cell.get("attachments", {}),
+                                      anchor_link_text=self.anchor_link_text, exclude_anchor_links=True)
+            return MarkdownWithMath(renderer=renderer).render(source)
+
+    StandaloneExporter.markdown2html = jinja2.pass_context(StandaloneExporter.markdown2html)
+    return StandaloneExporter(template_file="labkit_standalone.html.j2",
+                              extra_loaders=[jinja2.DictLoader({"labkit_standalone.html.j2": _STANDALONE_PAGE})])
+
+
+def without_injected(nb):
+    """A copy of ``nb`` without the cell that :func:`inject_parameters` added: machinery no reader needs to see."""
+    import nbformat
+
+    nb = nbformat.from_dict(nb)
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    return nb
 
 
 def export_html(nb, path: Path) -> Path | None:
@@ -249,10 +363,12 @@ def try_fetch_once(progress: bool | None = None, timeout: float = 10.0) -> bool:
 
 
 def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | str = NOTEBOOKS, only: str | None = None,
-        timeout: int = 600, progress: bool | None = None, fetch: bool = True) -> tuple[list[NotebookResult], Path]:
+        timeout: int = 600, progress: bool | None = None, fetch: bool = True,
+        solutions: bool = False) -> tuple[list[NotebookResult], Path]:
     """Execute every lab notebook and write ``out/index.html``; return the results and the page's path.
 
-    ``fetch``: without the full MNIST, first try to download it once (:func:`try_fetch_once`)."""
+    ``fetch``: without the full MNIST, first try to download it once (:func:`try_fetch_once`). ``solutions``: the
+    executed notebooks keep their solution code (for instructors); without it they are safe to publish."""
     if profile not in ("quick", "full"):
         raise ValueError(f"profile must be 'quick' or 'full', got {profile!r}")
     out = Path(out)
@@ -262,7 +378,7 @@ def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | st
     results = []
     t0 = time.perf_counter()
     for path in progress_bar(paths, enable=progress, desc="notebooks", unit="nb"):
-        results.append(execute(path, out, {"PROFILE": profile}, timeout, progress))
+        results.append(execute(path, out, {"PROFILE": profile}, timeout, progress, solutions=solutions))
     page = write_html(results, out, profile, time.perf_counter() - t0)
     return results, page
 

@@ -2,9 +2,12 @@
 
     labkit grade submissions/ --out grades/ --feedback feedback/ [--hidden NAME ...]
 
-One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the score and the limits the notebook
-ran under; then the notebook as the grader ran it, and after every check cell a box with the grader's verdict and
-the check's message (the grader's replayed verdict, not what the cell itself printed).
+One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the score, the written answers' points
+and comments, and the limits the notebook ran under; then the notebook as the grader ran it (its figures too), and
+after every check cell a box with the grader's verdict and the check's message (the grader's replayed verdict, not
+what the cell itself printed). Each page is one file that can be sent alone: its math is MathML written into the
+page (:func:`labkit.report.standalone_exporter`), its figures are embedded, and it loads nothing. :func:`write_zip`
+puts one page per student (all their labs) into a zip to upload.
 
 An exercise named in ``hidden`` counts for the grade like any other, but its page shows neither the check cell's
 output nor the check's message: only whether it passed, and "a hidden check failed" when it did not. A hidden part
@@ -96,9 +99,7 @@ def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_he
              + (f" ({hidden_here} of them hidden checks: they count, their messages are not shown)" if hidden_here
                 else "") + "  "]
     if answers:
-        scored = [a for a in answers if a.get("score") is not None]
-        lines.append(f"**Written answers:** {sum(a['score'] for a in scored)} of {entry.get('answer_points', 0)} "
-                     f"points scored so far ({len(answers) - len(scored)} of {len(answers)} still to be read)  ")
+        lines += _answer_lines(answers, entry.get("answer_points", sum(a.get("points", 0) for a in answers)))
     lines += ["",
               f"Graded on the `{data.get('profile', 'quick')}` profile with labkit {data.get('labkit_version', '')}: "
               f"each cell was allowed {data.get('timeout_s', '?')} s; the notebook "
@@ -111,15 +112,37 @@ def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_he
     return cell
 
 
+def _answer_lines(answers: list[dict], points: float) -> list[str]:
+    """The written answers' part of the summary: the points so far, then each question's score and comment. A blank
+    answer is 0 points and says so; one not yet scored is still to be read."""
+    blank = [a for a in answers if a.get("blank") and a.get("score") in (None, 0)]
+    unread = [a for a in answers if a.get("score") is None and not a.get("blank")]
+    got = sum(a.get("score") or 0 for a in answers)
+    head = f"**Written answers:** {got:g} of {points:g} points"
+    head += f" scored so far ({len(unread)} of {len(answers)} still to be read)" if unread else ""
+    head += f"; {len(blank)} left blank, 0 points each" if blank else ""
+    lines = [head + "  "]
+    for a in answers if any("question" in a for a in answers) else []:
+        score = ("blank: 0 points" if a in blank else "still to be read" if a.get("score") is None
+                 else f"{a['score']:g} of {a.get('points', 0):g} points")
+        comment = f": {_one_line(a['comment'])}" if a.get("comment") else ""
+        lines.append(f"- question `{a.get('question', '?')}` ({a.get('kind', '?')}): {score}{comment}")
+    return lines
+
+
+def _one_line(text: str) -> str:
+    """An instructor's comment as one line of literal text in markdown."""
+    return html.escape(" ".join(str(text).split())).replace("$", "&#36;").replace("`", "&#96;")
+
+
 def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, hidden: set[str]):
     """The executed notebook with the summary at the top and a verdict after each check cell; a hidden check's
     cell has its outputs removed."""
-    import nbformat
-
+    from ..report import without_injected
     from .assign import exercises_in
     from .notebook import HIDDEN, is_secret
 
-    nb = nbformat.from_dict(nb)
+    nb = without_injected(nb)  # the grader's PROFILE cell: its machinery, not the student's notebook
     rows = {r["exercise"]: r for r in entry.get("results", [])}
     after: dict[int, list] = {}
     for i, name in exercises_in(nb):
@@ -156,39 +179,59 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
 
 
 def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> list[Path]:
-    """One HTML page per student and lab in ``out`` from a grading run's grades.json (``data``) and the executed
-    notebooks beside it in ``grades_dir``/executed. Returns the pages written."""
-    import nbformat
+    """One self-contained HTML page per student and lab in ``out`` from a grading run's grades.json (``data``) and the
+    executed notebooks beside it in ``grades_dir``/executed. Returns the pages written."""
+    from ..report import standalone_exporter
 
-    from ..report import local_mathjax
-
-    hidden = set(hidden or ())
+    exporter = standalone_exporter()
     out = Path(out)
     pages = []
     for student, notebooks in sorted(data["students"].items()):
         folder = out / _safe(student)
         folder.mkdir(parents=True, exist_ok=True)
-        url = local_mathjax(out)
-        for name, entry in sorted(notebooks.items()):
-            executed = Path(grades_dir) / "executed" / student / name
-            try:
-                nb = feedback_notebook(nbformat.read(executed, as_version=4), student, name, entry, data, hidden)
-            except (OSError, ValueError):
-                nb = missing_notebook(student, name, entry, data, hidden)
-            exporter = _exporter("../" + url if url else None)
-            body, _ = exporter.from_notebook_node(nb)
+        for name in sorted(notebooks):
+            body, _ = exporter.from_notebook_node(page_notebook(data, grades_dir, student, name, hidden))
             page = folder / (Path(name).stem + ".html")
             page.write_text(body, encoding="utf-8")
             pages.append(page)
     return pages
 
 
-def _exporter(mathjax_url: str | None):
-    from nbconvert import HTMLExporter
+def page_notebook(data: dict, grades_dir: Path | str, student: str, name: str, hidden: set[str] | None = None):
+    """The notebook a student's page for one lab shows: their executed notebook with the verdicts, or, where there
+    is none (not handed in, unreadable), the rows alone."""
+    import nbformat
 
-    from ..report import offline_exporter
+    hidden = set(hidden or ())
+    entry = data["students"][student][name]
+    try:
+        executed = nbformat.read(Path(grades_dir) / "executed" / student / name, as_version=4)
+    except (OSError, ValueError):
+        return missing_notebook(student, name, entry, data, hidden)
+    return feedback_notebook(executed, student, name, entry, data, hidden)
 
-    return offline_exporter(HTMLExporter, mathjax_url) if mathjax_url else HTMLExporter()
+
+def write_zip(data: dict, zip_path: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> Path:
+    """``labkit feedback --zip``: one zip holding one self-contained page per student, ``<student>.html``, with every
+    lab graded for them one after the other, to upload to the course's site. Returns the zip's path."""
+    import zipfile
+
+    import nbformat
+
+    from ..report import standalone_exporter
+
+    exporter = standalone_exporter()
+    zip_path = Path(zip_path)
+    zip_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = zip_path.with_name(zip_path.name + ".part")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for student, notebooks in sorted(data["students"].items()):
+            pages = [page_notebook(data, grades_dir, student, name, hidden) for name in sorted(notebooks)]
+            nb = nbformat.v4.new_notebook(cells=[c for page in pages for c in page.cells])
+            body, _ = exporter.from_notebook_node(nb)
+            z.writestr(_safe(student) + ".html", body)
+    tmp.replace(zip_path)  # whole or not at all
+    return zip_path
 
 
 def _safe(name: str) -> str:

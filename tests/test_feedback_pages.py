@@ -1,0 +1,135 @@
+"""Feedback pages that travel: one file each, math as MathML written into the page, the run's figures embedded, no
+machinery cell, and one file per student in a zip to upload."""
+
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from labkit import report
+from labkit.grading import feedback
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def _class(tmp_path, labs=("01_serial_backprop.ipynb",)):
+    """grades.json of one student, bo, and bo's executed notebooks: math in the text, a figure, the grader's cell."""
+    students = {"bo": {}}
+    for lab in labs:
+        params = new_code_cell("PROFILE = 'quick'")
+        params.metadata["tags"] = ["parameters"]
+        injected = new_code_cell("# Parameters injected by labkit report\nPROFILE = 'quick'")
+        injected.metadata["tags"] = ["injected-parameters"]
+        nb = new_notebook(cells=[
+            new_markdown_cell(f"# {lab}\n\nThe ring sends $2\\frac{{p-1}}{{p}}N$ elements.\n\n$$\\sigma'(z) = "
+                              "\\sigma(z)(1 - \\sigma(z))$$"),
+            params, injected,
+            new_code_cell("plt.plot(losses)", outputs=[new_output("display_data", data={
+                "image/png": PNG, "text/plain": "<Figure size 640x480 with 1 Axes>"})]),
+            new_code_cell("check.backprop(backprop)", outputs=[])])
+        folder = tmp_path / "grades" / "executed" / "bo"
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, folder / lab)
+        students["bo"][lab] = {
+            "passed": 1, "exercises": 1,
+            "results": [{"student": "bo", "notebook": lab, "exercise": "backprop", "passed": True, "message": ""}],
+            "answers": [{"question": "why_sigmoid", "kind": "explain", "points": 2, "blank": False, "score": 1.5,
+                         "comment": "Right about saturation; the $ cost of exp is not the reason."},
+                        {"question": "predicted_speedup", "kind": "predict", "points": 1, "blank": True, "score": 0}],
+            "answer_points": 3}
+    return {"profile": "quick", "timeout_s": 60, "labkit_version": "0", "isolated": True, "limits": {},
+            "students": students}
+
+
+def test_a_page_is_one_file_with_its_math_as_mathml_its_figures_and_no_injected_cell(tmp_path):
+    (page,) = feedback.write(_class(tmp_path), tmp_path / "fb", tmp_path / "grades")
+    assert sorted(p.name for p in (tmp_path / "fb").rglob("*")) == ["01_serial_backprop.html", "bo"]  # nothing beside
+    text = page.read_text()
+    assert text.count("<math") == 2 and "<mfrac>" in text and "$2\\frac" not in text and "$$" not in text
+    assert "mathjax" not in text.lower() and not re.search(r"<script[^>]* src=", text)
+    assert not re.search(r"""(?:src|href)=["'](?:https?:|//|[^"'#d])""", text), "the page links to a file or a site"
+    assert f"data:image/png;base64,{PNG}" in text  # the run's figure, in the page
+    assert "Parameters injected" not in text and text.count("PROFILE") == 1  # the student's own cell stays
+    assert "Written answers:</strong> 1.5 of 3 points; 1 left blank, 0 points each" in text
+    assert "<code>why_sigmoid</code> (explain): 1.5 of 2 points: Right about saturation; the &amp;#36; cost" not in text
+    assert "(explain): 1.5 of 2 points: Right about saturation; the $ cost of exp is not the reason." in text
+    assert "<code>predicted_speedup</code> (predict): blank: 0 points" in text
+    assert "still to be read" not in text
+
+
+def test_unscored_answers_are_still_to_be_read_and_blank_ones_are_not():
+    lines = feedback._answer_lines([{"question": "a", "kind": "explain", "points": 2, "blank": False, "score": None},
+                                    {"question": "b", "kind": "explain", "points": 1, "blank": True, "score": None}], 3)
+    assert lines[0] == "**Written answers:** 0 of 3 points scored so far (1 of 2 still to be read); 1 left blank, 0 " \
+                       "points each  "
+    assert lines[1:] == ["- question `a` (explain): still to be read", "- question `b` (explain): blank: 0 points"]
+
+
+def test_the_zip_holds_one_page_per_student_with_every_lab(tmp_path):
+    data = _class(tmp_path, labs=("01_serial_backprop.ipynb", "07_ring_allreduce.ipynb"))
+    data["students"]["cy"] = {"07_ring_allreduce.ipynb": {"passed": 0, "exercises": 1, "results": [
+        {"student": "cy", "notebook": "07_ring_allreduce.ipynb", "exercise": "ring_allreduce", "passed": False,
+         "message": "notebook not handed in"}]}}
+    path = feedback.write_zip(data, tmp_path / "up" / "feedback.zip", tmp_path / "grades")
+    with zipfile.ZipFile(path) as z:
+        assert sorted(z.namelist()) == ["bo.html", "cy.html"]
+        bo, cy = z.read("bo.html").decode(), z.read("cy.html").decode()
+    assert "Feedback: 01_serial_backprop.ipynb" in bo and "Feedback: 07_ring_allreduce.ipynb" in bo
+    assert bo.count(f"data:image/png;base64,{PNG}") == 2 and bo.count("<mfrac>") == 2
+    assert "notebook not handed in" in cy and "Feedback: 01" not in cy
+    assert not list(path.parent.glob("*.part"))
+
+
+@pytest.mark.parametrize("tex", [r"\href{javascript:alert(1)}{x}", r"\text{<script>alert(1)</script>}",
+                                 r"\text{<img src=x onerror=alert(2)>}"])
+def test_math_keeps_no_link_and_no_tag_whatever_the_tex(tex):
+    out = report.tex_to_mathml(tex)
+    assert out.startswith(("<math", "<code>")) and "href" not in out and "<script" not in out and "<img" not in out
+
+
+def test_tex_the_converter_cannot_read_is_shown_as_code():
+    assert report.tex_to_mathml(r"\frac{1}{") == r"<code>\frac{1}{</code>"
+    assert report.tex_to_mathml("a &lt; b").count("&lt;") == 1  # the markdown parser's escape undone, then redone
+    assert report.tex_to_mathml("x", display=True).startswith("<span class='labkit-math'><math display=\"block\"")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_page_sent_alone_shows_typeset_math_and_its_figure_in_chromium(tmp_path):
+    """The page copied alone into an empty folder, opened in Chromium with every request refused: its formulas are
+    laid out as math (a fraction's numerator above its denominator), no raw TeX shows, the figure is drawn, and the page
+    asked for nothing."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_browser import _chromium, _missing
+
+    chromium = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("Playwright is not installed (pip install -e '.[test]')")
+    (page_path,) = feedback.write(_class(tmp_path), tmp_path / "fb", tmp_path / "grades")
+    alone = tmp_path / "sent" / "page.html"
+    alone.parent.mkdir()
+    alone.write_bytes(page_path.read_bytes())
+    asked = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda r: r.continue_() if r.request.url == alone.as_uri() else (
+                asked.append(r.request.url), r.abort()))
+            page.goto(alone.as_uri())
+            body = page.inner_text("body")
+            assert "\\frac" not in body and "$" not in body.split("Written answers")[0]
+            top, bottom = page.eval_on_selector("mfrac", "e => [e.children[0].getBoundingClientRect().bottom, "
+                                                         "e.children[1].getBoundingClientRect().top]")
+            assert top <= bottom, f"the numerator ends at {top} px, the denominator starts at {bottom}: not math"
+            drawn = page.eval_on_selector("img[src^='data:image/png']", "e => e.complete && e.naturalWidth")
+            assert drawn == 1
+        finally:
+            browser.close()
+    assert asked == [], f"the page asked for {asked}"
