@@ -114,3 +114,16 @@ def test_the_modelled_matmul_ratios_lie_in_the_published_ranges():
         assert 1.2 <= sol["naive"].bound / sol["tiled"].bound <= 4, n
         assert 2 <= sol["tiled"].bound / sol["regblock"].bound <= 8, n
         assert sol["naive"].unit == "L2" and sol["tiled"].unit == "shared memory"
+
+
+@needs_cxx
+@pytest.mark.slow
+def test_bench_kernels_reports_the_modelled_ratios():
+    from labkit.benchmarks import kernels as bench
+
+    r = bench.modelled_part()
+    assert [row["kernel"] for row in r["modelled_rows"]] == ["matmul_naive", "matmul_tiled", "matmul_regblock"]
+    assert r["modelled_tiled_vs_naive"] == pytest.approx(r["modelled_rows"][0]["seconds"] / r["modelled_rows"][1]["seconds"])
+    assert bench._met(r["modelled_tiled_vs_naive"], *bench.TARGETS["modelled_tiled_vs_naive"])
+    assert bench._met(r["modelled_regblock_vs_tiled"], *bench.TARGETS["modelled_regblock_vs_tiled"])
+    assert not bench._met(9.0, "in", (2.0, 8.0)) and not bench._met(1.1, "in", (1.2, 4.0))
