@@ -2,6 +2,7 @@
 one folder per student with each notebook's lab found by its content and the latest resubmission kept."""
 
 import csv
+import json
 import zipfile
 from datetime import datetime
 
@@ -117,3 +118,42 @@ def test_what_cannot_be_placed_is_listed_and_collect_fails(tmp_path, release, ca
                         tmp_path / "u")
     with pytest.raises(FileNotFoundError, match="no download at"):
         collect.collect(tmp_path / "missing.zip", release, tmp_path / "v")
+
+
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+def test_a_canvas_download_collected_graded_for_one_lab_late_work_and_imported(tmp_path, release, capsys):
+    """The instructor's week on lab 01: collect Canvas's zip, grade lab 01 only with the deadline, score the answers,
+    export into the gradebook's assignment."""
+    record = json.loads((release / "release.json").read_text())
+    deadline = datetime(2026, 10, 2, 23, 59).astimezone()
+    record["notebooks"]["01_serial_backprop.ipynb"]["deadline"] = deadline.isoformat()
+    (release / "release.json").write_text(json.dumps(record))
+    solved = LAB01.read_bytes()  # the instructor's notebook: every exercise right, every answer written
+    download = _zip(tmp_path / "submissions.zip", [
+        ("alvarezana_4411_90001_01_serial_backprop.ipynb", solved, (2026, 10, 1, 12, 0, 0)),
+        ("brownbo_LATE_4412_90002_Lab 1 - Bob (1).ipynb", solved, (2026, 10, 4, 11, 59, 0))])  # 1.5 days late
+    assert cli.main(["collect", str(download), "--release", str(release), "--out", str(tmp_path / "subs")]) == 0
+    (tmp_path / "gradebook.csv").write_text(
+        "Student,ID,SIS User ID,SIS Login ID,Section,Lab 01: Serial backprop (5551),Lab 07: Ring allreduce (5557)\n"
+        "    Points Possible,,,,,10.00,10.00\n"
+        '"Alvarez, Ana",4411,S1,ana,A,,\n"Brown, Bo",4412,S2,bo,A,,\n', encoding="utf-8")
+    grade = ["grade", str(tmp_path / "subs"), "--release", str(release), "--lab", "01", "--out", str(tmp_path / "out"),
+             "--export", "canvas", "--canvas-gradebook", str(tmp_path / "gradebook.csv")]
+    assert cli.main(grade) == 1  # graded, but the written answers are not scored: no canvas.csv yet
+    assert "written answer(s) are not scored yet" in capsys.readouterr().err
+    data = json.loads((tmp_path / "out" / "grades.json").read_text())
+    assert {s: list(per) for s, per in data["students"].items()} == {
+        "alvarezana": ["01_serial_backprop.ipynb"], "brownbo": ["01_serial_backprop.ipynb"]}
+    bo = data["students"]["brownbo"]["01_serial_backprop.ipynb"]
+    assert bo["passed"] == 4 and bo["late"]["days_late"] == 2 and bo["late"]["percent"] == 20.0
+    rows = list(csv.DictReader((tmp_path / "out" / "answers.csv").open()))
+    with open(tmp_path / "out" / "answers.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({**r, "score": r["points"]} for r in rows)  # full marks for every answer
+    assert cli.main(["grade", "--rescore", str(tmp_path / "out"), "--export", "canvas", "--canvas-gradebook",
+                     str(tmp_path / "gradebook.csv")]) == 0
+    canvas = list(csv.reader((tmp_path / "out" / "canvas.csv").open()))
+    assert canvas[0][5:] == ["Lab 01: Serial backprop (5551)"]  # lab 01 only, into its assignment by id
+    assert [r[5] for r in canvas[2:]] == ["10", "8"]  # 4 exercises + 6 answer points; bo's 2 days late cost 20 %

@@ -1,0 +1,188 @@
+"""Points, late work, hand scores and regrades: what each row and answer is worth, the penalty from the submission
+time, --rescore without running a notebook, --merge keeping the later grade, and which lab a file is."""
+
+import csv
+import json
+import os
+from datetime import datetime, timedelta, timezone
+
+import nbformat
+import pytest
+
+from labkit import cli, report
+from labkit.grading import assign, grade, late, scores
+from labkit.grading.notebook import ExerciseResult
+
+LAB01 = report.NOTEBOOKS / "01_serial_backprop.ipynb"
+LAB07 = report.NOTEBOOKS / "07_ring_allreduce.ipynb"
+NB = "01_serial_backprop.ipynb"
+UTC = timezone.utc
+
+
+def test_points_come_from_the_release_and_a_hidden_part_is_a_share_of_them():
+    record = {"notebooks": {NB: {"hidden_share": 0.25, "exercises": [{"name": "backprop", "points": 3},
+                                                                      {"name": "layer_backward"}]}}}
+    rows = [ExerciseResult("ana", NB, name, True, "passed") for name in ("backprop", "backprop~hidden", "layer_backward")]
+    scores.set_points(rows, record, {"backprop"})
+    assert [r.points for r in rows] == [2.25, 0.75, 1.0]  # 3 points in all, with or without the hidden part
+    plain = [ExerciseResult("ana", NB, "backprop", True, "passed")]
+    scores.set_points(plain, record, set())
+    assert plain[0].points == 3.0
+    scores.set_points(plain, None, set())
+    assert plain[0].points == 1.0  # without a release: a point each, as before
+
+
+def test_a_blank_answer_is_zero_and_says_so_and_totals_take_the_penalty():
+    entry = {"results": [{"exercise": "backprop", "passed": True, "points": 2}, {"exercise": "x", "passed": False}],
+             "late": {"percent": 20.0}}
+    scores.answers_into(entry, [{"question": "01-a", "points": 2, "blank": True, "score": None},
+                                {"question": "01-b", "points": 2, "blank": False, "score": None},
+                                {"question": "01-c", "points": 1, "blank": False, "score": 1.0}])
+    assert entry["answers"][0]["score"] == 0.0 and entry["answers"][0]["note"] == scores.BLANK_NOTE
+    assert (entry["answer_points"], entry["answer_score"], entry["answers_unscored"]) == (5, 1.0, 1)
+    scores.total(entry)
+    assert (entry["points_possible"], entry["score_before_penalty"], entry["total"]) == (8, 3.0, 2.4)
+    assert scores.unscored({"students": {"ana": {NB: entry}}}) == [f"ana, {NB}: 01-b"]
+
+
+def test_the_late_penalty_counts_each_started_day_up_to_the_days_accepted():
+    deadline = datetime(2026, 10, 2, 23, 59, tzinfo=UTC)
+    policy = {"percent_per_day": 10, "max_days": 5}
+    assert late.penalty(deadline - timedelta(hours=1), deadline, policy)["percent"] == 0
+    one = late.penalty(deadline + timedelta(minutes=5), deadline, policy)
+    assert (one["days_late"], one["percent"], one["note"]) == (1, 10.0, "1 day late: -10 %")
+    assert late.penalty(deadline + timedelta(days=3, hours=12), deadline, policy)["percent"] == 40.0
+    past = late.penalty(deadline + timedelta(days=6), deadline, policy)
+    assert past["percent"] == 100.0 and "past the 5 days accepted" in past["note"]
+    assert late.penalty(None, deadline, policy)["note"] == "no submission time known: no penalty applied"
+    with pytest.raises(ValueError, match="names no timezone"):
+        late.parse_time("2026-10-02T23:59:00", "deadline")
+
+
+def test_extensions_move_one_students_deadline(tmp_path):
+    (tmp_path / "ext.csv").write_text("student,lab,days,deadline\nana,01,2,\nbo,,,2026-10-09T12:00:00+00:00\n")
+    ext = late.read_extensions(tmp_path / "ext.csv")
+    entry = {"deadline": "2026-10-02T23:59:00+00:00"}
+    assert late.deadline_for(entry, "ana", "01", ext) == datetime(2026, 10, 4, 23, 59, tzinfo=UTC)
+    assert late.deadline_for(entry, "ana", "07", ext) == datetime(2026, 10, 2, 23, 59, tzinfo=UTC)
+    assert late.deadline_for(entry, "bo", "07", ext) == datetime(2026, 10, 9, 12, 0, tzinfo=UTC)  # every lab
+    (tmp_path / "bad.csv").write_text("who,when\nana,1\n")
+    with pytest.raises(ValueError, match="student,lab,deadline"):
+        late.read_extensions(tmp_path / "bad.csv")
+
+
+def test_grades_carry_the_submission_time_and_the_penalty(tmp_path, capsys):
+    (tmp_path / "submissions.csv").write_text(
+        "student,lab,file,submitted_at,lms,lms_user_id,lms_submission_id\n"
+        "ana,01,ana_1_2_lab.ipynb,2026-10-04T10:00:00+00:00,canvas,4411,90001\n")
+    times = grade._times(tmp_path, None, None)  # the submissions folder's own submissions.csv
+    record = {"notebooks": {NB: {"deadline": "2026-10-02T23:59:00+00:00", "late": {"percent_per_day": 10,
+                                                                                   "max_days": 5}}}}
+    students = {name: {NB: {"lab": "01", "results": [{"exercise": "backprop", "passed": True, "points": 4,
+                                                      "message": "passed"}]}} for name in ("ana", "bo")}
+    grade._add_late(students, record, times)
+    ana, bo = students["ana"][NB], students["bo"][NB]
+    assert ana["late"]["days_late"] == 2 and ana["total"] == 3.2 and ana["submission"]["lms_user_id"] == "4411"
+    assert bo["late"]["percent"] == 0 and "no submission time" in capsys.readouterr().err
+    grade._write(tmp_path / "out", {"students": students})
+    row = next(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    assert (row["points"], row["score"], row["submitted_at"], row["days_late"], row["penalty_percent"]) == (
+        "4", "4", "2026-10-04T10:00:00+00:00", "2", "20")
+    (tmp_path / "bad.csv").write_text("student,lab,file\nana,01,x\n")
+    with pytest.raises(ValueError, match="lacks the column.*submitted_at"):
+        late.read_submissions(tmp_path / "bad.csv")
+
+
+def _graded(folder, *students, release="r" * 64, part=None):
+    """An output folder of labkit grade: grades.json with lab 01 for each student (two answers), and answers.csv."""
+    data = {"release_sha256": release, "labkit_version": "0.test", "profile": "quick", "hidden_parts": [],
+            "part": part, "graded_at": "2026-10-05T10:00:00+0000", "students": {}}
+    answers = []
+    for student, passed in students:
+        entry = {"lab": "01", "passed": int(passed), "exercises": 1, "results": [
+            {"student": student, "notebook": NB, "exercise": "backprop", "passed": passed, "message": "m", "points": 2}]}
+        scores.answers_into(entry, [{"question": "01-a", "kind": "explain", "points": 2, "blank": False, "score": None},
+                                    {"question": "01-b", "kind": "predict", "points": 1, "blank": True, "score": None}])
+        scores.total(entry)
+        data["students"][student] = {NB: entry}
+        answers += [[student, NB, "01-a", "explain", 2, 0, "", "s", "because", ""],
+                    [student, NB, "01-b", "predict", 1, 1, "0", "s", "", scores.BLANK_NOTE]]
+    folder.mkdir(parents=True)
+    (folder / "grades.json").write_text(json.dumps(data))
+    with open(folder / "answers.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "notebook", "question", "kind", "points", "blank", "score", "answer_sha", "answer", "note"])
+        w.writerows(answers)
+    return folder
+
+
+def test_rescore_totals_hand_scores_without_running_a_notebook_and_exports_wait_for_them(tmp_path, capsys):
+    out = _graded(tmp_path / "grades", ("ana", True), ("bo", False))
+    assert cli.main(["grade", "--rescore", str(out), "--export", "canvas"]) == 1  # nothing is scored yet
+    err = capsys.readouterr().err
+    assert "Canvas: NOT written: 2 written answer(s) are not scored yet" in err and f"ana, {NB}: 01-a" in err
+    assert not (out / "canvas.csv").exists()
+    rows = list(csv.reader((out / "answers.csv").open()))
+    rows[1][6], rows[3][6] = "1.5", "7"  # ana's answer scored; bo's score is out of range
+    rows[0].append("comment")
+    rows[1].append("name the cache misses")
+    with open(out / "answers.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert cli.main(["grade", "--rescore", str(out), "--export", "canvas", "--allow-unscored"]) == 0
+    captured = capsys.readouterr()
+    assert "bo / 01-a: score '7' is not a number within 0..2" in captured.err and "no notebook was run" in captured.out
+    ana = json.loads((out / "grades.json").read_text())["students"]["ana"][NB]
+    assert (ana["answer_score"], ana["total"], ana["answers"][0]["comment"]) == (1.5, 3.5, "name the cache misses")
+    assert ana["answers"][1]["score"] == 0 and ana["answers"][1]["note"] == scores.BLANK_NOTE
+    assert [r[-1] for r in csv.reader((out / "canvas.csv").open())][1:] == ["5", "3.5", "0"]
+    with pytest.raises(FileNotFoundError, match="no grades.json"):
+        grade.rescore(tmp_path / "nowhere")
+
+
+def test_merge_keeps_the_later_grade_of_a_regraded_student(tmp_path, capsys):
+    first = _graded(tmp_path / "class", ("ana", True), ("bo", False))
+    later = _graded(tmp_path / "later", ("bo", True))
+    results, _, json_path = grade.merge([first, later], tmp_path / "all")
+    merged = json.loads(json_path.read_text())["students"]
+    assert [(r.student, r.passed) for r in results] == [("ana", True), ("bo", True)]
+    assert merged["bo"][NB]["passed"] == 1 and "bo, 01_serial_backprop.ipynb: the later grade" in capsys.readouterr().err
+    assert [r["student"] for r in csv.DictReader((tmp_path / "all" / "answers.csv").open())] == ["ana", "ana", "bo", "bo"]
+    _graded(tmp_path / "p0", ("ana", True), part=[0, 2])
+    _graded(tmp_path / "p1", ("ana", False), part=[1, 2])
+    with pytest.raises(ValueError, match="ana was graded in two shares of one split"):
+        grade.merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "bad")
+    _graded(tmp_path / "other", ("bo", True), release="o" * 64)
+    with pytest.raises(ValueError, match="differ in release_sha256"):
+        grade.merge([first, tmp_path / "other"], tmp_path / "bad")
+
+
+def test_each_file_is_the_lab_its_content_shows_and_a_lab_is_graded_once(tmp_path, capsys):
+    assign.write_student_versions([LAB01, LAB07], tmp_path / "student", release_dir=tmp_path / "release")
+    record, _ = grade.load_release(tmp_path / "release")
+    subs = tmp_path / "subs"
+    (subs / "bob").mkdir(parents=True)
+    (subs / "bob" / "01_serial_backprop.ipynb").write_bytes((tmp_path / "student" / NB).read_bytes())
+    (subs / "bob" / "Lab 1 - Bob (1).ipynb").write_bytes((tmp_path / "student" / NB).read_bytes())
+    (subs / "bob" / "01_oops.ipynb").write_bytes((tmp_path / "student" / "07_ring_allreduce.ipynb").read_bytes())
+    os.utime(subs / "bob" / "01_serial_backprop.ipynb", (1e9, 1e9))  # the older of bob's two lab 01 files
+    handed = grade.place(grade.submissions(subs), record, set())
+    assert [(h.student, h.path.name, h.name) for h in handed] == [
+        ("bob", "Lab 1 - Bob (1).ipynb", NB), ("bob", "01_oops.ipynb", "07_ring_allreduce.ipynb")]
+    assert "bob handed in 01_serial_backprop.ipynb twice" in capsys.readouterr().err
+    only = grade.place(grade.submissions(subs), grade.only_labs(record, {"07"}), {"07"})
+    assert [h.name for h in only] == ["07_ring_allreduce.ipynb"]
+    with pytest.raises(ValueError, match="--lab 05: the release holds no such lab"):
+        grade.only_labs(record, {"05"})
+    with pytest.raises(ValueError, match="no lab number"):
+        grade.grade(subs, tmp_path / "out", release=tmp_path / "release", labs=["x"])
+    nb = nbformat.read(subs / "bob" / "01_oops.ipynb", as_version=4)
+    assert grade.notebook_name(subs / "bob" / "01_oops.ipynb", None) == "07_ring_allreduce.ipynb" and nb.cells
+
+
+def test_a_release_folder_left_in_the_working_directory_is_the_command_lines_default_only(tmp_path, monkeypatch):
+    assign.write_student_versions([LAB01], tmp_path / "student", release_dir=tmp_path / "release")
+    monkeypatch.chdir(tmp_path)
+    assert grade.load_release(None) == (None, None)
+    assert cli._release(None) == "release" and cli._release("elsewhere") == "elsewhere"
+    monkeypatch.chdir(tmp_path / "student")
+    assert cli._release(None) is None
