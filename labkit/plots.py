@@ -495,9 +495,11 @@ def plot_stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]
 
 
 def plot_roofline(points: Mapping[str, tuple[float, float]], peak_gflops: float, bandwidth_gbs: float,
-                  peak_label: str = "peak compute", bandwidth_label: str = "memory bandwidth", title: str | None = None):
+                  peak_label: str = "peak compute", bandwidth_label: str = "memory bandwidth", title: str | None = None,
+                  more_bandwidths: Mapping[str, float] | None = None):
     """The roofline: attainable GFLOP/s = min(peak, intensity x bandwidth), on log-log axes, with each measured
-    kernel at (arithmetic intensity in FLOP/byte, achieved GFLOP/s). Labels say where the ceilings came from."""
+    kernel at (arithmetic intensity in FLOP/byte, achieved GFLOP/s). Labels say where the ceilings came from;
+    ``more_bandwidths`` (label: GB/s) draws further memory ceilings dashed (a cache's, beside DRAM's)."""
     if peak_gflops <= 0 or bandwidth_gbs <= 0:
         raise ValueError(f"the ceilings must be positive, got {peak_gflops} GFLOP/s and {bandwidth_gbs} GB/s")
     xs = [p[0] for p in points.values()]
@@ -510,11 +512,43 @@ def plot_roofline(points: Mapping[str, tuple[float, float]], peak_gflops: float,
             va="bottom")
     ax.text(hi / 1.1, peak_gflops * 1.08, f"{peak_label}: {peak_gflops:.3g} GFLOP/s", fontsize=8, ha="right", va="bottom")
     ax.axvline(ridge, color="grey", lw=0.8, ls=":")
+    for label, gbs in (more_bandwidths or {}).items():
+        ax.plot(grid, np.minimum(peak_gflops, grid * gbs), color="grey", lw=1, ls="--")
+        ax.text(lo * 1.1, lo * 1.1 * gbs * 1.15, f"{label}: {gbs:.3g} GB/s", fontsize=8, va="bottom", color="grey")
     for (name, (x, y)), c in zip(points.items(), colours(points)):
         ax.plot([x], [y], "o", color=c, ms=7, label=f"{name}: {y:.3g} GFLOP/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)", ylabel="GFLOP/s",
            title=title or "roofline", xlim=(lo, hi))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_speed_of_light(results: Mapping[str, object], title: str | None = None):
+    """Each kernel's modelled time by unit (:class:`labkit.kernels.speed_of_light.SpeedOfLight` by name): a row of
+    bars per kernel, one per unit that has work, on a log scale; the unit that sets the bound is outlined and named."""
+    if not results:
+        raise ValueError("no kernels to draw: pass {name: speed_of_light.model(...)}")
+    names = list(results)
+    units = [u for u in next(iter(results.values())).times if any(r.times[u] > 0 for r in results.values())]
+    fig, ax = _subplots(figsize=(9, 0.9 * len(names) + 1.6))
+    height = 0.8 / len(units)
+    for k, (unit, c) in enumerate(zip(units, colours(units))):
+        ys = np.arange(len(names)) + (k - (len(units) - 1) / 2) * height
+        vals = [results[n].times[unit] * 1e6 for n in names]
+        bound = [results[n].unit == unit for n in names]
+        ax.barh(ys, vals, height=height, color=c, label=unit, edgecolor=["black" if b else c for b in bound],
+                linewidth=[2 if b else 0 for b in bound])
+        for y, v, b in zip(ys, vals, bound):
+            if b:
+                ax.text(v, y, f" bound: {v:.3g} µs", va="center", fontsize=8, fontweight="bold")
+    ax.set_yticks(np.arange(len(names)), names)
+    ax.invert_yaxis()
+    g = next(iter(results.values())).gpu.name
+    ax.set(xscale="log", xlabel=f"µs on {g} (modelled from counts; a lower bound)", title=title or f"speed of light on {g}")
+    ax.set_xlim(right=ax.get_xlim()[1] * 20)  # room for the bound's label
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", alpha=0.3, which="both")
     fig.tight_layout()
     return fig

@@ -127,3 +127,34 @@ def test_bench_kernels_reports_the_modelled_ratios():
     assert bench._met(r["modelled_tiled_vs_naive"], *bench.TARGETS["modelled_tiled_vs_naive"])
     assert bench._met(r["modelled_regblock_vs_tiled"], *bench.TARGETS["modelled_regblock_vs_tiled"])
     assert not bench._met(9.0, "in", (2.0, 8.0)) and not bench._met(1.1, "in", (1.2, 4.0))
+
+
+def test_the_plot_outlines_each_kernels_bound():
+    import matplotlib.pyplot as plt
+
+    from labkit import plots
+
+    fast = S.model(launch(kernel="a", load_sectors=10, flops=1e9, blocks=200), "H100 SXM")
+    slow = S.model(launch(kernel="b", load_sectors=10**9, flops=1.0, blocks=200), "H100 SXM")
+    fig = plots.plot_speed_of_light({"compute-bound": fast, "memory-bound": slow})
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(texts) == sorted([f" bound: {slow.bound * 1e6:.3g} µs", f" bound: {fast.bound * 1e6:.3g} µs"])
+    assert fast.unit == "FP32" and slow.unit == "DRAM"
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["DRAM", "L2", "FP32"]  # units with no work in any kernel are left out
+    outlined = [p for p in fig.axes[0].patches if p.get_linewidth() == 2]
+    assert len(outlined) == 2
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no kernels"):
+        plots.plot_speed_of_light({})
+
+
+def test_the_roofline_draws_further_ceilings():
+    import matplotlib.pyplot as plt
+
+    from labkit import plots
+
+    fig = plots.plot_roofline({"k": (1.0, 10.0)}, peak_gflops=1000.0, bandwidth_gbs=100.0, more_bandwidths={"L2": 400.0})
+    assert len(fig.axes[0].lines) == 1 + 1 + 1 + 1  # DRAM roof, ridge, L2 roof, the point
+    assert any("L2: 400 GB/s" in t.get_text() for t in fig.axes[0].texts)
+    plt.close(fig)

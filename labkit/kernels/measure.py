@@ -6,7 +6,9 @@ is timed, so a fast wrong kernel is an error, never a bar in a plot.
     plots.plot_bars(gflops, ...)
 
 Each function takes the sizes and returns plain numbers by name, in the order they are drawn. Arrays are made on the
-kernels' device (CuPy on a GPU, NumPy on the emulator) from a fixed seed.
+kernels' device (CuPy on a GPU, NumPy on the emulator) from a fixed seed. The ``modelled_*`` functions count the same
+launches on the emulator instead and return each one's speed of light on a named GPU (:mod:`.speed_of_light`): what a
+GPU's order is where there is none to time.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import numpy as np
 
 from ..device import to_numpy
 from . import reference as ref
+from . import speed_of_light as sol
 from ._launch import array_module_for, time_kernel
 from .conv import conv2d_relu_backward, conv2d_relu_forward, library_convolutions
+from .counts import traffic
 from .loader import backend, load
 from .matmul import matmul
-from .reduce import sum_reduce
+from .reduce import reduce_blocks, sum_reduce
 from .source import define
 
 
@@ -189,3 +193,42 @@ def library_bandwidth(repeat: int, *, least: int = 256 << 20, most: int = 1 << 3
     src = xp.ones(nbytes // 4, np.float32)
     dst = xp.empty_like(src)  # the untimed warm-up copy touches its pages first: a page fault is no copy's cost
     return 2 * nbytes / time_kernel(lambda: xp.copyto(dst, src), repeat, best=True) / 1e9, nbytes
+
+
+def modelled_matmuls(n: int, *, tiled: str | None = None, on=None) -> dict:
+    """Speed of light (:class:`.speed_of_light.SpeedOfLight`) by name of an n x n x n float32 product on the GPU ``on``
+    (see :func:`.speed_of_light.gpu`): labkit's naive kernel, ``tiled`` (a ``matmul_tiled`` source) when given, labkit's
+    tiled and register-blocked ones; counted at small sizes and carried to n (:func:`.speed_of_light.matmul_counts`)."""
+    runs = {"naive": ("naive", None)}
+    if tiled is not None:
+        runs["yours (tiled)"] = ("tiled", tiled)
+    runs.update({"tiled (labkit)": ("tiled", None), "register-blocked": ("regblock", None)})
+    return {name: sol.model(sol.matmul_counts(variant, n, source)[0], on) for name, (variant, source) in runs.items()}
+
+
+def modelled_reductions(n: int, *, atomic_only: str, block_sum: str | None = None, on=None) -> dict:
+    """Speed of light by name of summing n floats, launched as :func:`reduction_rates` launches them: ``block_sum``
+    when given (else labkit's ``sum_reduce``) and ``atomic_only``'s ``sum_atomic_only``. One flop per float; the
+    atomics are the emulator's count where it counts them, else what each kernel makes: one per block for the tree,
+    n on the one address for the atomics-only sum."""
+    x = np.random.default_rng(0).random(n).astype(np.float32)
+    blocks = reduce_blocks(n)
+    runs = {"yours: tree + one atomicAdd per block" if block_sum else "labkit sum_reduce":
+            (block_sum or "reduce", "block_sum" if block_sum else "sum_reduce", blocks),
+            "every thread atomicAdd": (atomic_only, "sum_atomic_only", n)}
+    out = {}
+    for name, (source, kernel, atomics) in runs.items():
+        t = traffic(source, kernel, (blocks,), (256,), (x, np.zeros(1, np.float32), np.int32(n)))
+        declared = {} if hasattr(t, "atomics") else {"atomics": atomics, "atomics_max_per_address": atomics}
+        out[name] = sol.model(sol.counted(t, flops=n, footprint=x.nbytes + 4, **declared), on)
+    return out
+
+
+def modelled_copies(source: str, rows: int, cols: int, *, on=None) -> dict:
+    """Speed of light by name ("copy coalesced", "copy strided") of ``source``'s two copies of a (rows, cols) float32
+    array, launched as :func:`copy_rates` launches them (no flops: their bound is a memory unit's)."""
+    a = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+    grid, args = ((rows * cols + 255) // 256,), (a, np.zeros_like(a), np.int32(rows), np.int32(cols))
+    return {name.replace("_", " "): sol.model(sol.counted(traffic(source, name, grid, (256,), args), flops=0,
+                                                          footprint=2 * a.nbytes), on)
+            for name in ("copy_coalesced", "copy_strided")}

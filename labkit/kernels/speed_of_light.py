@@ -240,14 +240,14 @@ def _matmul_counted(variant: str, n: int, source: str | None) -> tuple[Counts, i
 
 def matmul_counts(variant: str, n: int, source: str | None = None) -> tuple[Counts, str]:
     """(the counts of an n x n x n float32 product by ``variant`` ("naive", "tiled", "regblock"), whose kernel): counted
-    on the emulator at 4 and 8 times the block's tile (2 and 4 for the register-blocked kernel's 128), then carried to
+    on the emulator at 2 and 4 times the block's tile (1 and 2 for the register-blocked kernel's 128), then carried to
     ``n`` by :func:`extrapolate` (a multiple of the tile, as large as a GPU's: counting 1024^3 would take minutes).
     ``source``: the student's kernel where written (the tiled one with its ``#define TILE``), else labkit's."""
     from .matmul import BM, TILE
     from .source import define
 
     tile = BM if variant == "regblock" else (define(source, "TILE", TILE) if variant == "tiled" and source else TILE)
-    k = 2 if variant == "regblock" else 4
+    k = 1 if variant == "regblock" else 2
     (small, _, whose), (large, _, _) = (_matmul_counted(variant, m * tile, source) for m in (k, 2 * k))
     if n % tile:
         raise ValueError(f"matmul_counts carries counts to multiples of the tile ({tile}); {n} is not one")
