@@ -151,13 +151,38 @@ def _cmd_assign(a) -> int:
         print(f"{len(written)} nbgrader source notebook(s) in {Path(a.out).resolve()} (with the solutions: put them in "
               "nbgrader's source/<assignment>/ and run nbgrader generate_assignment)")
         return 0
-    written = assign.write_student_versions(notebooks, a.out, force=a.force, release_dir=a.release)
+    written = assign.write_student_versions(notebooks, a.out, force=a.force, release_dir=a.release,
+                                            policy=_late_policy(a.deadline, a.late))
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
           "checks and given code read-only")
     print(f"release record: {(Path(a.release) / assign.RELEASE_FILE).resolve()} (keep it; labkit grade uses it)")
     return 0
+
+
+def _late_policy(deadlines: list[str] | None, rule: str | None) -> dict[str, dict]:
+    """Per lab, the release's deadline and late policy from ``--deadline NN=WHEN`` and ``--late PERCENT/DAYS``."""
+    from .grading import late
+    from .grading.assign import lab_number
+
+    policy: dict[str, dict] = {}
+    for item in _names(deadlines):
+        lab, _, when = item.partition("=")
+        if lab_number(lab) is None or not when:
+            raise SystemExit(f"labkit assign: --deadline takes NN=WHEN (01=2026-10-02T23:59:00+02:00), got {item!r}")
+        policy[lab_number(lab)] = {"deadline": late.parse_time(when, f"--deadline {item}").isoformat()}
+    if rule:
+        percent, _, days = rule.partition("/")
+        try:
+            late_rule = {"percent_per_day": float(percent), "max_days": int(days) if days else None}
+        except ValueError:
+            raise SystemExit(f"labkit assign: --late takes PERCENT/DAYS (10/5: 10 % a day, at most 5 days), "
+                             f"got {rule!r}") from None
+        for lab in policy:
+            policy[lab]["late"] = late_rule
+        policy.setdefault("*", {})["late"] = late_rule
+    return policy
 
 
 def _names(given: list[str] | None) -> set[str]:
@@ -515,6 +540,12 @@ def _add_assign(sub) -> None:
     asg.add_argument("--format", choices=["labkit", "nbgrader"], default="labkit",
                      help="labkit: student versions and a release record; nbgrader: source notebooks with nbgrader's "
                           "cell metadata (solutions kept, for nbgrader generate_assignment)")
+    asg.add_argument("--deadline", action="append", metavar="NN=WHEN",
+                     help="lab NN's deadline in the release record, ISO 8601 with its timezone "
+                          "(01=2026-10-02T23:59:00+02:00); may be repeated")
+    asg.add_argument("--late", default=None, metavar="PERCENT/DAYS",
+                     help="the late policy in the release record: PERCENT off a day late, work more than DAYS late "
+                          "scores 0 (default 10/5)")
     asg.add_argument("--release", default="release",
                      help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 

@@ -86,3 +86,19 @@ def test_write_student_versions_of_every_lab(tmp_path):
     assert len(with_exercises) >= 4
     with pytest.raises(ValueError, match="overwrite"):
         assign.write_student_versions(labs[:1], labs[0].parent)
+
+
+def test_assign_writes_each_labs_points_deadline_and_late_policy_into_the_release(tmp_path, capsys):
+    import json
+
+    from labkit import cli
+
+    assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "student"), "--release", str(tmp_path / "rel"),
+                     "--deadline", "01=2026-10-02T23:59:00+02:00", "--late", "20/3"]) == 0
+    entry = json.loads((tmp_path / "rel" / "release.json").read_text())["notebooks"]["01_serial_backprop.ipynb"]
+    assert entry["lab"] == "01" and entry["deadline"] == "2026-10-02T23:59:00+02:00" and entry["hidden_share"] == 0.5
+    assert entry["late"] == {"percent_per_day": 20.0, "max_days": 3}
+    assert [e["points"] for e in entry["exercises"]] == [1, 1, 1, 1] and sum(q["points"] for q in entry["answers"]) == 6
+    assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "s2"), "--release", str(tmp_path / "r2"),
+                     "--deadline", "01=2026-10-02T23:59"]) == 2
+    assert "names no timezone; add it" in capsys.readouterr().err and not (tmp_path / "r2").exists()

@@ -263,14 +263,15 @@ def handed_out(path: Path | str):
 
 
 def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bool = False,
-                           release_dir: Path | str | None = None) -> list[Path]:
+                           release_dir: Path | str | None = None, policy: dict[str, dict] | None = None) -> list[Path]:
     """Write the student version of each notebook into ``out_dir`` (same file names); return the paths.
 
     A file already there that differs from the version about to be written (a student's edits, or an older release)
     is never replaced silently: nothing is written and :class:`WouldOverwrite` names the files, unless ``force``.
     With ``release_dir`` (the instructor's side, never the students' folder) the release record goes there as
     ``release.json``: every notebook handed out, its hash, and each exercise's check cell, which ``labkit grade``
-    runs and compares with what comes back.
+    runs and compares with what comes back; ``policy`` sets, per lab ("01"), what to put in its entry over the
+    defaults (``{"deadline": "2026-10-02T23:59:00+02:00", "late": {...}}``).
     """
     out_dir = Path(out_dir)
     versions = []
@@ -300,6 +301,8 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
 
         record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   "notebooks": {t.name: release_entry(student) for t, student, _ in versions}}
+        for entry in record["notebooks"].values():
+            entry.update({**(policy or {}).get("*", {}), **(policy or {}).get(entry["lab"], {})})  # "*": every lab
         release_dir.mkdir(parents=True, exist_ok=True)
         (release_dir / RELEASE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return [t for t, _, _ in versions]

@@ -6,12 +6,12 @@
   (https://gradescope-autograders.readthedocs.io/en/latest/specs/), one per student under ``gradescope/``, and at
   the top of the output folder too when the run graded one student. So an autograder image's ``run_autograder`` can
   call ``labkit grade /autograder/submission --out /autograder/results --export gradescope``. Each exercise is a
-  test of one point whose output is the check's message; the questions' written answers are left to Gradescope's
-  own manual grading.
-* **Canvas** (:func:`canvas`): ``canvas.csv`` for the gradebook's CSV import: the columns Student, ID, SIS User ID,
-  SIS Login ID and Section that identify a student, a Points Possible row, and one column per lab holding the
-  exercises passed (a point each) plus the answer points scored so far in answers.csv. Canvas finds a student by
-  those identifiers, which labkit does not know: ``roster`` (a gradebook exported from Canvas) supplies them.
+  test worth its points, whose output is the check's message; a late penalty comes off the score; the questions'
+  written answers are left to Gradescope's own manual grading.
+* **Canvas** (:func:`canvas`): ``canvas.csv`` for the gradebook's CSV import, made from the gradebook the instructor
+  exported from Canvas (:func:`read_gradebook`): its identity columns, its Points Possible row, and each lab's
+  total (exercises, scored answers, late penalty) in the column ``Title (id)`` of the lab's assignment there
+  (:func:`canvas_columns`), each student found by ID, SIS User ID or login. A student it lacks fails the export.
 * **Regrades** (:func:`changes`): ``changes.csv``, one row per exercise whose verdict differs from an earlier run's
   grades.json: who, which notebook and exercise, before, after, and why (the new message).
 """
