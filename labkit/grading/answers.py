@@ -11,7 +11,17 @@ metadata, right after the markdown cell that asks the question (it starts with `
 
 ``labkit grade`` collects every student's answers per question (:func:`collect`) into ``answers.html`` to read and
 ``answers.csv``, whose ``score`` column the instructor fills in; the next ``grade`` run into the same folder keeps
-those scores (:func:`merge_scores`) and adds them to ``grades.json``. The machine never scores an answer.
+those scores (:func:`merge_scores`) and adds them to ``grades.json``. The machine never scores an answer; a blank
+answer is 0 points, and says so.
+
+**Rubrics.** Each question's rubric lives in the release, ``RELEASE/rubrics.json`` beside release.json: per notebook
+and question its points, the model answer, and items, each ``{"id", "points", "criterion", "comment"}``. When the
+file is missing, :func:`load_rubrics` writes a default one (one item worth the question's points, the model answer
+from the instructor's notebook of the same name); the instructor edits it with any text editor: split the points
+into items, word their criteria and the comments a student reads. In ``answers.csv`` the instructor then either
+writes a ``score`` or lists the ``items`` earned (``a,c``): the score is their points, and their comments join the
+``comment`` column's on the student's feedback (:func:`hand_score`). ``answers.html`` shows each question's model
+answer and rubric, and per student their answer, and for a prediction what their own run measured beside it.
 """
 
 from __future__ import annotations
@@ -20,12 +30,15 @@ import ast
 import csv
 import hashlib
 import html
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 KINDS = ("predict", "explain")
 PLACEHOLDER = "_Your answer here._"
 ANSWERS_CSV, ANSWERS_HTML = "answers.csv", "answers.html"
+RUBRICS_FILE = "rubrics.json"
+BLANK = "blank: 0 points"
 
 
 def meta(cell) -> dict | None:
@@ -121,6 +134,9 @@ class Answer:
     blank: bool
     score: float | None = None  # the instructor's, from answers.csv
     note: str = ""
+    comment: str = ""  # the instructor's, and the comments of the rubric items earned
+    items: str = ""    # the rubric items earned, "a,c"
+    measured: str = ""  # a prediction: what the student's own run printed beside it
 
 
 def collect(nb, student: str, notebook: str) -> list[Answer]:
@@ -134,6 +150,16 @@ def collect(nb, student: str, notebook: str) -> list[Answer]:
         out.append(Answer(student, notebook, qid, m.get("kind", "?"), int(m.get("points", 1)),
                           "" if blank else cell.source.strip(), blank))
     return out
+
+
+def blank_answers(nb, released: dict | None = None) -> list[Answer]:
+    """The written answers of a notebook left blank (as handed out, emptied, or their cell deleted when ``released``,
+    the release record's entry, lists the questions), each worth 0 points as it stands."""
+    mine = collect(nb, "you", "")
+    have = {a.question for a in mine}
+    missing = [Answer("you", "", q["id"], q["kind"], int(q["points"]), "", True, note="its answer cell is missing")
+               for q in (released or {}).get("answers", []) if q["id"] not in have]
+    return [a for a in mine if a.blank] + missing
 
 
 def expected(released_nb) -> list[tuple[str, dict]]:
@@ -155,13 +181,17 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-FIELDS = ("student", "notebook", "question", "kind", "points", "blank", "score", "answer_sha", "answer", "note")
+FIELDS = ("student", "notebook", "question", "kind", "points", "blank", "score", "items", "comment", "answer_sha", "answer",
+          "note")
 
 
-def merge_scores(answers: list[Answer], previous_csv: Path) -> list[str]:
-    """Take the scores an instructor wrote into an earlier ``answers.csv`` (same student, notebook and question)
-    into ``answers``; return a warning for each score whose answer has changed since (it is dropped: read it again)
-    and for each score out of range."""
+def merge_scores(answers: list[Answer], previous_csv: Path, rubrics: dict | None = None) -> list[str]:
+    """Take the scores, items and comments an instructor wrote into an earlier ``answers.csv`` (same student,
+    notebook and question) into ``answers`` (:func:`hand_score`); return a warning for each score whose answer has
+    changed since (it is dropped: read it again) and for each score out of range. A blank answer scores 0."""
+    for a in answers:
+        if a.blank and a.score is None:
+            a.score, a.note = 0.0, a.note or BLANK
     previous_csv = Path(previous_csv)
     if not previous_csv.is_file():
         return []
@@ -170,71 +200,242 @@ def merge_scores(answers: list[Answer], previous_csv: Path) -> list[str]:
         rows = {(r.get("student"), r.get("notebook"), r.get("question")): r for r in csv.DictReader(f)}
     for a in answers:
         row = rows.get((a.student, a.notebook, a.question))
-        if not row or not (row.get("score") or "").strip():
+        if not row:
             continue
-        try:
-            score = float(row["score"])
-        except ValueError:
-            warnings.append(f"{a.student} / {a.question}: score {row['score']!r} is not a number; left unscored")
+        score, comment, warning = hand_score(row, (rubrics or {}).get(a.notebook, {}).get(a.question), a.points)
+        if warning:
+            warnings.append(f"{a.student} / {a.question}: {warning}")
+        if score is None and not comment:
             continue
         if row.get("answer_sha") and row["answer_sha"] != _digest(a.answer):
             warnings.append(f"{a.student} / {a.question}: the answer changed since it was scored; score it again")
             continue
-        if not 0 <= score <= a.points:
-            warnings.append(f"{a.student} / {a.question}: score {score:g} is outside 0..{a.points}; left unscored")
-            continue
-        a.score = score
+        a.items, a.comment = (row.get("items") or "").strip(), comment
+        if score is not None:
+            a.score = score
     return warnings
 
 
-def write(out: Path, answers: list[Answer], prompts: dict[tuple[str, str], str] | None = None) -> tuple[Path, Path]:
-    """``answers.csv`` (a row per student and question, a score column to fill in) and ``answers.html`` (per
-    question, every student's answer, blank ones said to be blank)."""
+def hand_score(row: dict, rubric: dict | None, points: float) -> tuple[float | None, str, str]:
+    """One row of ``answers.csv`` as the instructor left it: (the score, or None when unscored; the comment a
+    student reads; a warning, or ""). The ``score`` column wins; else the ``items`` earned add up their rubric
+    points. Their comments come before the instructor's own."""
+    text, listed = (row.get("score") or "").strip(), [i.strip() for i in (row.get("items") or "").split(",") if i.strip()]
+    own = (row.get("comment") or "").strip()
+    items = {str(item["id"]): item for item in (rubric or {}).get("items", [])}
+    unknown = [i for i in listed if i not in items]
+    if unknown:
+        return None, own, (f"rubric item {', '.join(unknown)} is not in the rubric (its items: {', '.join(items) or 'none'}"
+                           f"; edit {RUBRICS_FILE} in the release, or correct the items column); left unscored")
+    comment = " ".join([*(str(items[i].get("comment", "")).strip() for i in listed), own]).strip()
+    if text:
+        try:
+            score = float(text)
+        except ValueError:
+            return None, comment, f"score {text!r} is not a number; left unscored"
+    elif listed:
+        score = sum(float(items[i]["points"]) for i in listed)
+    else:
+        return None, comment, ""
+    if not 0 <= score <= float(points):
+        return None, comment, f"score {score:g} is outside 0..{float(points):g}; left unscored"
+    return score, comment, ""
+
+
+def default_rubrics(record: dict, instructor: Path | str | None = None) -> dict:
+    """Rubrics for every question of a release record: per notebook and question its kind, points, question and
+    model answer (from the instructor's notebook of the same name in ``instructor``, the course's labs by default),
+    and one item worth all its points, for the instructor to split."""
+    import nbformat
+
+    from ..report import NOTEBOOKS
+
+    rubrics = {}
+    for name, entry in record.get("notebooks", {}).items():
+        path = Path(instructor or NOTEBOOKS) / name
+        models = {}
+        if path.is_file():
+            nb = nbformat.read(path, as_version=4)
+            models = {m["answer"]: nb.cells[i].source.strip() for i, m in answer_cells(nb)}
+        rubrics[name] = {q["id"]: {"kind": q["kind"], "points": q["points"], "question": q.get("question", ""),
+                                   "model_answer": models.get(q["id"], ""),
+                                   "items": [{"id": "a", "points": q["points"], "criterion": "as the model answer",
+                                              "comment": ""}]}
+                         for q in entry.get("answers", [])}
+    return rubrics
+
+
+def load_rubrics(release: Path | str, record: dict | None = None, instructor: Path | str | None = None) -> dict:
+    """The rubrics of a release, from ``release``/rubrics.json; written there from :func:`default_rubrics` first
+    when missing, for the instructor to edit. Raises ValueError for a file that is not a rubric, naming the fix."""
+    folder = Path(release)
+    folder = folder.parent if folder.suffix == ".json" else folder
+    path = folder / RUBRICS_FILE
+    if not path.is_file():
+        if record is None:
+            record = json.loads((folder / "release.json").read_text(encoding="utf-8"))
+        path.write_text(json.dumps(default_rubrics(record, instructor), indent=1, ensure_ascii=False) + "\n",
+                        encoding="utf-8")
+    try:
+        rubrics = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): correct it, or delete it to get the default back") from None
+    for name, questions in rubrics.items():
+        for qid, rubric in questions.items():
+            _check_rubric(rubric, f"{path}: {name} / {qid}")
+    return rubrics
+
+
+def _check_rubric(rubric, where: str) -> None:
+    items = rubric.get("items") if isinstance(rubric, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, dict) and "id" in i and "points" in i for i in items):
+        raise ValueError(f"{where}: items must be a list of {{\"id\", \"points\", \"criterion\", \"comment\"}}")
+    ids = [str(i["id"]) for i in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: an item id repeats ({', '.join(ids)}); give each its own")
+    if any(not isinstance(i["points"], int | float) or i["points"] < 0 for i in items):
+        raise ValueError(f"{where}: an item's points must be a number >= 0")
+    if sum(i["points"] for i in items) > float(rubric.get("points", float("inf"))) + 1e-9:
+        raise ValueError(f"{where}: its items add up to {sum(i['points'] for i in items):g} points, more than the "
+                         f"question's {rubric['points']:g}")
+
+
+def measured_beside(executed_nb, answer_id: str) -> str:
+    """What a student's executed notebook printed beside a prediction: the output of each later cell that passes the
+    prediction's names to ``compare(`` (:func:`labkit.questions.compare`), as text; "" when there is none."""
+    import ast
+
+    at = next((i for i, c in enumerate(executed_nb.cells) if (m := meta(c)) and m["answer"] == answer_id), None)
+    if at is None or executed_nb.cells[at].cell_type != "code":
+        return ""
+    try:
+        names = {t.id for s in _assignments(executed_nb.cells[at].source) for t in s.targets}
+    except ValueError:
+        names = set()
+    names |= {n for n in _predicted_names(executed_nb.cells[at].source)}
+    found = []
+    for cell in executed_nb.cells[at + 1:]:
+        if cell.cell_type != "code" or "compare(" not in cell.source:
+            continue
+        try:
+            used = {n.id for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            continue
+        if used & names:
+            found += [o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"]
+    return "".join(found).strip()
+
+
+def _predicted_names(source: str) -> list[str]:
+    """The names a predict cell assigns, read line by line (a cell a student broke still names its predictions)."""
+    import re
+
+    return re.findall(r"^\s*([A-Za-z_]\w*)\s*=", source, re.M)
+
+
+def _measured(out: Path, a: Answer) -> str:
+    """:func:`measured_beside` in the executed notebook of ``a``'s student and lab, under ``out``/executed."""
+    import nbformat
+
+    folder = Path(out) / "executed" / a.student
+    for path in sorted(folder.glob("*.ipynb"), key=lambda p: p.name != a.notebook):
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - an unreadable run shows no measurement
+            continue
+        if any((m := meta(c)) and m["answer"] == a.question for c in nb.cells):
+            return measured_beside(nb, a.question)
+    return ""
+
+
+def write(out: Path, answers: list[Answer], prompts: dict[tuple[str, str], str] | None = None,
+          rubrics: dict | None = None) -> tuple[Path, Path]:
+    """``answers.csv`` (a row per student and question, score, items and comment columns to fill in) and
+    ``answers.html`` (per question its model answer and rubric, then every student's answer, a prediction beside what
+    their run measured, a blank one said to be 0)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for a in answers:
+        if a.kind == "predict" and not a.measured:
+            a.measured = _measured(out, a)
     csv_path, html_path = out / ANSWERS_CSV, out / ANSWERS_HTML
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(FIELDS)
         for a in answers:
             w.writerow([a.student, a.notebook, a.question, a.kind, a.points, int(a.blank),
-                        "" if a.score is None else f"{a.score:g}", _digest(a.answer), a.answer, a.note])
-    html_path.write_text(_page(answers, prompts or {}), encoding="utf-8")
+                        "" if a.score is None else f"{a.score:g}", a.items, a.comment, _digest(a.answer), a.answer,
+                        a.note])
+    html_path.write_text(_page(answers, prompts or {}, rubrics if rubrics is not None else _course_rubrics(answers)),
+                         encoding="utf-8")
     return csv_path, html_path
 
 
-def _page(answers: list[Answer], prompts: dict[tuple[str, str], str]) -> str:
-    esc = html.escape
+def _course_rubrics(answers: list[Answer]) -> dict:
+    """Without a release's rubrics: the model answers of the course's own labs, for the questions asked."""
+    record = {"notebooks": {}}
+    for a in answers:
+        record["notebooks"].setdefault(a.notebook, {"answers": []})["answers"].append(
+            {"id": a.question, "kind": a.kind, "points": a.points})
+    try:
+        return default_rubrics(record)
+    except Exception:  # noqa: BLE001 - a page without model answers is still one to read
+        return {}
+
+
+_CSS = ("body{font-family:sans-serif;max-width:75em;margin:auto}table{border-collapse:collapse;width:100%}"
+        "td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:0}"
+        ".blank{color:#a00}.model{background:#f3f8f3;padding:.5em}")
+
+
+def _page(answers: list[Answer], prompts: dict[tuple[str, str], str], rubrics: dict) -> str:
     by_q: dict[tuple[str, str], list[Answer]] = {}
     for a in answers:
         by_q.setdefault((a.notebook, a.question), []).append(a)
-    parts = ["<!doctype html><meta charset='utf-8'><title>Answers to score</title>",
-             "<style>body{font-family:sans-serif;max-width:60em;margin:auto}table{border-collapse:collapse;width:100%}"
-             "td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:0}"
-             ".blank{color:#a00}</style>",
-             "<h1>Answers to score</h1><p>One table per question. Score them in the <code>score</code> column of "
-             "<code>answers.csv</code> beside this page; the next <code>labkit grade</code> into the same folder "
-             "keeps the scores and adds them to <code>grades.json</code>.</p>"]
+    parts = ["<!doctype html><meta charset='utf-8'><title>Answers to score</title>", f"<style>{_CSS}</style>",
+             "<h1>Answers to score</h1><p>One table per question, its model answer and rubric above it. Score them in "
+             "<code>answers.csv</code> beside this page: a <code>score</code>, or the rubric <code>items</code> earned "
+             "(<code>a,c</code>), and a <code>comment</code> for the student. The rubric is "
+             f"<code>{RUBRICS_FILE}</code> in the release folder, to edit. A blank answer is 0 points.</p>"]
     for (notebook, qid), rows in by_q.items():
-        blanks = sum(a.blank for a in rows)
-        parts.append(f"<h2>{esc(notebook)}: {esc(qid)} ({esc(rows[0].kind)}, {rows[0].points} point"
-                     f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank)</h2>")
-        if prompts.get((notebook, qid)):
-            parts.append(f"<blockquote><pre>{esc(prompts[(notebook, qid)])}</pre></blockquote>")
-        parts.append("<table><tr><th>student</th><th>answer</th><th>score</th></tr>")
-        for a in rows:
-            body = (f"<span class='blank'>blank{': ' + esc(a.note) if a.note else ''}</span>" if a.blank
-                    else f"<pre>{esc(a.answer)}</pre>")
-            parts.append(f"<tr><td>{esc(a.student)}</td><td>{body}</td>"
-                         f"<td>{'' if a.score is None else f'{a.score:g}'}</td></tr>")
-        parts.append("</table>")
+        rubric = rubrics.get(notebook, {}).get(qid, {})
+        parts += _question(notebook, qid, rows, prompts.get((notebook, qid)), rubric)
     return "\n".join(parts) + "\n"
+
+
+def _question(notebook: str, qid: str, rows: list[Answer], prompt: str | None, rubric: dict) -> list[str]:
+    """One question's part of answers.html."""
+    esc = html.escape
+    predict = rows[0].kind == "predict"
+    blanks = sum(a.blank for a in rows)
+    parts = [f"<h2>{esc(notebook)}: {esc(qid)} ({esc(rows[0].kind)}, {rows[0].points} point"
+             f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank)</h2>"]
+    if prompt:
+        parts.append(f"<blockquote><pre>{esc(prompt)}</pre></blockquote>")
+    if rubric.get("model_answer"):
+        parts.append(f"<div class='model'><b>Model answer</b><pre>{esc(rubric['model_answer'])}</pre></div>")
+    if rubric.get("items"):
+        parts.append("<p><b>Rubric</b></p><table><tr><th>item</th><th>points</th><th>criterion</th><th>comment</th></tr>"
+                     + "".join(f"<tr><td>{esc(str(i['id']))}</td><td>{float(i['points']):g}</td>"
+                               f"<td>{esc(str(i.get('criterion', '')))}</td><td>{esc(str(i.get('comment', '')))}</td></tr>"
+                               for i in rubric["items"]) + "</table>")
+    parts.append("<table><tr><th>student</th><th>answer</th>" + ("<th>measured in their run</th>" if predict else "")
+                 + "<th>score</th><th>comment</th></tr>")
+    for a in rows:
+        body = (f"<span class='blank'>{BLANK}{': ' + esc(a.note) if a.note and a.note != BLANK else ''}</span>"
+                if a.blank else f"<pre>{esc(a.answer)}</pre>")
+        measured = f"<td><pre>{esc(a.measured) or '(nothing printed)'}</pre></td>" if predict else ""
+        parts.append(f"<tr><td>{esc(a.student)}</td><td>{body}</td>{measured}"
+                     f"<td>{'' if a.score is None else f'{a.score:g}'}</td><td>{esc(a.comment)}</td></tr>")
+    parts.append("</table>")
+    return parts
 
 
 def as_dicts(answers: list[Answer]) -> list[dict]:
     return [asdict(a) for a in answers]
 
 
-__all__ = ["ANSWERS_CSV", "ANSWERS_HTML", "Answer", "KINDS", "PLACEHOLDER", "answer_cells", "as_dicts", "collect",
-           "collect_against", "expected", "is_blank", "merge_scores", "meta", "question_text", "student_source",
+__all__ = ["ANSWERS_CSV", "ANSWERS_HTML", "Answer", "BLANK", "KINDS", "PLACEHOLDER", "RUBRICS_FILE", "answer_cells",
+           "as_dicts", "blank_answers", "collect", "collect_against", "default_rubrics", "expected", "hand_score",
+           "is_blank", "load_rubrics", "measured_beside", "merge_scores", "meta", "question_text", "student_source",
            "write"]

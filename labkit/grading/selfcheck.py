@@ -11,7 +11,7 @@ The notebook runs as ``labkit grade`` runs it: top to bottom in a fresh kernel o
 under the same time limit, the checks' records replayed in this process for the verdict, in a sandbox where one can
 be made here (bubblewrap, as root or with user namespaces) and otherwise with the student's own rights, which it
 says. It reports "public checks passed: k of n" and never more: the instructor may grade with hidden checks too,
-which no copy handed out can show.
+which no copy handed out can show. It names the written answers left blank: each is 0 points as it stands.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .answers import Answer, blank_answers, is_blank, meta
 from .notebook import ExerciseResult
 
 
@@ -36,6 +37,8 @@ class SelfCheck:
     why_not_isolated: str = ""
     seconds: float = 0.0
     skipped: str = ""
+    blank: list[Answer] = field(default_factory=list)  # written answers left blank
+    answers: int = 0  # written answers the notebook asks for
 
     @property
     def passed(self) -> int:
@@ -53,6 +56,13 @@ class SelfCheck:
             lines.append(f"  {'✔' if r.passed else '✘'} {r.exercise}" + ("" if r.passed else f": {r.message}"))
         lines.append(f"public checks passed: {self.passed} of {len(self.results)}. The grader may also run hidden "
                      "checks, which no copy handed out can show: this is not a grade.")
+        if self.blank:
+            listed = ", ".join(f"{a.question} ({a.points} point{'s' if a.points != 1 else ''}"
+                               + (f", {a.note}" if a.note else "") + ")" for a in self.blank)
+            lines.append(f"written answers left blank, 0 points each as they stand: {listed}. Write them in their "
+                         "answer cells before handing in.")
+        elif self.answers:
+            lines.append(f"written answers: all {self.answers} written; your instructor reads and scores them.")
         return "\n".join(lines)
 
 
@@ -62,6 +72,8 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
 
     Inside a grading run (the notebook calling this is itself being graded) it does nothing: a notebook that checks
     itself would run itself again and again."""
+    import nbformat
+
     from ..check import capture
     from . import sandbox
     from .grade import load_release, released_name
@@ -89,6 +101,9 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
         results = grade_notebook(path, "you", Path(tmp), timeout, profile, released, isolate=isolated)
     result = SelfCheck(path, results, isolated, "" if isolated else (reason if not ok else "turned off"),
                        time.perf_counter() - t0)
+    nb = nbformat.read(path, as_version=4)
+    result.blank = blank_answers(nb, released)
+    result.answers = len(result.blank) + sum(1 for c in nb.cells if meta(c) is not None and not is_blank(c))
     if not quiet:
         print(result.report(), file=sys.stdout)
     return result
