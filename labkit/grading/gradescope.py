@@ -1,0 +1,236 @@
+"""Gradescope's autograder for one lab: a zip that installs labkit with no network and grades each submission.
+
+    labkit gradescope --release R --lab 01 --out autograder.zip [--python-version 3.10] [--platform manylinux_2_17_x86_64]
+
+Gradescope unzips the bundle into ``/autograder/source`` and runs its ``setup.sh`` once, as root, when it builds the
+autograder's image; then, for every submission, it runs ``/autograder/run_autograder`` (a copy of the zip's) with the
+student's files in ``/autograder/submission`` and their metadata in ``/autograder/submission_metadata.json``, and
+reads ``/autograder/results/results.json``. The zip holds:
+
+- ``setup.sh``: a virtual environment in ``/autograder/venv``, pip and labkit installed from ``wheels/`` alone;
+- ``wheels/``: labkit's own wheel, its dependencies (MPI included) and pip, for the Python and platform of Gradescope's
+  image (this machine's by default; Gradescope's Ubuntu 22.04 image has Python 3.10);
+- ``release/``: the release record (and rubrics) of the lab alone;
+- ``labkit-autograder.json``: the lab and the options of the run;
+- ``run_autograder``: ``python -m labkit.grading.gradescope autograde``, which copies the submission into a class of
+  one, writes the submission's time into a submissions CSV (``student,lab,file,submitted_at,lms,lms_user_id,
+  lms_submission_id``) and runs ``labkit grade <dir> --release R --lab NN --submissions CSV --export gradescope``.
+
+``AUTOGRADER_ROOT`` (default ``/autograder``) moves the whole tree, for a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..errors import LabkitError
+
+ROOT = Path("/autograder")
+CONFIG = "labkit-autograder.json"
+SUBMISSIONS_FIELDS = ("student", "lab", "file", "submitted_at", "lms", "lms_user_id", "lms_submission_id")
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the image: labkit from the wheels in this zip alone (no network)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="${AUTOGRADER_ROOT:-/autograder}"
+"${LABKIT_PYTHON:-python3}" -m venv --without-pip "$root/venv"
+pip_wheel="$(ls "$here"/wheels/pip-*.whl | head -n 1)"
+"$root/venv/bin/python" "$pip_wheel/pip" install --quiet --isolated --no-index --find-links "$here/wheels" pip
+"$root/venv/bin/python" -m pip install --quiet --isolated --no-index --find-links "$here/wheels" "labkit[mpi]"
+"$root/venv/bin/python" -c "import labkit, nbclient, matplotlib; print('labkit', labkit.__version__, 'installed')"
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for every submission: /autograder/submission graded into /autograder/results/results.json
+root="${AUTOGRADER_ROOT:-/autograder}"
+exec "$root/venv/bin/python" -m labkit.grading.gradescope autograde --root "$root"
+"""
+
+
+class BundleError(LabkitError, ValueError):
+    """The autograder bundle cannot be built as asked."""
+
+
+def lab_notebooks(record: dict, lab: str) -> list[str]:
+    """The released notebooks of lab ``lab`` ("01" or "1"): by the lab the release found in each, else by its file
+    name; BundleError naming the labs there are when none matches."""
+    from .assign import lab_number
+
+    want = lab_number(lab)
+    labs = {name: entry.get("lab") or lab_number(name) for name, entry in record["notebooks"].items()}
+    found = [name for name, number in labs.items() if want is not None and number == want]
+    if not found:
+        held = ", ".join(f"{number} ({name})" for name, number in sorted(labs.items()))
+        raise BundleError(f"no notebook of lab {lab!r} in the release (it holds {held}): give --lab as one of them")
+    return found
+
+
+def build(release: Path | str, lab: str, out: Path | str, wheels: Path | str | None = None,
+          python_version: str | None = None, platforms: list[str] | None = None, timeout: int = 60) -> Path:
+    """Write the autograder zip of lab ``lab`` of the release at ``release`` to ``out``; return its path. ``wheels``:
+    a folder of wheels to ship as they are (labkit's own included); else they are downloaded for ``python_version``
+    and ``platforms`` (this interpreter's by default) and labkit's wheel is built from this checkout."""
+    from .grade import load_release
+
+    record, _ = load_release(release)
+    if record is None:
+        raise BundleError("no release record: give --release, the folder `labkit assign --release DIR` wrote")
+    names = lab_notebooks(record, lab)
+    folder = Path(release) if Path(release).is_dir() else Path(release).parent
+    mine = {**record, "notebooks": {n: record["notebooks"][n] for n in names}}
+    from .assign import lab_number
+
+    config = {"lab": lab_number(lab), "notebooks": names, "timeout_s": timeout}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="labkit-gradescope-") as tmp:
+        house = Path(wheels) if wheels else download_wheels(Path(tmp) / "wheels", python_version, platforms)
+        if not any(house.glob("pip-*.whl")) or not any(house.glob("labkit-*.whl")):
+            raise BundleError(f"{house} lacks pip's or labkit's wheel: the bundle installs both from it")
+        part = out.with_name(out.name + ".part")
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
+            _script(z, "setup.sh", SETUP_SH)
+            _script(z, "run_autograder", RUN_AUTOGRADER)
+            z.writestr(CONFIG, json.dumps(config, indent=1) + "\n")
+            z.writestr("release/release.json", json.dumps(mine, indent=1) + "\n")
+            rubrics = folder / "rubrics.json"
+            if rubrics.is_file():
+                kept = {n: q for n, q in json.loads(rubrics.read_text(encoding="utf-8")).items() if n in names}
+                z.writestr("release/rubrics.json", json.dumps(kept, indent=1) + "\n")
+            for wheel in sorted(house.glob("*.whl")):
+                z.write(wheel, f"wheels/{wheel.name}", compress_type=zipfile.ZIP_STORED)  # wheels are zips already
+        part.replace(out)
+    return out
+
+
+def _script(z: zipfile.ZipFile, name: str, text: str) -> None:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = 0o100755 << 16  # executable once unzipped
+    info.compress_type = zipfile.ZIP_DEFLATED
+    z.writestr(info, text)
+
+
+def download_wheels(house: Path, python_version: str | None = None, platforms: list[str] | None = None) -> Path:
+    """labkit's wheel built from this checkout, and every wheel it and its MPI extra need, and pip, in ``house``."""
+    from .. import wheelhouse
+
+    house.mkdir(parents=True, exist_ok=True)
+    run = [sys.executable, "-m", "pip"]
+    build = subprocess.run([*run, "wheel", "--no-deps", "--quiet", "-w", str(house),
+                            str(wheelhouse.ROOT)], capture_output=True, text=True)
+    if build.returncode != 0:
+        raise BundleError(f"building labkit's wheel failed:\n{build.stderr[-2000:]}")
+    project = wheelhouse._pyproject()
+    cmd = [*run, "download", "--quiet", "--only-binary=:all:", "--dest", str(house)]
+    if python_version:
+        cmd += ["--python-version", python_version, "--implementation", "cp"]
+    for tag in dict.fromkeys(t for given in platforms or [] for t in wheelhouse.platform_tags(given)):
+        cmd += ["--platform", tag]
+    got = subprocess.run([*cmd, *project["dependencies"], *project["optional-dependencies"]["mpi"], "pip"],
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        raise BundleError(f"downloading the wheels failed (a network is needed here, not on Gradescope):\n"
+                          f"{got.stderr[-2000:]}")
+    return house
+
+
+def submission_row(metadata: dict, lab: str, file: str) -> dict:
+    """The submissions CSV's row for one file of a Gradescope submission, from its submission_metadata.json."""
+    user = (metadata.get("users") or [{}])[0]
+    return {"student": student_of(metadata), "lab": lab, "file": file, "submitted_at": metadata.get("created_at", ""),
+            "lms": "gradescope", "lms_user_id": str(user.get("id", "")), "lms_submission_id": str(metadata.get("id", ""))}
+
+
+def student_of(metadata: dict) -> str:
+    """The student a submission is graded as: the first user's email, else their id, else "student"."""
+    user = (metadata.get("users") or [{}])[0]
+    return str(user.get("email") or user.get("id") or "student")
+
+
+def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path, timeout: int) -> list[str]:
+    """``labkit grade``'s arguments for the class of one; --lab and --submissions where this labkit has them."""
+    from ..cli import build_parser
+
+    args = ["grade", str(subs), "--release", str(release), "--out", str(out), "--export", "gradescope",
+            "--timeout", str(timeout)]
+    known = {o for action in _grade_parser(build_parser())._actions for o in action.option_strings}
+    if "--lab" in known:
+        args += ["--lab", lab]
+    if "--submissions" in known:
+        args += ["--submissions", str(csv_path)]
+    return args
+
+
+def _grade_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["grade"]
+
+
+def autograde(root: Path | str = ROOT) -> int:
+    """``run_autograder``: grade ``root``/submission as the bundle's lab into ``root``/results/results.json. A run
+    that gives no results still writes one, scoring 0 and saying why, for Gradescope to show."""
+    from .. import cli
+
+    root = Path(root)
+    config = json.loads((root / "source" / CONFIG).read_text())
+    meta_path = root / "submission_metadata.json"
+    metadata = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    results = root / "results" / "results.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    notebooks = sorted(p for p in (root / "submission").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    if not notebooks:
+        return _failed(results, "no notebook (.ipynb) in the submission: upload your lab's .ipynb file")
+    with tempfile.TemporaryDirectory(prefix="labkit-autograde-") as tmp:
+        tmp = Path(tmp)
+        student = student_of(metadata)
+        folder = tmp / "subs" / _safe(student)
+        folder.mkdir(parents=True)
+        csv_path = tmp / "submissions.csv"
+        with open(csv_path, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, SUBMISSIONS_FIELDS)
+            w.writeheader()
+            for nb in notebooks:
+                shutil.copyfile(nb, folder / nb.name)
+                w.writerow({**submission_row(metadata, config["lab"], nb.name), "student": _safe(student)})
+        try:
+            code = cli.main(grade_command(tmp / "subs", root / "source" / "release", tmp / "grades", config["lab"],
+                                          csv_path, int(config.get("timeout_s", 60))))
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever stopped it, Gradescope shows it
+            return _failed(results, f"the grader stopped: {type(e).__name__}: {e}")
+        made = tmp / "grades" / "results.json"
+        if not made.is_file():
+            return _failed(results, f"labkit grade exited {code} and wrote no results.json")
+        shutil.copyfile(made, results)
+    return 0
+
+
+def _failed(results: Path, why: str) -> int:
+    results.write_text(json.dumps({"score": 0.0, "output": why, "tests": []}, indent=1) + "\n")
+    print(why, file=sys.stderr)
+    return 1
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name) or "_"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit.grading.gradescope autograde [--root DIR]``: what run_autograder runs."""
+    ap = argparse.ArgumentParser(prog="python -m labkit.grading.gradescope")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("autograde", help="grade a Gradescope submission").add_argument("--root", default=str(ROOT))
+    a = ap.parse_args(argv)
+    return autograde(a.root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""labkit gradescope: the autograder bundle of one lab, its layout, and a submission graded from it as Gradescope
+runs it: unzipped into /autograder/source, setup.sh once, run_autograder per submission, all without a network."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from labkit.grading import assign, gradescope
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = "12_quick.ipynb"  # lab 12 by its content: karp_flatt is lab 12's exercise
+# as Gradescope writes /autograder/submission_metadata.json (its documentation's fields)
+METADATA = {"id": 123456, "created_at": "2026-10-02T14:22:32.365935-07:00",
+            "assignment": {"due_date": "2026-10-01T23:00:00.000000-07:00", "id": 25828, "title": "Lab 12",
+                           "total_points": "2.0"},
+            "submission_method": "upload", "users": [{"email": "ana@example.edu", "id": 1234, "name": "Ana"}],
+            "previous_submissions": []}
+
+
+QUICK = new_notebook(cells=[
+    new_markdown_cell("# Lab 12"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("from labkit import check"),
+    new_code_cell("check.karp_flatt(lambda p, s: (1 / s - 1 / p) / (1 - 1 / p))"),
+    new_code_cell("check.karp_flatt(None)"),
+])
+
+
+def _release(tmp_path):
+    """A release of two labs: 12 (two checks, the second fails as written) and 11."""
+    course = tmp_path / "course"
+    course.mkdir()
+    nbformat.write(QUICK, course / LAB)
+    nbformat.write(new_notebook(cells=QUICK.cells[:2]), course / "11_other.ipynb")
+    assign.write_student_versions([course / LAB, course / "11_other.ipynb"], tmp_path / "handout",
+                                  release_dir=tmp_path / "release")
+    (tmp_path / "release" / "rubrics.json").write_text(json.dumps({LAB: {}, "11_other.ipynb": {}}))
+    return tmp_path / "release", QUICK
+
+
+def _fake_wheels(tmp_path):
+    house = tmp_path / "house"
+    house.mkdir()
+    for name in ("pip-26.0-py3-none-any.whl", "labkit-0.1.0-py3-none-any.whl", "numpy-2.0-cp311-x86_64.whl"):
+        (house / name).write_bytes(b"PK")
+    return house
+
+
+def test_the_bundle_holds_its_scripts_the_labs_release_and_the_wheels(tmp_path):
+    release, _ = _release(tmp_path)
+    path = gradescope.build(release, "12", tmp_path / "autograder.zip", wheels=_fake_wheels(tmp_path))
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        assert {"setup.sh", "run_autograder", "labkit-autograder.json", "release/release.json",
+                "release/rubrics.json", "wheels/pip-26.0-py3-none-any.whl", "wheels/labkit-0.1.0-py3-none-any.whl",
+                "wheels/numpy-2.0-cp311-x86_64.whl"} == names
+        for script in ("setup.sh", "run_autograder"):
+            assert stat.S_IMODE(z.getinfo(script).external_attr >> 16) == 0o755
+        record = json.loads(z.read("release/release.json"))
+        assert list(record["notebooks"]) == [LAB]  # the lab alone: its results hold no other lab's rows
+        assert json.loads(z.read("release/rubrics.json")) == {LAB: {}}
+        assert json.loads(z.read("labkit-autograder.json"))["lab"] == "12"
+        setup = z.read("setup.sh").decode()
+    assert "--no-index" in setup and "--find-links" in setup and "labkit[mpi]" in setup
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_lab_not_in_the_release_or_wheels_missing_are_named(tmp_path):
+    release, _ = _release(tmp_path)
+    held = r"no notebook of lab '05' in the release \(it holds 11 \(11_other.ipynb\), 12 \(12_quick"
+    with pytest.raises(gradescope.BundleError, match=held):
+        gradescope.build(release, "05", tmp_path / "a.zip", wheels=_fake_wheels(tmp_path))
+    (tmp_path / "house" / "labkit-0.1.0-py3-none-any.whl").unlink()
+    with pytest.raises(gradescope.BundleError, match="lacks pip's or labkit's wheel"):
+        gradescope.build(release, "12", tmp_path / "a.zip", wheels=tmp_path / "house")
+    assert not (tmp_path / "a.zip").exists()
+
+
+def test_the_submission_time_and_ids_come_from_the_metadata():
+    row = gradescope.submission_row(METADATA, "12", LAB)
+    assert row == {"student": "ana@example.edu", "lab": "12", "file": LAB,
+                   "submitted_at": "2026-10-02T14:22:32.365935-07:00", "lms": "gradescope", "lms_user_id": "1234",
+                   "lms_submission_id": "123456"}
+    assert tuple(row) == gradescope.SUBMISSIONS_FIELDS
+    assert gradescope.student_of({"users": [{"id": 7}]}) == "7" and gradescope.student_of({}) == "student"
+
+
+def test_the_grade_command_passes_the_lab_and_the_submission_time(tmp_path):
+    args = gradescope.grade_command(tmp_path / "s", tmp_path / "r", tmp_path / "g", "97", tmp_path / "s.csv", 60)
+    assert args[:2] == ["grade", str(tmp_path / "s")] and "gradescope" in args
+    assert args[args.index("--lab") + 1] == "97" and args[args.index("--submissions") + 1] == str(tmp_path / "s.csv")
+
+
+def _tree(tmp_path, zip_path, submission):
+    """The folders Gradescope makes: source/ (the zip unpacked), submission/, results/, submission_metadata.json."""
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(zip_path) as z:
+        z.extractall(root / "source")
+        for info in z.infolist():  # zipfile drops the modes: Gradescope's unzip keeps them
+            os.chmod(root / "source" / info.filename, info.external_attr >> 16 or 0o644)
+    shutil.copyfile(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "submission").mkdir()
+    nbformat.write(submission, root / "submission" / LAB)
+    (root / "results").mkdir()
+    (root / "submission_metadata.json").write_text(json.dumps(METADATA))
+    return root
+
+
+def _check_results(root):
+    results = json.loads((root / "results" / "results.json").read_text())
+    tests = {t["name"]: t for t in results["tests"]}
+    assert len(tests) == 2, results
+    assert sorted(t["score"] for t in tests.values()) == [0.0, 1.0]
+    return results
+
+
+@pytest.mark.notebooks
+def test_run_autograder_grades_the_submission_into_results_json(tmp_path, monkeypatch):
+    from labkit.grading import sandbox
+
+    monkeypatch.setattr(sandbox, "available", lambda: (False, "not probed here"))
+    release, quick = _release(tmp_path)
+    root = _tree(tmp_path, gradescope.build(release, "12", tmp_path / "autograder.zip", wheels=_fake_wheels(tmp_path)),
+                 quick)
+    assert gradescope.autograde(root) == 0
+    _check_results(root)
+    (root / "submission" / LAB).unlink()  # an upload of no notebook: a results.json that says so
+    assert gradescope.autograde(root) == 1
+    assert "no notebook (.ipynb) in the submission" in (root / "results" / "results.json").read_text()
+
+
+needs_root_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                        reason="blocking the network for one command needs root and unshare")
+
+
+@pytest.mark.slow
+@pytest.mark.hosts  # a network namespace (unshare)
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+@needs_root_unshare
+def test_the_bundle_installs_and_grades_in_a_tree_as_gradescope_lays_it_out_without_a_network(tmp_path):
+    """Built here with a network (the wheels downloaded, labkit's built); then setup.sh and run_autograder in a
+    network namespace of their own, as root, from the unpacked zip alone."""
+    release, quick = _release(tmp_path)
+    zip_path = gradescope.build(release, "12", tmp_path / "autograder.zip")
+    root = _tree(tmp_path, zip_path, quick)
+    offline = ["unshare", "--net", "--"]
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LABKIT_PYTHON": sys.executable}
+    env.pop("VIRTUAL_ENV", None)
+    r = subprocess.run([*offline, "bash", str(root / "source" / "setup.sh")], capture_output=True, text=True,
+                       env=env, timeout=900, cwd=root / "source")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "labkit" in r.stdout and "installed" in r.stdout
+    r = subprocess.run([*offline, str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = _check_results(root)
+    assert "karp_flatt" in json.dumps(results)
