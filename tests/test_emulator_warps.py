@@ -143,13 +143,18 @@ extern "C" __global__ void neighbours(const float* x, float* out, int sync)
 
 def test_syncwarp_orders_shared_memory_within_a_warp():
     """Lanes run one after another on the emulator, so without __syncwarp a lane reads its neighbour's slot before
-    the neighbour wrote it (a race that a GPU may or may not show); with it every lane reads what the other wrote."""
-    k = load(SYNCWARP, backend="emulator").neighbours
+    the neighbour wrote it (a race that a GPU may or may not show): checked mode names it, in either order of the
+    threads; with __syncwarp every lane reads what the other wrote, and no race is named."""
     x = np.arange(64, dtype=np.float32) + 1
     out = np.zeros(64, np.float32)
-    k((1,), (64,), (x, out, np.int32(1)))
-    np.testing.assert_array_equal(out, x[np.arange(64) ^ 1])
-    k((1,), (64,), (x, out, np.int32(0)))
+    checked = load(SYNCWARP, backend="emulator").neighbours
+    for reversed_order in (False, True):
+        checked((1,), (64,), (x, out, np.int32(1)), reversed_order=reversed_order)
+        np.testing.assert_array_equal(out, x[np.arange(64) ^ 1])
+        with pytest.raises(KernelError, match=r"race on `s\[\d+\]`: thread \d+ wrote it at line 8, thread \d+ read it at "
+                                              r"line 10 with no `__syncthreads\(\)` between"):
+            checked((1,), (64,), (x, out, np.int32(0)), reversed_order=reversed_order)
+    load(SYNCWARP, backend="emulator", checked=False).neighbours((1,), (64,), (x, out, np.int32(0)))
     assert (out[0::2] == -1).all() and (out[1::2] == x[0::2]).all()  # even lanes read before the odd ones wrote
 
 

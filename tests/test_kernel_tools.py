@@ -118,9 +118,51 @@ def one_line_kernel(statement: str) -> str:
 @pytest.mark.parametrize("what", REFUSED)
 def test_what_the_emulator_runs_and_a_gpu_compiler_refuses(what):
     src = one_line_kernel(REFUSED[what])
-    load(src, backend="emulator", checked=False).k((1,), (1,), (np.ones(1, np.float32),))  # runs on the CPU
+    load(src, backend="emulator", checked=False, gpu_check=False).k((1,), (1,), (np.ones(1, np.float32),))  # runs here
     with pytest.raises(KernelCompileError, match=rf"does not compile for sm_\d0 .*\n.*\(3\): error: .*{what.split(':')[-1]}"):
         compile_for_gpus(src)
+
+
+@needs_cxx
+@needs_compiler
+@pytest.mark.parametrize("what", REFUSED)
+def test_load_refuses_what_a_gpu_compiler_refuses(what):
+    """kernels.load, what a student calls to try a kernel of their own, compiles it with NVRTC too."""
+    with pytest.raises(KernelCompileError, match=rf"(?s)kernel.cu runs on the CPU emulator but a GPU's compiler refuses it:"
+                                                 rf"\n.*\(3\): error: .*{what.split(':')[-1]}.*fmaxf"):
+        load(one_line_kernel(REFUSED[what]), backend="emulator")
+
+
+@needs_cxx
+@needs_compiler
+def test_loading_again_does_not_compile_for_gpus_again(monkeypatch, tmp_path):
+    from labkit.kernels import loader, tools
+
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(loader, "_compiled_for_gpus", set())
+    calls = []
+    compile_ = tools._compile
+    monkeypatch.setattr(tools, "_compile", lambda *a, **k: calls.append(a[2]) or compile_(*a, **k))
+    src = one_line_kernel("x[0] = fmaxf(x[0], 1.0f);")
+    load(src, backend="emulator").k((1,), (1,), (np.zeros(1, np.float32),))
+    assert sorted(calls) == sorted(ARCHS)
+    load(src, backend="emulator")
+    monkeypatch.setattr(loader, "_compiled_for_gpus", set())  # a new process: labkit's cache remembers it
+    load(src, backend="emulator")
+    assert len(calls) == len(ARCHS)
+    with pytest.raises(KernelCompileError, match="refuses it"):
+        load(src.replace("fmaxf", "std::max"), backend="emulator")
+
+
+@needs_cxx
+def test_without_a_gpu_compiler_load_runs_on_the_emulator(monkeypatch):
+    from labkit.kernels import loader, tools
+
+    monkeypatch.setattr(loader, "_compiled_for_gpus", set())
+    monkeypatch.setattr(tools, "compiler_for_check", lambda: None)
+    x = np.ones(1, np.float32)
+    load(one_line_kernel(REFUSED["std::max"]), backend="emulator").k((1,), (1,), (x,))
+    assert x[0] == 1
 
 
 @pytest.mark.skipif(nvcc() is None or compiler_for_check() != "nvrtc", reason="needs both nvcc and NVRTC")

@@ -1,5 +1,7 @@
 """Checks of the CUDA C exercises (labs 04-05): the student's source runs on the CPU emulator in checked mode, so
-an out-of-bounds access or a barrier some threads miss is reported with the kernel, block, thread and line."""
+an out-of-bounds access, a barrier some threads miss or a race between the threads of a block (a store and another
+thread's access of one element with no barrier between) is reported with the kernel, block, thread and line. Each
+check also runs the kernel once with each block's threads in the opposite order and compares the results."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from .exercises import Exercise
 KERNEL_TODO = "YOUR CODE HERE"
 
 
-def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str]):
+def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str], probe=None):
+    """The student's kernel, compiled for the emulator (checked) and for GPUs; fail naming what ``must_have`` lists and
+    the source lacks. Without a __syncthreads(), ``probe(kernel)`` (a small launch) names the race it leaves."""
     from .. import kernels
     from ..kernels.source import strip_comments
 
@@ -24,7 +28,7 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
 
     def compile_():
         try:
-            mod = kernels.load(source, backend="emulator", checked=True)
+            mod = kernels.load(source, backend="emulator", checked=True, gpu_check=False)  # compiles_for_gpus below
         except kernels.KernelCompileError as e:
             fail(ex, f"your kernel does not compile:\n{e}", "the first error is usually the one to fix; the line numbers "
                   "are lines of your source")
@@ -38,6 +42,13 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
     code = strip_comments(source)
     for needle, hint in must_have.items():
         if needle not in code:
+            if needle == "__syncthreads" and probe is not None:
+                try:
+                    probe(kernel)
+                except kernels.KernelError as e:
+                    if "race on `" in str(e):
+                        fail(ex, f"your kernel does not use __syncthreads: a race between the threads of a block ({e})",
+                             hint)
             fail(ex, f"your kernel does not use {needle}", hint)
     return kernel
 
@@ -96,28 +107,71 @@ def _tiles_staged(ex: str, source: str, name: str) -> None:
                      "be used TILE times from there; the inner product reads only the shared tiles")
 
 
-def run_student_kernel(ex: str, kernel, grid, block, args, hint: str) -> None:
+RACE_HINT = ("between one thread's store and another thread's load or store of the same element, every thread of the "
+             "block must pass a __syncthreads(): after the stores that the next step reads, and before a store "
+             "overwrites what other threads still read. Put it where every thread reaches it, outside any if")
+REVERSED = "once more with each block's threads in the opposite order"
+RACES = f". Every launch names a race between the threads of a block, and one size runs {REVERSED}"
+
+
+def named_race(ex: str, what: str, error: Exception) -> None:
+    """Fail naming the race that checked mode found, where the emulator's error is one."""
+    if "race on `" in str(error):
+        fail(ex, f"{what + ': ' if what else ''}a race between the threads of a block ({error})", RACE_HINT)
+
+
+def run_student_kernel(ex: str, kernel, grid, block, args, hint: str, reverse: bool = False, what: str = "") -> None:
+    """Launch, failing with what the emulator reports; with ``reverse``, then again with each block's threads in the
+    opposite order, failing where the results differ."""
     from .. import kernels
 
+    before = _copies(args) if reverse else None
     try:
         kernel(grid, block, args)
+        if reverse:
+            in_reverse_order(ex, kernel, grid, block, before, args, what)
     except kernels.KernelError as e:
-        fail(ex, f"the emulator stopped your kernel: {e}", hint)
+        named_race(ex, what, e)
+        fail(ex, f"{what + ': ' if what else ''}the emulator stopped your kernel: {e}", hint)
     except (TypeError, ValueError) as e:
         fail(ex, f"your kernel's parameters do not fit the launch: {e}",
               "keep the signature given in the exercise: the check launches it with exactly those arguments")
 
 
-def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str) -> None:
+def _copies(args) -> tuple:
+    return tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+
+
+def in_reverse_order(ex: str, kernel, grid, block, before, after, what: str) -> None:
+    """Launch on ``before`` (copies of the arguments as they were before a launch that left ``after``) with each
+    block's threads last to first, and fail where an array ends differently: a race the emulator's usual order hid."""
+    kernel(grid, block, before, reversed_order=True)
+    for i, (a, b) in enumerate(zip(before, after)):
+        if not isinstance(a, np.ndarray):
+            continue
+        differ = ~np.isclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+        if differ.any():
+            at = tuple(int(v) for v in np.argwhere(differ)[0])
+            name = kernel.params[i].name if i < len(kernel.params) else f"argument {i}"
+            fail(ex, f"{what + ': ' if what else ''}{name}{list(at)} is {float(a[at]):.6g} with each block's threads in "
+                 f"the opposite order, {float(b[at]):.6g} in the emulator's usual order ({int(differ.sum())} entries "
+                 "differ): a race between the threads of a block. On a GPU they run in any order", RACE_HINT)
+
+
+def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str, reverse: bool = False) -> None:
     """Launch, naming an access out of bounds: past the edge of C (a missing guard) where the size is awkward, a wrong
-    index formula where it is a multiple of the block."""
+    index formula where it is a multiple of the block; with ``reverse``, again with the threads in the opposite order."""
     import re
 
     from .. import kernels
 
+    before = _copies(args) if reverse else None
     try:
         kernel(grid, block, args)
+        if reverse:
+            in_reverse_order(ex, kernel, grid, block, before, args, what)
     except kernels.KernelError as e:
+        named_race(ex, what, e)
         m = re.search(r"out-of-bounds access (\w+)\[", str(e))
         if m and awkward:
             verb = "write outside C" if m.group(1) == "C" else f"read outside {m.group(1)}"
@@ -154,7 +208,8 @@ def naive_matmul(source: str, name: str = "matmul_naive", block: int = 16) -> No
         gx, gy = -(-N // block), -(-M // block)
         awkward = M % block != 0 or N % block != 0
         what = f"M={M}, N={N}, K={K}"
-        _edge(ex, k, (gx, gy), (block, block), (a, b, c, np.int32(M), np.int32(N), np.int32(K)), awkward, what)
+        _edge(ex, k, (gx, gy), (block, block), (a, b, c, np.int32(M), np.int32(N), np.int32(K)), awkward, what,
+              reverse=M == 2 * block)
         want = a.astype(np.float64) @ b
         close = np.isclose(c, want, rtol=1e-4, atol=1e-4)
         if close.all():
@@ -199,11 +254,11 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
     if not 1 <= tile <= 32:
         fail(ex, f"#define TILE {tile}: a block of TILE x TILE threads needs 1 <= TILE <= 32 (at most 1,024 threads)")
     print(f"{ex}: C on 5 sizes, then how often each element of A and each of B is loaded from global memory in one "
-          f"product of {4 * tile} x {4 * tile} matrices (a tiled kernel: {4 * tile} / TILE = 4 times)")
+          f"product of {4 * tile} x {4 * tile} matrices (a tiled kernel: {4 * tile} / TILE = 4 times){RACES}")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage a tile of A and a tile of B in __shared__ arrays; without them this is the naive kernel",
         "__syncthreads": "wait with __syncthreads() after loading a tile (before using it) and after using it (before the "
-                         "next load overwrites it)"})
+                         "next load overwrites it)"}, probe=lambda k: k((2, 2), (tile, tile), _matmul_args(2 * tile)))
     if isinstance(source, str):
         _tiles_staged(ex, source, name)
     rng = np.random.default_rng(capture.seed(0))
@@ -217,7 +272,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         hint = ("" if multiple else "this size is not a multiple of the tile: load 0.0 for elements outside A or B, keep every "
                 "thread going through every __syncthreads(), and write C only where row < M and col < N")
         run_student_kernel(ex, k, (-(-N // tile), -(-M // tile)), (tile, tile),
-                           (a, b, c, np.int32(M), np.int32(N), np.int32(K)), hint)
+                           (a, b, c, np.int32(M), np.int32(N), np.int32(K)), hint, reverse=M == tile + 1,
+                           what=f"M={M}, N={N}, K={K}")
         want = a @ b
         bad = ~np.isclose(c, want, rtol=1e-4, atol=1e-4)
         if bad.any():
@@ -232,6 +288,11 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         _loads_per_element(ex, source, tile)
         checks += 2
     passed(ex, checks)
+
+
+def _matmul_args(n: int) -> tuple:
+    """(A, B, C, M, N, K) of an n x n x n product of ones."""
+    return (np.ones((n, n), np.float32), np.ones((n, n), np.float32), np.zeros((n, n), np.float32), *(np.int32(n),) * 3)
 
 
 def _loads_per_element(ex: str, source: str, tile: int) -> None:
@@ -329,14 +390,15 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
                      "shared memory"})
     print(f"{ex}: the sum on 5 sizes from n=1 to n=100,003 against NumPy to a relative 1e-4; then, counted in one launch "
           "of 8 blocks with the warps of each block in the opposite order: the sum again, the atomicAdds of each block "
-          "(one) and the shared-memory requests of each warp (a tree's steps)")
+          f"(one) and the shared-memory requests of each warp (a tree's steps){RACES}")
     rng = np.random.default_rng(capture.seed(1))
     checks = 0
     for n, blocks in [(1, 1), (threads, 1), (threads + 1, 2), (10_000, 8), (100_003, 16)]:
         x = rng.random(n).astype(np.float32)
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
-                           "every thread must reach each __syncthreads() of the tree; guard the additions, not the barrier")
+                           "every thread must reach each __syncthreads() of the tree; guard the additions, not the barrier",
+                           reverse=blocks == 2, what=f"n={n} over {blocks} blocks of {threads}")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
             hint = "add the values of a grid-stride loop first: for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; " \
@@ -372,7 +434,7 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
              "and no __syncthreads() are needed")
     print(f"{ex}: the sum on 6 sizes from n=1 to n=100,003 against NumPy to a relative 1e-4; then, counted in one launch "
           "of 8 blocks with the warps of each block in the opposite order: the sum again, the atomicAdds of each block "
-          "(one per warp) and the shuffles of each lane (a tree's 5 steps)")
+          f"(one per warp) and the shuffles of each lane (a tree's 5 steps){RACES}")
     rng = np.random.default_rng(capture.seed(2))
     checks = 0
     for n, blocks in [(1, 1), (32, 1), (33, 1), (threads, 1), (10_000, 8), (100_003, 16)]:
@@ -380,7 +442,8 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
                            "every lane of a warp must reach each shuffle whose mask names it: keep the shuffles outside "
-                           "any if that some lanes of the warp skip, and let the lanes without a value bring 0.0f")
+                           "any if that some lanes of the warp skip, and let the lanes without a value bring 0.0f",
+                           reverse=n == threads, what=f"n={n} over {blocks} blocks of {threads}")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
             hint = next((h for value, h in _warp_mistakes(x, blocks, threads) if np.isclose(out[0], value, rtol=1e-4)),
@@ -424,10 +487,12 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
     ex = "shared transpose"
     source = capture.source(source)
     print(f"{ex}: out on 5 sizes, then, counted in a 64 x 64 transpose: the 32-byte sectors of each warp's loads and "
-          "stores (coalesced: 4) and the shared-memory bank conflicts (none)")
+          f"stores (coalesced: 4) and the shared-memory bank conflicts (none){RACES}")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "stage each 32 x 32 tile in a __shared__ array: read it along rows of in, write it along rows of out",
-        "__syncthreads": "wait with __syncthreads() between filling the tile and reading it back"})
+        "__syncthreads": "wait with __syncthreads() between filling the tile and reading it back"},
+        probe=lambda k: k((2, 2), (32, 32), (np.ones((64, 64), np.float32), np.zeros((64, 64), np.float32),
+                                             np.int32(64), np.int32(64))))
     rng = np.random.default_rng(capture.seed(3))
     checks = 0
     for rows, cols in [(32, 32), (64, 96), (1, 1), (33, 70), (100, 37)]:
@@ -437,7 +502,8 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
         run_student_kernel(ex, k, (-(-cols // 32), -(-rows // 32)), (32, 32), (x, y, np.int32(rows), np.int32(cols)),
                            "guard the read (row < rows, col < cols) and the write (inside out's cols x rows) separately, "
                            "and keep every thread going through __syncthreads()" if awkward else
-                           "in is (rows, cols) and out (cols, rows), both row-major")
+                           "in is (rows, cols) and out (cols, rows), both row-major", reverse=rows == 64,
+                           what=f"rows={rows}, cols={cols}")
         bad = ~(y == x.T)
         if bad.any():
             i, j = map(int, np.argwhere(bad)[0])
@@ -634,12 +700,14 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
     source = capture.source(source)
     print(f"{ex}: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values and rows far below "
           "zero (about -1000; -inf but for one -1000; all -3e38), against NumPy to a relative 1e-5; then, counted in a "
-          "(2, 1024) softmax, the loads of each thread and the sectors of each warp's loads")
+          f"(2, 1024) softmax, the loads of each thread and the sectors of each warp's loads{RACES}")
     k = load_student_kernel(ex, source, name, {
         "__shared__": "the block shares its max and its sum through a __shared__ array of 256 floats, a tree as in "
                       "exercise 3",
         "__syncthreads": "wait with __syncthreads() after every level of the trees, and between reading the max and "
-                         "storing the sums"})
+                         "storing the sums"},
+        probe=lambda k: k((2,), (threads,), (np.ones((2, 1000), np.float32), np.zeros((2, 1000), np.float32),
+                                             np.int32(2), np.int32(1000))))
     rng = np.random.default_rng(capture.seed(4))
     drawn = (int(rng.integers(2, 7)), int(rng.integers(300, 3000)))
     checks = 0
@@ -647,9 +715,13 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
         x = _softmax_inputs(rng, rows, cols)
         y = np.full((rows, cols), SOFTMAX_UNWRITTEN, np.float32)
         what = f"rows={rows}, cols={cols}"
+        before = _copies((x, y, np.int32(rows), np.int32(cols)))
         try:
             k((rows,), (threads,), (x, y, np.int32(rows), np.int32(cols)))
+            if cols == 1000:
+                in_reverse_order(ex, k, (rows,), (threads,), before, (x, y), what)
         except kernels.KernelError as e:
+            named_race(ex, what, e)
             m = re.search(r"out-of-bounds access (\w+)\[", str(e))
             fail(ex, f"{what}: the emulator stopped your kernel: {e}",
                  f"row r's columns are {m.group(1)}[r * cols + c] for c = 0 .. cols - 1: offset by the block's row, "
@@ -830,7 +902,7 @@ def _counted_run(source: str, name: str, n: int, blocks: int, threads: int, seed
     text = text[:b] + ", unsigned int* labkit_ops_" + text[b:body + 1] + " labkit_ops_at_ = labkit_ops_;" + text[body + 1:]
     x = np.random.default_rng(seed).random(n).astype(np.float32)
     out, ops = np.zeros(1, np.float32), np.zeros(2 * blocks * threads, np.uint32)
-    k = kernels.load(_COUNTED + text, backend="emulator", checked=True).get_function(name)
+    k = kernels.load(_COUNTED + text, backend="emulator", checked=True, gpu_check=False).get_function(name)
     k((blocks,), (threads,), (x, out, np.int32(n), ops))
     ops = ops.reshape(blocks, threads, 2)
     plain = np.zeros(1, np.float32)

@@ -197,6 +197,7 @@ struct LaunchArgs {
     double timeout_s;         // checked mode: give up after this long (an endless loop?)
     char* err;                // the first error's message goes here
     uint64_t errlen;
+    int reversed;             // run each block's threads last to first (a check's second order)
 };
 
 struct Fault {};  // thrown after the message is recorded; caught where the CUDA thread began
@@ -240,6 +241,8 @@ struct Worker {
     char* dyn_shared = nullptr;
     uint64_t countdown = 0;
     struct CountState* counts = nullptr;  // counting mode: this block's accesses so far
+    struct RaceState* races = nullptr;    // checked mode: who touched what since the block's last barrier
+    bool reversed = false;
 };
 
 static thread_local Worker* t_worker = nullptr;
@@ -248,6 +251,20 @@ static thread_local Worker* t_worker = nullptr;
 // and __shared__ arrays, so that a bad index can be reported with the line it was written on.
 static thread_local int t_line = 0;
 template <class I> inline I at(int line, I i) { t_line = line; return i; }
+
+// The loader writes each subscript as at(__LINE__, i, site, kind): which subscript of the source it is (counting) and
+// whether it loads, stores or both (counting, and race tracking).
+enum AccessKind { LOAD = 0, STORE = 1, LOAD_STORE = 2, ADDRESS = 3 };
+static const int MAX_SITES = 256;  // the last one collects what no subscript names (*p, p->x)
+static thread_local int t_site = MAX_SITES - 1;
+static thread_local int t_kind = LOAD;
+
+template <class I> inline I at(int line, I i, int site, int kind) {
+    t_line = line;
+    t_site = site < MAX_SITES - 1 ? site : MAX_SITES - 1;
+    t_kind = kind;
+    return i;
+}
 
 struct Launch {
     const char* kernel;
@@ -332,14 +349,11 @@ inline void tick(int line) {
 
 #ifdef LABKIT_EMU_COUNT
 // ---- counting memory traffic (LABKIT_EMU_COUNT; labkit/kernels/counts.py) -----------------------------------------
-// The loader writes each subscript as at(__LINE__, i, site, kind): which subscript of the source it is and whether it
-// loads, stores or both. Every counted access is kept with its warp, its site and how many times this thread has
+// Every counted access is kept with its warp, its site and how many times this thread has
 // passed that site before: the k-th pass of one site by the lanes of a warp is one request, as a GPU issues it. At
 // the end of each block the requests are summed per warp: 32-byte sectors for global memory, and for shared memory
 // the wavefronts (the most distinct 4-byte words any of the 32 banks must serve; a broadcast of one word is free).
-enum AccessKind { LOAD = 0, STORE = 1, LOAD_STORE = 2, ADDRESS = 3 };
 enum WarpCount { W_LOAD_REQ = 0, W_LOAD_SECTORS, W_STORE_REQ, W_STORE_SECTORS, W_SHARED_REQ, W_SHARED_WAVES, W_FIELDS };
-static const int MAX_SITES = 256;  // the last one collects what no subscript names (*p, p->x)
 struct Access { uint64_t key; uint64_t addr; uint32_t size; uint8_t shared; uint8_t kind; };
 // Per block: the passes of each site; per OS thread, until the launch ends: barriers passed, atomics per address.
 struct CountState {
@@ -359,26 +373,13 @@ static CountBuffers g_counts{};
 static std::mutex g_count_mutex;
 static std::unordered_map<uint64_t, uint64_t> g_atomics;  // atomics per address, this launch's OS threads merged
 static uint64_t g_barriers = 0, g_shared_atomics = 0, g_shared_most = 0;
-static thread_local int t_site = MAX_SITES - 1;
-static thread_local int t_kind = LOAD;
-
-template <class I> inline I at(int line, I i, int site, int kind) {
-    t_line = line;
-    t_site = site < MAX_SITES - 1 ? site : MAX_SITES - 1;
-    t_kind = kind;
-    return i;
-}
-
 inline uint64_t block_linear() {
     return ((uint64_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
 }
 
-inline void count_access(const void* addr, uint32_t size, bool shared) {
+inline void count_access(const void* addr, uint32_t size, bool shared, int kind, int site) {
     Worker* w = t_worker;
     CountState* cs = w ? w->counts : nullptr;
-    const int kind = t_kind, site = t_site;
-    t_kind = LOAD;
-    t_site = MAX_SITES - 1;
     if (!cs || kind == ADDRESS) return;
     const int i = w->current;
     const uint32_t pass = cs->passes[(size_t)i * MAX_SITES + site]++;
@@ -436,11 +437,6 @@ inline void finish_launch_counts() {
     g_barriers = g_shared_atomics = g_shared_most = 0;
 }
 
-inline bool in_dynamic_shared(const void* p) {
-    Worker* w = t_worker;
-    const char* c = (const char*)p;
-    return w && w->dyn_shared && c >= w->dyn_shared && c < w->dyn_shared + w->launch->L->dyn_shared;
-}
 
 // Sum this block's requests into the per-warp counts, then forget them.
 inline void finish_block_counts(Worker* w) {
@@ -489,6 +485,185 @@ inline void finish_block_counts(Worker* w) {
 }
 #endif
 
+inline bool in_dynamic_shared(const void* p) {
+    Worker* w = t_worker;
+    const char* c = (const char*)p;
+    return w && w->dyn_shared && c >= w->dyn_shared && c < w->dyn_shared + w->launch->L->dyn_shared;
+}
+
+#ifdef LABKIT_EMU_CHECKED
+// ---- race tracking (checked mode; compute-sanitizer's racecheck, without a GPU) ----------------------------------------
+// Between two barriers a block's threads may run in any order on a GPU. For every element a block touches (shared
+// memory or global) the epoch since the last barrier keeps its writer and up to two readers: a second thread that reads
+// what one wrote, or writes what another read or wrote, is a race, whichever of the two the emulator ran first. Two
+// lanes of one warp that have met at a warp operation (__syncwarp, a shuffle, a vote) since are ordered; atomics and
+// addresses only taken (&A[i]) are not tracked.
+struct RaceCell {
+    uint64_t addr = 0;
+    uint32_t epoch = 0;
+    int32_t who[3];     // the writer, two readers (thread indices in the block; -1: none)
+    int32_t line[3];
+    uint32_t gen[3];    // their warp's count of warp operations at the access
+};
+struct SharedName { const char* base; uint64_t bytes; uint32_t elem; int ndims; long long dims[4]; const char* name; };
+// Two threads' stores to one element: a race only if they stored different values (racecheck calls the same value
+// a benign hazard), which the element shows at the next barrier.
+struct PendingStores {
+    const void* addr; uint32_t size; uint64_t first_value; int first, first_line, second, second_line;
+    const char* name; const void* base; uint32_t elem;
+};
+struct RaceState {
+    std::vector<RaceCell> cells = std::vector<RaceCell>(1024);
+    size_t used = 0;
+    uint32_t epoch = 0;
+    std::vector<uint32_t> warp_gen;
+    std::vector<SharedName> shared;
+    std::vector<PendingStores> pending;
+};
+
+// A __shared__ array's name, for a race report (the loader writes a call after each declaration).
+template <class T, long long... D> struct sarr;
+template <class T, long long... D> inline void name_shared(sarr<T, D...>* a, const char* name) {
+    Worker* w = t_worker;
+    if (!w || !w->races) return;
+    for (const SharedName& s : w->races->shared) if (s.base == (const char*)a) return;
+    SharedName s{(const char*)a, sizeof(*a), sizeof(T), (int)sizeof...(D), {D...}, name};
+    w->races->shared.push_back(s);
+}
+
+inline void new_epoch(Worker* w) { if (w->races) w->races->epoch++; }
+
+inline void warp_met(Worker* w, int warp) { if (w->races) w->races->warp_gen[warp]++; }
+
+inline RaceCell& race_cell(RaceState* rs, uint64_t addr) {
+    size_t mask = rs->cells.size() - 1, h = (size_t)((addr >> 2) * 0x9e3779b97f4a7c15ull >> 20) & mask;
+    while (rs->cells[h].addr != addr && rs->cells[h].addr != 0) h = (h + 1) & mask;
+    if (rs->cells[h].addr == addr) return rs->cells[h];
+    if (2 * (rs->used + 1) > rs->cells.size()) {  // keep this epoch's cells, in a table twice as large if need be
+        std::vector<RaceCell> old;
+        old.swap(rs->cells);
+        size_t live = 0;
+        for (const RaceCell& c : old) live += c.addr && c.epoch == rs->epoch;
+        rs->cells.assign(4 * live + 4 > old.size() ? 2 * old.size() : old.size(), RaceCell{});
+        rs->used = 0;
+        for (const RaceCell& c : old)
+            if (c.addr && c.epoch == rs->epoch) { race_cell(rs, c.addr) = c; }
+        return race_cell(rs, addr);
+    }
+    rs->used++;
+    rs->cells[h].addr = addr;
+    return rs->cells[h];
+}
+
+inline void thread_name(int i, char* buf, size_t n) {
+    const unsigned bx = blockDim.x, by = blockDim.y, x = i % bx, y = (i / bx) % by, z = i / (bx * by);
+    if (blockDim.z > 1) std::snprintf(buf, n, "thread (%u,%u,%u)", x, y, z);
+    else if (by > 1) std::snprintf(buf, n, "thread (%u,%u)", x, y);
+    else std::snprintf(buf, n, "thread %u", x);
+}
+
+// `As[3][5]` for a __shared__ array (found by address), `x[1029]` for an element of a pointer's array.
+inline void element_name(RaceState* rs, const void* addr, const char* name, const void* base, uint32_t elem, char* buf,
+                         size_t n) {
+    const char* a = (const char*)addr;
+    if (name) { std::snprintf(buf, n, "%s[%lld]", name, (long long)((a - (const char*)base) / elem)); return; }
+    for (const SharedName& s : rs->shared) {
+        if (a < s.base || a >= s.base + s.bytes) continue;
+        long long k = (a - s.base) / s.elem;
+        long long idx[4];
+        for (int d = s.ndims - 1; d >= 0; d--) { idx[d] = k % s.dims[d]; k /= s.dims[d]; }
+        int m = std::snprintf(buf, n, "%s", s.name);
+        if (s.ndims == 1 && s.dims[0] == 1) return;  // a __shared__ scalar (the loader made it an array of one)
+        for (int d = 0; d < s.ndims && m < (int)n; d++) m += std::snprintf(buf + m, n - m, "[%lld]", idx[d]);
+        return;
+    }
+    std::snprintf(buf, n, "a __shared__ element");
+}
+
+inline void race_record(RaceState* rs, const void* addr, const char* name, const void* base, uint32_t elem,
+                        int writer, int wline, int other, int oline, bool other_writes) {
+    Worker* w = t_worker;
+    char what[96], a[48], b[48], msg[900];
+    element_name(rs, addr, name, base, elem, what, sizeof what);
+    thread_name(writer, a, sizeof a);
+    thread_name(other, b, sizeof b);
+    std::snprintf(msg, sizeof msg, "kernel '%s', block (%u,%u,%u): race on `%s`: %s wrote it at line %d, %s %s it at line "
+                  "%d with no `__syncthreads()` between. On a GPU the threads of a block run in any order between two "
+                  "barriers, so either access may come first", w->launch->kernel, blockIdx.x, blockIdx.y, blockIdx.z,
+                  what, a, wline, b, other_writes ? "wrote a different value to" : "read", oline);
+    record(msg);
+}
+
+[[noreturn]] inline void race_fault(RaceState* rs, const void* addr, const char* name, const void* base, uint32_t elem,
+                                    int writer, int wline, int other, int oline, bool other_writes) {
+    race_record(rs, addr, name, base, elem, writer, wline, other, oline, other_writes);
+    throw Fault{};
+}
+
+// At a barrier or the block's end: two stores of different values to one element since the last barrier are a race
+// (recorded; false returned).
+inline bool stores_agree(Worker* w) {
+    RaceState* rs = w->races;
+    if (!rs || rs->pending.empty()) return true;
+    for (const PendingStores& p : rs->pending) {
+        uint64_t now = 0;
+        std::memcpy(&now, p.addr, p.size);
+        if (now != p.first_value) {
+            race_record(rs, p.addr, p.name, p.base, p.elem, p.first, p.first_line, p.second, p.second_line, true);
+            rs->pending.clear();
+            return false;
+        }
+    }
+    rs->pending.clear();
+    return true;
+}
+
+inline void race_access(const void* addr, const char* name, const void* base, uint32_t elem, int kind) {
+    Worker* w = t_worker;
+    RaceState* rs = w ? w->races : nullptr;
+    if (!rs) return;
+    RaceCell& c = race_cell(rs, (uint64_t)(uintptr_t)addr);
+    if (c.epoch != rs->epoch) {
+        c.epoch = rs->epoch;
+        c.who[0] = c.who[1] = c.who[2] = -1;
+    }
+    const int me = w->current, line = t_line;
+    const uint32_t gen = rs->warp_gen[me / 32];
+    auto apart = [&](int k) {  // slot k holds another thread, not ordered with this one by a warp operation
+        return c.who[k] >= 0 && c.who[k] != me && !(c.who[k] / 32 == me / 32 && c.gen[k] != gen);
+    };
+    if (apart(0)) {
+        if (kind != STORE || elem > 8) race_fault(rs, addr, name, base, elem, c.who[0], c.line[0], me, line, kind != LOAD);
+        PendingStores p{addr, elem, 0, c.who[0], c.line[0], me, line, name, base, elem};
+        std::memcpy(&p.first_value, addr, elem);  // what the first store left; the second has not happened yet
+        rs->pending.push_back(p);
+    }
+    if (kind != STORE) {  // a read: into a free reader slot, or over this thread's own
+        int k = c.who[1] < 0 || c.who[1] == me ? 1 : (c.who[2] < 0 || c.who[2] == me ? 2 : 0);
+        if (k) { c.who[k] = me; c.line[k] = line; c.gen[k] = gen; }
+    }
+    if (kind != LOAD) {
+        for (int k = 1; k <= 2; k++)
+            if (apart(k)) race_fault(rs, addr, name, base, elem, me, line, c.who[k], c.line[k], false);
+        c.who[0] = me; c.line[0] = line; c.gen[0] = gen;
+    }
+}
+#endif
+
+// Every checked access: counted (counting mode) and tracked for races (checked mode). `name` and `base` name a
+// pointer's array; a __shared__ array (name null) is found by its address.
+inline void on_access(const void* addr, uint32_t size, bool shared, const char* name, const void* base, uint32_t elem) {
+    const int kind = t_kind, site = t_site;
+    t_kind = LOAD;
+    t_site = MAX_SITES - 1;
+#ifdef LABKIT_EMU_COUNT
+    count_access(addr, size, shared, kind, site);
+#endif
+#if defined(LABKIT_EMU_CHECKED) && !defined(LABKIT_EMU_NO_RACES)
+    if (kind != ADDRESS) race_access(addr, name, base, elem, kind);
+#endif
+}
+
 // A pointer parameter in checked mode: it knows the array it points into.
 template <class T> struct cptr {
     T* p = nullptr;
@@ -503,9 +678,7 @@ template <class T> struct cptr {
         if (p == nullptr) fault(line, "'%s' is a null pointer", name);
         if (k < 0 || k >= n)
             fault(line, "out-of-bounds access %s[%lld]: '%s' has %lld elements", name, k, name, n);
-#ifdef LABKIT_EMU_COUNT
-        count_access(p + i, sizeof(T), in_dynamic_shared(p + i));
-#endif
+        on_access(p + i, sizeof(T), in_dynamic_shared(p + i), name, base, sizeof(T));
         return p + i;
     }
     T& operator[](long long i) const { return *check(i, t_line); }
@@ -539,9 +712,7 @@ template <class T, long long N> struct sarr<T, N> {
     T& operator[](long long i) {
         tick(t_line);
         if (i < 0 || i >= N) fault(t_line, "__shared__ array index %lld out of range [0, %lld)", i, N);
-#ifdef LABKIT_EMU_COUNT
-        count_access(&d[i], sizeof(T), true);
-#endif
+        on_access(&d[i], sizeof(T), true, nullptr, nullptr, sizeof(T));
         return d[i];
     }
     operator T*() { return d; }
@@ -783,6 +954,9 @@ inline bool release_group(Worker* w, int lo, int nlanes, unsigned members, int o
     }
     for (int j = 0; j < nlanes; j++)
         if (members >> j & 1u) f[j].state = READY;
+#ifdef LABKIT_EMU_CHECKED
+    warp_met(w, lo / 32);
+#endif
     return true;
 }
 
@@ -920,11 +1094,14 @@ inline void run_block_fibered(Worker* w, char* stacks) {
 #else
         const int group = 32;
 #endif
-        for (int lo = 0; lo < n; lo += group) {  // warp by warp: its lanes run until each waits, a warp operation
-            const int nlanes = std::min(group, n - lo);  // releases its lanes, they run on, ...
+        const int ngroups = (n + group - 1) / group;
+        for (int g = 0; g < ngroups; g++) {  // warp by warp: its lanes run until each waits, a warp operation releases
+            const int lo = (w->reversed ? ngroups - 1 - g : g) * group;  // its lanes, they run on, ...
+            const int nlanes = std::min(group, n - lo);
             for (;;) {
                 bool parked = false;
-                for (int i = lo; i < lo + nlanes; i++) {
+                for (int k = 0; k < nlanes; k++) {
+                    const int i = w->reversed ? lo + nlanes - 1 - k : lo + k;
                     Fiber& f = w->fibers[i];
                     if (f.state == READY) {
                         w->current = i;
@@ -989,6 +1166,10 @@ inline void run_block_fibered(Worker* w, char* stacks) {
 #ifdef LABKIT_EMU_COUNT
         w->counts->barriers++;  // every thread of the block is at this barrier: the block passes it once
 #endif
+#ifdef LABKIT_EMU_CHECKED
+        if (!stores_agree(w)) return;
+        new_epoch(w);
+#endif
         for (int i = 0; i < n; i++) w->fibers[i].state = READY;
     }
 }
@@ -997,7 +1178,8 @@ inline void run_block_plain(Worker* w) {
     const int n = w->nthreads;
     Launch* l = w->launch;
     try {
-        for (int i = 0; i < n; i++) {
+        for (int k = 0; k < n; k++) {
+            const int i = w->reversed ? n - 1 - k : k;
             w->current = i;
             set_thread(i);
             l->invoke(l->closure);
@@ -1013,6 +1195,7 @@ inline void worker_loop(Launch* l) {
     w.launch = l;
     w.fibered = l->fibered;
     w.nthreads = (int)(L->block[0] * L->block[1] * L->block[2]);
+    w.reversed = L->reversed != 0;
     t_worker = &w;
     blockDim = dim3(L->block[0], L->block[1], L->block[2]);
     gridDim = dim3(L->grid[0], L->grid[1], L->grid[2]);
@@ -1022,6 +1205,11 @@ inline void worker_loop(Launch* l) {
     CountState counts;
     counts.passes.assign((size_t)w.nthreads * MAX_SITES, 0u);
     w.counts = &counts;
+#endif
+#if defined(LABKIT_EMU_CHECKED) && !defined(LABKIT_EMU_NO_RACES)
+    RaceState races;
+    races.warp_gen.assign((w.nthreads + 31) / 32, 0u);
+    w.races = &races;
 #endif
     std::vector<Fiber> fibers;
     std::pair<char*, size_t> stacks{nullptr, 0};
@@ -1042,8 +1230,15 @@ inline void worker_loop(Launch* l) {
         blockIdx.x = (unsigned)(b % L->grid[0]);
         blockIdx.y = (unsigned)((b / L->grid[0]) % L->grid[1]);
         blockIdx.z = (unsigned)(b / ((uint64_t)L->grid[0] * L->grid[1]));
+#ifdef LABKIT_EMU_CHECKED
+        new_epoch(&w);
+#endif
         if (w.fibered) run_block_fibered(&w, stacks.first);
         else run_block_plain(&w);
+#ifdef LABKIT_EMU_CHECKED
+        if (!l->failed.load()) stores_agree(&w);
+        if (w.races) w.races->pending.clear();
+#endif
 #ifdef LABKIT_EMU_COUNT
         finish_block_counts(&w);
 #endif

@@ -66,6 +66,7 @@ class LaunchArgs(ctypes.Structure):
         ("timeout_s", ctypes.c_double),
         ("err", ctypes.c_char_p),
         ("errlen", ctypes.c_uint64),
+        ("reversed", ctypes.c_int),
     ]
 
 
@@ -111,12 +112,34 @@ def _rewrite_dynamic_shared(clean: str, checked: bool) -> str:
 
 def _rewrite_shared_arrays(clean: str) -> str:
     """`__shared__ T name[A][B];` -> `alignas(128) __shared__ ::labkit::sarr<T, (A), (B)> name;` (checked mode): aligned
-    as a GPU's shared memory, so that counting finds element 0 in bank 0."""
+    as a GPU's shared memory, so that counting finds element 0 in bank 0. In a function, its name follows on the same
+    line, for a race report to name its elements."""
     def repl(m):
         dims = re.findall(r"\[([^\]]+)\]", m.group(3))
+        name = m.group(2)
+        named = f' ::labkit::name_shared(&{name}, "{name}");' if brace_depth_at(clean, m.start()) > 0 else ""
         return (f"alignas(128) __shared__ ::labkit::sarr<{' '.join(m.group(1).split())}, "
-                f"{', '.join(f'({d})' for d in dims)}> {m.group(2)};")
+                f"{', '.join(f'({d})' for d in dims)}> {name};{named}")
     return re.sub(r"__shared__\s+((?:unsigned\s+|signed\s+)?\w+)\s+(\w+)\s*((?:\[[^\]]+\]\s*)+);", repl, clean)
+
+
+_SHARED_SCALAR = re.compile(r"__shared__\s+((?:unsigned\s+|signed\s+)?\w+)\s+(\w+)\s*;")
+
+
+def _rewrite_shared_scalars(text: str) -> str:
+    """`__shared__ float m;` in a function -> `__shared__ float m[1];`, and `m` -> `m[0]` to the end of its block
+    (checked mode): a shared scalar is then checked, and its races named, as an array's element is."""
+    for m in reversed(list(_SHARED_SCALAR.finditer(text))):
+        if brace_depth_at(text, m.start()) == 0:
+            continue
+        end, depth = m.end(), 0
+        while end < len(text) and depth >= 0:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        name = m.group(2)
+        body = re.sub(rf"(?<!\.)(?<!->)\b{name}\b(?!\s*\[)", f"{name}[0]", text[m.end():end])
+        text = text[:m.start()] + f"__shared__ {m.group(1)} {name}[1];" + body + text[end:]
+    return text
 
 
 def _rewrite_params(clean: str, kernels: list[KernelDecl]) -> str:
@@ -161,8 +184,9 @@ def _rewrite_derived_pointers(text: str, kernels: list[KernelDecl]) -> tuple[str
 
 
 def _rewrite_subscripts(text: str, names: set[str], counting: bool = False) -> str:
-    """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line. Counting, also
-    which subscript it is (its site) and whether it loads, stores or both: `A[::labkit::at(__LINE__, i, 3, 1)]`."""
+    """`A[i]` -> `A[::labkit::at(__LINE__, i)]` for the checked names, so a fault can name its line. With ``counting``
+    (checked mode: counts and race tracking), also which subscript it is (its site) and whether it loads, stores or
+    both: `A[::labkit::at(__LINE__, i, 3, 1)]`."""
     if not names:
         return text
     pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\s*\[")
@@ -270,6 +294,7 @@ def prepare(source: str, filename: str, checked: bool, counting: bool = False) -
     fibered = checked or bool(_WAITS.search(clean))
     text = _limit_static_shared(_rewrite_dynamic_shared(clean, checked))
     if checked:
+        text = _rewrite_shared_scalars(text)
         shared = set(re.findall(r"__shared__\s+(?:unsigned\s+|signed\s+)?\w+\s+(\w+)\s*\[", text))
         shared |= set(re.findall(r"dynamic_shared_checked<[^>]*>\(\"(\w+)\"\)", text))
         text = _rewrite_shared_arrays(text)
@@ -277,7 +302,7 @@ def prepare(source: str, filename: str, checked: bool, counting: bool = False) -
         pointers = {p.name for k in kernels for p in k.params if p.pointer and p.ctype != "?"}
         text = _rewrite_params(text, kernels)
         text, derived = _rewrite_derived_pointers(text, find_kernels(text))
-        text = _rewrite_subscripts(text, pointers | shared | derived, counting)
+        text = _rewrite_subscripts(text, pointers | shared | derived, counting=True)
     # every kernel under a name of labkit's, so that one called like a C library function (div, abs, exp) does not
     # collide with the declaration the emulator's headers bring in; the entry points keep the kernel's own name
     renames = "".join(f"#define {k.name} labkit_kernel_{k.name}\n" for k in kernels)
@@ -438,8 +463,9 @@ class EmulatorModule:
         return addr, size.value
 
     def launch(self, name: str, grid, block, args, nbytes, shared_mem: int = 0, timeout_s: float = 0.0,
-               writable: list[bool] | None = None, isolated: bool | None = None) -> None:
-        """Run kernel ``name``; args are already checked numpy arrays and numpy scalars.
+               writable: list[bool] | None = None, isolated: bool | None = None, reversed_order: bool = False) -> None:
+        """Run kernel ``name``; args are already checked numpy arrays and numpy scalars. ``reversed_order`` runs each
+        block's threads from the last to the first (warps, and lanes within a warp), as a GPU may.
 
         ``isolated`` (default: the module's; in checked mode for code that is not labkit's, where a fork exists) runs
         the kernel in a child process on copies of the arrays in shared memory, copied back into the ``writable`` ones
@@ -449,17 +475,18 @@ class EmulatorModule:
         if isolated is None:
             isolated = self.isolated
         if isolated:
-            return self._launch_isolated(name, grid, block, args, nbytes, shared_mem, timeout_s, writable)
+            return self._launch_isolated(name, grid, block, args, nbytes, shared_mem, timeout_s, writable, reversed_order)
         err = ctypes.create_string_buffer(_ERRLEN)
         keep = []  # the values ctypes points at must live until the call returns
         la = self._launch_args(grid, block, args, [a.ctypes.data if isinstance(a, np.ndarray) else 0 for a in args],
-                               nbytes, shared_mem, timeout_s, ctypes.addressof(err), keep)
+                               nbytes, shared_mem, timeout_s, ctypes.addressof(err), keep, reversed_order)
         rc = self.launcher(name)(ctypes.byref(la))
         if rc != 0:
             raise KernelError(err.value.decode(errors="replace") or f"kernel '{name}' failed")
 
     @staticmethod
-    def _launch_args(grid, block, args, addresses, nbytes, shared_mem, timeout_s, err_address, keep) -> LaunchArgs:
+    def _launch_args(grid, block, args, addresses, nbytes, shared_mem, timeout_s, err_address, keep,
+                     reversed_order=False) -> LaunchArgs:
         n = len(args)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         sizes = (ctypes.c_uint64 * max(n, 1))()
@@ -475,9 +502,9 @@ class EmulatorModule:
             sizes[i] = nbytes[i]
         keep += [ptrs, sizes]
         return LaunchArgs((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), ptrs, sizes, n, workers(),
-                          int(shared_mem), float(timeout_s), ctypes.c_char_p(err_address), _ERRLEN)
+                          int(shared_mem), float(timeout_s), ctypes.c_char_p(err_address), _ERRLEN, int(reversed_order))
 
-    def _launch_isolated(self, name, grid, block, args, nbytes, shared_mem, timeout_s, writable) -> None:
+    def _launch_isolated(self, name, grid, block, args, nbytes, shared_mem, timeout_s, writable, reversed_order) -> None:
         fn = self.launcher(name)
         arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
         offsets, total = {}, _ERRLEN
@@ -492,7 +519,7 @@ class EmulatorModule:
                 view[offsets[i]:offsets[i] + args[i].nbytes] = args[i].reshape(-1).view(np.uint8)
             keep: list = []
             la = self._launch_args(grid, block, args, [base + offsets.get(i, 0) for i in range(len(args))], nbytes,
-                                   shared_mem, timeout_s, base, keep)
+                                   shared_mem, timeout_s, base, keep, reversed_order)
             report = self._lib.labkit_crash_reports
             report.argtypes, report.restype = [ctypes.c_void_p, ctypes.c_ulonglong], None
 

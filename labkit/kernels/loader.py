@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +122,8 @@ class Kernel:
         sig = ", ".join(p.describe() for p in self.params)
         return f"<kernel {self.name}({sig}) on {self.module.backend}{' (checked)' if self.module.checked else ''}>"
 
-    def __call__(self, grid, block, args, shared_mem: int = 0, timeout_s: float | None = None):
+    def __call__(self, grid, block, args, shared_mem: int = 0, timeout_s: float | None = None, reversed_order: bool = False):
+        """Launch, as CuPy's RawKernel; on the emulator ``reversed_order`` runs each block's threads last to first."""
         grid3, block3 = launch_shape(grid, "grid"), launch_shape(block, "block")
         _check_launch(self.name, grid3, block3, shared_mem, self._max_dynamic_shared)
         args = tuple(args)
@@ -132,7 +134,7 @@ class Kernel:
         if timeout_s is None:
             timeout_s = settings.kernel_timeout() if self.module.checked else 0.0
         self.module._emu.launch(self.name, grid3, block3, args, nbytes, shared_mem=int(shared_mem), timeout_s=timeout_s,
-                                writable=[p.pointer and not p.const for p in self.params])
+                                writable=[p.pointer and not p.const for p in self.params], reversed_order=reversed_order)
 
     def _check_args(self, args) -> list[int]:
         return check_args(self.params, args, f"kernel {self.name}", self.module.backend == "cupy")
@@ -246,10 +248,42 @@ def read_source(source: str | Path) -> tuple[str, str]:
     return str(source), "kernel.cu"
 
 
-def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None) -> Module:
-    """Compile CUDA C (text, a .cu path, or a labkit kernel file's name). On the emulator ``checked`` defaults to True."""
+def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None,
+         gpu_check: bool = True) -> Module:
+    """Compile CUDA C (text, a .cu path, or a labkit kernel file's name). On the emulator ``checked`` defaults to True,
+    and with ``gpu_check`` the source must also compile for a GPU (NVRTC, where a CUDA compiler is installed): what a
+    GPU's compiler refuses (``std::max`` in a kernel) raises KernelCompileError with its message, not runs here."""
     text, filename = read_source(source)
-    return Module(text, filename, backend=backend, checked=checked, defines=defines)
+    module = Module(text, filename, backend=backend, checked=checked, defines=defines)
+    if gpu_check and module.backend == "emulator":
+        compiles_for_gpus(text, filename, defines)
+    return module
+
+
+GPU_ONLY_HINT = ("The CPU emulator compiles kernels with this computer's C++ compiler, which also knows the C and C++ "
+                 "standard libraries; a GPU's compiler knows neither. Use CUDA's own device functions (fmaxf, fminf, "
+                 "sqrtf, expf, ...) instead of std::max, std::sqrt, rand() or strlen, and keep the kernel free of #include")
+_compiled_for_gpus: set[str] = set()
+
+
+def compiles_for_gpus(text: str, filename: str = "kernel.cu", defines: dict | None = None) -> None:
+    """Raise KernelCompileError (NVRTC's message and what to do) where a GPU's compiler refuses the source; nothing
+    where no CUDA compiler is installed. Remembered in this process and in labkit's cache: a second call costs nothing."""
+    from . import tools
+
+    head = "".join(f"#define {k} {v}\n" for k, v in sorted((defines or {}).items()))
+    full = head + ("#line 1\n" if head else "") + text
+    key = hashlib.sha256(f"{filename}\0{full}".encode()).hexdigest()
+    if key in _compiled_for_gpus:
+        return
+    try:
+        tools.compile_for_gpus(full if "\n" in full else full + "\n")
+    except tools.KernelCompileError as e:
+        raise KernelCompileError(f"{filename} runs on the CPU emulator but a GPU's compiler refuses it:\n{e}\n"
+                                 f"{GPU_ONLY_HINT}") from None
+    except RuntimeError:  # no CUDA compiler here: the emulator alone cannot tell
+        return
+    _compiled_for_gpus.add(key)
 
 
 def kernel_source(source: str | Path, name: str) -> str:
