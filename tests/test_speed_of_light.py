@@ -158,3 +158,14 @@ def test_the_roofline_draws_further_ceilings():
     assert len(fig.axes[0].lines) == 1 + 1 + 1 + 1  # DRAM roof, ridge, L2 roof, the point
     assert any("L2: 400 GB/s" in t.get_text() for t in fig.axes[0].texts)
     plt.close(fig)
+
+
+@needs_cxx
+def test_lab04s_kernel_rate_is_wt_deltas_speed_of_light():
+    """W (1000, 784) read once from DRAM bounds it on an H100 SXM: 2 flops per 4 bytes of the launch's arrays."""
+    from labkit.kernels.offload import wt_delta_throughput
+
+    footprint = 4 * (1000 * 784 + 1000 + 784)
+    assert wt_delta_throughput(784, on="H100 SXM") == pytest.approx(2 * 1000 * 784 / (footprint / 3.35e12))
+    # 784 threads are 4 blocks: on an A100 the FP32 units of 4 SMs bound it
+    assert wt_delta_throughput(784, on="A100 SXM") == pytest.approx(19.5e12 * 4 / 108)

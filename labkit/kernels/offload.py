@@ -223,6 +223,23 @@ def offload_time(n_out: int, n_in: int, costs: dict, resident: bool = False) -> 
     return moving + costs["launch"] + 2 * n_out * n_in / costs["throughput"]
 
 
+def wt_delta_throughput(n_in: int, n_out: int = 1000, on=None) -> float:
+    """Flop/s of labkit's ``wt_delta`` kernel on the GPU ``on`` (the one in use, else the default of
+    :mod:`.speed_of_light`) by its speed of light: one launch for W (n_out, n_in) counted on the emulator, its 2 n_out
+    n_in flops over the modelled bound. W is read once, so the rate hardly changes with n_out: a memory unit bounds it."""
+    from . import speed_of_light as sol
+    from ._launch import ceil_div
+    from .counts import traffic
+    from .layers import THREADS
+
+    rng = np.random.default_rng(0)
+    W, delta = rng.standard_normal((n_out, n_in)).astype(np.float32), rng.standard_normal(n_out).astype(np.float32)
+    t = traffic("layers", "wt_delta", (ceil_div(n_in, THREADS),), (THREADS,),
+                (W, delta, np.zeros(n_in, np.float32), np.int32(n_out), np.int32(n_in)))
+    flops = 2 * n_out * n_in
+    return flops / sol.model(sol.counted(t, flops=flops, footprint=4 * (W.size + n_out + n_in)), on).bound
+
+
 def offload_crossover(widths, host, copy, kernel):
     """The smallest width from which offloading beats the host at that width and every wider one, or None.
 
