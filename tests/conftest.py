@@ -1,7 +1,6 @@
 import functools
 import json
 import os
-import shutil
 import subprocess
 import uuid
 import warnings
@@ -216,8 +215,8 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     subprocess.Popen.__init__ = _POPEN_INIT
-    if _running.get("tmp"):  # what was left there is reported by now; nothing of the run's stays on the machine
-        shutil.rmtree(_running["tmp"], ignore_errors=True)
+    if _running.get("tmp"):  # nothing of the run's stays on the machine
+        leaks.remove_own_tempdir(_running["tmp"])
 
 
 @pytest.hookimpl(wrapper=True)

@@ -117,6 +117,18 @@ def own_tempdir(run: str) -> Path:
     return folder
 
 
+def remove_own_tempdir(folder: Path) -> None:
+    """Remove the run's temporary folder (what was left there is reported by now). multiprocessing removes its own
+    folder there (pymp-*) as this process exits, so the folder itself goes after that, by a finalizer of lower
+    priority than multiprocessing's."""
+    from multiprocessing import util
+
+    for path in Path(folder).glob("*"):
+        if not path.name.startswith("pymp-"):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink()
+    util.Finalize(None, shutil.rmtree, args=(str(folder),), kwargs={"ignore_errors": True}, exitpriority=-101)
+
+
 def _cgroup_pids(path: str) -> list[int]:
     for name in ("cgroup.procs", "tasks"):
         try:
