@@ -105,8 +105,8 @@ def lab_notebook(lab: str) -> str:
 
 def released_name(path: Path, record: dict) -> str | None:
     """The released notebook a submission is: the one of the lab its content shows; else (a notebook whose check and
-    answer cells name no lab) the one most of whose check cells it holds, by id and by the check they call; the
-    only one of a release of one lab; and, for a file that cannot be read at all, its file name."""
+    answer cells name no lab) the one most of whose check cells it holds, by id and by the check they call, else the
+    released notebook whose name it kept; an unreadable file, the release's only lab. None: none of the release's."""
     nb = _read(path)
     lab = lab_of(nb) if nb is not None else None
     by_lab = {_lab_of_entry(name, entry): name for name, entry in record["notebooks"].items()}
@@ -123,9 +123,11 @@ def released_name(path: Path, record: dict) -> str | None:
         best = max(score, key=score.get, default=None)
         if best is not None and score[best] > 0:
             return best
-    if len(record["notebooks"]) == 1:
+    if path.name in record["notebooks"]:  # nothing in it says which lab (check cells deleted?): the name it kept
+        return path.name
+    if nb is None and len(record["notebooks"]) == 1:  # an empty upload of the only lab: its rows say what is wrong
         return next(iter(record["notebooks"]))
-    return path.name if nb is None and path.name in record["notebooks"] else None
+    return None
 
 
 def notebook_name(path: Path, record: dict | None) -> str | None:
@@ -238,7 +240,9 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     record, release_sha = load_release(release)
     if record is not None and wanted:
         record = only_labs(record, wanted)
-    handed = place(_share(submissions(Path(folder)), part), record, wanted)  # said before anything starts
+    found = _share(submissions(Path(folder)), part)
+    handed = place(found, record, wanted)  # said before anything starts
+    everyone = sorted({student for student, _ in found})  # one whose files are all of other labs hands in nothing
     if not handed:
         raise FileNotFoundError(f"no notebook of lab {', '.join(sorted(wanted))} under {folder}")
     times = _times(Path(folder), submitted, extensions)
@@ -262,11 +266,11 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         results += mine
         seconds[(h.student, h.name)], hashes[(h.student, h.name)] = secs, digest
     if record:
-        missing = _not_handed_in(handed, record, hidden_parts)
+        missing = _not_handed_in(handed, record, hidden_parts, everyone)
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
     scores.set_points(results, record, hidden_parts)
-    answered, comments = _answers(handed, record, out)
+    answered, comments = _answers(handed, record, out, everyone)
     students = _by_student(results, seconds, hashes)
     _add_answers(students, answered, comments)
     _add_late(students, record, times)
@@ -401,7 +405,8 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _answers(handed: list[Handed], record: dict | None, out: Path) -> tuple[list[answer_cells.Answer], dict]:
+def _answers(handed: list[Handed], record: dict | None, out: Path,
+             everyone: list[str]) -> tuple[list[answer_cells.Answer], dict]:
     """Every student's answers to the questions (a blank one scores 0, and says so), with the scores an earlier run's
     answers.csv in ``out`` holds for answers unchanged since, written to answers.csv and answers.html; and that
     earlier file's comments, by (student, notebook, question)."""
@@ -425,7 +430,7 @@ def _answers(handed: list[Handed], record: dict | None, out: Path) -> tuple[list
         answered += list(mine.values())
     if record:  # a released notebook a student did not hand in: its questions unanswered
         done = {(h.student, h.name) for h in handed}
-        for student in sorted({h.student for h in handed}):
+        for student in everyone:
             for name, entry in record["notebooks"].items():
                 if (student, name) not in done:
                     answered += [answer_cells.Answer(student, name, q["id"], q["kind"], int(q["points"]), "", True,
@@ -519,11 +524,11 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
     return [done[k] for k in range(len(work))]
 
 
-def _not_handed_in(handed: list[Handed], record: dict, hidden_parts=frozenset()) -> list[ExerciseResult]:
+def _not_handed_in(handed: list[Handed], record: dict, hidden_parts, everyone: list[str]) -> list[ExerciseResult]:
     """A failed row for every exercise (and hidden part) of every released notebook a student did not hand in."""
     done = {(h.student, h.name) for h in handed}
     return [ExerciseResult(student, name, row, False, "notebook not handed in")
-            for student in sorted({h.student for h in handed}) for name, entry in record["notebooks"].items()
+            for student in everyone for name, entry in record["notebooks"].items()
             if (student, name) not in done for ex in entry["exercises"] for row in rows_of(ex["name"], hidden_parts)]
 
 
@@ -679,7 +684,9 @@ def summary(results: list[ExerciseResult]) -> str:
     for r in results:
         by.setdefault((r.student, r.notebook), []).append(r)
     for (student, nb_name), rs in by.items():
-        lines.append(f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed")
+        points = sum(r.points for r in rs)
+        lines.append(f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed, "
+                     f"{sum(r.points for r in rs if r.passed):g} of {points:g} points")
         lines += [f"{'':>18}x {r.exercise}: {r.message}" for r in rs if not r.passed]
     return "\n".join(lines)
 
