@@ -1,10 +1,11 @@
 """labkit: course labs for parallel and distributed neural-network training.
 
-The lessons' modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``,
-``device``, ``kernels``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``data_parallel``,
-``param_server``, ``compression``, ``model_parallel``. Around them: ``check`` (the exercises and their checks),
+The labs, each with its notebook, lesson modules, checks and claims, are declared once in ``labs``; the lessons'
+modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``, ``device``,
+``kernels``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``data_parallel``, ``param_server``,
+``compression``, ``model_parallel``, ``scaling``. Around them: ``check`` (the exercises and their checks),
 ``cluster`` (where MPI runs), ``network`` (the labs' network that costs: shaped cables between hosts),
-``grading`` (the grader); ``bench``, ``benchmarks``, ``scaling``, ``plots`` and ``report`` (measuring and
+``grading`` (the grader); ``bench``, ``benchmarks``, ``plots`` and ``report`` (measuring and
 drawing); ``questions`` (a prediction beside its measurement); ``settings``, ``machine``, ``progress``,
 ``errors``, ``doctor``, ``gpucheck``, ``wheelhouse`` and ``cli``. They are imported on first use, so
 ``import labkit`` needs no GPU, no MPI and no running cluster.
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("bench", "benchmarks", "check", "cli", "cluster", "collectives", "comm_backends", "compression", "costmodel",
                "cpu_parallel", "data", "data_parallel", "device", "doctor", "errors", "gpucheck", "grading", "hostc", "kernels",
-               "machine", "mlp", "model_parallel", "network", "openmp", "param_server", "plots", "progress", "questions",
+               "labs", "machine", "mlp", "model_parallel", "network", "openmp", "param_server", "plots", "progress", "questions",
                "report", "scaling", "settings", "shards", "traffic", "wheelhouse")
 
 

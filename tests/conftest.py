@@ -6,6 +6,7 @@ import uuid
 import warnings
 from pathlib import Path
 
+import bylab
 import leaks
 import pytest
 import tiers
@@ -172,6 +173,7 @@ def pytest_collection_modifyitems(items):
         marks = {m for name in tiers.used_names(item) for m in tiers.USES.get(name, ())}
         for mark in sorted(marks - {m.name for m in item.iter_markers()}):
             item.add_marker(mark)
+    bylab.mark(items)  # pytest -m lab07: every test of lab 07 (tests/bylab.py)
 
 
 def pytest_runtest_setup(item):
@@ -207,6 +209,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    bylab.register(config)
     subprocess.Popen.__init__ = _guarded_init(_POPEN_INIT)
     os.environ[leaks.RUN] = uuid.uuid4().hex  # this run's mark on everything it starts (tests/leaks.py)
     _running["tmp"] = leaks.own_tempdir(os.environ[leaks.RUN])  # and its temporary folders, apart from another job's

@@ -340,13 +340,13 @@ def test_row_softmax_blank_is_not_written_yet_and_gets_no_hint(softmax_solution)
                                             r"overflowed. Subtract the row's max before exp\nHint: expf\(100\) is already inf"),
     ([("c += blockDim.x", "c += cols")], r"rows=2, cols=257: only the first 256 columns of each row were written \(2 entries "
                                          r"of y never written\): stride over the row"),
-    ([(MAX_LEVEL, "s[t] = fmaxf(s[t], s[t + h]);")], r"rows=4, cols=256: row 3, values of -100 and 100 with 1000 in column "
-     r"3, gives 1 nan in y, while the same values with the 1000 in column 0 come out right: the max your threads subtract "
-     r"is not the row's max\nHint: every level of the max tree must end with __syncthreads\(\)"),
-    ([("m = s[0];\n    __syncthreads();", "m = s[0];")], r"rows=3, cols=5: row 0: the threads of its block did not all "
-                                                         r"subtract the same max(.|\n)*wait once more before any thread"),
-    ([(SUM_LEVEL, "s[t] += s[t + h];")], r"rows=3, cols=5: row 0 of y sums to 1.00\d+, not 1, though it is proportional "
-                                         r"to the right softmax"),
+    ([(MAX_LEVEL, "s[t] = fmaxf(s[t], s[t + h]);")], r"rows=1, cols=1: a race between the threads of a block \(.*race on "
+     r"`s\[\d+\]`: thread \d+ wrote it at line 12, thread \d+ read it at line 12 with no `__syncthreads\(\)` between"
+     r"(.|\n)*Hint: between one thread's store and another thread's load"),
+    ([("m = s[0];\n    __syncthreads();", "m = s[0];")], r"rows=1, cols=1: a race between the threads of a block \(.*race "
+     r"on `s\[0\]`: thread 0 wrote it at line 18, thread \d+ read it at line 15"),
+    ([(SUM_LEVEL, "s[t] += s[t + h];")], r"rows=1, cols=1: a race between the threads of a block \(.*race on `s\[\d+\]`: "
+                                         r"thread \d+ wrote it at line 22, thread \d+ read it at line 22"),
     ([("float m = xr[0];", "float m = 0.0f;")], r"row 2, every value -300, gives 5 nan in y, where each entry is 1 / 5: "
                                                 r"the max you subtract is above the row's values \(did it start at 0\?\)"),
     ([(MAX_LOOP, MAX_LOOP.replace("c < cols", "c < rows * cols").replace("xr[c]", "x[c]")),
@@ -359,7 +359,8 @@ def test_row_softmax_blank_is_not_written_yet_and_gets_no_hint(softmax_solution)
     ([("c < cols; c += blockDim.x) yr[c]", "c <= cols; c += blockDim.x) yr[c]")],
      r"rows=1, cols=1: .*out-of-bounds access x\[1\]"),
     ([("if (t < h) s[t] += s[t + h];\n        __syncthreads();", "if (t < h) { s[t] += s[t + h]; __syncthreads(); }")],
-     r"waits at __syncthreads\(\) \(line 22\), but 128 of the block's 256 threads returned without reaching it"),
+     r"rows=1, cols=1: a race between the threads of a block \(.*race on `s\[0\]`: thread 0 wrote it at line 22, thread "
+     r"\d+ read it at line 24"),
     ([("for (int c = t; c < cols; c += blockDim.x) yr[c]",
        "int per = (cols + 255) / 256;\n    for (int c = t * per; c < cols && c < (t + 1) * per; ++c) yr[c]")],
      r"a warp's loads touch 7.46 sectors of 32 bytes on average; coalesced, they touch 4"),

@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit import check
+from labkit import check, labs
 from labkit.check.exercises import EXERCISES, exercise
 from labkit.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "labkit"
 # what students import and read: the lessons, flat under labkit/
-LESSONS = ("data", "mlp", "shards", "cpu_parallel", "hostc", "openmp", "device", "kernels", "collectives", "traffic",
-           "costmodel", "comm_backends", "data_parallel", "param_server", "compression", "model_parallel")
+LESSONS = labs.lessons()  # every lab's lesson modules (labkit/labs.py)
 # (importer, what it may never import): the grader sits above the checks, the checks above the lessons
 NEVER = [(f"labkit.{lesson}", forbidden) for lesson in LESSONS for forbidden in ("labkit.grading", "labkit.check")]
 NEVER += [("labkit.check", "labkit.grading"), ("labkit.cluster", "labkit.grading"), ("labkit.cluster", "labkit.check")]

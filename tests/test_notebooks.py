@@ -7,114 +7,19 @@ import nbformat
 import pytest
 from conftest import real_data_dir
 
-from labkit import report
+from labkit import labs, report
 from labkit.grading import assign
 
 NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
 WITH_EXERCISES = [p for p in NOTEBOOKS if "### BEGIN SOLUTION" in p.read_text()]
 
-# What each lab's text says its measurements show, as the notebook checks it with report.claim. Every listed claim
-# must be made and hold on the quick profile with the default data (the MNIST subset shipped with labkit), and on the
-# full profile, which instructors publish, with the full MNIST; a claim that depends on the hardware (a GPU, the
-# number of cores) is listed in MAY_BE_ABSENT.
-CLAIMS = {
-    "01_serial_backprop.ipynb": [
-        "per-sample and vectorised backprop end the first epoch at the same accuracy",
-        "the vectorised epoch is faster",
-        "a larger batch makes the epoch faster, up to a point",
-        "the better network learns faster and further",
-    ],
-    "02_cpu_threads.ipynb": [
-        "two threads gain more on the widest layer than on the narrowest (NumPy releases the GIL in large products)",
-        "the process pool reaches the serial run's accuracy",
-        "vectorising on one core was worth more than any number of these cores",
-    ],
-    "03_openmp_c.ipynb": [
-        "every C version computes NumPy's gradients (to float32 rounding)",
-        "the compiler's optimisation matters: -O2 is faster than -O0",
-        "vector instructions (omp simd) make the fastest single-thread version",
-        "the reduction is faster than omp critical, and omp critical faster than omp atomic",
-        "per-sample backprop in C on one thread beats NumPy's per-sample loop",
-    ],
-    "04_gpu_offload.ipynb": [
-        "on the emulator offloading only adds work: no crossover",
-        "offloading gains on wider layers",
-        "batching on the device is faster than offloading per sample",
-        "host and device training end in the same place",
-        "copies from pinned memory are faster than from pageable memory",
-        "two streams overlap the copies with the kernels",
-    ],
-    "05_cuda_kernels.ipynb": [
-        "on a GPU the order is naive < tiled < register-blocked",
-        "on the emulator the tiled kernel is slower than the naive one",
-        "on the emulator the register-blocked kernel, with the most work per barrier, is faster than the tiled one",
-        "a warp's loads touch 4 sectors in the coalesced copy and 32 in the strided one",
-        "on the emulator the strided copy costs less than the 8x its sectors would on a GPU",
-        "on the emulator the atomics-only sum is faster than the block tree",
-        "on the emulator the library convolution is faster than the fused kernel",
-    ],
-    "06_mpi_collectives.ipynb": [
-        "the tree broadcast needs fewer rounds than the linear one, with the same p - 1 messages",
-    ],
-    "07_ring_allreduce.ipynb": [
-        "the naive allreduce sends p(p-1)N elements in total and the ring 2(p-1)N, on every number of ranks",
-        "at the largest size the ring, moving less data, is faster than the naive allreduce",
-        "across hosts with shaped cables the ring beats the naive allreduce at the largest size by at least 1.5x",
-    ],
-    "08_data_parallel_sgd.ipynb": [
-        "data parallelism trains as the serial run does: same accuracy, the same weights on every rank",
-        "the synchronous runs train as one rank does",
-        "no 2-process design beats the yardstick by more than the update it shares",
-        "the overlapped step trains to the blocking step's weights",
-        "across a 100 Mbit/s cable the allreduce of lab 08's step takes longer than its backprop",
-        "across the cable the overlapped step trains to the blocking step's weights",
-    ],
-    "09_parameter_servers.ipynb": [
-        "one worker still handles lr 0.6",
-        "at lr 0.6 the accuracy falls with the most workers",
-        "at lr 0.1 every configuration trains",
-        "the staleness grows with the workers, about W - 1",
-        "a learning rate scaled by 1/W recovers the accuracy",
-        "synchronous averaging trains at lr 0.6",
-        "bounding the staleness alone does not shrink the step; with the step scaled it trains",
-        "a second master leaves the mean staleness about the same",
-        "bounded staleness with s = 0 lowers the mean staleness",
-    ],
-    "10_gradient_compression.ipynb": [
-        "float16 and int8 cost almost no accuracy",
-        "error feedback closes the top-k gap",
-        "your top-k with error feedback trains as labkit's does",
-        "across a 100 Mbit/s cable top-k 1 % spends less time per step exchanging than the dense ring",
-        "top-k with error feedback reaches dense's final accuracy in less wall-clock time across the cable",
-    ],
-    "11_model_pipeline_parallel.ipynb": [
-        "neuron parallelism computes the serial epoch",
-        "the bubble is smaller with 16 micro-batches than with one, and at no m over 2 points below the formula",
-        "in the step modelled, the measured bubble is above the formula's for equal stages",
-        "the pipeline computes the serial step",
-    ],
-    "12_speedup_plots.ipynb": [  # the rest is timings on few shared cores, printed as readings
-        "across 100 Mbit/s cables the step is slower on 2 and 4 hosts than on one",
-    ],
-
-}
-MAY_BE_ABSENT = {  # made only on a GPU, only on the emulator, or only with more ranks than cores (or one core),
-    # or only across namespace hosts with shaped cables (root, ip and tc: labkit.network)
-    "across 100 Mbit/s cables the step is slower on 2 and 4 hosts than on one",
-    "across a 100 Mbit/s cable the allreduce of lab 08's step takes longer than its backprop",
-    "across hosts with shaped cables the ring beats the naive allreduce at the largest size by at least 1.5x",
-    "across a 100 Mbit/s cable top-k 1 % spends less time per step exchanging than the dense ring",
-    "top-k with error feedback reaches dense's final accuracy in less wall-clock time across the cable",
-    "copies from pinned memory are faster than from pageable memory", "two streams overlap the copies with the kernels",
-    "on the emulator offloading only adds work: no crossover", "offloading gains on wider layers",
-    "on a GPU the order is naive < tiled < register-blocked",
-    "on the emulator the tiled kernel is slower than the naive one",
-    "on the emulator the register-blocked kernel, with the most work per barrier, is faster than the tiled one",
-    "on the emulator the strided copy costs less than the 8x its sectors would on a GPU",
-    "on the emulator the atomics-only sum is faster than the block tree",
-    "on the emulator the library convolution is faster than the fused kernel",
-}
+# What each lab's text says its measurements show, as the notebook checks it with report.claim: each lab's claims in
+# labkit/labs.py. Every claim must be made and hold on the quick profile with the default data (the MNIST subset
+# shipped with labkit), and on the full profile, which instructors publish, with the full MNIST; a lab's
+# optional_claims are made only on some machines (a GPU, the emulator, shaped cables between namespace hosts).
+CLAIMS = {lab.notebook: list(lab.claims) + list(lab.optional_claims) for lab in labs.LABS}
+MAY_BE_ABSENT = {c for lab in labs.LABS for c in lab.optional_claims}
 FULL_MNIST = real_data_dir()
 
 

@@ -1,0 +1,70 @@
+"""The registry of labs (labkit/labs.py) holds every lab and every piece of one: each lesson and check module of
+labkit, each notebook, each exercise belongs to a declared lab, and the tables that list the labs are its own."""
+
+import json
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import labkit
+from labkit import labs, report
+from labkit.check import exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_module_of_labkit_is_a_lesson_of_a_lab_or_of_the_house_around_them():
+    found = {m.name for m in pkgutil.iter_modules(labkit.__path__)} | {
+        p.name for p in Path(labkit.__file__).parent.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    lessons = set(labs.lessons())
+    assert not lessons & set(labs.AROUND), f"declared both a lesson and the house's: {lessons & set(labs.AROUND)}"
+    undeclared = found - lessons - set(labs.AROUND)
+    assert not undeclared, f"modules of labkit in no lab of labkit/labs.py nor in its AROUND: {sorted(undeclared)}"
+    assert not (lessons | set(labs.AROUND)) - found, "labkit/labs.py names modules labkit does not have"
+
+
+def test_every_notebook_is_a_lab_and_every_lab_has_its_notebook_and_heading():
+    notebooks = {p.name: p for p in report.find_notebooks()}
+    assert set(notebooks) == {lab.notebook for lab in labs.LABS}
+    assert [lab.number for lab in labs.LABS] == [f"{i:02d}" for i in range(1, len(labs.LABS) + 1)]
+    for lab in labs.LABS:
+        first = json.loads(notebooks[lab.notebook].read_text())["cells"][0]["source"][0].strip()
+        assert first == f"# Lab {lab.number} — {lab.title}", f"{lab.notebook}'s heading is not its registry title"
+        assert set(lab.needs + lab.uses) <= set(labs.NEEDS)
+        assert not set(lab.claims) & set(lab.optional_claims)
+
+
+def test_every_check_family_and_exercise_belongs_to_its_lab():
+    families = set(exercises.families())
+    declared = {c for lab in labs.LABS for c in lab.checks}
+    assert families == declared, f"check modules in no lab: {families - declared}; named but missing: {declared - families}"
+    for e in exercises.EXERCISES.values():
+        assert e.module in labs.get(e.lab).checks, f"exercise {e.name} of lab {e.lab} is in check.{e.module}"
+
+
+def test_the_tables_that_list_the_labs_are_the_registrys():
+    assert labs.table() in (ROOT / "README.md").read_text(), "README.md's table of labs differs from labkit.labs.table()"
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert labs.where_table() in contributing, "CONTRIBUTING.md's table of where each lab lives differs from the registry"
+    missing = [m for m in labs.lessons() if f"| `{m}` |" not in contributing and f"| `{m}/` |" not in contributing]
+    assert not missing, f"CONTRIBUTING.md's table of modules leaves out the lessons {missing}"
+
+
+def test_a_lab_is_found_by_number_or_notebook_and_an_unknown_one_is_named():
+    assert labs.get(7) is labs.get("07") is labs.get("7") is labs.of_notebook("07_ring_allreduce.ipynb")
+    assert labs.get("07").marker == "lab07"
+    with pytest.raises(KeyError, match="no lab '13'.*01, 02"):
+        labs.get("13")
+    assert labs.of_notebook("Lab 1 - Bob (1).ipynb") is None
+
+
+def test_every_lab_has_tests_found_by_its_marker():
+    import bylab
+
+    modules = {p.name: bylab.labs_of_module(str(p)) for p in (ROOT / "tests").glob("test_*.py")}
+    for lab in labs.LABS:
+        assert [m for m, found in modules.items() if lab.number in found], f"no test module is {lab.marker}'s"
+    assert modules["test_param_server.py"] == {"09"}  # by the MPI cases it runs: it imports no labkit module
+    assert modules["test_exercises_ring.py"] >= {"07", "08"}
+    assert modules["test_data.py"] == {"01"} and modules["test_cpu_parallel.py"] == {"02"}
