@@ -19,7 +19,7 @@ def _cmd_report(a) -> int:
     from . import report
 
     results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or report.NOTEBOOKS,
-                                only=a.only, timeout=a.timeout, fetch=a.fetch)
+                                only=a.only, timeout=a.timeout, fetch=a.fetch, solutions=a.solutions)
     print(report.summary(results, page))
     unheld = [c for r in results for c in r.claims if not c["holds"]]
     if unheld and not a.allow_unheld_claims:
@@ -136,6 +136,22 @@ def _cmd_doctor(a) -> int:
     findings = doctor.run_all()
     print(doctor.render(findings))
     return 1 if any(f.status == doctor.FAIL for f in findings) else 0
+
+
+def _cmd_labs(a) -> int:
+    from . import labs
+
+    if a.number:
+        lab = labs.get(a.number)
+        print(f"Lab {lab.number} — {lab.title}\n  notebook: notebooks/{lab.notebook}\n  lessons:  "
+              f"{', '.join(lab.lessons)}\n  checks:   {', '.join('check.' + c for c in lab.checks)}\n  needs:    "
+              f"{', '.join(lab.needs) or 'Python'}{''.join(f', {u} (optional)' for u in lab.uses)}\n  tests:    "
+              f"pytest -m {lab.marker}\n  claims:")
+        print("\n".join(f"    - {c}" for c in lab.claims)
+              + "".join(f"\n    - {c} (on some machines)" for c in lab.optional_claims))
+        return 0
+    print(labs.table())
+    return 0
 
 
 def _cmd_assign(a) -> int:
@@ -485,6 +501,9 @@ def _add_report(sub) -> None:
                    help="without the full MNIST, do not try `labkit data fetch` first: run on the shipped subset")
     r.add_argument("--allow-unheld-claims", action="store_true",
                    help="exit 0 even when a claim of the text did not hold (still listed): for exploratory runs")
+    r.add_argument("--solutions", action="store_true",
+                   help="keep the solution code and model answers in the executed notebooks (for instructors); "
+                        "without it they show the exercises as students get them, safe to publish")
 
 
 def _add_lab(sub) -> None:
@@ -527,6 +546,13 @@ def _add_doctor(sub) -> None:
     doc.add_argument("--hosts", default=None, metavar="A,B",
                      help="check MPI across these hosts: names resolve, ssh reaches them, the same MPI, a 2-rank job")
     doc.add_argument("--timeout", type=float, default=60, help="seconds for each step with --hosts (default 60)")
+
+
+def _add_labs(sub) -> None:
+    p = _sub(sub, "labs", "list the labs: notebook, what each needs; one lab's lessons, checks and claims",
+             "The course's labs as labkit/labs.py declares them: without an argument, a table of every lab (its\n"
+             "notebook, title and what it needs of the machine); with a lab's number, where its pieces live.", _cmd_labs)
+    p.add_argument("number", nargs="?", default=None, help="one lab's number (07)")
 
 
 def _add_assign(sub) -> None:
@@ -703,6 +729,63 @@ def _add_gpu_check(sub) -> None:
     gc.add_argument("--out", default="gpu-check", help="output folder (default: gpu-check/)")
     gc.add_argument("--plan", action="store_true", help="print the steps and their commands, run nothing")
 
+def _cmd_feedback(a) -> int:
+    from .grading import exports, feedback
+
+    data = exports.load(Path(a.grades) / "grades.json" if Path(a.grades).is_dir() else a.grades)
+    grades_dir = Path(a.grades) if Path(a.grades).is_dir() else Path(a.grades).parent
+    hidden = _names(a.hidden)
+    if a.zip:
+        path = feedback.write_zip(data, a.zip, grades_dir, hidden)
+        print(f"feedback: {path}, one self-contained page per student ({len(data['students'])}), to upload")
+    if a.out or not a.zip:
+        pages = feedback.write(data, a.out or "feedback", grades_dir, hidden)
+        print(f"feedback: {len(pages)} page(s), one per student and lab, in {a.out or 'feedback'}")
+    return 0
+
+
+def _add_feedback(sub) -> None:
+    f = _sub(sub, "feedback", "write the feedback pages of a grading run, each a file that can be sent alone",
+             "From a labkit grade --out folder: one HTML page per student and lab (their executed notebook, each\n"
+             "exercise's verdict beside its check cell, the written answers' scores and comments), math as MathML\n"
+             "and figures inside the page, nothing loaded from elsewhere. --zip FILE: one page per student, every\n"
+             "lab in it, in one zip to upload.", _cmd_feedback)
+    f.add_argument("grades", help="the --out folder of a labkit grade run (or its grades.json)")
+    f.add_argument("--out", default=None, metavar="DIR", help="the pages' folder (default: feedback/, unless --zip)")
+    f.add_argument("--zip", default=None, metavar="FILE", help="also (or only) one zip of one page per student")
+    f.add_argument("--hidden", action="append", metavar="NAME",
+                   help="an exercise whose check is hidden: only whether it passed shows (may be repeated, NAME,NAME)")
+
+
+def _cmd_gradescope(a) -> int:
+    from .grading import gradescope
+
+    try:
+        path = gradescope.build(a.release, a.lab, a.out, wheels=a.wheels, python_version=a.python_version,
+                                platforms=a.platform, timeout=a.timeout)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"labkit gradescope: {e}") from None
+    print(f"Gradescope autograder: {path} ({path.stat().st_size / 1e6:.0f} MB); upload it as the assignment's "
+          "autograder (setup.sh installs from the wheels inside it, no network needed)")
+    return 0
+
+
+def _add_gradescope(sub) -> None:
+    g = _sub(sub, "gradescope", "build a Gradescope autograder zip for one lab",
+             "The zip's setup.sh installs labkit and its dependencies from wheels inside it (no network); its\n"
+             "run_autograder grades /autograder/submission into /autograder/results/results.json, the submission's\n"
+             "time read from submission_metadata.json. Building it downloads the wheels (a network is needed here).",
+             _cmd_gradescope)
+    g.add_argument("--release", required=True, help="the release record (release.json or its folder)")
+    g.add_argument("--lab", required=True, metavar="NN", help="the lab to grade, e.g. 01")
+    g.add_argument("--out", default="autograder.zip", help="the zip to write (default: autograder.zip)")
+    g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell (default 60)")
+    g.add_argument("--python-version", default=None, help="Gradescope's Python, e.g. 3.10 (default: this one)")
+    g.add_argument("--platform", action="append", help="its platform tag, e.g. manylinux_2_17_x86_64")
+    g.add_argument("--wheels", default=None, metavar="DIR", help="ship these wheels (labkit's and pip's among them) "
+                                                               "instead of downloading them")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``labkit`` command and its subcommands, each added by its ``_add_<name>``."""
     from . import __version__
@@ -713,8 +796,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "`labkit doctor`.")
     p.add_argument("--version", action="version", version=f"labkit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_report, _add_lab, _add_data, _add_doctor, _add_assign, _add_collect,
-                _add_grade, _add_check_submission, _add_similarity, _add_bench, _add_cluster, _add_gpu_check):
+    for add in (_add_report, _add_lab, _add_labs, _add_data, _add_doctor, _add_assign, _add_collect,
+                _add_grade, _add_feedback, _add_gradescope, _add_check_submission, _add_similarity, _add_bench,
+                _add_cluster, _add_gpu_check):
         add(sub)
     return p
 

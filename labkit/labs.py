@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import LabkitError
+
 # what a lab may need of the machine: an MPI launcher, namespace hosts with shaped cables (root, ip, tc), a C or C++
 # compiler, a CUDA GPU
 NEEDS = ("mpi", "hosts", "c", "gpu")
@@ -44,8 +46,15 @@ class Lab:
 
 
 # the house around the lessons: the modules (and packages) of labkit that belong to no one lab
-AROUND = ("__main__", "bench", "benchmarks", "check", "cli", "cluster", "doctor", "errors", "gpucheck", "grading", "labs", "machine",
-          "native", "network", "plots", "progress", "questions", "report", "settings", "wheelhouse", "c", "mnist_subset")
+AROUND = ("__main__", "bench", "benchmarks", "check", "cli", "cluster", "doctor", "errors", "gpucheck", "grading", "labs",
+          "machine", "native", "network", "plots", "progress", "questions", "report", "settings", "wheelhouse", "c",
+          "mnist_subset")
+
+
+class UnknownLab(LabkitError, ValueError):
+    """A lab number the course does not have."""
+
+
 CABLE = "hosts"  # the claims across shaped cables are made only where namespace hosts can be made
 
 LABS: tuple[Lab, ...] = (
@@ -153,7 +162,7 @@ def get(number: str | int) -> Lab:
     for lab in LABS:
         if lab.number == key:
             return lab
-    raise KeyError(f"no lab {number!r}: the labs are {', '.join(lab.number for lab in LABS)}")
+    raise UnknownLab(f"no lab {number!r}: the labs are {', '.join(lab.number for lab in LABS)}")
 
 
 def of_notebook(name: str) -> Lab | None:

@@ -54,7 +54,7 @@ def test_the_tables_that_list_the_labs_are_the_registrys():
 def test_a_lab_is_found_by_number_or_notebook_and_an_unknown_one_is_named():
     assert labs.get(7) is labs.get("07") is labs.get("7") is labs.of_notebook("07_ring_allreduce.ipynb")
     assert labs.get("07").marker == "lab07"
-    with pytest.raises(KeyError, match="no lab '13'.*01, 02"):
+    with pytest.raises(labs.UnknownLab, match="no lab '13'.*01, 02"):
         labs.get("13")
     assert labs.of_notebook("Lab 1 - Bob (1).ipynb") is None
 
@@ -68,3 +68,13 @@ def test_every_lab_has_tests_found_by_its_marker():
     assert modules["test_param_server.py"] == {"09"}  # by the MPI cases it runs: it imports no labkit module
     assert modules["test_exercises_ring.py"] >= {"07", "08"}
     assert modules["test_data.py"] == {"01"} and modules["test_cpu_parallel.py"] == {"02"}
+
+
+def test_labkit_labs_lists_the_labs_and_one_labs_pieces(capsys):
+    from labkit import cli
+
+    assert cli.main(["labs"]) == 0 and labs.table() in capsys.readouterr().out
+    assert cli.main(["labs", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "notebooks/07_ring_allreduce.ipynb" in out and "pytest -m lab07" in out and "check.mpi" in out
+    assert cli.main(["labs", "13"]) == 2 and "no lab '13'" in capsys.readouterr().err
