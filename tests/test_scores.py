@@ -130,13 +130,42 @@ def test_rescore_totals_hand_scores_without_running_a_notebook_and_exports_wait_
         csv.writer(f).writerows(rows)
     assert cli.main(["grade", "--rescore", str(out), "--export", "canvas", "--allow-unscored"]) == 0
     captured = capsys.readouterr()
-    assert "bo / 01-a: score '7' is not a number within 0..2" in captured.err and "no notebook was run" in captured.out
+    assert "bo / 01-a: score 7 is outside 0..2; left unscored" in captured.err and "no notebook was run" in captured.out
     ana = json.loads((out / "grades.json").read_text())["students"]["ana"][NB]
     assert (ana["answer_score"], ana["total"], ana["answers"][0]["comment"]) == (1.5, 3.5, "name the cache misses")
     assert ana["answers"][1]["score"] == 0 and ana["answers"][1]["note"] == scores.BLANK_NOTE
     assert [r[-1] for r in csv.reader((out / "canvas.csv").open())][1:] == ["5", "3.5", "0"]
     with pytest.raises(FileNotFoundError, match="no grades.json"):
         grade.rescore(tmp_path / "nowhere")
+
+
+def test_rescore_counts_the_rubric_items_earned_with_their_comments(tmp_path, capsys):
+    out = _graded(tmp_path / "grades", ("ana", True), ("bo", False))
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "rubrics.json").write_text(json.dumps({NB: {"01-a": {"points": 2, "items": [
+        {"id": "a", "points": 1.5, "comment": "Misses named."}, {"id": "c", "points": 0.5, "comment": "Sizes too."}]}}}))
+    data = json.loads((out / "grades.json").read_text())
+    data["release"] = str(tmp_path / "release")  # the run's release folder, as grade records it
+    (out / "grades.json").write_text(json.dumps(data))
+    rows = list(csv.reader((out / "answers.csv").open()))
+    rows[0] += ["items", "comment"]
+    rows[1] += ["a,c", "Well put."]  # ana: both items
+    rows[3] += ["b", ""]  # bo: an item the rubric lacks
+    with open(out / "answers.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    grade.rescore(out)
+    assert "bo / 01-a: rubric item b is not in the rubric (its items: a, c" in "".join(grade.rescore(out)[3])
+    students = json.loads((out / "grades.json").read_text())["students"]
+    ana, bo = students["ana"][NB], students["bo"][NB]
+    assert (ana["answers"][0]["score"], ana["answers"][0]["items"]) == (2.0, "a,c")
+    assert ana["answers"][0]["comment"] == "Misses named. Sizes too. Well put." and ana["total"] == 4.0
+    assert bo["answers"][0]["score"] is None and bo["answers_unscored"] == 1
+    rows[1][-2] = "a"  # the instructor takes item c back: the score follows
+    with open(out / "answers.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    grade.rescore(out, release=tmp_path / "release")
+    ana = json.loads((out / "grades.json").read_text())["students"]["ana"][NB]
+    assert (ana["answers"][0]["score"], ana["answers"][0]["comment"], ana["total"]) == (1.5, "Misses named. Well put.", 3.5)
 
 
 def test_merge_keeps_the_later_grade_of_a_regraded_student(tmp_path, capsys):

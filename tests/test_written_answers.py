@@ -129,6 +129,34 @@ def test_scores_from_rubric_items_with_their_comments_reach_the_answers(tmp_path
     assert (why.score, why.items, why.comment) == (1.5, "twice", "Right: twice. Say where N comes in.")
 
 
+def test_grading_with_a_release_scores_by_its_rubrics_and_grades_carry_each_comment(tmp_path, monkeypatch):
+    from labkit.grading import grade
+
+    _release(tmp_path)
+    monkeypatch.setattr(grade, "grade_notebook", lambda path, student, *a, name=None, **k: [
+        ExerciseResult(student, name, "ring_allreduce", True, "")])  # the answers are read, no notebook runs
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    nbformat.write(_executed(300, ""), tmp_path / "subs" / "ann" / LAB)
+    run = dict(progress=False, release=tmp_path / "release", isolate=False)
+    grade.grade(tmp_path / "subs", tmp_path / "out", **run)
+    rubrics = json.loads((tmp_path / "release" / answers.RUBRICS_FILE).read_text())  # the default, written to edit
+    rubrics[LAB]["96-why"]["items"] = RUBRIC["items"]
+    (tmp_path / "release" / answers.RUBRICS_FILE).write_text(json.dumps(rubrics))
+    rows = list(csv.DictReader(open(tmp_path / "out" / answers.ANSWERS_CSV)))
+    for r in rows:
+        r.update(items="twice,N", comment="Say where N comes in.") if r["question"] == "96-why" else r.update(score="1")
+    with open(tmp_path / "out" / answers.ANSWERS_CSV, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=rows[0].keys())
+        w.writeheader()
+        w.writerows(rows)
+    _, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", **run)  # a regrade keeps the items' scores
+    entry = json.loads(json_path.read_text())["students"]["ann"][LAB]
+    why = next(a for a in entry["answers"] if a["question"] == "96-why")
+    assert (why["score"], why["items"]) == (2.0, "twice,N") and entry["answer_score"] == 3.0
+    assert why["comment"] == "Right: twice. And N elements. Say where N comes in."
+    assert "Right: twice." in (tmp_path / "out" / answers.ANSWERS_HTML).read_text()  # the release's rubric shown
+
+
 def test_the_measured_value_is_the_compare_line_that_names_the_prediction():
     nb = _executed(300, "you predicted 300 kB; measured 240 kB\n")
     nb.cells.insert(4, new_code_cell("compare(other, 1)", outputs=[new_output("stream", name="stdout", text="OTHER")]))

@@ -238,6 +238,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
     hidden_parts, wanted = _hidden_parts(hidden_parts), _labs(labs)
     record, release_sha = load_release(release)
+    full = record
     if record is not None and wanted:
         record = only_labs(record, wanted)
     found = _share(submissions(Path(folder)), part)
@@ -253,7 +254,8 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     out = Path(out)
     options = GradeOptions(timeout, profile, max(1, usable_cores() // jobs) if jobs > 1 else None, isolate, limits,
                            hidden_parts)
-    run = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "part": list(part) if part else None,
+    run = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "release": _folder(release),
+           "part": list(part) if part else None,
            "limits": asdict(limits or Limits()), "isolated": bool(isolate), "hidden_parts": sorted(hidden_parts),
            "labs": sorted(wanted) or None}
     kept = _Progress(out, run, resume)
@@ -270,9 +272,9 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
     scores.set_points(results, record, hidden_parts)
-    answered, comments = _answers(handed, record, out, everyone)
+    answered = _answers(handed, record, out, everyone, _rubrics(release, full))
     students = _by_student(results, seconds, hashes)
-    _add_answers(students, answered, comments)
+    _add_answers(students, answered)
     _add_late(students, record, times)
     meta = {**run, "labkit_version": __version__, "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     csv_path, json_path = _write(out, {**meta, "students": students})
@@ -405,11 +407,32 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _answers(handed: list[Handed], record: dict | None, out: Path,
-             everyone: list[str]) -> tuple[list[answer_cells.Answer], dict]:
-    """Every student's answers to the questions (a blank one scores 0, and says so), with the scores an earlier run's
-    answers.csv in ``out`` holds for answers unchanged since, written to answers.csv and answers.html; and that
-    earlier file's comments, by (student, notebook, question)."""
+def _folder(release: Path | str | None) -> str | None:
+    """The release's folder, absolute (grades.json keeps it, so that --rescore reads the rubrics edited since)."""
+    if release is None:
+        return None
+    path = Path(release).resolve()
+    return str(path if path.is_dir() else path.parent)
+
+
+def _rubrics(release: Path | str | None, record: dict | None) -> dict | None:
+    """The release's rubrics (RELEASE/rubrics.json, written from the defaults when missing); None without a release.
+    A release folder that cannot be written to gets the defaults, unsaved, and says so."""
+    if release is None or record is None:
+        return None
+    try:
+        return answer_cells.load_rubrics(_folder(release), record)
+    except OSError as e:
+        print(f"labkit grade: the rubrics could not be written into {_folder(release)} ({e}): using the defaults",
+              file=sys.stderr)
+        return answer_cells.default_rubrics(record)
+
+
+def _answers(handed: list[Handed], record: dict | None, out: Path, everyone: list[str],
+             rubrics: dict | None = None) -> list[answer_cells.Answer]:
+    """Every student's answers to the questions (a blank one scores 0, and says so), with the scores, rubric items and
+    comments an earlier run's answers.csv in ``out`` holds for answers unchanged since, written to answers.csv and
+    answers.html beside the release's rubrics."""
     answered: list[answer_cells.Answer] = []
     prompts: dict[tuple[str, str], str] = {}
     for h in handed:
@@ -440,23 +463,24 @@ def _answers(handed: list[Handed], record: dict | None, out: Path,
     for a in answered:
         if a.blank:
             a.score, a.note = 0.0, a.note or scores.BLANK_NOTE
-    comments, _ = scores.read_hand_scores(out / answer_cells.ANSWERS_CSV)
-    for warning in answer_cells.merge_scores(answered, out / answer_cells.ANSWERS_CSV):
+    for warning in answer_cells.merge_scores(answered, out / answer_cells.ANSWERS_CSV, rubrics):
         print(f"labkit grade: answers.csv: {warning}", file=sys.stderr)
     if answered:
-        answer_cells.write(out, answered, prompts)
-    return answered, comments
+        answer_cells.write(out, answered, prompts, rubrics)
+    return answered
 
 
-def _add_answers(students: dict, answered: list, comments: dict) -> None:
-    """grades.json: per student and notebook, its answers, the points scored so far and the instructor's comments."""
+def _add_answers(students: dict, answered: list) -> None:
+    """grades.json: per student and notebook, its answers, the points scored so far and each answer's comment."""
     by: dict[tuple[str, str], list[dict]] = {}
     for a in answered:
         row = {"question": a.question, "kind": a.kind, "points": a.points, "blank": a.blank, "score": a.score}
         if a.note:
             row["note"] = a.note
-        if (comment := comments.get((a.student, a.notebook, a.question), {}).get("comment")):
-            row["comment"] = comment
+        if a.items:
+            row["items"] = a.items
+        if a.comment:
+            row["comment"] = a.comment
         by.setdefault((a.student, a.notebook), []).append(row)
     for (student, nb), rows in by.items():
         entry = students.setdefault(student, {}).setdefault(nb, {"passed": 0, "exercises": 0, "results": []})
@@ -611,7 +635,7 @@ def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult
                 students.setdefault(student, {})[nb] = entry
                 owner[(student, nb)] = (path, data)
     first = loaded[0][1]
-    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "limits",
+    meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "release", "limits",
                                       "hidden_parts", "labs")}
     meta["isolated"] = all(d.get("isolated") for _, d in loaded)
     meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
@@ -668,14 +692,23 @@ def _rows(students: dict) -> list[ExerciseResult]:
     return [ExerciseResult(**r) for per in students.values() for entry in per.values() for r in entry.get("results", [])]
 
 
-def rescore(out: Path | str) -> tuple[list[ExerciseResult], Path, Path, list[str]]:
-    """Merge the hand scores and comments of ``out``/answers.csv into ``out``'s grades (grades.json, grades.csv)
-    without running a notebook again; returns the rows, the two files and the warnings."""
+def rescore(out: Path | str, release: Path | str | None = None) -> tuple[list[ExerciseResult], Path, Path, list[str]]:
+    """Merge the hand scores, rubric items and comments of ``out``/answers.csv into ``out``'s grades (grades.json,
+    grades.csv) without running a notebook again; returns the rows, the two files and the warnings. The items count
+    by the rubrics of ``release``, else of the release the run was graded with (as edited since)."""
     out = Path(out)
     data = _load_grades(_grades_file(out))
-    warnings = scores.rescore(data, out)
+    warnings = scores.rescore(data, out, _rescore_rubrics(release, data))
     csv_path, json_path = _write(out, data)
     return _rows(data["students"]), csv_path, json_path, warnings
+
+
+def _rescore_rubrics(release: Path | str | None, data: dict) -> dict | None:
+    """The rubrics --rescore counts items by: the release given, else the run's own release folder when it is there."""
+    folder = release if release is not None else data.get("release")
+    if folder is None or not (Path(_folder(folder)) / answer_cells.RUBRICS_FILE).is_file():
+        return None
+    return answer_cells.load_rubrics(_folder(folder))
 
 
 def summary(results: list[ExerciseResult]) -> str:

@@ -64,38 +64,43 @@ def unscored(data: dict) -> list[str]:
             if a.get("score") is None and not a.get("blank")]
 
 
-def read_hand_scores(path: Path) -> tuple[dict[tuple[str, str, str], dict], list[str]]:
-    """answers.csv as the instructor left it: per (student, notebook, question) the score (None when blank) and the
-    comment; and a warning per score that is not a number or is out of range."""
+def read_hand_scores(path: Path, rubrics: dict | None = None) -> tuple[dict[tuple[str, str, str], dict], list[str]]:
+    """answers.csv as the instructor left it: per (student, notebook, question) the score (None when unscored), the
+    rubric items earned and the comment a student reads (:func:`.answers.hand_score`: a ``score``, else the points
+    of the ``items`` in ``rubrics``, the release's); and a warning per row whose score or items cannot count."""
+    from .answers import hand_score
+
     found, warnings = {}, []
     if not Path(path).is_file():
         return found, warnings
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             key = (row.get("student", ""), row.get("notebook", ""), row.get("question", ""))
-            text, score = (row.get("score") or "").strip(), None
-            if text:
-                try:
-                    score = float(text)
-                    if not 0 <= score <= float(row.get("points") or 0):
-                        raise ValueError
-                except ValueError:
-                    warnings.append(f"{key[0]} / {key[2]}: score {text!r} is not a number within 0..{row.get('points')}; "
-                                    "left unscored")
-                    score = None
-            found[key] = {"score": score, "comment": (row.get("comment") or "").strip()}
+            rubric = (rubrics or {}).get(key[1], {}).get(key[2])
+            score, comment, warning = hand_score(row, rubric, _number(row.get("points")))
+            if warning:
+                warnings.append(f"{key[0]} / {key[2]}: {warning}")
+            found[key] = {"score": score, "comment": comment, "items": (row.get("items") or "").strip()}
     return found, warnings
 
 
-def rescore(data: dict, out: Path) -> list[str]:
-    """Take the hand scores and comments of ``out``/answers.csv into ``data`` (a grades.json) and total every lab
-    again: no notebook runs. Returns the warnings (a score out of range, an answer with no row in answers.csv)."""
+def _number(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def rescore(data: dict, out: Path, rubrics: dict | None = None) -> list[str]:
+    """Take the hand scores, rubric items and comments of ``out``/answers.csv into ``data`` (a grades.json) and total
+    every lab again: no notebook runs. Returns the warnings (a score out of range, an item not in the rubric, an
+    answer with no row in answers.csv)."""
     from .answers import ANSWERS_CSV
 
     if not (Path(out) / ANSWERS_CSV).is_file():
         raise FileNotFoundError(f"no {ANSWERS_CSV} in {out}: --rescore takes the --out folder of a labkit grade run "
                                 "whose answers you have scored")
-    hand, warnings = read_hand_scores(Path(out) / ANSWERS_CSV)
+    hand, warnings = read_hand_scores(Path(out) / ANSWERS_CSV, rubrics)
     for student, per in data["students"].items():
         for nb, entry in per.items():
             for a in entry.get("answers", []):
@@ -104,8 +109,11 @@ def rescore(data: dict, out: Path) -> list[str]:
                     warnings.append(f"{student} / {a['question']}: no row in {ANSWERS_CSV}; left as it was")
                     continue
                 a["score"] = mine["score"] if mine["score"] is not None else (0.0 if a.get("blank") else None)
-                if mine["comment"]:
-                    a["comment"] = mine["comment"]
+                for key in ("items", "comment"):
+                    if mine[key]:
+                        a[key] = mine[key]
+                    else:
+                        a.pop(key, None)
             if "answers" in entry:
                 answers_into(entry, entry["answers"])
             total(entry)
