@@ -1,6 +1,7 @@
 """Feedback pages that travel: one file each, math as MathML written into the page, the run's figures embedded, no
 machinery cell, and one file per student in a zip to upload."""
 
+import json
 import re
 import sys
 import zipfile
@@ -69,6 +70,37 @@ def test_unscored_answers_are_still_to_be_read_and_blank_ones_are_not():
     assert lines[1:] == ["- question `a` (explain): still to be read", "- question `b` (explain): blank: 0 points"]
 
 
+def test_the_page_shows_the_late_penalty_the_total_each_rows_points_and_each_answers_comment_and_note(tmp_path):
+    data = _class(tmp_path)
+    entry = data["students"]["bo"]["01_serial_backprop.ipynb"]
+    entry["results"] += [{"student": "bo", "notebook": "01_serial_backprop.ipynb", "exercise": "output_error",
+                          "passed": False, "message": "wrong sign", "points": 2.0}]
+    entry["results"][0]["points"] = 1.5
+    entry["answers"] += [{"question": "why_batches", "kind": "explain", "points": 2, "blank": False, "score": None},
+                         {"question": "why_ring", "kind": "explain", "points": 1, "blank": True, "score": 0,
+                          "note": "its answer cell is missing from the notebook (deleted?)"}]
+    entry.update({"answer_points": 6, "answers_unscored": 1, "exercise_points": 3.5, "exercise_score": 1.5,
+                  "points_possible": 9.5, "score_before_penalty": 3.0, "total": 2.4,
+                  "submission": {"submitted_at": "2026-10-04T10:00:00+02:00"},
+                  "late": {"deadline": "2026-10-02T23:59:00+02:00", "days_late": 2, "percent": 20.0,
+                           "note": "2 days late: -20 %"}})
+    nb = feedback.page_notebook(data, tmp_path / "grades", "bo", "01_serial_backprop.ipynb")
+    top = nb.cells[0].source
+    assert "**Score:** 2.4 of 9.5 points (3 before the late penalty) so far: written answers are still to be read" in top
+    assert ("**Deadline:** 2026-10-02T23:59:00+02:00; handed in 2026-10-04T10:00:00+02:00: 2 days late: -20 %"
+            in top)
+    assert "**Exercises passed:** 1 of 1 (1.5 of 3.5 points)" in top
+    assert "1.5 of 6 points scored so far (1 of 4 still to be read); 2 left blank" in top  # the blank ones apart
+    assert ("- question `why_ring` (explain): blank: 0 points (its answer cell is missing from the notebook "
+            "(deleted?))") in top
+    assert "- question `why_sigmoid` (explain): 1.5 of 2 points: Right about saturation" in top
+    verdicts = [c.source for c in nb.cells if c.metadata.get("labkit_feedback")][1:]
+    assert verdicts == ["> **✔ passed**: exercise `backprop`, 1.5 of 1.5 points"]  # its check cell's box
+    missing = feedback.missing_notebook("bo", "01_serial_backprop.ipynb", entry, data, set())
+    assert [c.source.splitlines()[0] for c in missing.cells[1:]] == [
+        "> **✔ passed**: exercise `backprop`, 1.5 of 1.5 points", "> **✘ failed**: exercise `output_error`, 0 of 2 points"]
+
+
 def test_the_zip_holds_one_page_per_student_with_every_lab(tmp_path):
     data = _class(tmp_path, labs=("01_serial_backprop.ipynb", "07_ring_allreduce.ipynb"))
     data["students"]["cy"] = {"07_ring_allreduce.ipynb": {"passed": 0, "exercises": 1, "results": [
@@ -82,6 +114,23 @@ def test_the_zip_holds_one_page_per_student_with_every_lab(tmp_path):
     assert bo.count(f"data:image/png;base64,{PNG}") == 2 and bo.count("<mfrac>") == 2
     assert "notebook not handed in" in cy and "Feedback: 01" not in cy
     assert not list(path.parent.glob("*.part"))
+
+
+@pytest.mark.notebooks
+def test_the_figures_a_students_run_draws_reach_the_executed_notebook_and_the_page(tmp_path):
+    from labkit.grading import grade
+
+    drawn = new_notebook(cells=[new_markdown_cell("# A figure"), new_code_cell(
+        "import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.title('losses')")])
+    (tmp_path / "subs" / "bo").mkdir(parents=True)
+    nbformat.write(drawn, tmp_path / "subs" / "bo" / "draws.ipynb")
+    _, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, isolate=False)
+    executed = nbformat.read(tmp_path / "out" / "executed" / "bo" / "draws.ipynb", as_version=4)
+    (cell,) = [c for c in executed.cells if "plt.plot" in c.source]
+    figures = [o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})]
+    assert len(figures) == 1, cell.outputs  # the inline backend, not Agg, which keeps none
+    (page,) = feedback.write(json.loads(json_path.read_text()), tmp_path / "fb", tmp_path / "out")
+    assert f"data:image/png;base64,{figures[0].strip()}" in page.read_text()
 
 
 @pytest.mark.parametrize("tex", [r"\href{javascript:alert(1)}{x}", r"\text{<script>alert(1)</script>}",

@@ -2,8 +2,9 @@
 
     labkit grade submissions/ --out grades/ --feedback feedback/ [--hidden NAME ...]
 
-One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the score, the written answers' points
-and comments, and the limits the notebook ran under; then the notebook as the grader ran it (its figures too), and
+One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the lab's score after any late penalty
+(the score before it beside), the deadline and how late the work came, the written answers' points, comments and
+notes, and the limits the notebook ran under; then the notebook as the grader ran it (its figures too), and
 after every check cell a box with the grader's verdict and the check's message (the grader's replayed verdict, not
 what the cell itself printed). Each page is one file that can be sent alone: its math is MathML written into the
 page (:func:`labkit.report.standalone_exporter`), its figures are embedded, and it loads nothing. :func:`write_zip`
@@ -70,15 +71,16 @@ def _fence(text: str) -> str:
     return f"{fence}text\n{text}\n{fence}"
 
 
-def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool):
-    """The markdown cell put after a check cell: a quoted box with the verdict, and the message (as literal text)
-    unless the check is hidden."""
+def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool, points: float | None = None):
+    """The markdown cell put after a check cell: a quoted box with the verdict and the points it earned, and the
+    message (as literal text) unless the check is hidden."""
     import nbformat
 
     from .notebook import shown_name
 
+    worth = "" if points is None else f", {_fmt(points if passed else 0)} of {_points(points)}"
     lines = [f"**{'✔ passed' if passed else '✘ failed'}**: exercise `{shown_name(exercise)}`"
-             + (" (a hidden check)" if hidden else "")]
+             + (" (a hidden check)" if hidden else "") + worth]
     if not passed and hidden:
         lines += ["", f"{HIDDEN_FAILED}."]
     elif not passed:
@@ -89,17 +91,22 @@ def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool):
 
 
 def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_here: int):
+    """The page's first cell: the lab's score after any late penalty, the deadline and how late it came, the exercises
+    and the written answers with their comments, and how the notebook was run."""
     import nbformat
 
     limits = data.get("limits") or {}
     answers = entry.get("answers") or []
-    lines = [f"# Feedback: {html.escape(notebook)}",
-             f"**Student:** {html.escape(student)}  ",
-             f"**Exercises passed:** {entry.get('passed', 0)} of {entry.get('exercises', 0)}"
-             + (f" ({hidden_here} of them hidden checks: they count, their messages are not shown)" if hidden_here
-                else "") + "  "]
+    lines = [f"# Feedback: {html.escape(notebook)}", f"**Student:** {html.escape(student)}  "]
+    lines += _score_lines(entry)
+    exercise_points = (f" ({_fmt(entry['exercise_score'])} of {_points(entry['exercise_points'])})"
+                       if "exercise_points" in entry else "")
+    lines += [f"**Exercises passed:** {entry.get('passed', 0)} of {entry.get('exercises', 0)}{exercise_points}"
+              + (f" ({hidden_here} of them hidden checks: they count, their messages are not shown)" if hidden_here
+                 else "") + "  "]
     if answers:
-        lines += _answer_lines(answers, entry.get("answer_points", sum(a.get("points", 0) for a in answers)))
+        lines += _answer_lines(answers, entry.get("answer_points", sum(a.get("points", 0) for a in answers)),
+                               entry.get("answers_unscored"))
     lines += ["",
               f"Graded on the `{data.get('profile', 'quick')}` profile with labkit {data.get('labkit_version', '')}: "
               f"each cell was allowed {data.get('timeout_s', '?')} s; the notebook "
@@ -112,22 +119,51 @@ def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_he
     return cell
 
 
-def _answer_lines(answers: list[dict], points: float) -> list[str]:
-    """The written answers' part of the summary: the points so far, then each question's score and comment. A blank
-    answer is 0 points and says so; one not yet scored is still to be read."""
+def _score_lines(entry: dict) -> list[str]:
+    """The lab's score (after the late penalty, the score before it beside) and its deadline, time and penalty."""
+    lines = []
+    if "total" in entry:
+        before = float(entry.get("score_before_penalty", entry["total"]))
+        lines.append(f"**Score:** {_fmt(entry['total'])} of {_points(entry.get('points_possible', 0))}"
+                     + (f" ({_fmt(before)} before the late penalty)" if abs(before - entry["total"]) > 1e-9 else "")
+                     + (" so far: written answers are still to be read" if entry.get("answers_unscored") else "")
+                     + "  ")
+    late = entry.get("late") or {}
+    if late.get("deadline"):
+        when = (entry.get("submission") or {}).get("submitted_at")
+        lines.append(f"**Deadline:** {_one_line(late['deadline'])}" + (f"; handed in {_one_line(when)}" if when else "")
+                     + f": {_one_line(late.get('note', ''))}  ")
+    return lines
+
+
+def _answer_lines(answers: list[dict], points: float, unscored: int | None = None) -> list[str]:
+    """The written answers' part of the summary: the points so far, then each question's score, comment and note. A
+    blank answer is 0 points and says so; one not yet scored (``unscored``, grades.json's count) is still to be read."""
+    from .scores import BLANK_NOTE
+
     blank = [a for a in answers if a.get("blank") and a.get("score") in (None, 0)]
-    unread = [a for a in answers if a.get("score") is None and not a.get("blank")]
+    unread = len([a for a in answers if a.get("score") is None and not a.get("blank")]) if unscored is None else unscored
     got = sum(a.get("score") or 0 for a in answers)
     head = f"**Written answers:** {got:g} of {points:g} points"
-    head += f" scored so far ({len(unread)} of {len(answers)} still to be read)" if unread else ""
+    head += f" scored so far ({unread} of {len(answers)} still to be read)" if unread else ""
     head += f"; {len(blank)} left blank, 0 points each" if blank else ""
     lines = [head + "  "]
     for a in answers if any("question" in a for a in answers) else []:
         score = ("blank: 0 points" if a in blank else "still to be read" if a.get("score") is None
                  else f"{a['score']:g} of {a.get('points', 0):g} points")
+        note = a.get("note") if a.get("note") not in (None, "", BLANK_NOTE, "blank: 0 points") else ""
         comment = f": {_one_line(a['comment'])}" if a.get("comment") else ""
-        lines.append(f"- question `{a.get('question', '?')}` ({a.get('kind', '?')}): {score}{comment}")
+        lines.append(f"- question `{a.get('question', '?')}` ({a.get('kind', '?')}): {score}"
+                     + (f" ({_one_line(note)})" if note else "") + comment)
     return lines
+
+
+def _fmt(x) -> str:
+    return f"{float(x):g}"
+
+
+def _points(x) -> str:
+    return f"{float(x):g} point{'' if float(x) == 1 else 's'}"
 
 
 def _one_line(text: str) -> str:
@@ -153,7 +189,8 @@ def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, 
             secret = is_secret(part, hidden)
             if secret and part == name:
                 nb.cells[i].outputs = []
-            after.setdefault(i, []).append(verdict_cell(part, bool(row["passed"]), row.get("message", ""), secret))
+            after.setdefault(i, []).append(verdict_cell(part, bool(row["passed"]), row.get("message", ""), secret,
+                                                        row.get("points")))
     cells = []
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
@@ -174,7 +211,7 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
     nb.cells = [summary_cell(student, notebook, entry, data, 0)]
     for r in entry.get("results", []):
         secret = is_secret(r["exercise"], hidden)
-        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret))
+        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret, r.get("points")))
     return nb
 
 

@@ -53,6 +53,7 @@ def _outcome(cell, timeout: int) -> tuple[bool, str]:
     return True, "passed"
 
 
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"  # matplotlib's backend for the graded kernels
 ENGINE_ERRORS = ("AlreadyDisplayedError", "CompositeError", "RemoteError")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.*)$")
 
@@ -216,7 +217,8 @@ class NotebookRun:
         shutil.rmtree(self.inbox, ignore_errors=True)
 
     def _env(self) -> dict:
-        env = {**os.environ, "MPLBACKEND": "agg", "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
+        # the inline backend, not Agg: the run's figures stay in its outputs, for the feedback pages
+        env = {**os.environ, "MPLBACKEND": INLINE_BACKEND, "LABKIT_PROGRESS": "0", capture.ENV: str(self.inbox),
                capture.SEED_ENV: str(self.seed)}
         if self.hidden_parts:
             env.update({capture.HIDDEN_ENV: ",".join(sorted(self.hidden_parts)),
