@@ -53,6 +53,18 @@ def test_gradescope_results_follow_the_documented_format(tmp_path):
     assert json.loads((tmp_path / "autograder" / "results.json").read_text())["score"] == 1.0
 
 
+def test_gradescope_takes_a_late_penalty_off_each_tests_score():
+    late = _grades(ana={"05_cuda_kernels.ipynb": [("naive_matmul", True, "passed"), ("tiled_matmul", False, "no")],
+                        "07_ring_allreduce.ipynb": [("ring_chunks", True, "passed")]})
+    entry = late["students"]["ana"]["05_cuda_kernels.ipynb"]
+    entry["results"][0]["points"] = 4
+    entry["late"] = {"deadline": "2026-10-02T23:59:00+02:00", "days_late": 2, "percent": 20.0, "note": "2 days late: -20 %"}
+    result = exports.gradescope_result(late["students"]["ana"], late)
+    assert [(t["score"], t["max_score"]) for t in result["tests"]] == [(3.2, 4.0), (0.0, 1.0), (1.0, 1.0)]
+    assert result["score"] == 4.2 == sum(t["score"] for t in result["tests"])  # the tests add up to the score
+    assert "less 20 % for late work" in result["tests"][0]["output"] and "2 days late: -20 %" in result["output"]
+
+
 # a gradebook as Canvas's Grades > Export writes it: the identity columns, each assignment as "Title (id)", the
 # assignment group and total columns, a Manual Posting row and a Points Possible row before the students, and the
 # test student at the end

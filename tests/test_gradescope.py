@@ -35,8 +35,9 @@ QUICK = new_notebook(cells=[
 ])
 
 
-def _release(tmp_path):
-    """A release of two labs: 12 (two checks, the second fails as written) and 11."""
+def _release(tmp_path, deadline=None):
+    """A release of two labs: 12 (two checks, the second fails as written; due at ``deadline``, 10 % off a day late)
+    and 11."""
     course = tmp_path / "course"
     course.mkdir()
     nbformat.write(QUICK, course / LAB)
@@ -44,6 +45,10 @@ def _release(tmp_path):
     assign.write_student_versions([course / LAB, course / "11_other.ipynb"], tmp_path / "handout",
                                   release_dir=tmp_path / "release")
     (tmp_path / "release" / "rubrics.json").write_text(json.dumps({LAB: {}, "11_other.ipynb": {}}))
+    if deadline:
+        record = json.loads((tmp_path / "release" / "release.json").read_text())
+        record["notebooks"][LAB].update(deadline=deadline, late={"percent_per_day": 10, "max_days": 5})
+        (tmp_path / "release" / "release.json").write_text(json.dumps(record))
     return tmp_path / "release", QUICK
 
 
@@ -95,9 +100,16 @@ def test_the_submission_time_and_ids_come_from_the_metadata():
 
 
 def test_the_grade_command_passes_the_lab_and_the_submission_time(tmp_path):
+    from labkit import cli
+
     args = gradescope.grade_command(tmp_path / "s", tmp_path / "r", tmp_path / "g", "97", tmp_path / "s.csv", 60)
     assert args[:2] == ["grade", str(tmp_path / "s")] and "gradescope" in args
     assert args[args.index("--lab") + 1] == "97" and args[args.index("--submissions") + 1] == str(tmp_path / "s.csv")
+    parsed = cli.build_parser().parse_args(args)  # options labkit grade has
+    assert (parsed.lab, parsed.submissions, parsed.export) == (["97"], str(tmp_path / "s.csv"), ["gradescope"])
+    assert gradescope.submission_row({"created_at": "2026-10-02 14:22:32 -0700"}, "12", LAB)["submitted_at"] == (
+        "2026-10-02T14:22:32-07:00")
+    assert gradescope.submission_row({"created_at": "yesterday"}, "12", LAB)["submitted_at"] == ""  # no penalty, said
 
 
 def _tree(tmp_path, zip_path, submission):
@@ -136,6 +148,20 @@ def test_run_autograder_grades_the_submission_into_results_json(tmp_path, monkey
     (root / "submission" / LAB).unlink()  # an upload of no notebook: a results.json that says so
     assert gradescope.autograde(root) == 1
     assert "no notebook (.ipynb) in the submission" in (root / "results" / "results.json").read_text()
+
+
+@pytest.mark.notebooks
+def test_a_late_submission_scores_each_test_less_the_penalty(tmp_path, monkeypatch):
+    from labkit.grading import sandbox
+
+    monkeypatch.setattr(sandbox, "available", lambda: (False, "not probed here"))
+    release, quick = _release(tmp_path, deadline="2026-10-01T23:00:00-07:00")  # handed in 15 h after: 1 day late
+    root = _tree(tmp_path, gradescope.build(release, "12", tmp_path / "autograder.zip", wheels=_fake_wheels(tmp_path)),
+                 quick)
+    assert gradescope.autograde(root) == 0
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert sorted((t["score"], t["max_score"]) for t in results["tests"]) == [(0.0, 1.0), (0.9, 1.0)]
+    assert results["score"] == 0.9 and "1 day late: -10 %" in results["output"]
 
 
 needs_root_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,

@@ -6,7 +6,7 @@
   (https://gradescope-autograders.readthedocs.io/en/latest/specs/), one per student under ``gradescope/``, and at
   the top of the output folder too when the run graded one student. So an autograder image's ``run_autograder`` can
   call ``labkit grade /autograder/submission --out /autograder/results --export gradescope``. Each exercise is a
-  test worth its points, whose output is the check's message; a late penalty comes off the score; the questions'
+  test worth its points, whose output is the check's message; a late penalty comes off each test's score; the questions'
   written answers are left to Gradescope's own manual grading.
 * **Canvas** (:func:`canvas`): ``canvas.csv`` for the gradebook's CSV import, made from the gradebook the instructor
   exported from Canvas (:func:`read_gradebook`): its identity columns, its Points Possible row, and each lab's
@@ -76,34 +76,34 @@ def gradescope(data: dict, out: Path | str, hidden: set[str] | None = None) -> l
 
 def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset()) -> dict:
     """One student's results.json: a test per exercise worth its points, in the order of the notebooks and their
-    cells; a late penalty is taken off the score and said in the output."""
+    cells; a late penalty is taken off each test's score (so that they add up to the score) and said in the output."""
     from .notebook import is_secret, shown_name
 
-    tests, seconds, unscored, penalties, lines = [], 0.0, 0, 0.0, []
+    tests, seconds, unscored, lines = [], 0.0, 0, []
     for name, entry in sorted(notebooks.items()):
         seconds += float(entry.get("seconds") or 0)
         lab = lab_name(name)
-        mine = []
+        percent = float((entry.get("late") or {}).get("percent", 0))
         for k, r in enumerate(entry.get("results", []), 1):
             secret = is_secret(r["exercise"], hidden)
             points = float(r.get("points", 1))
             output = r["message"] or ("passed" if r["passed"] else "failed")
-            mine.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
-                         "score": points if r["passed"] else 0.0, "max_score": points,
-                         "status": "passed" if r["passed"] else "failed",
-                         "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
-                         "visibility": "after_published" if secret else "visible", "tags": [name]})
-        tests += mine
-        percent = float((entry.get("late") or {}).get("percent", 0))
+            if percent and r["passed"]:
+                output += f"\n{_fmt(points)} point(s), less {percent:g} % for late work"
+            # Gradescope shows each test's score: a late penalty comes off each, so that they add up to the score
+            tests.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
+                          "score": round(points * (1 - percent / 100), 4) if r["passed"] else 0.0, "max_score": points,
+                          "status": "passed" if r["passed"] else "failed",
+                          "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
+                          "visibility": "after_published" if secret else "visible", "tags": [name]})
         if percent:
-            penalties += sum(t["score"] for t in mine) * percent / 100
             lines.append(f"{lab}: {entry['late'].get('note', '')} (deadline {entry['late'].get('deadline')})")
         unscored += len(entry.get("answers", []))
     lines.insert(0, f"labkit {data.get('labkit_version', '')}, profile {data.get('profile', 'quick')}, "
                     f"{data.get('timeout_s', '?')} s per cell" + ("" if data.get("isolated") else ", not isolated"))
     if unscored:
         lines.append(f"{unscored} written answer(s) to the labs' questions are graded by hand, not here.")
-    return {"score": round(sum(t["score"] for t in tests) - penalties, 4), "execution_time": round(seconds),
+    return {"score": round(sum(t["score"] for t in tests), 4), "execution_time": round(seconds),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 

@@ -14,7 +14,9 @@ reads ``/autograder/results/results.json``. The zip holds:
 - ``labkit-autograder.json``: the lab and the options of the run;
 - ``run_autograder``: ``python -m labkit.grading.gradescope autograde``, which copies the submission into a class of
   one, writes the submission's time into a submissions CSV (``student,lab,file,submitted_at,lms,lms_user_id,
-  lms_submission_id``) and runs ``labkit grade <dir> --release R --lab NN --submissions CSV --export gradescope``.
+  lms_submission_id``) and runs ``labkit grade <dir> --release R --lab NN --submissions CSV --export gradescope``:
+  the notebook goes to ``<dir>/<student>/`` (the CSV's ``student``), the lab is two digits, the time Gradescope's
+  ``created_at`` with its timezone, and each test's score its points less any late penalty.
 
 ``AUTOGRADER_ROOT`` (default ``/autograder``) moves the whole tree, for a test.
 """
@@ -146,8 +148,21 @@ def download_wheels(house: Path, python_version: str | None = None, platforms: l
 def submission_row(metadata: dict, lab: str, file: str) -> dict:
     """The submissions CSV's row for one file of a Gradescope submission, from its submission_metadata.json."""
     user = (metadata.get("users") or [{}])[0]
-    return {"student": student_of(metadata), "lab": lab, "file": file, "submitted_at": metadata.get("created_at", ""),
+    return {"student": student_of(metadata), "lab": lab, "file": file, "submitted_at": _submitted_at(metadata),
             "lms": "gradescope", "lms_user_id": str(user.get("id", "")), "lms_submission_id": str(metadata.get("id", ""))}
+
+
+def _submitted_at(metadata: dict) -> str:
+    """The submission's time as labkit grade reads it (ISO 8601 with its timezone); "" (no late penalty, and the run
+    says so) for a time it could not read, rather than no grade at all."""
+    from .late import parse_time
+
+    text = str(metadata.get("created_at") or "")
+    try:
+        return parse_time(text, "created_at").isoformat() if text else ""
+    except ValueError as e:
+        print(f"submission_metadata.json: {e}", file=sys.stderr)
+        return ""
 
 
 def student_of(metadata: dict) -> str:
@@ -157,22 +172,10 @@ def student_of(metadata: dict) -> str:
 
 
 def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path, timeout: int) -> list[str]:
-    """``labkit grade``'s arguments for the class of one; --lab and --submissions where this labkit has them."""
-    from ..cli import build_parser
-
-    args = ["grade", str(subs), "--release", str(release), "--out", str(out), "--export", "gradescope",
-            "--timeout", str(timeout)]
-    known = {o for action in _grade_parser(build_parser())._actions for o in action.option_strings}
-    if "--lab" in known:
-        args += ["--lab", lab]
-    if "--submissions" in known:
-        args += ["--submissions", str(csv_path)]
-    return args
-
-
-def _grade_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["grade"]
+    """``labkit grade``'s arguments for the class of one: lab ``lab`` alone, late work from the submissions CSV, and
+    Gradescope's results.json."""
+    return ["grade", str(subs), "--release", str(release), "--lab", lab, "--submissions", str(csv_path),
+            "--out", str(out), "--export", "gradescope", "--timeout", str(timeout)]
 
 
 def autograde(root: Path | str = ROOT) -> int:
