@@ -150,7 +150,7 @@ def _answer_lines(answers: list[dict], points: float, unscored: int | None = Non
     lines = [head + "  "]
     for a in answers if any("question" in a for a in answers) else []:
         score = ("blank: 0 points" if a in blank else "still to be read" if a.get("score") is None
-                 else f"{a['score']:g} of {a.get('points', 0):g} points")
+                 else f"{a['score']:g} of {_points(a.get('points', 0))}")
         note = a.get("note") if a.get("note") not in (None, "", BLANK_NOTE, "blank: 0 points") else ""
         comment = f": {_one_line(a['comment'])}" if a.get("comment") else ""
         lines.append(f"- question `{a.get('question', '?')}` ({a.get('kind', '?')}): {score}"

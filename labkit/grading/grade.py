@@ -704,11 +704,14 @@ def rescore(out: Path | str, release: Path | str | None = None) -> tuple[list[Ex
 
 
 def _rescore_rubrics(release: Path | str | None, data: dict) -> dict | None:
-    """The rubrics --rescore counts items by: the release given, else the run's own release folder when it is there."""
-    folder = release if release is not None else data.get("release")
-    if folder is None or not (Path(_folder(folder)) / answer_cells.RUBRICS_FILE).is_file():
+    """The rubrics --rescore counts items by: the release given (its defaults written when it has none), else the
+    rubrics.json of the run's own release folder, when it is still there."""
+    if release is not None:
+        return answer_cells.load_rubrics(_folder(release))
+    folder = data.get("release")
+    if folder is None or not (Path(folder) / answer_cells.RUBRICS_FILE).is_file():
         return None
-    return answer_cells.load_rubrics(_folder(folder))
+    return answer_cells.load_rubrics(folder)
 
 
 def summary(results: list[ExerciseResult]) -> str:
