@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import queue
-import select
+import selectors
 import socket
 import subprocess
 import sys
@@ -312,7 +312,9 @@ class ProcessBackprop:
 
     def _recv(self, r: int, what: str):
         sock, proc = self._socks[r], self._procs[r]
-        ready, _, _ = select.select([sock], [], [], self.timeout)
+        with selectors.DefaultSelector() as waiting:  # epoll: no limit on the descriptor's number, as select() has
+            waiting.register(sock, selectors.EVENT_READ)
+            ready = waiting.select(self.timeout)
         if not ready:
             state = "is still running" if proc.poll() is None else f"exited with code {proc.returncode}"
             self.close()

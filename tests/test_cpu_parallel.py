@@ -71,6 +71,27 @@ def test_processes_match_reference(work):
         assert_same(f(params, x[:2], y[:2]), mlp.loss_and_grads(params, x[:2], y[:2]))  # fewer samples than workers
 
 
+def test_processes_answer_past_the_1024th_file_descriptor():
+    """A long session (or test run) holds many files: the pool's sockets then get numbers select() cannot watch."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY else hard, hard))
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        params, x, y = problem(batch=6)
+        with cp.ProcessBackprop([20, 16, 10], n_procs=2, max_batch=8, dtype=np.float64) as f:
+            assert_same(f(params, x, y), mlp.loss_and_grads(params, x, y))
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_processes_bad_input_and_closed_pool():
     params, x, y = problem(batch=8)
     f = cp.ProcessBackprop([20, 16, 10], n_procs=2, max_batch=4, dtype=np.float64)
