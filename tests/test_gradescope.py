@@ -90,6 +90,24 @@ def test_a_lab_not_in_the_release_or_wheels_missing_are_named(tmp_path):
     assert not (tmp_path / "a.zip").exists()
 
 
+def _wheel(house, name, *requires):
+    """A wheel holding only its METADATA, with these Requires-Dist lines."""
+    with zipfile.ZipFile(house / f"{name}-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: {}\nVersion: 1.0\n{}\n\nText.\n".format(
+            name, "".join(f"Requires-Dist: {r}\n" for r in requires)))
+
+
+def test_the_wheels_complete_what_the_target_pythons_markers_ask_for(tmp_path):
+    """pip download evaluates markers for the Python it runs on: a backport only Python 3.10 needs is found missing."""
+    _wheel(tmp_path, "labkit", "ipython", 'mpi4py; extra == "mpi"', 'pytest; extra == "test"')
+    _wheel(tmp_path, "ipython", 'exceptiongroup; python_version < "3.11"', "jedi[fast]>=0.16",
+           'docrepr; extra == "doc"')
+    _wheel(tmp_path, "mpi4py")
+    _wheel(tmp_path, "jedi", 'parso; extra == "fast"', 'pytest; extra == "testing"')
+    assert gradescope.missing_requirements(tmp_path, "3.10") == ["exceptiongroup", "parso"]
+    assert gradescope.missing_requirements(tmp_path, "3.12") == ["parso"]  # the extras asked for only
+
+
 def test_the_submission_time_and_ids_come_from_the_metadata():
     row = gradescope.submission_row(METADATA, "12", LAB)
     assert row == {"student": "ana@example.edu", "lab": "12", "file": LAB,
