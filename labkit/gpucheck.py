@@ -2,7 +2,8 @@
 
 Lab machines with GPUs are lent for minutes, so those minutes go to running, not preparing: ``make gpu-check``
 installs the GPU extra and calls this, which runs, one after another, each step of :func:`plan` (doctor, every
-test marked ``gpu``, the kernel benchmark, labs 04 and 05 on the full profile), keeps going when one fails, and
+test marked ``gpu``, the kernel benchmark, each lab kernel's measured time over its speed of light on this GPU, labs
+04 and 05 on the full profile), keeps going when one fails, and
 writes every log, the benchmark JSON, the executed notebooks and ``summary.json`` into one folder. Without a
 usable GPU it refuses, saying why, before running anything; ``--plan`` prints the steps anywhere.
 """
@@ -37,12 +38,27 @@ def plan(out: Path) -> list[Step]:
     steps += [
         Step("bench-kernels", [py, "-m", "labkit", "bench", "kernels", "--json", "--out", str(out / "bench-kernels.json")],
              1200),
+        Step("speed-of-light", [py, "-c", "import sys; from labkit.gpucheck import speed_of_light; speed_of_light(sys.argv[1])",
+                                str(out / "speed-of-light.json")], 900),
         Step("lab04-full", [py, "-m", "labkit", "report", "--profile", "full", "--only", "04_",
                             "--out", str(out / "lab04")], 1800),
         Step("lab05-full", [py, "-m", "labkit", "report", "--profile", "full", "--only", "05_",
                             "--out", str(out / "lab05")], 1800),
     ]
     return steps
+
+
+def speed_of_light(path: Path | str) -> list[dict]:
+    """The speed-of-light step: every kernel :func:`labkit.kernels.measure.against_model` times, measured beside its
+    modelled time on this GPU, written to ``path`` (JSON) and printed; run() puts the rows into summary.json."""
+    from .kernels import measure
+
+    rows = measure.against_model()
+    Path(path).write_text(json.dumps(rows, indent=2) + "\n")
+    for r in rows:
+        print(f"{r['kernel']}: measured {r['measured_s'] * 1e6:.1f} µs, modelled at least {r['modelled_s'] * 1e6:.1f} µs "
+              f"(set by {r['bound_by']}) on {r['gpu']}: {r['measured_over_modelled']:.2f}x")
+    return rows
 
 
 def describe(steps: list[Step]) -> str:
@@ -87,5 +103,7 @@ def run(out: Path | str = "gpu-check", only: list[str] | None = None) -> dict:
         print(f"[gpu-check] {s.name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {seconds:g} s, log {log}", flush=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # after every step: a cut run keeps it
     summary["ok"] = all(s["returncode"] == 0 for s in summary["steps"])
+    if (out / "speed-of-light.json").exists():  # measured over modelled time, kernel by kernel
+        summary["speed_of_light"] = json.loads((out / "speed-of-light.json").read_text())
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

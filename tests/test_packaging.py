@@ -173,7 +173,7 @@ def test_usable_cores_read_the_cgroup_quota(tmp_path):
 def test_gpu_check_plan_and_refusal(tmp_path):
     steps = gpucheck.plan(tmp_path)
     names = [s.name for s in steps]
-    assert names == ["doctor", "gpu-tests", "bench-kernels", "lab04-full", "lab05-full"]
+    assert names == ["doctor", "gpu-tests", "bench-kernels", "speed-of-light", "lab04-full", "lab05-full"]
     text = gpucheck.describe(steps)
     assert "-m gpu" in text and "bench kernels --json" in text and "--profile full --only 04_" in text
     assert all(str(tmp_path) in " ".join(s.argv) for s in steps[1:])  # everything is written into one folder
@@ -185,6 +185,8 @@ def test_gpu_check_plan_and_refusal(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "needs a working CUDA GPU" in out.stderr
     assert not (tmp_path / "g").exists(), "nothing runs, nothing is written, without a GPU"
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):  # the speed-of-light step, run by hand without one
+        gpucheck.speed_of_light(tmp_path / "sol.json")
 
 
 @pytest.mark.slow

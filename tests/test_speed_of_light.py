@@ -169,3 +169,21 @@ def test_lab04s_kernel_rate_is_wt_deltas_speed_of_light():
     assert wt_delta_throughput(784, on="H100 SXM") == pytest.approx(2 * 1000 * 784 / (footprint / 3.35e12))
     # 784 threads are 4 blocks: on an A100 the FP32 units of 4 SMs bound it
     assert wt_delta_throughput(784, on="A100 SXM") == pytest.approx(19.5e12 * 4 / 108)
+
+
+def _gpu_usable() -> bool:
+    from labkit.device import gpu_status
+
+    return gpu_status()[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_usable(), reason="no usable CUDA GPU")
+def test_on_a_gpu_no_kernel_beats_its_speed_of_light_by_much():
+    """The model is a lower bound: a measured time far under it means a figure of this card's is wrong."""
+    from labkit.kernels import measure
+
+    rows = measure.against_model(n=512, n_sum=1 << 22, repeat=5)
+    assert {r["kernel"] for r in rows} >= {"naive", "tiled (labkit)", "register-blocked", "every thread atomicAdd"}
+    fast = [(r["kernel"], round(r["measured_over_modelled"], 2)) for r in rows if r["measured_over_modelled"] < 0.8]
+    assert not fast, f"kernels measured well under their modelled least time on {rows[0]['gpu']}: {fast}"

@@ -232,3 +232,33 @@ def modelled_copies(source: str, rows: int, cols: int, *, on=None) -> dict:
     return {name.replace("_", " "): sol.model(sol.counted(traffic(source, name, grid, (256,), args), flops=0,
                                                           footprint=2 * a.nbytes), on)
             for name in ("copy_coalesced", "copy_strided")}
+
+
+# the every-thread-atomicAdd sum lab 05 sets against the block tree, timed and modelled beside labkit's own kernels
+ATOMIC_ONLY = r"""
+extern "C" __global__ void sum_atomic_only(const float* x, float* out, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(out, x[i]);
+}
+"""
+
+
+def against_model(n: int = 1024, n_sum: int = 1 << 24, repeat: int = 20) -> list[dict]:
+    """On a GPU: each of labkit's matmuls at n x n x n and both sums of n_sum floats, timed and modelled on the GPU in use
+    (:func:`.speed_of_light.in_use`): measured seconds over the speed of light's, which a kernel can approach but not
+    beat (a ratio under 1 says the model's figures for this card are wrong)."""
+    if backend() != "cupy":
+        raise RuntimeError("measured against the model needs a CUDA GPU: on the emulator there is nothing to hold it to")
+    rows = []
+    timed = matmul_rates(n, repeat)
+    for name, s in modelled_matmuls(n).items():
+        rows.append(_row(name, 2 * n**3 / timed[name] / 1e9, s))
+    timed = reduction_rates(n_sum, repeat, atomic_only=ATOMIC_ONLY)
+    for name, s in modelled_reductions(n_sum, atomic_only=ATOMIC_ONLY).items():
+        rows.append(_row(name, 4 * n_sum / timed[name] / 1e9, s))
+    return rows
+
+
+def _row(name: str, measured: float, s) -> dict:
+    return {"kernel": name, "gpu": s.gpu.name, "measured_s": measured, "modelled_s": s.bound, "bound_by": s.unit,
+            "measured_over_modelled": measured / s.bound if s.bound else None}
