@@ -226,7 +226,7 @@ def _cmd_grade(a) -> int:
         raise SystemExit("labkit grade: --canvas-gradebook and --canvas-assignment are for --export canvas")
     if a.merge and a.rescore:
         raise SystemExit("labkit grade: --merge or --rescore, not both (merge first, then rescore the merged folder)")
-    a.release = _release(a.release)
+    given_release, a.release = a.release, _release(a.release)
     before = exports.load(a.regrade) if a.regrade else None  # read first: the run may write into the same folder
     if before is not None and not a.regrade_other_release and not (a.merge or a.rescore):
         _, sha = grade.load_release(a.release)
@@ -242,7 +242,7 @@ def _cmd_grade(a) -> int:
     if a.more:
         raise SystemExit(f"labkit grade: one submissions folder, got {1 + len(a.more)} (several only with --merge)")
     if a.rescore:
-        results, csv_path, json_path, warnings = grade.rescore(a.folder)
+        results, csv_path, json_path, warnings = grade.rescore(a.folder, release=given_release)
         for warning in warnings:
             print(f"labkit grade --rescore: {warning}", file=sys.stderr)
         print(grade.summary(results))
@@ -781,7 +781,7 @@ def _add_gradescope(sub) -> None:
     g.add_argument("--out", default="autograder.zip", help="the zip to write (default: autograder.zip)")
     g.add_argument("--timeout", type=seconds, default=60, help="seconds allowed per cell (default 60)")
     g.add_argument("--python-version", default=None, help="Gradescope's Python, e.g. 3.10 (default: this one)")
-    g.add_argument("--platform", action="append", help="its platform tag, e.g. manylinux_2_17_x86_64")
+    g.add_argument("--platform", action="append", help="its platform tag, e.g. manylinux_2_35_x86_64 (Gradescope's Ubuntu 22.04)")
     g.add_argument("--wheels", default=None, metavar="DIR", help="ship these wheels (labkit's and pip's among them) "
                                                                "instead of downloading them")
 

@@ -187,6 +187,7 @@ needs_root_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unsha
 
 
 @pytest.mark.slow
+@pytest.mark.full  # downloads every wheel (about 110 MB) and installs them offline: make test-full
 @pytest.mark.hosts  # a network namespace (unshare)
 @pytest.mark.cluster  # the tier guard reads jupyterlab and ipyparallel in pip download's arguments as a cluster
 @pytest.mark.sandbox
