@@ -144,9 +144,13 @@ def batch_times(runs: dict[str, dict], x, Y, repeat: int = 5, rounds: int = 3) -
     return {name: t.median for name, t in times.items()}
 
 
+SIMD_NATIVE = "C per-sample, one thread (simd, -O3 -march=native)"  # the C program at its best on one core
+
+
 def line_up(params, x, Y, cores: int, repeat: int = 3, rounds: int = 3) -> dict[str, float]:
     """Lab 03's line-up of one batch's gradients: median seconds of NumPy's per-sample loop (lab 01), two Python
-    threads (lab 02), the C program on one thread (simd) and on two OpenMP threads, and NumPy's batched products on one
+    threads (lab 02), the C program on one thread (simd at -O3 for this processor's vector width) and on two OpenMP
+    threads, and NumPy's batched products on one
     BLAS thread and on ``cores``. All are measured side by side in at least 3 interleaved rounds of ``repeat`` calls, so
     that a slow spell of a shared machine lands on every entry of a round rather than deciding one ratio."""
     from threadpoolctl import threadpool_limits
@@ -164,7 +168,7 @@ def line_up(params, x, Y, cores: int, repeat: int = 3, rounds: int = 3) -> dict[
         jobs = {
             "NumPy per-sample (lab 01)": timed(mlp.loss_and_grads_per_sample),
             "2 Python threads, per-sample (lab 02)": timed(pool),
-            "C per-sample, one thread (simd)": timed(lambda *a: backprop_c(*a, "simd")),
+            SIMD_NATIVE: timed(lambda *a: backprop_c(*a, "simd", opt="-O3", native=True)),
             "C per-sample, 2 OpenMP threads": timed(lambda *a: backprop_c(*a, "omp_reduction", threads=2)),
             "NumPy vectorised, 1 BLAS thread": timed(mlp.loss_and_grads),
             f"NumPy vectorised, {cores} BLAS threads": timed(mlp.loss_and_grads, cores),

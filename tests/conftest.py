@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import bylab
+import labruns
 import leaks
 import pytest
 import tiers
@@ -174,6 +175,21 @@ def pytest_collection_modifyitems(items):
         for mark in sorted(marks - {m.name for m in item.iter_markers()}):
             item.add_marker(mark)
     bylab.mark(items)  # pytest -m lab07: every test of lab 07 (tests/bylab.py)
+
+
+def pytest_collection_finish(session):
+    _lab_names.update(item.callspec.params["path"].name for item in session.items  # the selected tests' notebooks
+                      if "lab_runs" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")
+                      and "path" in item.callspec.params)
+
+
+_lab_names: set[str] = set()
+
+
+@pytest.fixture(scope="session")
+def lab_runs(tmp_path_factory):
+    """Each selected lab notebook graded once per version (instructor's, student's) in this run (tests/labruns.py)."""
+    return labruns.LabRuns(tmp_path_factory.mktemp("lab-runs"), _lab_names)
 
 
 def pytest_runtest_setup(item):

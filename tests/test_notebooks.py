@@ -8,7 +8,7 @@ import pytest
 from conftest import real_data_dir
 
 from labkit import labs, report
-from labkit.grading import assign
+from labkit.grading import assign, sandbox
 
 NOTEBOOKS = report.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -70,16 +70,27 @@ def _claims_made_and_held(result, name):
 
 
 @pytest.mark.notebooks
+@pytest.mark.sandbox
+@pytest.mark.mpi  # the grader replays the MPI exercises' checks under mpiexec
+@pytest.mark.timeout(1800)  # the first of these grades every selected lab once (tests/labruns.py)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_quick_profile_and_its_claims_hold(path, tmp_path):
-    # the default data: no LABKIT_DATA, so the shipped subset unless data/ holds MNIST
-    result = report.execute(path, tmp_path, {"PROFILE": "quick"}, timeout=300, progress=False, env={"LABKIT_DATA": None})
-    assert result.ok, result.error
-    assert result.figures, "every lab draws at least one figure"
-    assert result.metrics, "every lab records its key numbers for the report"
-    assert result.seconds < 120, f"quick profile took {result.seconds:.0f} s"
-    _claims_made_and_held(result, path.name)
-    _solutions_used(result)
+def test_notebook_runs_quick_profile_and_its_claims_hold(path, lab_runs):
+    """The instructor's version, graded as a class is (quick profile, sandbox, release, the default data): every cell
+    runs, every exercise passes by replay, and the text's claims hold."""
+    run = lab_runs.get("reference", path.name)
+    ran = nbformat.read(run.executed, as_version=4)
+    errors = dict(_errors(ran))
+    assert not errors, "cells that failed: " + "; ".join(f"cell {i}: {e[:300]}" for i, e in errors.items())
+    failed = [(r.exercise, r.message[:300]) for r in run.results if not r.passed]
+    assert not failed, f"exercises of the instructor's version that failed in the sandbox: {failed}"
+    assert len(run.results) == run.released, "every exercise the release records is graded"
+    assert run.isolated == sandbox.available()[0]
+    assert run.found.figures, "every lab draws at least one figure"
+    assert run.found.metrics, "every lab records its key numbers for the report"
+    assert run.seconds < 120, f"quick profile took {run.seconds:.0f} s"
+    run.found.executed = run.executed
+    _claims_made_and_held(run.found, path.name)
+    _solutions_used(run.found)
 
 
 @pytest.mark.notebooks
@@ -111,16 +122,18 @@ def _errors(nb):
 
 
 @pytest.mark.notebooks
+@pytest.mark.sandbox
+@pytest.mark.mpi  # the grader replays the MPI exercises' checks under mpiexec
+@pytest.mark.timeout(1800)  # the first of these grades every selected student version once (tests/labruns.py)
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=[p.name for p in WITH_EXERCISES])
-def test_student_version_fails_each_exercise_as_not_written_and_nothing_else(path, tmp_path):
+def test_student_version_fails_each_exercise_as_not_written_and_nothing_else(path, lab_runs):
     nb = assign.student_notebook(nbformat.read(path, as_version=4))
     assert "### BEGIN SOLUTION" not in "".join(c.source for c in nb.cells)
-    stub = tmp_path / path.name
-    nbformat.write(nb, stub)
-    result = report.execute(stub, tmp_path / "out", {"PROFILE": "quick"}, timeout=300, progress=False,
-                            allow_errors=True)
-    assert result.ok, result.error  # ran to its end: no dead kernel, no cell past its time
-    ran = nbformat.read(result.executed, as_version=4)
+    run = lab_runs.get("student", path.name)
+    # ran to its end (no dead kernel, no cell past its time): every exercise's verdict is that it is not written yet
+    written = [(r.exercise, r.message[:300]) for r in run.results if "not written yet" not in r.message]
+    assert not written and len(run.results) == run.released, f"verdicts of the student version: {written}"
+    ran = nbformat.read(run.executed, as_version=4)
     checks = {i for i, _ in assign.exercises_in(ran)}
     stubs = {i for i, c in enumerate(ran.cells) if c.cell_type == "code" and re.search(r"^raise NotImplementedError",
                                                                                       c.source, re.M)}
