@@ -262,3 +262,29 @@ def against_model(n: int = 1024, n_sum: int = 1 << 24, repeat: int = 20) -> list
 def _row(name: str, measured: float, s) -> dict:
     return {"kernel": name, "gpu": s.gpu.name, "measured_s": measured, "modelled_s": s.bound, "bound_by": s.unit,
             "measured_over_modelled": measured / s.bound if s.bound else None}
+
+
+def modelled_roofline(groups: dict[str, dict], on) -> tuple[dict, dict]:
+    """(points, roof) of a roofline drawn from speed-of-light models where no GPU is timed: each launch of ``groups``
+    ({"matmul ": {name: SpeedOfLight}}) at its counted intensity and modelled rate, named by its group's prefix and its
+    name ("matmul naive"), under the FP32 peak and the L2 bandwidth of the GPU ``on``, as
+    :func:`labkit.plots.plot_roofline` takes them."""
+    points = {f"{group}{name}": (s.counts.intensity, s.gflops) for group, sols in groups.items() for name, s in sols.items()}
+    roof = dict(peak_gflops=on.fp32_flops_s / 1e9, bandwidth_gbs=on.l2_bytes_s / 1e9, peak_label=f"{on.name} FP32",
+                bandwidth_label=f"{on.name} L2 (modelled)")
+    return points, roof
+
+
+def measured_roofline(gflops: dict, n: int, conv: tuple[float, float, float], peak: tuple[float, int],
+                      repeat: int) -> tuple[dict, dict]:
+    """(points, roof) of the roofline timed on a GPU: the matmuls of ``gflops`` (:func:`matmul_rates` at n) at 2n^3
+    flops over A, B and C moved once, the fused convolution at ``conv`` = (its flops, bytes, seconds), under the
+    library's best matmul rate ``peak`` = (GFLOP/s, at n) and main memory's bandwidth (a copy no cache holds)."""
+    bandwidth, nbytes = library_bandwidth(repeat)
+    points = {f"matmul {k}": (2 * n**3 / (3 * 4 * n**2), gflops[k]) for k in ("naive", "yours (tiled)", "register-blocked")
+              if k in gflops}
+    flops, moved, seconds = conv
+    points["fused conv + ReLU"] = (flops / moved, flops / seconds / 1e9)
+    roof = dict(peak_gflops=peak[0], bandwidth_gbs=bandwidth, peak_label=f"{list(gflops)[-1]} at {peak[1]}^3 (measured)",
+                bandwidth_label=f"library copy of {nbytes >> 20} MiB (measured)")
+    return points, roof
