@@ -454,6 +454,15 @@ def _copies_into(t, j, value):
     t[j][...] = value
 
 
+_GUARD = threading.Lock()
+
+
+def _under_a_lock(t, j, value):
+    """The shared total guarded by a lock: right, but every addition waits for the others."""
+    with _GUARD:
+        t[j][...] = value
+
+
 @pytest.mark.parametrize("wrong, match", [
     (_whole_batch, r"p = 2 threads: each of your 2 threads computed the gradients of all 8 samples: every thread worked "
                    "on the whole batch"),
@@ -468,6 +477,7 @@ def _copies_into(t, j, value):
     (lambda params, x, Y, p: _one_total(params, x, Y, p, _rebinds), "several threads added their gradients into the "
                                                                     "same accumulator arrays"),
     (lambda params, x, Y, p: _one_total(params, x, Y, p, _copies_into), "a race, even where the GIL happens to keep"),
+    (lambda params, x, Y, p: _one_total(params, x, Y, p, _under_a_lock), "with one the threads wait for each other"),
     (lambda params, x, Y, p: _threaded(params, x, Y, p, dtype=np.float64),
      r"\[6, 5, 4\], batch of 9, p = 2 threads, layer 0: dW is float64, for parameters of float32(?s:.*)np.zeros\(shape\)"),
     (lambda params, x, Y, p: _threaded(params, x, Y, p, dtype=np.float32), "dW is float32, for parameters of float64"),

@@ -803,7 +803,8 @@ def threaded_step(fn) -> None:
                  "before adding the accumulators")
         if shared:
             fail(ex, f"{where}: several threads added their gradients into the same accumulator arrays ({shared} "
-                      "arrays): a race, even where the GIL happens to keep the sum right",
+                      "arrays): without a lock a race, even where the GIL happens to keep the sum right, and with one "
+                      "the threads wait for each other at every addition",
                  "give every thread an accumulator of its own, made before the threads start ([...] * p repeats one "
                  "accumulator p times)")
         if not isinstance(got, (list, tuple)) or len(got) != 2:
