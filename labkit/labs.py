@@ -15,8 +15,13 @@ Adding a lab: CONTRIBUTING.md's checklist ("Adding a lab").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import LabkitError
+
+# the lab notebooks: notebooks/ of a checkout, else the copy a wheel ships inside the package
+NOTEBOOKS = next((d for d in (Path(__file__).resolve().parent.parent / "notebooks", Path(__file__).resolve().parent / "notebooks")
+                  if d.is_dir()), Path(__file__).resolve().parent.parent / "notebooks")
 
 # what a lab may need of the machine: an MPI launcher, namespace hosts with shaped cables (root, ip, tc), a C or C++
 # compiler, a CUDA GPU

@@ -22,13 +22,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .labs import NOTEBOOKS
 from .progress import progress_bar
 
 METRIC_MIME = "application/vnd.labkit.metric+json"
 CLAIM_MIME = "application/vnd.labkit.claim+json"
-# the lab notebooks: notebooks/ of a checkout, else the copy a wheel ships inside the package
-NOTEBOOKS = next((d for d in (Path(__file__).resolve().parent.parent / "notebooks", Path(__file__).resolve().parent / "notebooks")
-                  if d.is_dir()), Path(__file__).resolve().parent.parent / "notebooks")
 ANSI_ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

@@ -31,7 +31,7 @@ BUILD = ("setuptools>=77", "wheel")  # an editable install builds labkit itself
 CUPY_ONLINE = "cupy-cuda12x[ctk]>=14.0"  # what the GPU extra installs where no CuPy is present
 
 
-def _pyproject() -> dict:
+def pyproject() -> dict:
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -49,13 +49,13 @@ def _name(req: str) -> str:
 def requirements() -> list[str]:
     """What a GPU node needs from the wheelhouse: labkit's dependencies with MPI as a wheel, the test tools the GPU
     check runs, and what building labkit itself takes. No CuPy (the node has its own)."""
-    project = _pyproject()
+    project = pyproject()
     return [*project["dependencies"], *project["optional-dependencies"]["mpi"], *_test_tools(), *BUILD]
 
 
 def _test_tools() -> list[str]:
     """The requirements of the test extra that the GPU check runs (with the test extra's version bounds)."""
-    return [r for r in _pyproject()["optional-dependencies"]["test"] if _name(r) in GPU_CHECK_TEST_TOOLS]
+    return [r for r in pyproject()["optional-dependencies"]["test"] if _name(r) in GPU_CHECK_TEST_TOOLS]
 
 
 def cupy_among(names) -> str | None:

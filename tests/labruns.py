@@ -19,10 +19,11 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import report
+from labkit import report, settings
 from labkit.grading import assign, grade
 
 JOBS = {"reference": 1, "student": 2}
+DATA = settings.SETTINGS["LABKIT_DATA"].name  # removed for the runs: the default data
 CELL_LIMIT = 300  # seconds a cell may take, as report.execute allows the report's cells
 
 
@@ -74,13 +75,13 @@ class LabRuns:
             source = path if version == "reference" else handout / path.name
             nbformat.write(nbformat.read(source, as_version=4), subs / path.name)
         out = self.folder / version / "out"
-        saved = os.environ.pop("LABKIT_DATA", None)  # the default data, as a student's first run has it
+        saved = os.environ.pop(DATA, None)  # the default data, as a student's first run has it
         try:
             results, _, json_path = grade.grade(subs.parent, out, timeout=CELL_LIMIT, progress=False,
                                                 jobs=JOBS[version], release=self._release)
         finally:
             if saved is not None:
-                os.environ["LABKIT_DATA"] = saved
+                os.environ[DATA] = saved
         data = json.loads(json_path.read_text())
         record = json.loads((self._release / "release.json").read_text())["notebooks"]
         runs = {}

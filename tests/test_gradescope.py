@@ -200,7 +200,7 @@ def test_the_bundle_installs_and_grades_in_a_tree_as_gradescope_lays_it_out_with
     zip_path = gradescope.build(release, "12", tmp_path / "autograder.zip")
     root = _tree(tmp_path, zip_path, quick)
     offline = ["unshare", "--net", "--"]
-    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LABKIT_PYTHON": sys.executable}
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
     env.pop("VIRTUAL_ENV", None)
     r = subprocess.run([*offline, "bash", str(root / "source" / "setup.sh")], capture_output=True, text=True,
                        env=env, timeout=900, cwd=root / "source")

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 def _suite(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess:
     """Run ``test_source`` as test_inner.py under this suite's conftest, tiers and leaks, in a pytest of its own."""
-    for name in ("conftest.py", "tiers.py", "leaks.py"):
+    for name in ("conftest.py", "tiers.py", "leaks.py", "bylab.py", "labruns.py"):
         (tmp_path / name).write_text((HERE / name).read_text())
     (tmp_path / "test_inner.py").write_text(test_source)
     (tmp_path / "bin").mkdir()

@@ -248,7 +248,7 @@ def default_rubrics(record: dict, instructor: Path | str | None = None) -> dict:
     and one item worth all its points, for the instructor to split."""
     import nbformat
 
-    from ..report import NOTEBOOKS
+    from ..labs import NOTEBOOKS
 
     rubrics = {}
     for name, entry in record.get("notebooks", {}).items():

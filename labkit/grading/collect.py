@@ -214,7 +214,7 @@ def _place(found: list[Submission], record: dict | None, labs: set[str], out: Co
 def collect(download: Path | str, release: Path | str | None, out: Path | str, lms: str = "auto",
             labs: set[str] | None = None) -> Collected:
     """Sort a download into ``out``/<student>/<lab notebook> and ``out``/submissions.csv (see the module)."""
-    from .grade import _labs, load_release
+    from .grade import load_release, wanted_labs
 
     if lms not in (*LMS, "auto"):
         raise ValueError(f"--from {lms}: one of {', '.join(LMS)} or auto")
@@ -228,7 +228,7 @@ def collect(download: Path | str, release: Path | str | None, out: Path | str, l
     result = Collected()
     found = {"canvas": _canvas, "moodle": _moodle, "gradescope": _gradescope}[lms](files, result)
     latest: dict[tuple[str, str], Submission] = {}
-    for s in _place(found, record, _labs(labs), result):
+    for s in _place(found, record, wanted_labs(labs), result):
         other = latest.get((s.student, s.lab))
         if other is not None:
             old, s = sorted([other, s], key=Submission.order)

@@ -236,7 +236,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive int, got {jobs!r}")
-    hidden_parts, wanted = _hidden_parts(hidden_parts), _labs(labs)
+    hidden_parts, wanted = _hidden_parts(hidden_parts), wanted_labs(labs)
     record, release_sha = load_release(release)
     full = record
     if record is not None and wanted:
@@ -282,7 +282,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     return results, csv_path, json_path
 
 
-def _labs(labs: Iterable[str] | None) -> set[str]:
+def wanted_labs(labs: Iterable[str] | None) -> set[str]:
     """The lab numbers of ``--lab 01,7``, as "01", "07"; a name that is no lab number is refused."""
     wanted = set()
     for given in labs or ():
@@ -728,4 +728,4 @@ def summary(results: list[ExerciseResult]) -> str:
 
 
 __all__ = ["CHECK_CALL", "ExerciseResult", "GradeOptions", "Handed", "exercises_in", "load_release", "grade_notebook",
-           "submissions", "grade", "merge", "only_labs", "place", "rescore", "summary"]
+           "submissions", "grade", "merge", "only_labs", "wanted_labs", "place", "rescore", "summary"]

@@ -45,7 +45,7 @@ SETUP_SH = """#!/usr/bin/env bash
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${AUTOGRADER_ROOT:-/autograder}"
-"${LABKIT_PYTHON:-python3}" -m venv --without-pip "$root/venv"
+"${AUTOGRADER_PYTHON:-python3}" -m venv --without-pip "$root/venv"
 pip_wheel="$(ls "$here"/wheels/pip-*.whl | head -n 1)"
 "$root/venv/bin/python" "$pip_wheel/pip" install --quiet --isolated --no-index --find-links "$here/wheels" pip
 "$root/venv/bin/python" -m pip install --quiet --isolated --no-index --find-links "$here/wheels" "labkit[mpi]"
@@ -132,7 +132,7 @@ def download_wheels(house: Path, python_version: str | None = None, platforms: l
                             str(wheelhouse.ROOT)], capture_output=True, text=True)
     if build.returncode != 0:
         raise BundleError(f"building labkit's wheel failed:\n{build.stderr[-2000:]}")
-    project = wheelhouse._pyproject()
+    project = wheelhouse.pyproject()
     cmd = [*run, "download", "--quiet", "--only-binary=:all:", "--dest", str(house)]
     if python_version:
         cmd += ["--python-version", python_version, "--implementation", "cp"]
@@ -230,8 +230,6 @@ def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path
 def autograde(root: Path | str = ROOT) -> int:
     """``run_autograder``: grade ``root``/submission as the bundle's lab into ``root``/results/results.json. A run
     that gives no results still writes one, scoring 0 and saying why, for Gradescope to show."""
-    from .. import cli
-
     root = Path(root)
     config = json.loads((root / "source" / CONFIG).read_text())
     meta_path = root / "submission_metadata.json"
@@ -254,9 +252,10 @@ def autograde(root: Path | str = ROOT) -> int:
                 shutil.copyfile(nb, folder / nb.name)
                 w.writerow({**submission_row(metadata, config["lab"], nb.name), "student": _safe(student)})
         try:
-            code = cli.main(grade_command(tmp / "subs", root / "source" / "release", tmp / "grades", config["lab"],
-                                          csv_path, int(config.get("timeout_s", 60))))
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever stopped it, Gradescope shows it
+            code = subprocess.run([sys.executable, "-m", "labkit", *grade_command(
+                tmp / "subs", root / "source" / "release", tmp / "grades", config["lab"], csv_path,
+                int(config.get("timeout_s", 60)))]).returncode
+        except OSError as e:  # no Python where the bundle's was: Gradescope shows why
             return _failed(results, f"the grader stopped: {type(e).__name__}: {e}")
         made = tmp / "grades" / "results.json"
         if not made.is_file():

@@ -24,6 +24,7 @@ from ..device import gpu_status
 from . import emulator
 from .emulator import EmulatorUnavailable, KernelError
 from .source import (
+    KERNEL_DIR,
     KernelCompileError,
     KernelDecl,
     Param,
@@ -32,13 +33,13 @@ from .source import (
     find_constants,
     find_kernels,
     matching_bracket,
+    read_source,
     strip_comments,
 )
 
 __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorUnavailable", "backend", "load", "load_file",
            "kernel_source", "Module", "Kernel", "KERNEL_DIR"]
 
-KERNEL_DIR = Path(__file__).parent
 BACKENDS = ("cupy", "emulator")
 MAX_THREADS_PER_BLOCK = 1024
 # Shared memory per block, as a GPU allows it: 48 KB unless a kernel opts in (CuPy's max_dynamic_shared_size_bytes),
@@ -234,18 +235,6 @@ class Module:
         if host.nbytes > size:
             raise ValueError(f"__constant__ {name} holds {size} bytes; the value has {host.nbytes}")
         ctypes.memmove(addr, host.ctypes.data, host.nbytes)
-
-
-def read_source(source: str | Path) -> tuple[str, str]:
-    """(text, file name) from CUDA C text, a path to a .cu file, or the name of a labkit kernel file ("matmul")."""
-    if isinstance(source, str) and "\n" not in source and (KERNEL_DIR / f"{source}.cu").exists():
-        source = KERNEL_DIR / f"{source}.cu"
-    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith(".cu")):
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"no CUDA source at {path}")
-        return path.read_text(), path.name
-    return str(source), "kernel.cu"
 
 
 def load(source: str | Path, *, backend: str | None = None, checked: bool | None = None, defines: dict | None = None,

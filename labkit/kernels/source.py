@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -258,3 +259,18 @@ def define(src: str, name: str, default: int | None = None) -> int | None:
     found = re.search(rf"^[ \t]*#[ \t]*define[ \t]+{re.escape(name)}[ \t]+\(?[ \t]*(\d+)[ \t]*\)?[ \t]*$",
                       strip_comments(src), re.M)
     return int(found.group(1)) if found else default
+
+
+KERNEL_DIR = Path(__file__).parent  # labkit's own .cu files
+
+
+def read_source(source: str | Path) -> tuple[str, str]:
+    """(text, file name) from CUDA C text, a path to a .cu file, or the name of a labkit kernel file ("matmul")."""
+    if isinstance(source, str) and "\n" not in source and (KERNEL_DIR / f"{source}.cu").exists():
+        source = KERNEL_DIR / f"{source}.cu"
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and source.endswith(".cu")):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"no CUDA source at {path}")
+        return path.read_text(), path.name
+    return str(source), "kernel.cu"

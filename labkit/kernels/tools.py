@@ -26,8 +26,7 @@ import tempfile
 from pathlib import Path
 
 from .. import settings
-from .loader import read_source
-from .source import KernelCompileError
+from .source import KernelCompileError, find_kernels, read_source, strip_comments
 
 ARCHS = ("sm_80", "sm_90")
 NO_COMPILER = ("no CUDA compiler here to check that the kernel compiles for a GPU: pip install nvidia-cuda-nvrtc-cu12 "
@@ -233,15 +232,15 @@ def resource_usage(source: str | Path, arch: str = "sm_90") -> dict[str, dict[st
     if compiler_for_check() is not None:
         return parse_ptxas(_compile(text, name, arch, verbose=True)[1])
     from ..device import gpu_status
-    from .loader import Module
-
     ok, why = gpu_status()
     if not ok:
         raise RuntimeError(f"resource_usage needs NVRTC (pip install nvidia-cuda-nvrtc-cu12), nvcc or a working GPU: {why}")
-    mod = Module(text, name, backend="cupy")
+    import cupy
+
+    mod = cupy.RawModule(code=text, options=("-std=c++17",))
     out = {}
-    for k in mod.kernel_names:
-        attrs = mod._cupy.get_function(k).attributes
+    for k in (d.name for d in find_kernels(strip_comments(text))):
+        attrs = mod.get_function(k).attributes
         out[k] = {"registers": attrs["num_regs"], "shared_bytes": attrs["shared_size_bytes"],
                   "stack_bytes": attrs["local_size_bytes"], "spill_stores": -1, "spill_loads": -1}
     return out
