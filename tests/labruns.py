@@ -17,10 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from labkit import report, settings
-from labkit.grading import assign, grade
 
 JOBS = {"reference": 1, "student": 2}
 DATA = settings.SETTINGS["LABKIT_DATA"].name  # removed for the runs: the default data
@@ -62,12 +59,18 @@ class LabRuns:
         return self._graded[version][name]
 
     def _handout(self) -> Path:
+        from labkit.grading import assign  # the grader, imported when a test first needs a run, not by every collection
+
         if self._release is None:
             self._release = self.folder / "release"
             assign.write_student_versions(self.notebooks, self.folder / "handout", release_dir=self._release, force=True)
         return self.folder / "handout"
 
     def _grade(self, version: str) -> dict[str, LabRun]:
+        import nbformat
+
+        from labkit.grading import grade
+
         handout = self._handout()
         subs = self.folder / version / "subs" / version
         subs.mkdir(parents=True, exist_ok=True)

@@ -78,3 +78,9 @@ def test_labkit_labs_lists_the_labs_and_one_labs_pieces(capsys):
     out = capsys.readouterr().out
     assert "notebooks/07_ring_allreduce.ipynb" in out and "pytest -m lab07" in out and "check.mpi" in out
     assert cli.main(["labs", "13"]) == 2 and "no lab '13'" in capsys.readouterr().err
+
+
+def test_the_markers_read_the_exercises_as_the_registry_declares_them():
+    import bylab
+
+    assert bylab._exercises() == {name: e.lab for name, e in exercises.EXERCISES.items()}
