@@ -53,7 +53,8 @@ class LabRuns:
         if name not in self.names:  # a test selected after collection (a plugin, a rerun): grade it as well
             self.names.add(name)
             self.notebooks = [p for p in report.find_notebooks() if p.name in self.names]
-            self._graded.pop(version, None)
+            self._graded.clear()  # every version again, from a release that holds it too
+            self._release = None
         if version not in self._graded:
             self._graded[version] = self._grade(version)
         return self._graded[version][name]
