@@ -236,6 +236,13 @@ class Scaling:
         return p * self.t1 / self.times
 
     @property
+    def comm_share(self) -> np.ndarray:
+        """Per rank count, the share of a step's median time spent in the allreduce, waiting for the other ranks
+        included (:attr:`phases`): a measure that a busy neighbour moves much less than the speedup, since both
+        parts are timed within the same steps."""
+        return np.array([ph.get("comm", 0.0) / (sum(ph.values()) or 1.0) for ph in self.phases])
+
+    @property
     def weak_efficiency(self) -> np.ndarray:
         """T_1 / T_p: how well the time holds while the problem grows with p (weak scaling)."""
         return self.t1 / self.times

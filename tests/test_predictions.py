@@ -36,8 +36,8 @@ EXACT = {
     "09-stable-step": "the delayed recurrence, computed exactly",
     "10-topk-bytes": "the bytes are counted and the errors computed on seeded draws",
     "10-feedback-reach": "a seeded simulation, the same in every run",
-    "10-wire": "the bytes' ratio is counted; the exchange times' ratio, across hosts with shaped cables, was 1.5 to 13 "
-               "in 11 runs against the bytes' 49.9 (TCP's fixed costs and the cable's latency): far from the line",
+    "10-wire": "the bytes' ratio is counted; the exchange times' ratio is printed beside it, not predicted: it fell on "
+               "both sides of the bytes' (1.5 to 13 beside other load, 53.4 on a quiet machine)",
     "11-bytes": "bytes counted from the layer sizes",
     "11-bubble": "the schedule's exact idle fraction",
     "11-1f1b": "the schedule's exact step count and held activations",
@@ -109,6 +109,8 @@ def judge(answer: str, runs: list[dict]) -> None:
 # ---- measured in this process ---------------------------------------------------------------------------------------
 
 def _lab01(digits, samples: int = 2000) -> dict:
+    from threadpoolctl import threadpool_limits
+
     from labkit import mlp
 
     (x, y), _ = digits
@@ -119,8 +121,9 @@ def _lab01(digits, samples: int = 2000) -> dict:
                       method=method, progress=False)
         return float(np.median(h.epoch_time))
 
-    return {"predicted_speedup": epoch("per_sample", 10) / epoch("vectorised", 10),
-            "predicted_slowdown": epoch("vectorised", 1) / epoch("vectorised", 100)}
+    with threadpool_limits(1):  # as the lab times everything: BLAS on one thread
+        return {"predicted_speedup": epoch("per_sample", 10) / epoch("vectorised", 10),
+                "predicted_slowdown": epoch("vectorised", 1) / epoch("vectorised", 100)}
 
 
 def _lab02(digits) -> dict:
@@ -132,7 +135,7 @@ def _lab02(digits) -> dict:
     _, speedups = thread_speedups(mlp.init_params([784, 30, 10]), xb, yb, [1, 2, 4, 8], repeat=3)
     two = two_worker_speedups([30, 300, 3000], xb, yb, repeat=3)["threads (2), per-sample"]
     return {"predicted_best_speedup": max(max(s) for s in speedups.values()),
-            "predicted_more_gain": "widest" if two[-1] > two[0] else "narrowest"}
+            "predicted_narrow_speedup": two[0]}
 
 
 def _lab03(digits) -> dict:
@@ -162,21 +165,21 @@ def _lab04(digits) -> dict:
 def _lab12(digits) -> dict:
     from labkit import scaling
 
-    s2 = {b: scaling.strong_scaling("backprop", (1, 2), size=b, repeat=1, rounds=5).speedup[1] for b in (128, 4096)}
-    return {"predicted_more_gain": "large" if s2[4096] > s2[128] else "128"}
+    share = {b: scaling.strong_scaling("backprop", (1, 2), size=b, repeat=1, rounds=5).comm_share[1] for b in (128, 4096)}
+    return {"predicted_more_comm": "128" if share[128] > share[4096] else "large"}
 
 
 # answer id -> (how its measurements are made, the marks its test needs)
 IN_PROCESS = {
     "02-thread-speedup": (_lab02, ()),
-    "02-narrow-and-wide": (_lab02, ()),
+    "02-narrow-threads": (_lab02, ()),
     "01-vectorised-speedup": (_lab01, ()),
     "01-batch-size": (_lab01, ()),
     "03-O2-speedup": (_lab03, (pytest.mark.compile,)),
     "03-wide-work": (_lab03, (pytest.mark.compile,)),
     "04-copy-share": (_lab04, (pytest.mark.compile,)),
     "04-crossover": (_lab04, (pytest.mark.compile,)),
-    "12-speedup-2": (_lab12, (pytest.mark.mpi,)),
+    "12-comm-share": (_lab12, (pytest.mark.mpi,)),
 }
 # answer id -> (the case of tests/mpi/cases_predictions.py that measures it, its ranks)
 ON_MPI = {
@@ -215,30 +218,14 @@ def _measures() -> list:
     return [pytest.param(m, a, marks=k, id=m.__name__.strip("_")) for m, (a, k) in by.items()]
 
 
-# Predictions still decided by noise beside a busy core in about 1 run of 5: a wrong run is reported (xfail, with the
-# runs) instead of failing, until each is asked at a size where it holds or about something else. Without the busy
-# core both held in every run measured.
-THIN = {
-    "02-narrow-and-wide": "beside a busy core both layers get one core: 2 threads gained 0.64-0.95x on the narrowest "
-                          "layer and 1.02-1.2x on the widest (3000) in 4 runs, and the order flipped in 1 of 5",
-    "12-speedup-2": "beside a busy core 2 ranks gained 0.31-0.58x at batch 128 and 0.69-1.05x at 4096 in 8 runs, and "
-                    "the order flipped in 1 of 5",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.full
 @pytest.mark.parametrize("measure, answers", _measures())
 def test_the_model_answer_holds_in_every_run(measure, answers, digits, busy_neighbour):
     runs = [measure(digits) for _ in range(RUNS)]
-    for answer in sorted(answers, key=lambda a: a in THIN):  # the strict ones first
+    for answer in answers:
         wanted = set(model_answer(answer))
-        try:
-            judge(answer, [{k: v for k, v in got.items() if k in wanted} for got in runs])
-        except AssertionError as e:
-            if answer not in THIN:
-                raise
-            pytest.xfail(f"{e} ({THIN[answer]})")
+        judge(answer, [{k: v for k, v in got.items() if k in wanted} for got in runs])
 
 
 @pytest.mark.mpi

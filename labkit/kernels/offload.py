@@ -266,7 +266,12 @@ def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = 
     ``host`` is NumPy's ``W.T @ delta``; ``copy`` is everything of the offloaded product but its kernel (allocate,
     copy in, copy out, free; in resident mode W is on the device already, so only delta and the result travel);
     ``kernel`` the launch until the kernel has finished. Host and both modes take turns in every repetition, so
-    a slow moment of the machine touches them alike. The first round compiles and warms up and is not counted."""
+    a slow moment of the machine touches them alike. The first round compiles and warms up and is not counted.
+    Beside the emulator the host's product runs on one BLAS thread: the emulator's threads take the cores, and BLAS's
+    own threads, waiting for a core that another program holds, made one product 30 times slower in some runs and
+    not in others."""
+    from threadpoolctl import threadpool_limits
+
     from . import synchronize, wt_delta
     from .loader import backend as kernels_backend
 
@@ -276,23 +281,29 @@ def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = 
     transfers = _transfers(which)
     tables = {m: {k: np.zeros((repeat, len(widths))) for k in ("host", "copy", "kernel")} for m in OFFLOAD_MODES}
     rng = np.random.default_rng(0)
-    for j, w in enumerate(widths):
-        W = rng.standard_normal((int(w), n_in)).astype(np.float32)
-        delta = rng.standard_normal(int(w)).astype(np.float32)
-        d_W = transfers[0](W)  # resident mode's weights, copied once
-        for r in range(-1, repeat):  # round -1: compile and warm up
-            for mode in OFFLOAD_MODES:
-                t = _offloaded_once(W, delta, d_W if mode == "resident" else None, transfers,
-                                    lambda *a: wt_delta(*a, backend=which), lambda: synchronize(which))
-                if r >= 0:
-                    tables[mode]["copy"][r, j], tables[mode]["kernel"][r, j] = t
-            t0 = time.perf_counter()
-            W.T @ delta
-            if r >= 0:
-                for mode in OFFLOAD_MODES:
-                    tables[mode]["host"][r, j] = time.perf_counter() - t0
-        del d_W
+    with contextlib.nullcontext() if which == "cupy" else threadpool_limits(1):
+        for j, w in enumerate(widths):
+            _offload_width(tables, j, int(w), n_in, rng, repeat, transfers, which, wt_delta, synchronize)
     return tables
+
+
+def _offload_width(tables, j, w, n_in, rng, repeat, transfers, which, wt_delta, synchronize) -> None:
+    """:func:`offload_tables`' column ``j``: width ``w``, both modes and the host, ``repeat`` rounds after a warm-up."""
+    W = rng.standard_normal((w, n_in)).astype(np.float32)
+    delta = rng.standard_normal(w).astype(np.float32)
+    d_W = transfers[0](W)  # resident mode's weights, copied once
+    for r in range(-1, repeat):  # round -1: compile and warm up
+        for mode in OFFLOAD_MODES:
+            t = _offloaded_once(W, delta, d_W if mode == "resident" else None, transfers,
+                                lambda *a: wt_delta(*a, backend=which), lambda: synchronize(which))
+            if r >= 0:
+                tables[mode]["copy"][r, j], tables[mode]["kernel"][r, j] = t
+        t0 = time.perf_counter()
+        W.T @ delta
+        if r >= 0:
+            for mode in OFFLOAD_MODES:
+                tables[mode]["host"][r, j] = time.perf_counter() - t0
+    del d_W
 
 
 def _transfers(which: str):
