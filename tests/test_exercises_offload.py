@@ -168,6 +168,7 @@ NUMPY_DIRECTLY = "your function calls NumPy directly where it should call xp"
     (backward_made_by(lambda xp, d, a: np.outer(d, a)), f"np.outer was called on xp's arrays: {NUMPY_DIRECTLY}"),
     (backward_made_by(lambda xp, d, a: np.matmul(d, a.T)), f"np.matmul was called on xp's arrays: {NUMPY_DIRECTLY}"),
     (backward_made_by(lambda xp, d, a: np.multiply(d, a.T)), "np.multiply was called on xp's arrays"),
+    (backward_made_by(lambda xp, d, a: np.multiply(np.float64(1), d @ a.T)), "np.multiply was called on xp's arrays"),
     (backward_made_by(lambda xp, d, a: np.einsum("ik,jk->ij", d, a)), "np.einsum was called on xp's arrays"),
     (backward_made_by(lambda xp, d, a: d @ a.T, new=lambda xp, W: np.zeros_like(W)), "np.zeros_like was called"),
     (backward_made_by(lambda xp, d, a: d @ a.T, new=lambda xp, W: np.zeros(W.shape)),
@@ -193,6 +194,7 @@ def test_backward_that_calls_numpy_where_xp_is_given_is_named(wrong, match):
     backward_made_by(lambda xp, d, a: d.dot(a.T), new=lambda xp, W: xp.zeros_like(W)),
     backward_made_by(lambda xp, d, a: xp.outer(d.ravel(), a.reshape(-1)), new=lambda xp, W: xp.empty(W.shape, W.dtype)),
     backward_made_by(lambda xp, d, a: d * a.T * np.float64(1)),  # a NumPy scalar is no array of NumPy's
+    backward_made_by(lambda xp, d, a: np.float64(1) * (d @ a.T)),  # nor on the left of an operator
     offload.backward,
 ])
 def test_backward_on_xp_alone_passes_on_the_module_that_is_not_numpy(right, capsys):

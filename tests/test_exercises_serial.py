@@ -3,6 +3,7 @@ typical wrong ones are each named by the check's message, and every failed run s
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -463,7 +464,32 @@ def _under_a_lock(t, j, value):
         t[j][...] = value
 
 
+def _one_loss_total(params, x, Y, p, lock=None):
+    """Gradients right, each thread into its own accumulators, but the losses added into one shared Python number
+    (with a lock, or without one: a race the GIL almost always hides)."""
+    n = x.shape[0]
+    accs, total = [[(np.zeros_like(W), np.zeros_like(b)) for W, b in params] for _ in range(p)], [0.0]
+
+    def work(i, lo, hi):
+        for k in range(lo, hi):
+            loss, g = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])
+            with lock or contextlib.nullcontext():
+                total[0] += loss
+            for (aW, ab), (dW, db) in zip(accs[i], g):
+                aW += dW
+                ab += db
+
+    threads = [threading.Thread(target=work, args=(i, lo, hi)) for i, (lo, hi) in enumerate(right_split(n, p))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return total[0] / n, [(sum(a[i][0] for a in accs) / n, sum(a[i][1] for a in accs) / n) for i in range(len(params))]
+
+
 @pytest.mark.parametrize("wrong, match", [
+    (_one_loss_total, r"several threads added their losses into one shared total \(\d+ additions"),
+    (lambda params, x, Y, p: _one_loss_total(params, x, Y, p, threading.Lock()), "with one the threads wait"),
     (_whole_batch, r"p = 2 threads: each of your 2 threads computed the gradients of all 8 samples: every thread worked "
                    "on the whole batch"),
     (lambda params, x, Y, p: _whole_batch(params, x, Y, p, keep="first"), "every thread worked on the whole batch"),

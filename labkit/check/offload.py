@@ -4,7 +4,9 @@ run beside kernels on one stream or two."""
 
 from __future__ import annotations
 
+import dis
 import numbers
+import sys
 
 import numpy as np
 
@@ -101,7 +103,7 @@ class XPArray:
         if any(isinstance(v, np.ndarray) for v in inputs):
             raise NumPyOnXP(f"a NumPy array met an array of xp in np.{ufunc.__name__} (was it made by np.zeros, "
                             "np.empty or np.array?)")
-        if method != "__call__" or kwargs or not any(isinstance(v, np.generic) for v in inputs):
+        if method != "__call__" or kwargs or not any(isinstance(v, np.generic) for v in inputs) or not _by_operator():
             raise NumPyOnXP(f"np.{ufunc.__name__} was called on xp's arrays")
         return _xp_wrap(ufunc(*(_xp_plain(v, ufunc.__name__) for v in inputs)))  # a NumPy scalar's operator
 
@@ -118,6 +120,15 @@ class XPArray:
 
     def __repr__(self) -> str:
         return f"xp.array({self.a!r})"
+
+
+def _by_operator() -> bool:
+    """Whether the ufunc that reached :meth:`XPArray.__array_ufunc__` came from one of Python's operators on a NumPy
+    scalar (``np.float64(1) - a``: xp's, as on CuPy) rather than from a call of NumPy's (``np.subtract(one, a)``): the
+    instruction that the calling code is at."""
+    frame = sys._getframe(2)  # the code that used the operator or called the ufunc
+    at = next((i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti), None)
+    return at is not None and at.opname.startswith(("BINARY_", "INPLACE_", "COMPARE_OP"))
 
 
 _OPS = [0]  # array operations done on FOREIGN_XP: a loop over the samples makes more of them for a larger batch

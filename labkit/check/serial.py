@@ -496,6 +496,32 @@ class _Tracked(np.ndarray):
         return result
 
 
+class _TrackedLoss(float):
+    """A loss handed to the student's code by :class:`_Threads`, which remembers whose losses a sum holds: a worker
+    thread that adds into a total holding another worker's loss (``total[0] += loss``, with a lock or without) tells
+    the watch that the threads share one total. Other arithmetic gives plain floats."""
+
+    def __new__(cls, value, watch, by: frozenset):
+        self = super().__new__(cls, value)
+        self._watch, self._by = watch, by
+        return self
+
+    def _sum(self, other, value):
+        if value is NotImplemented:
+            return value
+        me, by = threading.current_thread(), self._by | getattr(other, "_by", frozenset())
+        watch = self._watch
+        if watch.open and me is not watch.caller and by - {me, watch.caller}:
+            watch.shared_loss += 1
+        return _TrackedLoss(value, watch, by | {me})
+
+    def __add__(self, other):
+        return self._sum(other, float.__add__(self, other))
+
+    def __radd__(self, other):
+        return self._sum(other, float.__radd__(self, other))
+
+
 class _Threads:
     """While the student's function runs: labkit.mlp's gradient functions, wrapped in the module, note which threads
     compute gradients, when, and whether after the function returned; which thread adds into which array; and what
@@ -522,6 +548,7 @@ class _Threads:
         self.last = 0.0
         self.targets: dict = {}  # memory written -> (the array, the threads that wrote into it)
         self.errors: list[str] = []
+        self.shared_loss = 0  # additions by a worker into a total holding another worker's loss
         self.saved: dict = {}
         self.open = True  # False once the check has its summary: arrays the student keeps report nothing more
 
@@ -574,6 +601,8 @@ class _Threads:
                 self.rows.setdefault(me, []).append(k)
 
     def _tracked(self, v):
+        if isinstance(v, (float, np.floating)) and not isinstance(v, _TrackedLoss):
+            return _TrackedLoss(v, self, frozenset({threading.current_thread()}))
         if isinstance(v, np.ndarray) and v.dtype.kind == "f":
             t = v.view(_Tracked)
             t._watch = self
@@ -631,7 +660,7 @@ class _Threads:
             order = sorted(self.spans, key=lambda t: self.spans[t][0])
             rows = [sorted(self.rows.get(t, [])) for t in order]
             return (len(self.spans), self.caller in self.spans, at_once, self.late, shared, list(self.errors), rows,
-                    self.unknown)
+                    self.unknown, self.shared_loss)
 
 
 def _threaded_cases(seed: int):
@@ -786,7 +815,7 @@ def threaded_step(fn) -> None:
                            hint=empty if p > n else "run it on a small batch by hand and print the shapes of every array")
             finally:
                 watch.returned = True
-            threads, caller, at_once, late, shared, errors, rows, unknown = capture.step(
+            threads, caller, at_once, late, shared, errors, rows, unknown, shared_loss = capture.step(
                 "threads", watch.summary, key=capture.digest((params, x, Y, p), {}))
         _unchanged(ex, where, before, (x, Y, *(v for pair in params for v in pair)), "params, x or Y")
         if errors:
@@ -807,6 +836,13 @@ def threaded_step(fn) -> None:
                       "the threads wait for each other at every addition",
                  "give every thread an accumulator of its own, made before the threads start ([...] * p repeats one "
                  "accumulator p times)")
+        if shared_loss:
+            fail(ex, f"{where}: several threads added their losses into one shared total ({shared_loss} additions "
+                      "into a total that held another thread's loss): `total += loss` reads, adds and stores in three "
+                      "steps, so without a lock another thread can store between them and one loss is lost, and with "
+                      "one the threads wait for each other",
+                 "let each thread return or store its own shard's loss (a list with a slot per thread), and add them "
+                 "once every thread is joined")
         if not isinstance(got, (list, tuple)) or len(got) != 2:
             fail(ex, f"{where}: expected (loss, grads), got {type(got).__name__}"
                  + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""),
