@@ -71,7 +71,7 @@ LABS: tuple[Lab, ...] = (
     )),
     Lab("02", "cpu_threads", "Backprop on several CPU cores: threads, the GIL, BLAS and processes",
         ("shards", "cpu_parallel"), ("serial",), (
-            "two threads gain more on the widest layer than on the narrowest (NumPy releases the GIL in large products)",
+            "two threads gain nothing on the narrowest layer (its samples are mostly Python, under the GIL)",
             "the process pool reaches the serial run's accuracy",
             "vectorising on one core was worth more than any number of these cores",
         )),

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import json
 import os
@@ -74,22 +75,68 @@ def edited(answer, k: int):
     return tried
 
 
-def record_check(monkeypatch, folder, name: str, answer, seed: int) -> tuple[bool, str]:
-    """``check.<name>(answer)`` in record mode, as the grader runs a notebook (into ``folder``, on the inputs of
-    ``seed``): (passed, the message the student saw)."""
+def record_check(monkeypatch, folder, name: str, answer, seed: int, **kwargs) -> tuple[bool, str]:
+    """``check.<name>(answer, **kwargs)`` in record mode, as the grader runs a notebook (into ``folder``, on the inputs
+    of ``seed``): (passed, the message the student saw)."""
     from labkit import check
     from labkit.check import capture
 
     monkeypatch.setenv(capture.ENV, str(folder))
     monkeypatch.setenv(capture.SEED_ENV, str(seed))
     try:
-        getattr(check, name)(answer)
+        getattr(check, name)(answer, **kwargs)
         return True, ""
     except check.ExerciseError as e:
         return False, f"ExerciseError: {e}"
     finally:
         monkeypatch.delenv(capture.ENV)
         monkeypatch.delenv(capture.SEED_ENV)
+
+
+# ---- the contract every exercise keeps (tests/test_contract.py): each family's answers ----
+
+def blank(*args, **kwargs):
+    """A function not written yet, as a student version hands it out."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrong:
+    """A wrong answer of the contract, where it needs more than itself: the pattern its message matches (each run,
+    and as recorded) and the marks of the tests that run it (``needs_cc`` where it is compiled)."""
+    answer: object
+    says: str = ""
+    marks: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """labkit's own answer, as a student could hand it in: ``named`` is what the grader names it by (``labkit.mlp.
+    output_error``, ``labkit/kernels/matmul.cu (matmul_naive)``); ``passes``: whether the check passes it, printing
+    ``prints`` (by default the exercise's ✔ line)."""
+    answer: object
+    named: str
+    passes: bool = True
+    prints: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Answers:
+    """One exercise's answers for its contract (tests/test_contract.py), in its family's ``CONTRACT`` table."""
+    right: object                 # passes, printing ``passes``
+    wrong: object                 # fails, with one more hint after each failed run of it changed (a Wrong, or itself)
+    blank: object = blank         # "not written yet" without a hint: NotImplementedError, or the C/CUDA source stub
+    passes: str = "✔"            # what the right answer's run prints
+    replayed: object = None       # the wrong answer the replay records, where it is not ``wrong`` (a Wrong, or itself)
+    references: tuple = ()        # labkit's own answers handed in (Reference), which the grader must catch
+    marks: tuple = ()             # of the tests that run the right answer (needs_cc, needs_cxx, slow)
+    one_rank: bool = False        # an MPI check, run here on one rank: given (and replayed on) MPI.COMM_SELF
+    drawn: bool = True            # its inputs come from the grader's draw (capture.seed); False: the same on every draw
+
+    def wrong_one(self, replayed: bool = False) -> Wrong:
+        """The wrong answer of the hints (or of the replay) as a Wrong; a bare answer takes the exercise's marks."""
+        w = self.replayed if replayed and self.replayed is not None else self.wrong
+        return w if isinstance(w, Wrong) else Wrong(w, marks=self.marks)
 
 
 def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None, hosts=None) -> str:

@@ -1,9 +1,9 @@
 """The exercises added to labs 03 and 05, in C and CUDA C: simd_forward (one fused layer pass on vector lanes,
 labkit.check.openmp), reduction_by_hand (OpenMP's reduction written out: private blocks, then a combine shared out by
-entries) and naive_matmul (one thread per entry of C, labkit.check.kernels). The right answer passes, a
-blank one is "not written yet", the typical wrong ones are each named by the check's message, every failed run shows
-one more hint, and the grader's replay gives the check's own verdict. Also: the ladder of both labs, and the loads that
-lab 05's question counts."""
+entries) and naive_matmul (one thread per entry of C, labkit.check.kernels): the answers of these and of lab 03's
+other exercises for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right, blank, hints,
+replay, labkit's own), and the typical wrong ones, each named by the check's message. Also: the ladder of both labs,
+and the loads that lab 05's question counts."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import edited, needs_cc, needs_cxx, record_check
+from conftest import Answers, Reference, Wrong, needs_cc, needs_cxx
 
 from labkit import check, openmp, report
-from labkit.check import ExerciseError, common
+from labkit.check import ExerciseError
+from labkit.check.capture import _c_function
 from labkit.check.exercises import exercise, in_lab
-from labkit.grading import assign, replay
+from labkit.grading import assign
+from labkit.kernels.loader import KERNEL_DIR
 
 KDIR = Path(__file__).parent / "kernels"
 SEED = 515
@@ -39,6 +41,7 @@ def test_the_exercises_of_a_lab_easy_to_hard_each_with_its_derivation_as_hints(l
     assert sorted(e.name for e in in_lab(lab)) == sorted(LADDERS[lab])
     for name in LADDERS[lab]:
         assert len(exercise(name).hints) >= 3, name
+    assert len(exercise("reduction_by_hand").hints) >= 4
 
 
 @pytest.mark.parametrize("lab, dictated, hinted", [
@@ -87,17 +90,9 @@ NO_REDUCTION = FORWARD.replace(" reduction(+ : acc)", "")
 
 
 @needs_cc
-def test_simd_forward_passes_the_right_answer_with_the_lanes_on_the_row_or_on_the_rows(capsys):
-    check.simd_forward(FORWARD)
+def test_simd_forward_passes_the_lanes_on_the_rows(capsys):
     check.simd_forward(FORWARD_OUTER)
-    assert capsys.readouterr().out.count("✔ simd forward: all 6 checks passed") == 2
-
-
-def test_simd_forward_blank_is_not_written_yet_and_gets_no_hint():
-    blank = FORWARD.replace("    for (int i", f"    // {check.KERNEL_TODO}\n    for (int i")
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        check.simd_forward(blank)
-    assert "Step" not in str(e.value)
+    assert "✔ simd forward: all 6 checks passed" in capsys.readouterr().out
 
 
 @needs_cc
@@ -129,21 +124,6 @@ def test_simd_forward_race_names_every_unreduced_sum_and_only_those():
         check.simd_forward(two)
     assert check.openmp._simd_races(two.replace("reduction(+ : acc)", "reduction(+ : acc, sq)")) == []
     assert check.openmp._simd_races(FORWARD_OUTER) == []  # z is declared inside the loop: one per lane
-
-
-def test_simd_forward_gives_one_more_hint_after_each_failed_run():
-    hints = exercise("simd_forward").hints
-    seen = []
-    for k in range(len(hints) + 1):
-        with pytest.raises(ExerciseError) as e:
-            check.simd_forward(edited(NO_REDUCTION, k))  # a changed answer: the hint advances
-        seen.append(str(e.value))
-    for k, message in enumerate(seen[:len(hints)], 1):
-        assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
-    assert hints[-1] in seen[-1]  # the last one repeats
-    with pytest.raises(ExerciseError) as e:
-        check.simd_forward(FORWARD.replace("    for (int i", f"    // {check.KERNEL_TODO}\n    for (int i"))
-    assert "Step" not in str(e.value)
 
 
 def test_without_simd_takes_out_the_directive_and_nothing_else():
@@ -243,19 +223,12 @@ SAMPLES = "        #pragma omp for\n        for (int s"
 
 
 @needs_cc
-def test_reduction_by_hand_passes_the_right_answer_allocated_before_the_region_or_under_single(capsys):
-    check.reduction_by_hand(PRIVATE)
+def test_reduction_by_hand_passes_the_buffer_allocated_under_single_and_reads_code_not_comments(capsys):
     check.reduction_by_hand(PRIVATE_SINGLE)
     # what the exercise refuses is read from the code, not from its comments
     check.reduction_by_hand(PRIVATE.replace("    double cost = 0.0;\n", "    double cost = 0.0;  // not reduction(+ : cost)\n"
                                             "    /* #pragma omp atomic, #pragma omp critical, omp_set_lock(&l) */\n"))
-    assert capsys.readouterr().out.count("✔ reduction by hand at 1, 2") == 3
-
-
-def test_reduction_by_hand_blank_is_not_written_yet_and_gets_no_hint():
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        check.reduction_by_hand(PRIVATE_HEAD + f"    // {check.KERNEL_TODO}\n" + PRIVATE_TAIL)
-    assert "Step" not in str(e.value)
+    assert capsys.readouterr().out.count("✔ reduction by hand at 1, 2") == 2
 
 
 @pytest.mark.parametrize("old, new, used", [
@@ -353,56 +326,20 @@ def test_reduction_by_hand_names_what_right_values_at_a_few_counts_hide(changes,
     with pytest.raises(ExerciseError, match=f"(?s){match}"):
         check.reduction_by_hand(source, runs=1)
 
-def test_reduction_by_hand_gives_one_more_hint_after_each_failed_run():
-    wrong = PRIVATE.replace("            costs[t] += add_sample",
-                            "            #pragma omp atomic\n            cost += add_sample")
-    hints = exercise("reduction_by_hand").hints
-    assert len(hints) >= 4
-    seen = []
-    for k in range(len(hints) + 1):
-        with pytest.raises(ExerciseError) as e:
-            check.reduction_by_hand(edited(wrong, k))  # a changed answer: the hint advances
-        seen.append(str(e.value))
-    for k, message in enumerate(seen[:len(hints)], 1):
-        assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
-    assert hints[-1] in seen[-1]
-
-
-@needs_cc
-def test_reduction_by_hand_replays_with_the_checks_verdict(tmp_path, monkeypatch):
-    added = PRIVATE.replace("gb2[e - nW1 - n_hid - nW2] = sum", "gb2[e - nW1 - n_hid - nW2] += sum")  # a second run
-    assert record_check(monkeypatch, tmp_path / "right", "reduction_by_hand", PRIVATE, SEED) == (True, "")
-    assert replay.replay("reduction_by_hand", tmp_path / "right", SEED)[0] is True
-    plain = record_check(monkeypatch, tmp_path / "wrong", "reduction_by_hand", added, SEED)
-    assert plain[0] is False and "adds into them" in plain[1]
-    monkeypatch.setattr(common, "_failed_runs", {})
-    got = replay.replay("reduction_by_hand", tmp_path / "wrong", SEED)
-    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
-
-
 # ---- lab 05: the naive matmul, one thread per entry of C -----------------------------------------------------------
+
+NAIVE = (KDIR / "naive_matmul_solution.cu").read_text()
+
 
 @pytest.fixture(scope="module")
 def naive():
-    return (KDIR / "naive_matmul_solution.cu").read_text()
+    return NAIVE
 
 
 ROW = "int row = blockIdx.y * blockDim.y + threadIdx.y;"
 COL = "int col = blockIdx.x * blockDim.x + threadIdx.x;"
 GUARD = "if (row < M && col < N) {"
 SUM = "acc += A[row * K + k] * B[k * N + col];"
-
-
-@needs_cxx
-def test_naive_matmul_passes_the_right_answer(naive, capsys):
-    check.naive_matmul(naive)
-    assert "✔ naive matmul: all 6 checks passed" in capsys.readouterr().out
-
-
-def test_naive_matmul_blank_is_not_written_yet_and_gets_no_hint(naive):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        check.naive_matmul(naive.replace("    " + ROW, f"    // {check.KERNEL_TODO}\n    " + ROW))
-    assert "Step" not in str(e.value)
 
 
 @needs_cxx
@@ -428,20 +365,6 @@ def test_naive_matmul_mistakes_are_named(naive, changes, match):
         source = source.replace(old, new)
     with pytest.raises(ExerciseError, match=f"(?s){match}"):
         check.naive_matmul(source)
-
-
-@needs_cxx
-def test_naive_matmul_gives_one_more_hint_after_each_failed_run(naive):
-    wrong = naive.replace("blockIdx.y * blockDim.y + ", "").replace("blockIdx.x * blockDim.x + ", "")
-    hints = exercise("naive_matmul").hints
-    seen = []
-    for k in range(len(hints) + 1):
-        with pytest.raises(ExerciseError) as e:
-            check.naive_matmul(edited(wrong, k))  # a changed answer: the hint advances
-        seen.append(str(e.value))
-    for k, message in enumerate(seen[:len(hints)], 1):
-        assert f"Step {k} of {len(hints)}" in message and hints[k - 1] in message
-    assert hints[-1] in seen[-1]
 
 
 @needs_cxx
@@ -481,51 +404,78 @@ void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n
             for (int j = 0; j <= n_in; ++j) g[(size_t)i * n_in + j] += d[(size_t)s * n_out + i] * x[(size_t)s * n_in + j];
 }
 """
+# lab 03's notebook's solutions of its first two exercises
+OUTER = r"""
+void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n_in)
+{
+    for (int i = 0; i < n_out; ++i) {
+        float* gi = g + (size_t)i * n_in;
+        for (int s = 0; s < B; ++s) {
+            const float di = d[(size_t)s * n_out + i];
+            const float* xs = x + (size_t)s * n_in;
+            for (int j = 0; j < n_in; ++j) gi[j] += di * xs[j];
+        }
+    }
+}
+"""
+OMP = r"""
+double my_bp_omp(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
+                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
+{
+    zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
+    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid;
+    double cost = 0.0;
+    #pragma omp parallel reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])
+    {
+        float* work = malloc(sizeof(float) * 2 * n_hid);
+        #pragma omp for
+        for (int s = 0; s < B; ++s)
+            cost += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
+                               gW1, gb1, gW2, gb2);
+        free(work);
+    }
+    return cost;
+}
+"""
 
 
-def _wrong_kernel(name: str) -> str:
-    solution = (KDIR / ("tiled_matmul_solution.cu" if name == "tiled_matmul" else "block_sum_solution.cu")).read_text()
-    return solution.replace("__syncthreads();", "") if name == "tiled_matmul" else solution.replace(
-        "atomicAdd(out, s[0]);", "out[0] = s[0];")
+# ---- the contract's answers (tests/test_contract.py) ---------------------------------------------------------------
+
+def _blank(source: str, before: str) -> str:
+    """The exercise as a student version hands it out: its body still says YOUR CODE HERE."""
+    assert before in source
+    return source.replace(before, f"// {check.KERNEL_TODO}\n    {before}", 1)
 
 
-@needs_cc
-@needs_cxx
-@pytest.mark.parametrize("name, match", [
-    ("omp_reduction", "no OpenMP directive"),
-    ("loop_interchange", "outside an array"),
-    ("tiled_matmul", "does not use __syncthreads"),
-    ("block_reduction", "does not use atomicAdd"),
-])
-def test_the_four_older_exercises_give_their_hints_one_at_a_time(name, match):
-    wrong = {"omp_reduction": OMP_SERIAL, "loop_interchange": OUTER_PAST_THE_ROW}.get(name) or _wrong_kernel(name)
-    hints = exercise(name).hints
-    for k in range(1, len(hints) + 1):
-        with pytest.raises(ExerciseError, match=match) as e:
-            getattr(check, name)(edited(wrong, k))  # a changed answer: the hint advances
-        assert f"Step {k} of {len(hints)}" in str(e.value) and hints[k - 1] in str(e.value)
+def _labkits(file: str, function: str, prefix: str, name: str) -> str:
+    """labkit's own ``function`` of ``file``, as a student would copy it into the exercise's function ``name``."""
+    return prefix + _c_function((KERNEL_DIR.parent / file).read_text(), function).replace(function, name, 1) + "\n"
 
 
-# ---- the grader's replay ---------------------------------------------------------------------------------------------
-
-@needs_cc
-@needs_cxx
-@pytest.mark.parametrize("name, old, new", [
-    ("simd_forward", "sigmoid(acc)", "acc"),
-    ("naive_matmul", "C[row * N + col]", "C[col * M + row]"),
-])
-def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, naive, name, old, new):
-    right = FORWARD if name == "simd_forward" else naive
-    wrong = right.replace(old, new)
-    assert wrong != right
-
-    def record(folder, source, seed=SEED):
-        return record_check(monkeypatch, folder, name, source, seed)
-
-    assert record(tmp_path / "right", right) == (True, "")
-    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
-    plain = record(tmp_path / "wrong", wrong)
-    assert plain[0] is False
-    monkeypatch.setattr(common, "_failed_runs", {})  # the grader counts its own failed runs
-    got = replay.replay(name, tmp_path / "wrong", SEED)
-    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
+CONTRACT = {
+    "loop_interchange": Answers(
+        OUTER, Wrong(OUTER_PAST_THE_ROW, "outside an array", (needs_cc,)), blank=_blank(OUTER, "for (int i"),
+        passes="✔ loop interchange (", marks=(needs_cc,)),  # (how much faster than the naive order)
+    "omp_reduction": Answers(
+        OMP, Wrong(OMP_SERIAL, "no OpenMP directive"), blank=_blank(OMP, "const size_t"),
+        passes="✔ OpenMP reduction at 1, 2",
+        marks=(needs_cc,), references=(Reference(_labkits("c/backprop.c", "bp_omp_reduction", "double ", "my_bp_omp"),
+                                                 "labkit/c/backprop.c (bp_omp_reduction)"),)),
+    "simd_forward": Answers(
+        FORWARD, Wrong(NO_REDUCTION, "a race between vector lanes"), blank=_blank(FORWARD, "for (int i"),
+        passes="✔ simd forward: all 6 checks passed", marks=(needs_cc,),
+        replayed=Wrong(FORWARD.replace("sigmoid(acc)", "acc"), "the sigmoid is missing", (needs_cc,))),
+    "reduction_by_hand": Answers(
+        PRIVATE, Wrong(PRIVATE.replace("            costs[t] += add_sample", "            #pragma omp atomic\n"
+                                       "            cost += add_sample"), "uses omp atomic"),
+        blank=PRIVATE_HEAD + f"    // {check.KERNEL_TODO}\n" + PRIVATE_TAIL, passes="✔ reduction by hand at 1, 2",
+        marks=(needs_cc,),
+        replayed=Wrong(PRIVATE.replace("gb2[e - nW1 - n_hid - nW2] = sum", "gb2[e - nW1 - n_hid - nW2] += sum"),
+                       "adds into them", (needs_cc,))),  # a second run finds the gradients holding the first's sums
+    "naive_matmul": Answers(
+        NAIVE, NAIVE.replace("blockIdx.y * blockDim.y + ", "").replace("blockIdx.x * blockDim.x + ", ""),
+        blank=_blank(NAIVE, ROW), passes="✔ naive matmul: all 6 checks passed", marks=(needs_cxx,),
+        replayed=Wrong(NAIVE.replace("C[row * N + col]", "C[col * M + row]"), "row and col swapped", (needs_cxx,)),
+        references=(Reference(_labkits("kernels/matmul.cu", "matmul_naive", 'extern "C" __global__ void ',
+                                       "matmul_naive"), "labkit/kernels/matmul.cu (matmul_naive)", passes=False),)),
+}

@@ -1,14 +1,14 @@
 """The exercises of labs 07 and 08 that price communication on a network that costs (labkit.check.mpi): lab 07's
 time of an allreduce's traffic log on one cable per rank, lab 08's blocking and overlapped step.
 
-The right answer passes, labkit's reference passes, a blank one is "not written yet", the typical wrong ones are each
-named by the check's message, and the grader's replay gives the check's own verdict."""
+Their answers for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right, blank, hints, replay,
+labkit's own), and the typical wrong ones, each named by the check's message."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import edited, record_check
+from conftest import Answers, Reference, record_check
 
 from labkit import check, costmodel, data_parallel
 from labkit.check import ExerciseError
@@ -17,10 +17,6 @@ from labkit.check.exercises import exercise
 from labkit.grading import replay
 
 SEED = 4444
-
-
-def blank(*args):
-    raise NotImplementedError
 
 
 # ---- right answers, as a student would write them ---------------------------------------------------------------
@@ -43,24 +39,6 @@ def right_overlap_model(backprop, ready, seconds):
         free = max(free, r) + s
     return backprop + sum(seconds), max(backprop, free)
 
-
-RIGHT = {"cable_seconds": right_cable_seconds, "overlap_model": right_overlap_model}
-COUNT = {"cable_seconds": "an allreduce on cables: all 11", "overlap_model": "the step with and without overlap: all 8"}
-LABKITS = {"cable_seconds": costmodel.cable_seconds, "overlap_model": data_parallel.step_model}
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_the_right_answer_and_labkits_pass(name, capsys):
-    getattr(check, name)(RIGHT[name])
-    getattr(check, name)(LABKITS[name])
-    assert capsys.readouterr().out.count(f"✔ {COUNT[name]} checks passed") == 2
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_a_blank_answer_is_not_written_yet_without_a_hint(name):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        getattr(check, name)(blank)
-    assert "Step" not in str(e.value)
 
 
 def test_the_models_give_lab_06s_formulas_for_lab_07s_allreduces():
@@ -214,32 +192,22 @@ def test_overlap_model_names_the_mistake(wrong, match):
         check.overlap_model(wrong)
 
 
-WRONG = {"cable_seconds": whole_log_at_once, "overlap_model": _end(lambda b, r, s: max(b, r.max() + s.sum()))}
+# ---- the contract's answers (tests/test_contract.py) -------------------------------------------------------------
+
+CONTRACT = {
+    "cable_seconds": Answers(
+        right_cable_seconds, whole_log_at_once, passes="✔ an allreduce on cables: all 11 checks passed",
+        references=(Reference(costmodel.cable_seconds, "labkit.costmodel.cable_seconds"),)),
+    "overlap_model": Answers(
+        right_overlap_model, _end(lambda b, r, s: max(b, r.max() + s.sum())),
+        passes="✔ the step with and without overlap: all 8 checks passed",
+        references=(Reference(data_parallel.step_model, "labkit.data_parallel.step_model"),)),
+}
 ANSWERS = {"cable_seconds": ["max(out", "out.max()", "total +="], "overlap_model": ["max(end", "max(free", "end ="]}
 
 
 def test_the_hints_lead_to_the_answer_but_never_hold_it():
-    for name in RIGHT:
+    for name in CONTRACT:
         e = exercise(name)
         assert len(e.hints) >= 3 and e.module == "mpi" and not e.mpi
         assert not [bit for bit in ANSWERS[name] if bit in " ".join(e.hints)], name
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_each_failed_run_shows_one_more_hint(name):
-    hints = exercise(name).hints
-    for k in range(1, len(hints) + 2):
-        with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
-        assert f"Step {min(k, len(hints))} of {len(hints)}" in str(e.value)
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
-    assert record_check(monkeypatch, tmp_path / "right", name, RIGHT[name], SEED) == (True, "")
-    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
-    plain = record_check(monkeypatch, tmp_path / "wrong", name, WRONG[name], SEED)
-    assert plain[0] is False
-    assert replay.replay(name, tmp_path / "wrong", SEED) == (False, plain[1].split("\nStep ")[0])
-    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)  # the grader's own draw of the inputs
-    assert not passed and "was not recorded" in message

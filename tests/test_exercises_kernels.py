@@ -1,4 +1,6 @@
-"""Lab 05's kernels against wrong answers whose values are right on the emulator. The block and warp reductions:
+"""Lab 05's kernels: their answers for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right,
+blank, hints, replay, labkit's own; lab 05's naive matmul is tests/test_exercises_c.py's), and wrong answers whose
+values are right on the emulator. The block and warp reductions:
 atomics per thread or per warp instead of one per block (or warp), a block summed by one thread, lanes collected one
 at a time, and a tree whose steps race (named as a race). The tiled matmul:
 B (or C) read from global memory inside the k loop. The row softmax: rows far below zero, where a max started at a
@@ -9,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import needs_cxx
+from conftest import Answers, Reference, Wrong, needs_cxx
 
 from labkit import check
 from labkit.check import ExerciseError
+from labkit.check.capture import _c_function
+from labkit.kernels.loader import KERNEL_DIR
 
 KDIR = Path(__file__).parent / "kernels"
 TREE = """    for (int h = blockDim.x / 2; h > 0; h /= 2) {
@@ -158,20 +162,6 @@ def test_tiled_matmul_says_it_counts_both_operands_and_passes_the_solutions(caps
     assert out.count("✔ tiled matmul: all 7 checks passed") == 2
 
 
-@needs_cxx
-def test_tiled_matmul_replays_the_count_of_b(tmp_path, monkeypatch):
-    from conftest import record_check
-
-    from labkit.check import common
-    from labkit.grading import replay
-
-    plain = record_check(monkeypatch, tmp_path / "wrong", "tiled_matmul", ONLY_A_TILED, 41)
-    assert plain[0] is False and IN_K_LOOP in plain[1]
-    monkeypatch.setattr(common, "_failed_runs", {})
-    got = replay.replay("tiled_matmul", tmp_path / "wrong", 41)
-    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
-
-
 # -- the row softmax: rows far below zero ----------------------------------------------------------------------------
 
 # one pass per thread with a running max and a sum rescaled when the max grows, the (max, sum) pairs merged by a tree;
@@ -254,15 +244,55 @@ def test_row_softmax_says_it_tries_rows_far_below_zero_and_passes_a_max_from_bel
     assert out.count("✔ row softmax: all 9 checks passed") == 2
 
 
-@needs_cxx
-def test_row_softmax_replays_rows_far_below_zero(tmp_path, monkeypatch):
-    from conftest import record_check
+# -- the contract's answers (tests/test_contract.py) ---------------------------------------------------------------------
 
-    from labkit.check import common
-    from labkit.grading import replay
+def _solution(name: str) -> str:
+    return (KDIR / f"{name}_solution.cu").read_text()
 
-    plain = record_check(monkeypatch, tmp_path / "wrong", "row_softmax", ONLINE_SOFTMAX, 41)
-    assert plain[0] is False and "a -inf minus a -inf is nan" in plain[1]
-    monkeypatch.setattr(common, "_failed_runs", {})
-    got = replay.replay("row_softmax", tmp_path / "wrong", 41)
-    assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
+
+def _blank(source: str, before: str) -> str:
+    """The kernel as a student version hands it out: its body still says YOUR CODE HERE."""
+    assert before in source
+    return source.replace(before, f"// {check.KERNEL_TODO}\n    {before}", 1)
+
+
+def _labkits(file: str, kernel: str | None = None) -> str:
+    """labkit's own kernel file, or one kernel of it as a student would copy it out."""
+    text = (KERNEL_DIR / file).read_text()
+    return text if kernel is None else 'extern "C" __global__ void ' + _c_function(text, kernel) + "\n"
+
+
+def _compiled(source: str, says: str = "") -> Wrong:
+    return Wrong(source, says, (needs_cxx,))
+
+
+CONTRACT = {
+    "tiled_matmul": Answers(
+        _solution("tiled_matmul"), _compiled(_solution("tiled_matmul").replace("__syncthreads();", ""),
+                                             "does not use __syncthreads"),
+        blank=_blank(_solution("tiled_matmul"), "__shared__"), passes="✔ tiled matmul: all 7 checks passed",
+        replayed=_compiled(ONLY_A_TILED, IN_K_LOOP), marks=(needs_cxx,),
+        references=(Reference(_labkits("matmul.cu"), "labkit/kernels/matmul.cu (matmul_tiled)", passes=False),)),
+    "block_reduction": Answers(
+        _solution("block_sum"), _compiled(_solution("block_sum").replace("atomicAdd(out, s[0]);", "out[0] = s[0];"),
+                                          "does not use atomicAdd"),
+        blank=_blank(_solution("block_sum"), "__shared__"), passes="✔ block reduction: all 8 checks passed",
+        marks=(needs_cxx,), references=(Reference(_labkits("reduce.cu") + _solution("block_sum"),
+                                                  "labkit/kernels/reduce.cu"),)),
+    "warp_reduction": Answers(
+        _solution("warp_sum"), _compiled(_solution("warp_sum").replace(SHUFFLES, WARP_WRONG["per thread"][0]),
+                                         WARP_WRONG["per thread"][1]),
+        blank=_blank(_solution("warp_sum"), "float v"), passes="✔ warp reduction: all 9 checks passed",
+        marks=(needs_cxx,), references=(Reference(_labkits("reduce.cu", "warp_sum"), "labkit/kernels/reduce.cu (warp_sum)"),)),
+    "shared_transpose": Answers(
+        _solution("transpose"), _compiled(_solution("transpose").replace("tile[32][33]", "tile[32][32]"),
+                                          "bank conflicts"),
+        blank=_blank(_solution("transpose"), "__shared__"), passes="✔ shared transpose: all 7 checks passed",
+        marks=(needs_cxx,)),
+    "row_softmax": Answers(
+        _solution("softmax_rows"), _compiled(_solution("softmax_rows").replace("c += blockDim.x", "c += cols"),
+                                             "stride over the row"),
+        blank=_blank(_solution("softmax_rows"), "__shared__"), passes="✔ row softmax: all 9 checks passed",
+        replayed=_compiled(ONLINE_SOFTMAX, "a -inf minus a -inf is nan"), marks=(needs_cxx,),
+        references=(Reference(_labkits("softmax_rows.cu"), "labkit/kernels/softmax_rows.cu (softmax_rows)"),)),
+}

@@ -1,9 +1,9 @@
 """The exercises of labs 07 and 08 (labkit.check.mpi): the ring's chunks, its reduce-scatter and the whole ring
 allreduce; the rows of one rank, the mean gradient over every rank's rows and the whole data-parallel step.
 
-The right answer passes, a blank one is "not written yet", the typical wrong ones are each named by the check's
-message, every failed run shows one more hint, and the grader's replay gives the check's own verdict. The MPI checks
-run here on one rank (a plain Python, singleton MPI); their mistakes that show only on several ranks are the cases of
+Their answers for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right, blank, hints, replay,
+labkit's own), and the typical wrong ones, each named by the check's message. The MPI checks run here on one rank (a
+plain Python, singleton MPI); their mistakes that show only on several ranks are the cases of
 tests/mpi/cases_steps_exercise.py (and cases_ring_exercise.py, cases_dp_exercise.py), run under a real mpiexec.
 """
 
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import edited, run_mpi_cases
+from conftest import Answers, Reference, run_mpi_cases
 
 from labkit import check, collectives, mlp
-from labkit.check import ExerciseError, capture
-from labkit.check.exercises import exercise, in_lab
+from labkit.check import ExerciseError
+from labkit.check.exercises import in_lab
 from labkit.data_parallel import mean_of_shards, ring_reduce_scatter
-from labkit.grading import replay
 from labkit.shards import ring_chunks, shard_bounds, shard_of
 
-SEED = 4343
 CABLES = ("cable_seconds", "overlap_model")  # their tests: tests/test_exercises_cables.py
 
 
@@ -29,10 +27,6 @@ def self_comm():
     from mpi4py import MPI
 
     return MPI.COMM_SELF
-
-
-def blank(*args):
-    raise NotImplementedError
 
 
 # ---- right answers, as a student would write them ---------------------------------------------------------------
@@ -166,21 +160,7 @@ def test_the_hints_lead_to_the_answer_but_never_hold_it():
         assert not [bit for bit in ANSWERS[e.name] if bit in text], e.name
 
 
-# ---- the plain functions: right, blank, wrong -----------------------------------------------------------------------
-
-@pytest.mark.parametrize("name, count", [("ring_chunks", "ring chunks: all"), ("rank_rows", "rows of a rank: all")])
-def test_the_right_answer_and_labkits_pass(name, count, capsys):
-    run(name, PURE[name])
-    run(name, {"ring_chunks": ring_chunks, "rank_rows": shard_of}[name])
-    assert capsys.readouterr().out.count(f"✔ {count}") == 2
-
-
-@pytest.mark.parametrize("name", sorted(PURE))
-def test_a_blank_plain_function_is_not_written_yet_without_a_hint(name):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        run(name, blank)
-    assert "Step" not in str(e.value)
-
+# ---- the plain functions: wrong -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("wrong, match", [
     (lambda r, s, p: ((r + s) % p, (r + s - 1) % p), r"step s sends chunk \(r \+ s\) mod p: the ring turns the wrong way"),
@@ -240,31 +220,7 @@ def test_rank_rows_shows_both_bounds_of_a_large_batch_in_short():
     assert "the remainder goes to the last ranks" in str(e.value)
 
 
-# ---- the MPI checks on one rank: right, blank, wrong --------------------------------------------------------------
-
-@pytest.mark.parametrize("name, count", [("ring_reduce_scatter", "ring reduce-scatter on 1 to 1 ranks"),
-                                         ("ring_allreduce", "ring allreduce on 1 to 1 ranks"),
-                                         ("mean_gradient", "mean gradient on 1 to 1 ranks"),
-                                         ("data_parallel_step", "data-parallel step on 1 to 1 ranks"),
-                                         ("overlapped_step", "overlapped step on 1 to 1 ranks")])
-def test_the_right_answer_passes_on_one_rank(name, count, self_comm, capsys):
-    run(name, MPI_RIGHT[name], self_comm)
-    assert f"✔ {count}: all" in capsys.readouterr().out
-
-
-def test_labkits_own_functions_pass_on_one_rank(self_comm, capsys):
-    check.ring_reduce_scatter(ring_reduce_scatter, comm=self_comm)
-    check.ring_allreduce(collectives.ring_allreduce, comm=self_comm)
-    check.mean_gradient(mean_of_shards, comm=self_comm)
-    assert capsys.readouterr().out.count("✔") == 3
-
-
-@pytest.mark.parametrize("name", sorted(MPI_RIGHT))
-def test_a_blank_mpi_function_is_not_written_yet_without_a_hint(name, self_comm):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        run(name, blank, self_comm)
-    assert "Step" not in str(e.value)
-
+# ---- the MPI checks on one rank: wrong ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, wrong, match", [
     ("ring_reduce_scatter", lambda c, x, op: x[:0].copy(), r"returned shape \(0,\), expected \(5,\), the one chunk"),
@@ -286,59 +242,7 @@ def test_the_mpi_checks_name_what_one_rank_shows(name, wrong, match, self_comm):
         run(name, wrong, self_comm)
 
 
-# ---- hints, one more after each failed run ------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name, wrong", [
-    ("ring_chunks", lambda r, s, p: ((r + s) % p, (r + s - 1) % p)),
-    ("rank_rows", lambda b, p, r: (r * (b // p), (r + 1) * (b // p))),
-    *MPI_WRONG.items(),
-])
-def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong, self_comm):
-    hints = exercise(name).hints
-    n = len(hints)
-    for k in range(1, n + 2):
-        with pytest.raises(ExerciseError) as e:
-            run(name, edited(wrong, k), self_comm)  # a changed answer: the hint advances
-        shown = min(k, n)
-        assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
-        assert ("run the check again" in str(e.value)) == (shown < n)
-
-
-# ---- the grader's replay ----------------------------------------------------------------------------------------
-
-def _record(monkeypatch, folder, name, fn, comm, seed=SEED):
-    monkeypatch.setenv(capture.ENV, str(folder))
-    monkeypatch.setenv(capture.SEED_ENV, str(seed))
-    try:
-        run(name, fn, comm)
-        return True, ""
-    except ExerciseError as e:
-        return False, f"ExerciseError: {e}"
-    finally:
-        monkeypatch.delenv(capture.ENV)
-        monkeypatch.delenv(capture.SEED_ENV)
-
-
-def _replay(name, folder, seed, comm):
-    return replay.replay(name, folder, seed, comm=comm if name in MPI_RIGHT else None)
-
-
-WRONG = {"ring_chunks": lambda r, s, p: ((r + s) % p, (r + s - 1) % p),
-         "rank_rows": lambda b, p, r: (r * (b // p), (r + 1) * (b // p)), **MPI_WRONG}
-
-
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name, self_comm):
-    right = {**PURE, **MPI_RIGHT}[name]
-    assert _record(monkeypatch, tmp_path / "right", name, right, self_comm) == (True, "")
-    assert _replay(name, tmp_path / "right", SEED, self_comm)[0] is True
-    plain = _record(monkeypatch, tmp_path / "wrong", name, WRONG[name], self_comm)
-    assert plain[0] is False
-    graded = _replay(name, tmp_path / "wrong", SEED, self_comm)  # the mistake as the student saw it, without the steps
-    assert graded == (False, plain[1].split("\nStep ")[0]) and "\nStep 1 of" in plain[1]
-    passed, message = _replay(name, tmp_path / "right", SEED + 1, self_comm)  # the grader's own draw of the inputs
-    assert not passed and "was not recorded" in message
-
+# ---- the contract's answers (tests/test_contract.py) -------------------------------------------------------------
 
 def step_with_labkits_mean(c, params, x, Y):
     lo, hi = shard_bounds(len(x), c.Get_size())[c.Get_rank()]
@@ -346,20 +250,43 @@ def step_with_labkits_mean(c, params, x, Y):
     return mean_of_shards(c, grads, hi - lo)
 
 
-@pytest.mark.parametrize("name, reference, says", [
-    ("ring_chunks", ring_chunks, "labkit.shards.ring_chunks"),
-    ("rank_rows", lambda b, p, r: shard_bounds(b, p)[r], "labkit.shards.shard_bounds"),
-    ("ring_reduce_scatter", ring_reduce_scatter, "labkit.data_parallel.ring_reduce_scatter"),
-    ("ring_allreduce", lambda c, x, op: collectives.ring_allreduce(c, x, op), "labkit.collectives.ring_allreduce"),
-    ("mean_gradient", mean_of_shards, "labkit.data_parallel.mean_of_shards"),
-    ("data_parallel_step", lambda c, params, x, Y: step_with_labkits_mean(c, params, x, Y),
-     "labkit.data_parallel.mean_of_shards"),
-])
-def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, monkeypatch, name, reference, says,
-                                                                    self_comm):
-    assert _record(monkeypatch, tmp_path, name, reference, self_comm) == (True, "")
-    passed, message = _replay(name, tmp_path, SEED, self_comm)
-    assert not passed and f"uses labkit's reference ({says})" in message
+def overlapped_with_labkits_mean(c, params, x, Y):
+    """labkit's blocking mean in place of the overlapped sums: no request left to wait for (a wrong answer too)."""
+    return step_with_labkits_mean(c, params, x, Y), []
+
+
+CONTRACT = {
+    "ring_chunks": Answers(
+        right_chunks, lambda r, s, p: ((r + s) % p, (r + s - 1) % p), passes="✔ ring chunks: all",
+        references=(Reference(ring_chunks, "labkit.shards.ring_chunks"),)),
+    "rank_rows": Answers(
+        right_rows, lambda b, p, r: (r * (b // p), (r + 1) * (b // p)), passes="✔ rows of a rank: all",
+        references=(Reference(lambda b, p, r: shard_bounds(b, p)[r], "labkit.shards.shard_bounds"),
+                    Reference(shard_of, "labkit.shards.shard_of"))),
+    "ring_reduce_scatter": Answers(
+        right_reduce_scatter, MPI_WRONG["ring_reduce_scatter"], one_rank=True,
+        passes="✔ ring reduce-scatter on 1 to 1 ranks: all 15 checks passed",
+        references=(Reference(ring_reduce_scatter, "labkit.data_parallel.ring_reduce_scatter"),)),
+    "ring_allreduce": Answers(
+        right_ring, MPI_WRONG["ring_allreduce"], one_rank=True,
+        passes="✔ ring allreduce on 1 to 1 ranks: all 20 checks passed",
+        references=(Reference(lambda c, x, op: collectives.ring_allreduce(c, x, op), "labkit.collectives.ring_allreduce"),
+                    Reference(collectives.ring_allreduce, "labkit.collectives.ring_allreduce"))),
+    "mean_gradient": Answers(
+        right_mean, MPI_WRONG["mean_gradient"], one_rank=True,
+        passes="✔ mean gradient on 1 to 1 ranks: all 3 checks passed",
+        references=(Reference(mean_of_shards, "labkit.data_parallel.mean_of_shards",
+                              prints="✔ mean gradient on 1 to 1 ranks: all 4 checks passed"),)),
+    "data_parallel_step": Answers(
+        right_step, MPI_WRONG["data_parallel_step"], one_rank=True,
+        passes="✔ data-parallel step on 1 to 1 ranks: all 3 checks passed",
+        references=(Reference(lambda c, params, x, Y: step_with_labkits_mean(c, params, x, Y),
+                              "labkit.data_parallel.mean_of_shards"),)),
+    "overlapped_step": Answers(
+        right_overlapped, MPI_WRONG["overlapped_step"], one_rank=True,
+        passes="✔ overlapped step on 1 to 1 ranks: all 3 checks passed",
+        references=(Reference(overlapped_with_labkits_mean, "labkit.data_parallel.mean_of_shards", passes=False),)),
+}
 
 
 # ---- several ranks, under a real mpiexec ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The exercises of labs 01-02 (labkit.check.serial): the right answer passes, a blank one is "not written yet", the
-typical wrong ones are each named by the check's message, and every failed run shows one more hint."""
+"""The exercises of labs 01-02 (labkit.check.serial): their answers for the contract every exercise keeps
+(``CONTRACT``, tests/test_contract.py: right, blank, hints, replay, labkit's own), and the typical wrong ones, each
+named by the check's message."""
 
 from __future__ import annotations
 
@@ -9,18 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import edited, record_check
+from conftest import Answers, Reference, blank, record_check
 
 from labkit import check, cpu_parallel, mlp
-from labkit.check import ExerciseError, capture
-from labkit.check.exercises import exercise, in_lab
+from labkit.check import ExerciseError
+from labkit.check.exercises import exercise
 from labkit.grading import replay
 from labkit.shards import shard_bounds
-
-
-def blank(*args):
-    raise NotImplementedError
-
 
 # ---- right answers, as a student would write them ---------------------------------------------------------------
 
@@ -142,40 +138,6 @@ def right_threaded_pool(params, x, Y, p):
                    for (lo, hi), acc in zip(right_split(n, p), accs)]
         loss = sum(f.result() for f in futures) / n
     return loss, [(sum(a[i][0] for a in accs) / n, sum(a[i][1] for a in accs) / n) for i in range(len(params))]
-
-
-RIGHT = {"output_error": right_output_error, "layer_backward": right_layer_backward, "backprop": right_backprop,
-         "numerical_gradient": right_numerical_grad, "split_batch": right_split, "accumulate": right_accumulate,
-         "combine_shards": right_combine, "threaded_step": right_threaded}
-
-
-def test_every_exercise_of_labs_01_and_02_is_tested_here_and_has_hints():
-    declared = {e.name for e in in_lab("01") + in_lab("02")}
-    assert declared == set(RIGHT)
-    assert all(len(exercise(name).hints) >= 3 for name in declared)
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_the_right_answer_passes(name, capsys):
-    getattr(check, name)(RIGHT[name])
-    assert "✔" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        getattr(check, name)(blank)
-    assert "Step 1" not in str(e.value)
-
-
-def test_labkits_own_functions_pass_their_checks(capsys):
-    check.output_error(mlp.output_error)
-    check.layer_backward(mlp.layer_backward)
-    check.numerical_gradient(mlp.numerical_grad)
-    check.split_batch(shard_bounds)
-    check.combine_shards(cpu_parallel.combine_means)
-    check.threaded_step(cpu_parallel.threaded_grads)
-    assert capsys.readouterr().out.count("✔") == 6
 
 
 # ---- the typical mistakes, each named -----------------------------------------------------------------------------
@@ -544,54 +506,53 @@ def test_threaded_step_has_at_least_four_hints_none_of_them_code():
     assert not any(code in h for h in hints for code in ("Thread(", ".start()", ".join()", " = ", "+=", "def "))
 
 
-# ---- hints: one more step after each failed run -------------------------------------------------------------------
+# ---- the contract's answers (tests/test_contract.py) -------------------------------------------------------------
 
-WRONG = {"output_error": lambda A, Y: A - Y,
-         "layer_backward": lambda d, A, W: (A.T @ d, d.sum(axis=0), d @ W),
-         "backprop": lambda p, x, Y: _backprop_with(p, x, Y, output_prime=False),
-         "numerical_gradient": lambda f, W, eps: _numerical_with(f, W, eps, forward=True),
-         "split_batch": _split_floor_only,
-         "accumulate": lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2,
-         "combine_shards": lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci),
-         "threaded_step": lambda params, x, Y, p: _threaded(params, x, Y, p, divide="none", loss_divide="none")}
-
-
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_each_failed_run_shows_one_more_hint_and_never_the_whole_solution(name):
-    hints = exercise(name).hints
-    seen = []
-    for k in range(1, len(hints) + 2):
-        with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(edited(WRONG[name], k))  # a changed answer: the hint advances
-        message = str(e.value)
-        shown = min(k, len(hints))
-        assert f"Step {shown} of {len(hints)}" in message and hints[shown - 1] in message
-        assert ("run the check again" in message) == (shown < len(hints))
-        seen.append(message)
-    assert hints[-1] in seen[-1] and hints[-1] in seen[-2]  # the last hint repeats
-    with pytest.raises(ExerciseError) as e:  # a blank function gets no step
-        getattr(check, name)(blank)
-    assert "Step" not in str(e.value)
+def _labkits_sum(params, x, Y, acc):
+    """accumulate on labkit's per-sample sums."""
+    total, grads = mlp.per_sample_sum(params, x, Y, "sigmoid", "quadratic")
+    for (aW, ab), (gW, gb) in zip(acc, grads):
+        aW += gW
+        ab += gb
+    return total
 
 
-# ---- the grader's replay gives the plain check's verdict ----------------------------------------------------------
+CONTRACT = {
+    "output_error": Answers(
+        right_output_error, lambda A, Y: A - Y, passes="✔ output error: all 4 checks passed",
+        references=(Reference(mlp.output_error, "labkit.mlp.output_error"),)),
+    "layer_backward": Answers(
+        right_layer_backward, lambda d, A, W: (A.T @ d, d.sum(axis=0), d @ W),
+        passes="✔ one layer's backward pass: all 5 checks passed",
+        references=(Reference(mlp.layer_backward, "labkit.mlp.layer_backward"),)),
+    "backprop": Answers(
+        right_backprop, lambda p, x, Y: _backprop_with(p, x, Y, output_prime=False),
+        passes="✔ vectorised backprop: all 5 checks passed", references=(Reference(mlp.backprop, "labkit.mlp.backprop"),)),
+    "numerical_gradient": Answers(
+        right_numerical_grad, lambda f, W, eps: _numerical_with(f, W, eps, forward=True),
+        passes="✔ numerical gradient: all 4 checks passed",
+        references=(Reference(mlp.numerical_grad, "labkit.mlp.numerical_grad"),)),
+    "split_batch": Answers(
+        right_split, _split_floor_only, passes="✔ splitting a batch into shards: all 12 checks passed",
+        references=(Reference(shard_bounds, "labkit.shards.shard_bounds"),)),
+    "accumulate": Answers(
+        right_accumulate, lambda p, x, Y, acc: right_accumulate(p, x, Y, acc) * 2,
+        passes="✔ per-thread accumulator: all 6 checks passed",
+        references=(Reference(_labkits_sum, "labkit.mlp.per_sample_sum"),)),
+    "combine_shards": Answers(
+        right_combine, lambda g, c: _combine_with(g, c, lambda ci, cs, k: ci),
+        passes="✔ combining the workers' gradients: all 5 checks passed",
+        references=(Reference(cpu_parallel.combine_means, "labkit.cpu_parallel.combine_means"),)),
+    "threaded_step": Answers(
+        right_threaded, lambda params, x, Y, p: _threaded(params, x, Y, p, divide="none", loss_divide="none"),
+        passes="✔ a threaded step: all 13 checks passed",
+        references=(Reference(cpu_parallel.threaded_grads, "labkit.cpu_parallel.threaded_grads"),)),
+}
+
+
+# ---- the grader's replay of the threads' record ----------------------------------------------------------------
 
 SEED = 777
-
-
-@pytest.mark.parametrize("name", ["output_error", "layer_backward", "numerical_gradient", "split_batch",
-                                  "combine_shards", "threaded_step"])
-def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
-    def record(folder, fn, seed=SEED):
-        return record_check(monkeypatch, folder, name, fn, seed)
-
-    assert record(tmp_path / "right", RIGHT[name]) == (True, "")
-    assert replay.replay(name, tmp_path / "right", SEED)[0] is True
-    plain = record(tmp_path / "wrong", WRONG[name])
-    assert plain[0] is False
-    assert "\nStep 1 of " in plain[1]  # the student saw the mistake and the first step of the derivation...
-    student_saw = plain[1].split("\nStep 1 of ")[0]
-    assert replay.replay(name, tmp_path / "wrong", SEED) == (False, student_saw)  # ...the grader the mistake alone
 
 
 @pytest.mark.parametrize("kw", [{"in_caller": True}, {"join": False}, {"shared": True}, {"join_each": True},
@@ -602,19 +563,6 @@ def test_the_replay_gives_the_threaded_steps_verdict_on_its_threads_from_the_rec
                          SEED)
     assert plain[0] is False
     assert replay.replay("threaded_step", tmp_path, SEED) == (False, plain[1].split("\nStep ")[0])
-
-
-@pytest.mark.parametrize("name, reference", [("output_error", mlp.output_error), ("layer_backward", mlp.layer_backward),
-                                             ("numerical_gradient", mlp.numerical_grad), ("split_batch", shard_bounds),
-                                             ("combine_shards", cpu_parallel.combine_means),
-                                             ("threaded_step", cpu_parallel.threaded_grads)])
-def test_labkits_own_function_handed_in_is_named_by_the_grader(tmp_path, monkeypatch, name, reference):
-    monkeypatch.setenv(capture.ENV, str(tmp_path))
-    monkeypatch.setenv(capture.SEED_ENV, str(SEED))
-    getattr(check, name)(reference)
-    monkeypatch.delenv(capture.ENV)
-    passed, message = replay.replay(name, tmp_path, SEED)
-    assert not passed and "uses labkit's reference" in message
 
 
 # ---- labkit's own answers, the references ------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""The exercises of lab 12 (labkit.check.speedup): the right answer passes, a blank one is "not written yet", the
-typical wrong ones are each named by the check's message, every failed run shows one more hint, and the grader's
-replay gives the check's own verdict; with labkit's helpers the lab uses (bench.speedup_table, fit_amdahl_times,
+"""The exercises of lab 12 (labkit.check.speedup): their answers for the contract every exercise keeps (``CONTRACT``,
+tests/test_contract.py: right, blank, hints, replay, labkit's own), and the typical wrong ones, each named by the
+check's message; with labkit's helpers the lab uses (bench.speedup_table, fit_amdahl_times,
 karp_flatt, scaling.yours_or_labkits, Scaling.samples)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import edited, record_check
+from conftest import Answers, Reference, blank, record_check
 
 from labkit import bench, check, questions, scaling
 from labkit.bench import Timing
@@ -16,10 +16,6 @@ from labkit.check.exercises import exercise, in_lab
 from labkit.grading import replay
 
 SEED = 4242
-
-
-def blank(*args):
-    raise NotImplementedError
 
 
 # ---- right answers, as a student would write them ---------------------------------------------------------------
@@ -98,33 +94,6 @@ def test_lab_12_declares_its_exercises_with_hints_and_references():
         for ref in e.references:  # each names a function of labkit that exists
             module, attr = ref.split(":")
             assert callable(getattr(__import__(module, fromlist=[attr]), attr))
-
-
-@pytest.mark.parametrize("name, count", [("speedup_efficiency", "speedup and efficiency: all 9"),
-                                         ("gustafson_fit", "Gustafson fit: all 7"),
-                                         ("karp_flatt", "Karp-Flatt metric: all 9"),
-                                         ("amdahl_fit", "Amdahl fit: all 8"),
-                                         ("wait_breakdown", "waiting or sending: all 10"),
-                                         ("wire_step", "the step on a network that costs: all 6")])
-def test_the_right_answer_passes(name, count, capsys):
-    getattr(check, name)(RIGHT[name])
-    assert f"✔ {count} checks passed" in capsys.readouterr().out
-
-
-def test_labkits_own_functions_pass_too(capsys):
-    check.speedup_efficiency(bench.speedup_table)
-    check.karp_flatt(bench.karp_flatt)
-    check.amdahl_fit(bench.fit_amdahl_times)
-    check.wait_breakdown(bench.wait_breakdown)
-    check.wire_step(scaling.predicted_step)
-    assert capsys.readouterr().out.count("✔") == 5
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_a_blank_answer_is_not_written_yet_without_a_hint(name):
-    with pytest.raises(ExerciseError, match="not written yet") as e:
-        getattr(check, name)(blank)
-    assert "Step" not in str(e.value)
 
 
 # ---- the typical mistakes, each named ---------------------------------------------------------------------------
@@ -285,26 +254,7 @@ def test_one_worker_count_must_be_refused_with_value_error(wrong, match):
         check.amdahl_fit(wrong)
 
 
-# ---- hints, one more after each failed run ------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name, wrong", [
-    ("speedup_efficiency", _with_e(lambda s, p: s)),
-    ("gustafson_fit", _gustafson(lambda t1, tp: tp / t1)),
-    ("karp_flatt", _kf(lambda p, s: 1 / s - 1 / p)),
-    ("amdahl_fit", _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t)))),
-    ("wait_breakdown", breakdown(waiting=False)),
-    ("wire_step", wire_step(latency=False)),
-])
-def test_each_failed_run_shows_one_more_hint_and_never_more_than_there_are(name, wrong):
-    hints = exercise(name).hints
-    n = len(hints)
-    for k in range(1, n + 2):
-        with pytest.raises(ExerciseError) as e:
-            getattr(check, name)(edited(wrong, k))  # a changed answer: the hint advances
-        shown = min(k, n)
-        assert f"Step {shown} of {n}" in str(e.value) and hints[shown - 1] in str(e.value)
-        assert ("run the check again" in str(e.value)) == (shown < n)
-
+# ---- the hints ----------------------------------------------------------------------------------------------
 
 ANSWERS = {"speedup_efficiency": ["/ p", "t[p == 1]", "S / p"],
            "gustafson_fit": ["t_one_rank /", "/ t_p_ranks", "x @ y", "sum(x * y)"],
@@ -319,40 +269,37 @@ def test_the_hints_lead_to_the_answer_but_never_hold_it():
         assert not [bit for bit in ANSWERS[e.name] if bit in text], e.name
 
 
-# ---- the grader's replay ----------------------------------------------------------------------------------------
+# ---- the contract's answers (tests/test_contract.py) -------------------------------------------------------------
 
 def _record(monkeypatch, folder, name, fn, seed=SEED):
     return record_check(monkeypatch, folder, name, fn, seed)
 
 
-WRONG = {"speedup_efficiency": lambda p, t: (t / t, t / t),  # also answers the table without p = 1
-         "gustafson_fit": _gustafson(lambda t1, tp: tp / t1),
-         "karp_flatt": _kf(lambda p, s: 1 / s - 1 / p),
-         "amdahl_fit": lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0),
-         "wait_breakdown": breakdown(waiting=False),
-         "wire_step": wire_step(messages=lambda p: p - 1)}
-
-
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_the_replay_gives_the_checks_verdict_and_message(tmp_path, monkeypatch, name):
-    assert _record(monkeypatch, tmp_path / "right", name, RIGHT[name]) == (True, "")
-    assert replay.replay(name, tmp_path / "right", SEED)[0] is True  # the ValueError cases replay as raised
-    plain = _record(monkeypatch, tmp_path / "wrong", name, WRONG[name])
-    assert plain[0] is False
-    graded = replay.replay(name, tmp_path / "wrong", SEED)  # the mistake, named as the student saw it, without the steps
-    assert graded == (False, plain[1].split("\nStep ")[0]) and "\nStep 1 of" in plain[1]
-    passed, message = replay.replay(name, tmp_path / "right", SEED + 1)  # the grader's own draw of the inputs
-    assert not passed and "was not recorded" in message
-
-
-@pytest.mark.parametrize("name, reference", [("speedup_efficiency", bench.speedup_table),
-                                             ("karp_flatt", bench.karp_flatt),
-                                             ("amdahl_fit", lambda p, t: bench.fit_amdahl_times(p, t)),
-                                             ("wait_breakdown", bench.wait_breakdown)])
-def test_labkits_reference_in_the_students_function_fails_the_grade(tmp_path, monkeypatch, name, reference):
-    assert _record(monkeypatch, tmp_path, name, reference) == (True, "")
-    passed, message = replay.replay(name, tmp_path, SEED)
-    assert not passed and "uses labkit's reference (labkit.bench." in message
+CONTRACT = {
+    "speedup_efficiency": Answers(
+        right_speedup_efficiency, _with_e(lambda s, p: s), passes="✔ speedup and efficiency: all 9 checks passed",
+        replayed=lambda p, t: (t / t, t / t),  # also answers the table without p = 1
+        references=(Reference(bench.speedup_table, "labkit.bench.speedup_table"),)),
+    "gustafson_fit": Answers(
+        right_gustafson_fit, _gustafson(lambda t1, tp: tp / t1), passes="✔ Gustafson fit: all 7 checks passed",
+        references=(Reference(bench.fit_gustafson_times, "labkit.bench.fit_gustafson_times"),)),
+    "karp_flatt": Answers(
+        right_karp_flatt, _kf(lambda p, s: 1 / s - 1 / p), passes="✔ Karp-Flatt metric: all 9 checks passed",
+        references=(Reference(bench.karp_flatt, "labkit.bench.karp_flatt"),)),
+    "amdahl_fit": Answers(
+        right_amdahl_fit, _fit(lambda p, t: (lambda a, b: (a / (a + b), a + b))(*_line(p, t))),
+        replayed=lambda p, t: right_amdahl_fit(p, t) if len(set(np.asarray(p).tolist())) > 1 else (0.5, 1.0),
+        passes="✔ Amdahl fit: all 8 checks passed",
+        references=(Reference(lambda p, t: bench.fit_amdahl_times(p, t), "labkit.bench.fit_amdahl_times"),
+                    Reference(bench.fit_amdahl_times, "labkit.bench.fit_amdahl_times"))),
+    "wait_breakdown": Answers(
+        breakdown(), breakdown(waiting=False), passes="✔ waiting or sending: all 10 checks passed",
+        references=(Reference(bench.wait_breakdown, "labkit.bench.wait_breakdown"),)),
+    "wire_step": Answers(
+        wire_step(), wire_step(latency=False), replayed=wire_step(messages=lambda p: p - 1),
+        passes="✔ the step on a network that costs: all 6 checks passed",
+        references=(Reference(scaling.predicted_step, "labkit.scaling.predicted_step"),)),
+}
 
 
 # ---- exercise 5: waiting or sending -----------------------------------------------------------------------------

@@ -1,0 +1,182 @@
+"""The contract every graded exercise keeps, written once for the whole registry (labkit.check.exercises):
+
+1. the right answer passes, printing its ✔ line;
+2. a blank answer (a function raising NotImplementedError, or the family's blank form: a C or CUDA C stub) fails as
+   "not written yet", with no hint, and spends none;
+3. each failed run of a changed wrong answer shows one more hint (the last one repeating), the same answer run again
+   the same hint, and only the hint reached;
+4. the grader's replay of a recorded run agrees with the check's verdict and message (without the hint), and a
+   replay on inputs of another draw says "was not recorded" (where the check draws its inputs: ``Answers.drawn``);
+5. labkit's own answer handed in passes in the notebook and is caught by the grader, who names it.
+
+Each family's test file (tests/test_exercises_<family>.py) gives its exercises' answers in its ``CONTRACT`` table
+(``conftest.Answers``) and keeps the tests of its own mistakes. The exercises whose checks run only under a real
+mpiexec are listed by their family's file in ``MPIEXEC`` with the MPI program of named cases (tests/mpi/) that checks
+them; every exercise of the registry is in one of the two.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+from conftest import Answers, Reference, edited, record_check
+
+from labkit import check
+from labkit.check import ExerciseError
+from labkit.check.exercises import EXERCISES, exercise
+from labkit.grading import replay
+
+HERE = Path(__file__).resolve().parent
+SEED = 4343
+FAMILIES = sorted(p.stem for p in HERE.glob("test_exercises_*.py"))
+
+
+def _tables(attribute: str) -> tuple[dict, dict]:
+    """Every family file's table ``attribute``, merged: (exercise -> entry, exercise -> the file that gives it)."""
+    found, where = {}, {}
+    for family in FAMILIES:
+        for name, entry in getattr(importlib.import_module(family), attribute, {}).items():
+            assert name not in where, f"{name} is in the {attribute} of both {where[name]} and {family}"
+            found[name], where[name] = entry, family
+    return found, where
+
+
+CONTRACT, GIVEN_BY = _tables("CONTRACT")
+MPIEXEC, LISTED_BY = _tables("MPIEXEC")
+
+
+def _params(names, marks_of=lambda a: a.marks) -> list:
+    """One test per exercise, by its name (tests/bylab.py marks it with the exercise's lab), with its marks."""
+    return [pytest.param(name, id=name, marks=tuple(marks_of(CONTRACT[name]))) for name in names]
+
+
+def _on(a: Answers) -> dict:
+    """What the check and the replay are given besides the answer: one rank's communicator for an MPI check."""
+    if not a.one_rank:
+        return {}
+    from mpi4py import MPI
+
+    return {"comm": MPI.COMM_SELF}
+
+
+def _run(name: str, answer, a: Answers) -> None:
+    getattr(check, name)(answer, **_on(a))
+
+
+def _fails(name: str, answer, a: Answers) -> str:
+    with pytest.raises(ExerciseError) as e:
+        _run(name, answer, a)
+    return str(e.value)
+
+
+def _says(pattern: str, message: str) -> None:
+    assert not pattern or re.search(pattern, message, re.S), f"{pattern!r} not in:\n{message}"
+
+
+# ---- the contract ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", _params(sorted(CONTRACT)))
+def test_the_right_answer_passes(name, capsys):
+    a = CONTRACT[name]
+    _run(name, a.right, a)
+    out = capsys.readouterr().out
+    assert "✔" in out and a.passes in out, out
+
+
+@pytest.mark.parametrize("name", _params(sorted(CONTRACT), lambda a: ()))
+def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
+    a = CONTRACT[name]
+    for _ in range(2):  # run again: still no step
+        message = _fails(name, a.blank, a)
+        assert "not written yet" in message and "Step" not in message, message
+
+
+@pytest.mark.parametrize("name", _params(sorted(CONTRACT), lambda a: a.wrong_one().marks))
+def test_each_failed_run_shows_one_more_hint_and_only_that_one(name):
+    a, wrong = CONTRACT[name], CONTRACT[name].wrong_one()
+    hints = exercise(name).hints
+    n = len(hints)
+    assert n >= 3, "the derivation, a step at a time"
+    assert "Step" not in _fails(name, a.blank, a)  # blank before the first failure: no step spent
+    for k in range(1, n + 2):
+        answer = edited(wrong.answer, k)  # a changed answer: the hint advances
+        message = _fails(name, answer, a)
+        shown = min(k, n)  # the last one repeats
+        assert f"Step {shown} of {n}" in message and hints[shown - 1] in message, message
+        assert ("run the check again" in message) == (shown < n), message
+        assert [h for i, h in enumerate(hints) if i != shown - 1 and h in message] == [], "only the step reached"
+        _says(wrong.says, message)
+        if k == 1:
+            assert f"Step 1 of {n}" in _fails(name, answer, a), "the same answer run again: the same step"
+            blank = _fails(name, a.blank, a)
+            assert "not written yet" in blank and "Step" not in blank, "a blank run in between: no step, none spent"
+    assert "Step" not in _fails(name, a.blank, a)  # past the last step too
+
+
+@pytest.mark.parametrize("name", _params(sorted(CONTRACT), lambda a: (*a.marks, *a.wrong_one(replayed=True).marks)))
+def test_the_replay_gives_the_checks_verdict_and_message(name, tmp_path, monkeypatch):
+    a, wrong = CONTRACT[name], CONTRACT[name].wrong_one(replayed=True)
+    on = _on(a)
+    assert record_check(monkeypatch, tmp_path / "right", name, a.right, SEED, **on) == (True, "")
+    assert replay.replay(name, tmp_path / "right", SEED, **on)[0] is True
+    passed, saw = record_check(monkeypatch, tmp_path / "wrong", name, wrong.answer, SEED, **on)
+    assert not passed and "\nStep 1 of " in saw, saw  # the student saw the mistake and the first step...
+    _says(wrong.says, saw)
+    assert replay.replay(name, tmp_path / "wrong", SEED, **on) == (False, saw.split("\nStep 1 of ")[0])  # ...the grader
+    passed, message = replay.replay(name, tmp_path / "right", SEED + 1, **on)  # the grader's own draw of the inputs
+    if a.drawn:
+        assert not passed and "was not recorded" in message, message
+    else:  # a check on fixed inputs: every draw asks what was recorded
+        assert passed and a.passes in message, message
+
+
+@pytest.mark.parametrize("name", _params(sorted(n for n, a in CONTRACT.items() if a.references)))
+def test_labkits_own_answer_handed_in_is_caught_by_the_grader(name, tmp_path, monkeypatch, capsys):
+    a = CONTRACT[name]
+    for i, ref in enumerate(a.references):
+        passed, saw = record_check(monkeypatch, tmp_path / str(i), name, ref.answer, SEED, **_on(a))
+        assert passed is ref.passes, saw  # as the notebook ran it...
+        if ref.passes:
+            assert (ref.prints or a.passes) in capsys.readouterr().out
+        assert replay.replay(name, tmp_path / str(i), SEED, **_on(a)) == (  # ...and as the grader judges it
+            False, f"{name}: uses labkit's reference ({ref.named}): the exercise is to write it yourself")
+
+
+# ---- every exercise keeps it, here or under mpiexec ----------------------------------------------------------------
+
+def test_every_exercise_has_its_contract_answers_here_or_is_checked_under_mpiexec():
+    registry = set(EXERCISES)
+    missing = sorted(registry - set(CONTRACT) - set(MPIEXEC))
+    assert not missing, (f"exercises with neither contract answers (a CONTRACT entry in tests/test_exercises_<family>"
+                         f".py) nor an MPI case file (MPIEXEC): {missing}")
+    assert not set(CONTRACT) & set(MPIEXEC), "an exercise checked here needs no listing under mpiexec"
+    assert sorted((set(CONTRACT) | set(MPIEXEC)) - registry) == [], "answers for exercises the registry lacks"
+    assert all(isinstance(a, Answers) for a in CONTRACT.values())
+
+
+def test_the_exercises_left_to_mpiexec_are_its_and_a_test_runs_their_cases():
+    for name, cases in MPIEXEC.items():
+        assert exercise(name).mpi, f"{name} runs in a plain Python: give it contract answers"
+        program = HERE / "mpi" / cases
+        assert program.is_file(), f"{LISTED_BY[name]}: {name}'s case file {cases} is not in tests/mpi"
+        assert re.search(rf"\b{name}\b", program.read_text()), f"{cases} does not check {name}"
+        runners = [p.name for p in HERE.glob("test_*.py") if f'"{cases}"' in p.read_text()]
+        assert runners, f"no test runs {cases} under mpiexec"
+
+
+def test_labkits_own_answer_is_handed_in_for_every_exercise_that_declares_one():
+    for name, a in CONTRACT.items():
+        e = exercise(name)
+        assert bool(a.references) == bool(e.references or e.sources), name
+        assert all(isinstance(r, Reference) for r in a.references), name
+
+
+def test_one_rank_answers_are_the_mpi_checks_and_the_blank_is_the_familys():
+    for name, a in CONTRACT.items():
+        assert not a.one_rank or exercise(name).mpi, name
+        source = list(inspect.signature(exercise(name).check()).parameters)[0] == "source"
+        assert isinstance(a.blank, str) == source, f"{name}: a C or CUDA C exercise's blank is its source stub"
