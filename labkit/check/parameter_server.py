@@ -133,53 +133,60 @@ def _serial_sgd(data, seed, dtype=np.float64):
 @recorded
 def round_robin_staleness(fn) -> None:
     """Lab 09: ``fn(workers, updates)``, the staleness of each update when workers take turns at one asynchronous
-    master, each computing on the weights it last received. Checked on 1 to 6 workers, 0 to 3 W + 2 updates."""
+    master, each computing on the weights it last received. Checked on 1 to 6 workers, 0 to 3 W + 2 updates, and
+    one count of each drawn afresh."""
     from .. import param_server
 
     ex = "staleness of workers taking turns"
     fn = capture.student(fn, "fn", ex)
+    rng = np.random.default_rng(capture.seed(130))
+    drawn = int(rng.integers(2, 10))
+    cases = [(w, u) for w in range(1, 7) for u in sorted({0, 1, w, 3 * w + 2})]
+    cases.append((drawn, int(rng.integers(4 * drawn + 4))))
     n = 0
-    for workers in range(1, 7):
-        for updates in sorted({0, 1, workers, 3 * workers + 2}):
-            want = param_server.round_robin_staleness(workers, updates).astype(float)
-            got = call(ex, fn, workers, updates)
-            k = np.arange(updates)
-            compare_series(ex, f"{workers} workers, {updates} updates", got, want, [
-                (np.full(updates, workers - 1.0), "the first round is different: the k-th of the first W updates was "
-                                                  "computed on version 0, so its staleness is k"),
-                (np.minimum(k, workers).astype(float), "one too many: a worker receives the weights *after* its own "
-                                                       "update, so its own update is not stale"),
-                (np.where(k < workers, 0.0, k - workers + 1.0), "that is the version the gradient was computed on; "
-                                                                 "the staleness is the master's version minus it"),
-            ], "simulate it: keep the version each worker holds; the k-th update comes from worker k mod W")
-            n += 1
+    for workers, updates in cases:
+        want = param_server.round_robin_staleness(workers, updates).astype(float)
+        got = call(ex, fn, workers, updates)
+        k = np.arange(updates)
+        compare_series(ex, f"{workers} workers, {updates} updates", got, want, [
+            (np.full(updates, workers - 1.0), "the first round is different: the k-th of the first W updates was "
+                                              "computed on version 0, so its staleness is k"),
+            (np.minimum(k, workers).astype(float), "one too many: a worker receives the weights *after* its own "
+                                                   "update, so its own update is not stale"),
+            (np.where(k < workers, 0.0, k - workers + 1.0), "that is the version the gradient was computed on; "
+                                                             "the staleness is the master's version minus it"),
+        ], "simulate it: keep the version each worker holds; the k-th update comes from worker k mod W")
+        n += 1
     passed(ex, n)
 
 
 @recorded
 def delayed_descent(fn) -> None:
     """Lab 09: ``fn(step, delay, iterations)``, w_{t+1} = w_t - step * w_{t-delay} from w = 1 for every t <= 0,
-    returning w_0 .. w_iterations. Checked for delays 0 to 4 and steps on both sides of the stable limit, to 1e-9."""
+    returning w_0 .. w_iterations. Checked for delays 0 to 4 and steps on both sides of the stable limit, and one case
+    drawn afresh, to 1e-9."""
     from .. import param_server
 
     ex = "delayed gradient descent"
     fn = capture.student(fn, "fn", ex)
+    rng = np.random.default_rng(capture.seed(131))
+    cases = [(d, step, it) for d in range(5) for step, it in ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25))]
+    cases.append((int(rng.integers(7)), round(float(rng.uniform(0.05, 1.6)), 3), int(rng.integers(1, 31))))
     n = 0
-    for delay in range(5):
-        for step, iterations in ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25)):
-            want = param_server.delayed_descent(step, delay, iterations)
-            got = call(ex, fn, step, delay, iterations)
-            hints = [(_wrapped(step, delay, iterations), "for t < delay you read w[t - delay] with a negative index: "
-                                                          "Python wraps around to the end of the array; before t = 0, "
-                                                          "w is 1"),
-                     (param_server.delayed_descent(step, 0, iterations), "no delay at all: the gradient uses w_t, "
-                                                                          "not w_(t - delay)")]
-            if delay < 4:
-                hints.append((param_server.delayed_descent(step, delay + 1, iterations),
-                              "one step too old: w_(t+1) uses w_(t - delay), which for delay 0 is w_t itself"))
-            compare_series(ex, f"step {step}, delay {delay}, {iterations} iterations", got, want, hints,
-                           "start from w_0 = 1 and take one step at a time; return all iterations + 1 values")
-            n += 1
+    for delay, step, iterations in cases:
+        want = param_server.delayed_descent(step, delay, iterations)
+        got = call(ex, fn, step, delay, iterations)
+        hints = [(_wrapped(step, delay, iterations), "for t < delay you read w[t - delay] with a negative index: "
+                                                      "Python wraps around to the end of the array; before t = 0, "
+                                                      "w is 1"),
+                 (param_server.delayed_descent(step, 0, iterations), "no delay at all: the gradient uses w_t, "
+                                                                      "not w_(t - delay)")]
+        if delay < 4:
+            hints.append((param_server.delayed_descent(step, delay + 1, iterations),
+                          "one step too old: w_(t+1) uses w_(t - delay), which for delay 0 is w_t itself"))
+        compare_series(ex, f"step {step}, delay {delay}, {iterations} iterations", got, want, hints,
+                       "start from w_0 = 1 and take one step at a time; return all iterations + 1 values")
+        n += 1
     passed(ex, n)
 
 
