@@ -18,9 +18,9 @@ help:
 	@echo "make report   set up .venv, run every lab notebook headlessly ($(PROFILE) profile), write report/index.html"
 	@echo "make lab      JupyterLab on your copies of the labs, exercises to do (labkit-work/);"
 	@echo "              make lab SOLUTIONS=1: the worked solutions, apart (labkit-solutions/)"
-	@echo "make test     set up .venv and run the test suite (as CI does), all but the full tier"
+	@echo "make test     set up .venv and run the test suite (as CI does), all but the full tier: two workers, then the notebooks"
 	@echo "make test-full   the full-profile notebooks and the predictions measured 5 times beside a busy core"
-	@echo "make test-fast   the pure-Python units, under 90 s: run it every few minutes"
+	@echo "make test-fast   the pure-Python units, under a minute: run it every few minutes"
 	@echo "make test-smoke  test-fast plus one MPI run and one compile of each kind"
 	@echo "make bench    the backprop, allreduce, kernel and scaling benchmarks"
 	@echo "make doctor   what labkit finds on this machine (Python, BLAS, GPU, MPI, data)"
@@ -53,17 +53,21 @@ venv: $(STAMP)
 report: $(STAMP)
 	$(BIN)/labkit report --profile $(PROFILE) --out report
 
+# make test: what needs no quiet machine on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), then the
+# lab notebooks, whose claims time things, alone
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not full"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not (full or notebooks)"
+	$(BIN)/python -m pytest -m "notebooks and not full"
 
 test-full: $(STAMP)
 	$(BIN)/python -m pytest -m full
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not ($(COSTLY))"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) -m "not ($(COSTLY))"
 
 test-smoke: $(STAMP)
-	$(BIN)/python -m pytest -m "not ($(COSTLY)) or smoke"
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not ($(COSTLY)) or smoke"
 
 lab: $(STAMP)
 	$(BIN)/labkit lab $(if $(SOLUTIONS),--solutions)

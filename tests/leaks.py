@@ -26,6 +26,8 @@ KINDS = ("jupyter", "ipcontroller", "ipengine", "ipyparallel", "mpiexec", "hydra
 PYTEST_OWN = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 FOLDERS = ("grader", "sandbox", "hosts", "slurm", "engines", "cgroup")
 RUN = "LABKIT_TEST_RUN"  # this run's mark, inherited by what it starts: another run's processes are not this one's
+TMP_ROOT = "LABKIT_TEST_TMPROOT"  # where the run's temporary folder is made (a worker's beside its controller's, not
+# inside it: a SLURM daemon's socket path must stay under the 108 bytes a Unix socket's name may have)
 
 
 def _stat(pid: int) -> list[str]:
@@ -108,7 +110,7 @@ def namespaces(made: set[str]) -> list[str]:
 def own_tempdir(run: str) -> Path:
     """Point this run's temporary files (``TMPDIR``, inherited by everything it starts) at a folder of its own, so that
     the folders it leaves are told apart from another job's; pytest's own tmp_path stays where it was."""
-    base = tempfile.gettempdir()
+    base = os.environ.setdefault(TMP_ROOT, tempfile.gettempdir())  # pytest-xdist's workers: beside their controller's
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", base)  # pytest's basetemp root, read when tmp_path is first used
     folder = Path(base) / f"labkit-test-{run[:12]}"
     folder.mkdir(mode=0o700, exist_ok=True)
