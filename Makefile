@@ -53,12 +53,13 @@ venv: $(STAMP)
 report: $(STAMP)
 	$(BIN)/labkit report --profile $(PROFILE) --out report
 
-# make test: what needs no quiet machine on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), then the
-# lab notebooks, whose claims time things, alone
+# make test: what needs no quiet machine on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), then alone
+# the lab notebooks, whose claims time things, and the tests marked quiet; both runs always run, either failing fails
 TEST_JOBS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not (full or notebooks)"
-	$(BIN)/python -m pytest -m "notebooks and not full"
+	@$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not (full or notebooks or quiet)"; shared=$$?; \
+	$(BIN)/python -m pytest -m "(notebooks or quiet) and not full"; alone=$$?; \
+	test $$shared = 0 -a $$alone = 0
 
 test-full: $(STAMP)
 	$(BIN)/python -m pytest -m full

@@ -5,8 +5,9 @@ modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``h
 ``kernels``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``data_parallel``, ``param_server``,
 ``compression``, ``model_parallel``, ``scaling``. Around them: ``check`` (the exercises and their checks),
 ``cluster`` (where MPI runs), ``network`` (the labs' network that costs: shaped cables between hosts),
-``grading`` (the grader); ``bench``, ``benchmarks``, ``plots`` and ``report`` (measuring and
-drawing); ``questions`` (a prediction beside its measurement); ``settings``, ``machine``, ``progress``,
+``grading`` (the grader); ``bench``, ``benchmarks``, ``plots``, ``runner`` (a notebook run headlessly) and ``report``
+(measuring and drawing); ``questions`` (a prediction beside its measurement) and ``claims`` (the text checked
+against the run); ``settings``, ``machine``, ``progress``,
 ``errors``, ``doctor``, ``gpucheck``, ``wheelhouse`` and ``cli``. They are imported on first use, so
 ``import labkit`` needs no GPU, no MPI and no running cluster.
 """
@@ -17,10 +18,10 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "benchmarks", "check", "cli", "cluster", "collectives", "comm_backends", "compression", "costmodel",
-               "cpu_parallel", "data", "data_parallel", "device", "doctor", "errors", "gpucheck", "grading", "hostc", "kernels",
-               "labs", "machine", "mlp", "model_parallel", "network", "openmp", "param_server", "plots", "progress", "questions",
-               "report", "scaling", "settings", "shards", "traffic", "wheelhouse")
+_SUBMODULES = ("bench", "benchmarks", "check", "claims", "cli", "cluster", "collectives", "comm_backends", "compression",
+               "costmodel", "cpu_parallel", "data", "data_parallel", "device", "doctor", "errors", "gpucheck", "grading", "hostc",
+               "kernels", "labs", "machine", "mlp", "model_parallel", "network", "openmp", "param_server", "plots", "progress",
+               "questions", "report", "runner", "scaling", "settings", "shards", "traffic", "wheelhouse")
 
 
 def __getattr__(name: str):

@@ -17,8 +17,9 @@ from . import settings
 
 def _cmd_report(a) -> int:
     from . import report
+    from .labs import NOTEBOOKS
 
-    results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or report.NOTEBOOKS,
+    results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or NOTEBOOKS,
                                 only=a.only, timeout=a.timeout, fetch=a.fetch, solutions=a.solutions)
     print(report.summary(results, page))
     unheld = [c for r in results for c in r.claims if not c["holds"]]
@@ -56,7 +57,7 @@ def work_copies(notebooks: Path, work: Path, solutions: bool = False) -> list[st
     """Copy the lab notebooks into ``work`` for ``labkit lab``: their student versions (exercises as stubs, answer
     cells blank), or with ``solutions`` the course's notebooks. A notebook already there is never overwritten.
     Returns one line per notebook copied or kept."""
-    from .report import find_notebooks
+    from .runner import find_notebooks
 
     work.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -75,7 +76,7 @@ def work_copies(notebooks: Path, work: Path, solutions: bool = False) -> list[st
 def _lab_folder(a) -> Path:
     """The folder ``labkit lab`` opens: the one given with --notebooks, else the work folder (or, with --solutions,
     the solutions folder beside it) after copying into it the labs it lacks."""
-    from .report import NOTEBOOKS
+    from .labs import NOTEBOOKS
 
     if a.notebooks:  # an instructor editing the course's notebooks themselves
         if a.solutions:
@@ -155,10 +156,11 @@ def _cmd_labs(a) -> int:
 
 
 def _cmd_assign(a) -> int:
-    from . import report
+    from . import runner
     from .grading import assign
+    from .labs import NOTEBOOKS
 
-    notebooks = report.find_notebooks(a.notebooks or report.NOTEBOOKS, only=a.only)
+    notebooks = runner.find_notebooks(a.notebooks or NOTEBOOKS, only=a.only)
     if a.format == "nbgrader":
         notebooks = [p for p in notebooks if assign.has_exercises(assign.nbformat.read(p, as_version=4))]
         written = assign.write_nbgrader_sources(notebooks, a.out, force=a.force)

@@ -35,7 +35,7 @@ class Lab:
     title: str                       # the notebook's heading after "Lab NN — "
     lessons: tuple[str, ...]         # the lesson modules of labkit it teaches with (a module may serve several labs)
     checks: tuple[str, ...]          # the modules of labkit.check holding its exercises
-    claims: tuple[str, ...]          # what its text says its run shows, as the notebook checks it with report.claim
+    claims: tuple[str, ...]          # what its text says its run shows, as the notebook checks it with labkit.claims.claim
     optional_claims: tuple[str, ...] = ()  # claims made only on some machines: a GPU, the emulator, shaped cables
     needs: tuple[str, ...] = ()      # of NEEDS: without these it cannot run
     uses: tuple[str, ...] = ()       # of NEEDS: it runs without these, and shows more with them
@@ -51,9 +51,9 @@ class Lab:
 
 
 # the house around the lessons: the modules (and packages) of labkit that belong to no one lab
-AROUND = ("__main__", "bench", "benchmarks", "check", "cli", "cluster", "doctor", "errors", "gpucheck", "grading", "labs",
-          "machine", "native", "network", "plots", "progress", "questions", "report", "settings", "wheelhouse", "c",
-          "mnist_subset")
+AROUND = ("__main__", "bench", "benchmarks", "check", "claims", "cli", "cluster", "doctor", "errors", "gpucheck", "grading",
+          "labs", "machine", "native", "network", "plots", "progress", "questions", "report", "runner", "settings",
+          "wheelhouse", "c", "mnist_subset")
 
 
 class UnknownLab(LabkitError, ValueError):
@@ -112,13 +112,13 @@ LABS: tuple[Lab, ...] = (
         ("collectives",), (
             "the tree broadcast needs fewer rounds than the linear one, with the same p - 1 messages",
         ), needs=("mpi",)),
-    Lab("07", "ring_allreduce", "Ring allreduce", ("collectives", "shards", "traffic", "costmodel"), ("mpi",), (
+    Lab("07", "ring_allreduce", "Ring allreduce", ("collectives", "shards", "traffic", "costmodel"), ("ring",), (
         "the naive allreduce sends p(p-1)N elements in total and the ring 2(p-1)N, on every number of ranks",
         "at the largest size the ring, moving less data, is faster than the naive allreduce",
     ), optional_claims=(
         "across hosts with shaped cables the ring beats the naive allreduce at the largest size by at least 1.5x",
     ), needs=("mpi",), uses=(CABLE,)),
-    Lab("08", "data_parallel_sgd", "Synchronous data-parallel SGD", ("comm_backends", "data_parallel"), ("mpi",), (
+    Lab("08", "data_parallel_sgd", "Synchronous data-parallel SGD", ("comm_backends", "data_parallel"), ("data_parallel",), (
         "data parallelism trains as the serial run does: same accuracy, the same weights on every rank",
         "the synchronous runs train as one rank does",
         "no 2-process design beats the yardstick by more than the update it shares",

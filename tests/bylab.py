@@ -40,7 +40,7 @@ def _exercises() -> dict[str, str]:
 
 @functools.cache
 def _by_module() -> dict[str, set[str]]:
-    """labkit module (``mlp``, ``check.mpi``) -> the labs that declare it."""
+    """labkit module (``mlp``, ``check.ring``) -> the labs that declare it."""
     found: dict[str, set[str]] = {}
     for lab in labs.LABS:
         for m in lab.lessons:
@@ -73,7 +73,7 @@ def labs_of_module(path: str) -> frozenset[str]:
         if name.startswith("exercise:"):
             found |= {_exercises()[name[9:]]} if name[9:] in _exercises() else set()
             continue
-        parts = name.split(".")  # kernels.counts is the kernels lesson's; check.mpi.X is check.mpi
+        parts = name.split(".")  # kernels.counts is the kernels lesson's; check.ring.X is check.ring
         if parts[0] == "check" and len(parts) > 1 and f"check.{parts[1]}" in _by_module():
             found |= _by_module()[f"check.{parts[1]}"]
         elif parts[0] in order:

@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import report, settings
+from labkit import runner, settings
 
 JOBS = {"reference": 1, "student": 2}
 DATA = settings.SETTINGS["LABKIT_DATA"].name  # removed for the runs: the default data
-CELL_LIMIT = 300  # seconds a cell may take, as report.execute allows the report's cells
+CELL_LIMIT = 300  # seconds a cell may take, as runner.execute allows the report's cells
 
 
 @dataclass
@@ -34,7 +34,7 @@ class LabRun:
     entry: dict            # its grades.json entry: passed, exercises, seconds, ...
     isolated: bool         # whether it ran in a sandbox
     released: int          # the exercises the release record holds for it
-    found: report.NotebookResult = field(default=None)
+    found: runner.NotebookResult = field(default=None)
 
     @property
     def seconds(self) -> float:
@@ -44,7 +44,7 @@ class LabRun:
 class LabRuns:
     def __init__(self, folder: Path, names: set[str]):
         self.folder, self.names = Path(folder), set(names)
-        self.notebooks = [p for p in report.find_notebooks() if p.name in self.names]
+        self.notebooks = [p for p in runner.find_notebooks() if p.name in self.names]
         self._graded: dict[str, dict[str, LabRun]] = {}
         self._release: Path | None = None
 
@@ -52,7 +52,7 @@ class LabRuns:
         """The run of notebook ``name`` in ``version`` ("reference" or "student"), graded on first use."""
         if name not in self.names:  # a test selected after collection (a plugin, a rerun): grade it as well
             self.names.add(name)
-            self.notebooks = [p for p in report.find_notebooks() if p.name in self.names]
+            self.notebooks = [p for p in runner.find_notebooks() if p.name in self.names]
             self._graded.clear()  # every version again, from a release that holds it too
             self._release = None
         if version not in self._graded:
@@ -94,8 +94,8 @@ class LabRuns:
             run = LabRun(path.name, executed, [r for r in results if r.notebook == path.name],
                          data["students"][version][path.name], bool(data.get("isolated")),
                          len(record[path.name]["exercises"]))
-            run.found = report.NotebookResult(name=path.name, title=path.stem)
+            run.found = runner.NotebookResult(name=path.name, title=path.stem)
             if executed.exists():
-                report.collect(nbformat.read(executed, as_version=4), run.found)
+                runner.collect(nbformat.read(executed, as_version=4), run.found)
             runs[path.name] = run
         return runs

@@ -3,7 +3,7 @@
 import nbformat
 import pytest
 
-from labkit import check, report
+from labkit import check, runner
 from labkit.grading import assign
 
 PY = '''def f(x):
@@ -74,7 +74,7 @@ def test_markers_in_a_markdown_cell_are_an_error():
 
 
 def test_write_student_versions_of_every_lab(tmp_path):
-    labs = report.find_notebooks()
+    labs = runner.find_notebooks()
     written = assign.write_student_versions(labs, tmp_path)
     assert [p.name for p in written] == [p.name for p in labs]
     for p in written:

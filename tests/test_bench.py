@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import ranks
 
-from labkit import bench, scaling
+from labkit import bench, runner, scaling
 
 
 def test_amdahl_fit_recovers_serial_fraction():
@@ -208,10 +208,9 @@ def test_scaling_rounds_pool_every_round():
 
 
 def test_the_classroom_benchmark_hands_in_what_each_kind_of_student_would():
-    from labkit import report
     from labkit.benchmarks import classroom
 
-    lab = report.find_notebooks(only="01_")[0]
+    lab = runner.find_notebooks(only="01_")[0]
     kinds = [classroom.kind_of(i, 40) for i in range(40)]
     assert kinds.count("endless") == 2 and kinds.count("blank") == 8 and kinds.count("wrong") == 10
     wrong = "\n".join(c.source for c in classroom.submission(lab, "wrong").cells)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import settings
+from labkit import runner, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "01_serial_backprop.ipynb"
@@ -180,7 +180,6 @@ def test_an_exported_lab_page_renders_its_math_with_no_network(tmp_path):
     turns the page's $...$ into typeset math."""
     import nbformat
 
-    from labkit import report
 
     chromium = _chromium()
     try:
@@ -189,7 +188,7 @@ def test_an_exported_lab_page_renders_its_math_with_no_network(tmp_path):
         _missing("Playwright is not installed (pip install -e '.[test]')")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
         "# Lab 99\n\nThe ring sends $2\\frac{p-1}{p}N$ elements against $(p-1)N$.")])
-    page_path = report.export_html(nb, tmp_path / "99_math.html")
+    page_path = runner.export_html(nb, tmp_path / "99_math.html")
     html = page_path.read_text()
     assert "cdnjs" not in html and 'src="mathjax/MathJax.js?config=' in html
     assert (tmp_path / "mathjax" / "MathJax.js").is_file()

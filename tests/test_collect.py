@@ -9,11 +9,11 @@ from datetime import datetime
 import nbformat
 import pytest
 
-from labkit import cli, report
+from labkit import cli, labs
 from labkit.grading import assign, collect
 
-LAB01 = report.NOTEBOOKS / "01_serial_backprop.ipynb"
-LAB07 = report.NOTEBOOKS / "07_ring_allreduce.ipynb"
+LAB01 = labs.NOTEBOOKS / "01_serial_backprop.ipynb"
+LAB07 = labs.NOTEBOOKS / "07_ring_allreduce.ipynb"
 
 
 def _student(path, note=""):

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from conftest import Answers, Reference, Wrong, needs_cc, needs_cxx
 
-from labkit import check, openmp, report
+from labkit import check, openmp, runner
 from labkit.check import ExerciseError
 from labkit.check.capture import _c_function
 from labkit.check.exercises import exercise, in_lab
@@ -26,7 +26,7 @@ SEED = 515
 
 
 def _lab(prefix: str):
-    return nbformat.read(report.find_notebooks(only=prefix)[0], as_version=4)
+    return nbformat.read(runner.find_notebooks(only=prefix)[0], as_version=4)
 
 
 # ---- the ladders ----------------------------------------------------------------------------------------------------

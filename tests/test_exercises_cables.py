@@ -1,5 +1,6 @@
-"""The exercises of labs 07 and 08 that price communication on a network that costs (labkit.check.mpi): lab 07's
-time of an allreduce's traffic log on one cable per rank, lab 08's blocking and overlapped step.
+"""The exercises of labs 07 and 08 that price communication on a network that costs (labkit.check.ring and
+labkit.check.data_parallel): lab 07's time of an allreduce's traffic log on one cable per rank, lab 08's blocking
+and overlapped step.
 
 Their answers for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right, blank, hints, replay,
 labkit's own), and the typical wrong ones, each named by the check's message."""
@@ -12,7 +13,7 @@ from conftest import Answers, Reference, record_check
 
 from labkit import check, costmodel, data_parallel
 from labkit.check import ExerciseError
-from labkit.check import mpi as checks
+from labkit.check import ring as checks
 from labkit.check.exercises import exercise
 from labkit.grading import replay
 
@@ -209,5 +210,5 @@ ANSWERS = {"cable_seconds": ["max(out", "out.max()", "total +="], "overlap_model
 def test_the_hints_lead_to_the_answer_but_never_hold_it():
     for name in CONTRACT:
         e = exercise(name)
-        assert len(e.hints) >= 3 and e.module == "mpi" and not e.mpi
+        assert len(e.hints) >= 3 and e.module == {"07": "ring", "08": "data_parallel"}[e.lab] and not e.mpi
         assert not [bit for bit in ANSWERS[name] if bit in " ".join(e.hints)], name

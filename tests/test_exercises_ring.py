@@ -1,5 +1,6 @@
-"""The exercises of labs 07 and 08 (labkit.check.mpi): the ring's chunks, its reduce-scatter and the whole ring
-allreduce; the rows of one rank, the mean gradient over every rank's rows and the whole data-parallel step.
+"""The exercises of labs 07 and 08 (labkit.check.ring, labkit.check.data_parallel): the ring's chunks, its
+reduce-scatter and the whole ring allreduce; the rows of one rank, the mean gradient over every rank's rows and the
+whole data-parallel step.
 
 Their answers for the contract every exercise keeps (``CONTRACT``, tests/test_contract.py: right, blank, hints, replay,
 labkit's own), and the typical wrong ones, each named by the check's message. The MPI checks run here on one rank (a
@@ -138,7 +139,7 @@ def test_labs_07_and_08_declare_their_exercises_with_hints_and_references():
     for e in in_lab("07") + in_lab("08"):
         if e.name in CABLES:  # tests/test_exercises_cables.py
             continue
-        assert e.module == "mpi" and len(e.hints) >= 3 and e.references, e.name
+        assert e.module == {"07": "ring", "08": "data_parallel"}[e.lab] and len(e.hints) >= 3 and e.references, e.name
         assert e.mpi == (e.name in MPI_RIGHT), e.name  # the plain functions need no MPI
         for ref in e.references:  # each names a function or class of labkit that exists
             module, attr = ref.split(":")

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from labkit import report
+from labkit import runner
 from labkit.grading import feedback
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -136,14 +136,14 @@ def test_the_figures_a_students_run_draws_reach_the_executed_notebook_and_the_pa
 @pytest.mark.parametrize("tex", [r"\href{javascript:alert(1)}{x}", r"\text{<script>alert(1)</script>}",
                                  r"\text{<img src=x onerror=alert(2)>}"])
 def test_math_keeps_no_link_and_no_tag_whatever_the_tex(tex):
-    out = report.tex_to_mathml(tex)
+    out = runner.tex_to_mathml(tex)
     assert out.startswith(("<math", "<code>")) and "href" not in out and "<script" not in out and "<img" not in out
 
 
 def test_tex_the_converter_cannot_read_is_shown_as_code():
-    assert report.tex_to_mathml(r"\frac{1}{") == r"<code>\frac{1}{</code>"
-    assert report.tex_to_mathml("a &lt; b").count("&lt;") == 1  # the markdown parser's escape undone, then redone
-    assert report.tex_to_mathml("x", display=True).startswith("<span class='labkit-math'><math display=\"block\"")
+    assert runner.tex_to_mathml(r"\frac{1}{") == r"<code>\frac{1}{</code>"
+    assert runner.tex_to_mathml("a &lt; b").count("&lt;") == 1  # the markdown parser's escape undone, then redone
+    assert runner.tex_to_mathml("x", display=True).startswith("<span class='labkit-math'><math display=\"block\"")
 
 
 @pytest.mark.browser

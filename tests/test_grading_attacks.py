@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell
 
-from labkit import report, settings
+from labkit import runner, settings
 from labkit.grading import assign, grade, sandbox
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.sandbox, pytest.mark.slow]
@@ -31,7 +31,7 @@ needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"no sandbox here: {WHY}
 
 def _lab(prefix: str, keep: list[str], out: Path) -> Path:
     """The instructor's notebook ``prefix*`` with only the cells of ids ``keep``, written into ``out``."""
-    path = report.find_notebooks(only=prefix)[0]
+    path = runner.find_notebooks(only=prefix)[0]
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if c.get("id") in keep]
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def lab01(tmp_path_factory):
     def probe(nb):  # what a submission can reach: printed into its executed notebook
         solve(nb)
         paths = {"other": str(other), "instructor": str(lab), "release": str(tmp / "release" / "release.json"),
-                 "repo_notebooks": str(report.find_notebooks(only="01_")[0])}
+                 "repo_notebooks": str(runner.find_notebooks(only="01_")[0])}
         _before(nb, "c12", "import json, os, socket\nseen = {}\n"
                 f"for k, p in {paths!r}.items():\n"
                 "    try:\n        open(p).read(1)\n        seen[k] = 'read'\n    except OSError as e:\n"

@@ -6,10 +6,10 @@ import os
 import nbformat
 import pytest
 
-from labkit import cli, report
+from labkit import cli, runner
 from labkit.grading import answers, assign
 
-LABS = report.find_notebooks()
+LABS = runner.find_notebooks()
 MINE = LABS[0].name
 
 

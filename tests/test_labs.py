@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit import labs, report
+from labkit import labs, runner
 from labkit.check import exercises
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ def test_every_module_of_labkit_is_a_lesson_of_a_lab_or_of_the_house_around_them
 
 
 def test_every_notebook_is_a_lab_and_every_lab_has_its_notebook_and_heading():
-    notebooks = {p.name: p for p in report.find_notebooks()}
+    notebooks = {p.name: p for p in runner.find_notebooks()}
     assert set(notebooks) == {lab.notebook for lab in labs.LABS}
     assert [lab.number for lab in labs.LABS] == [f"{i:02d}" for i in range(1, len(labs.LABS) + 1)]
     for lab in labs.LABS:
@@ -71,12 +71,12 @@ def test_every_lab_has_tests_found_by_its_marker():
 
 
 def test_labkit_labs_lists_the_labs_and_one_labs_pieces(capsys):
-    from labkit import cli
+    from labkit import cli, labs
 
     assert cli.main(["labs"]) == 0 and labs.table() in capsys.readouterr().out
     assert cli.main(["labs", "7"]) == 0
     out = capsys.readouterr().out
-    assert "notebooks/07_ring_allreduce.ipynb" in out and "pytest -m lab07" in out and "check.mpi" in out
+    assert "notebooks/07_ring_allreduce.ipynb" in out and "pytest -m lab07" in out and "check.ring" in out
     assert cli.main(["labs", "13"]) == 2 and "no lab '13'" in capsys.readouterr().err
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import labkit
-from labkit import check, labs
+from labkit import check, labs, runner
 from labkit.check.exercises import EXERCISES, exercise
 from labkit.errors import LabkitError
 
@@ -102,12 +102,11 @@ def test_the_c_and_cuda_twins_share_their_bases():
 def test_every_exercise_is_declared_once_and_called_in_its_lab():
     import nbformat
 
-    from labkit import report
     from labkit.grading.assign import exercises_in
 
     assert set(check.__all__) - {"ExerciseError", "KERNEL_TODO"} == set(EXERCISES)
     called = {p.name[:2]: {name for _, name in exercises_in(nbformat.read(p, as_version=4))}
-              for p in report.find_notebooks()}
+              for p in runner.find_notebooks()}
     for name, ex in EXERCISES.items():
         assert ex.check() is getattr(check, name), f"{name}: check.{name} is not the declared check"
         assert name in called[ex.lab], f"{name}: lab {ex.lab} does not call check.{name}"

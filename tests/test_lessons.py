@@ -10,11 +10,11 @@ import re
 import nbformat
 import pytest
 
-from labkit import report
+from labkit import runner
 from labkit.check.exercises import in_lab
 from labkit.grading import answers, assign
 
-NOTEBOOKS = report.find_notebooks()
+NOTEBOOKS = runner.find_notebooks()
 IDS = [p.name[:2] for p in NOTEBOOKS]
 NOT_YET: set[str] = set()  # every lab meets them now
 MAX_WORDS, MAX_SENTENCE, MAX_CODE_LINES = 160, 45, 12

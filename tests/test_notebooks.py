@@ -7,14 +7,14 @@ import nbformat
 import pytest
 from conftest import real_data_dir
 
-from labkit import labs, report
+from labkit import labs, runner
 from labkit.grading import assign, sandbox
 
-NOTEBOOKS = report.find_notebooks()
+NOTEBOOKS = runner.find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
 WITH_EXERCISES = [p for p in NOTEBOOKS if "### BEGIN SOLUTION" in p.read_text()]
 
-# What each lab's text says its measurements show, as the notebook checks it with report.claim: each lab's claims in
+# What each lab's text says its measurements show, as the notebook checks it with claims.claim: each lab's claims in
 # labkit/labs.py. Every claim must be made and hold on the quick profile with the default data (the MNIST subset
 # shipped with labkit), and on the full profile, which instructors publish, with the full MNIST; a lab's
 # optional_claims are made only on some machines (a GPU, the emulator, shaped cables between namespace hosts).
@@ -103,7 +103,7 @@ def test_notebook_runs_full_profile_and_its_claims_hold(path, tmp_path):
     # What `labkit report --profile full` publishes: more epochs, steps, ranks and sizes, so a claim whose bound
     # held only for a short run fails here (lab 11's float32 comparisons did). About 12 minutes for all 12 labs
     # on 2 cores, lab 10 the longest at about 4.
-    result = report.execute(path, tmp_path, {"PROFILE": "full"}, timeout=600, progress=False,
+    result = runner.execute(path, tmp_path, {"PROFILE": "full"}, timeout=600, progress=False,
                             env={"LABKIT_DATA": str(FULL_MNIST)})
     assert result.ok, result.error
     _claims_made_and_held(result, path.name)
@@ -118,7 +118,7 @@ def _errors(nb):
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") == "error":
                 line = notebook._engine_error(cell) if out.get("ename") in notebook.ENGINE_ERRORS else None
-                yield i, line or f"{out.get('ename')}: {report.ANSI_ESCAPES.sub('', str(out.get('evalue', '')))}"
+                yield i, line or f"{out.get('ename')}: {runner.ANSI_ESCAPES.sub('', str(out.get('evalue', '')))}"
 
 
 @pytest.mark.notebooks

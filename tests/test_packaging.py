@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import gpucheck, machine, progress, report, settings
+from labkit import gpucheck, machine, progress, runner, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "labkit"
@@ -224,7 +224,7 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
     assert out.returncode == 0, out.stderr[-2000:]
     first, second, third, fourth, fifth = out.stdout.split("\n")[:5]
     where, count, repo_data, default = first.split()
-    assert where.startswith(str(site)) and count == str(len(report.find_notebooks())) and repo_data == "None"
+    assert where.startswith(str(site)) and count == str(len(runner.find_notebooks())) and repo_data == "None"
     assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
     kind, subset, shape = third.split(" ", 2)
     assert kind == "subset" and subset.startswith(str(site)) and shape == "(10000, 784)", "the MNIST subset ships too"

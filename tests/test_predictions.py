@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import run_mpi_cases
 
-from labkit import kernels, report
+from labkit import kernels, runner
 from labkit.machine import usable_cores
 
 RUNS = 5
@@ -50,7 +50,7 @@ EXACT = {
 def model_answer(answer: str) -> dict:
     """The variables of the release notebook's answer cell ``answer`` (its metadata ``labkit.answer``), as written
     for the kernels' backend on this machine."""
-    for path in report.find_notebooks():
+    for path in runner.find_notebooks():
         for cell in json.loads(path.read_text())["cells"]:
             if cell.get("metadata", {}).get("labkit", {}).get("answer") == answer:
                 scope: dict = {}
@@ -78,7 +78,7 @@ def right(model, measured) -> bool:
 def predictions() -> dict[str, str]:
     """Every prediction of the labs: answer id -> notebook."""
     found = {}
-    for path in report.find_notebooks():
+    for path in runner.find_notebooks():
         for cell in json.loads(path.read_text())["cells"]:
             meta = cell.get("metadata", {}).get("labkit", {})
             if meta.get("kind") == "predict":

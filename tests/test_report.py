@@ -1,7 +1,7 @@
 import nbformat
 import pytest
 
-from labkit import cli, report
+from labkit import cli, report, runner
 
 
 def make_nb(path, *sources, params="PROFILE = 'quick'"):
@@ -23,8 +23,8 @@ def nbdir(tmp_path):
     d.mkdir()
     make_nb(d / "01_good.ipynb",
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.title(PROFILE)\nplt.show()",
-            "from labkit.report import record\nrecord('answer', 42.0, 's', 'a note')\nrecord('acc', 0.9512, '%')",
-            "from labkit.report import claim\nclaim('two is more than one', 2 > 1, '2 and 1')\n"
+            "from labkit.claims import record\nrecord('answer', 42.0, 's', 'a note')\nrecord('acc', 0.9512, '%')",
+            "from labkit.claims import claim\nclaim('two is more than one', 2 > 1, '2 and 1')\n"
             "claim('the text is right here', 1 > 2, '1 and 2')")
     make_nb(d / "02_bad.ipynb", "raise ValueError('deliberate failure in cell 2')", "print('never runs')")
     make_nb(d / "03_slow.ipynb", "import time\ntime.sleep(60)")
@@ -79,8 +79,8 @@ def test_cli_report_exit_code(nbdir, tmp_path, capsys):
 
 def test_find_notebooks_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no notebooks folder"):
-        report.find_notebooks(tmp_path / "missing")
+        runner.find_notebooks(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="no lab notebooks"):
-        report.find_notebooks(tmp_path)
+        runner.find_notebooks(tmp_path)
     with pytest.raises(ValueError, match="profile must be"):
         report.run(profile="medium", notebooks=tmp_path)

@@ -9,12 +9,12 @@ from datetime import datetime, timedelta, timezone
 import nbformat
 import pytest
 
-from labkit import cli, report
+from labkit import cli, labs
 from labkit.grading import assign, grade, late, scores
 from labkit.grading.notebook import ExerciseResult
 
-LAB01 = report.NOTEBOOKS / "01_serial_backprop.ipynb"
-LAB07 = report.NOTEBOOKS / "07_ring_allreduce.ipynb"
+LAB01 = labs.NOTEBOOKS / "01_serial_backprop.ipynb"
+LAB07 = labs.NOTEBOOKS / "07_ring_allreduce.ipynb"
 NB = "01_serial_backprop.ipynb"
 UTC = timezone.utc
 

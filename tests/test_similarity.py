@@ -14,7 +14,7 @@ import textwrap
 import nbformat
 import pytest
 
-from labkit import cli, report
+from labkit import cli, runner
 from labkit.grading import assign, similarity
 
 # ---- four honest solutions of each exercise (function bodies, as written under the handed-out header) ----------
@@ -621,7 +621,7 @@ def body(lab: str, exercise: str, student: str) -> str:
 def released(tmp_path_factory):
     """The three labs handed out (student versions and release.json), as labkit assign writes them."""
     root = tmp_path_factory.mktemp("release")
-    labs = [report.find_notebooks(only=lab)[0] for lab in HONEST]
+    labs = [runner.find_notebooks(only=lab)[0] for lab in HONEST]
     assign.write_student_versions(labs, root / "handout", release_dir=root / "release")
     return root
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from labkit import settings
+from labkit import runner, settings
 from labkit.cluster import slurm
 
 pytestmark = [pytest.mark.mpi, pytest.mark.hosts, pytest.mark.slow]
@@ -247,11 +247,10 @@ def test_mpi_engines_as_a_slurm_job_run_lab_06(cluster):
     address toward the SLURM controller (the bridge), not 0.0.0.0; lab 06's %%px cells run; stop() ends the job."""
     import nbformat
 
-    from labkit import report
     from labkit.cluster import MPICluster
     from labkit.cluster.processes import process_tree
 
-    lab = nbformat.read(report.find_notebooks(only="06_")[0], as_version=4)
+    lab = nbformat.read(runner.find_notebooks(only="06_")[0], as_version=4)
     px = [c.source.split("\n", 1)[1] for c in lab.cells if c.cell_type == "code" and c.source.startswith("%%px")]
     with MPICluster(4, launcher="slurm", slurm_options=["--nodes=2", "--ntasks-per-node=2", "--time=10"],
                     start_timeout=120) as engines:

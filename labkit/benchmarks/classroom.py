@@ -68,12 +68,12 @@ def _solutions_kept(nb):
 def run(quick: bool = False, progress: bool | None = None) -> dict:
     import nbformat
 
-    from .. import report
+    from .. import runner
     from ..grading import exports, feedback, grade, sandbox
 
     n = 4 if quick else 40
     jobs = usable_cores()
-    labs = [report.find_notebooks(only=k)[0] for k in LABS]
+    labs = [runner.find_notebooks(only=k)[0] for k in LABS]
     with tempfile.TemporaryDirectory(prefix="labkit-bench-class-") as tmp:
         subs, out = Path(tmp) / "subs", Path(tmp) / "grades"
         kinds = {f"student{i:02d}": kind_of(i, n) for i in range(n)}

@@ -36,12 +36,12 @@ TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s"
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
-    from .. import report
+    from .. import runner
 
     rounds = (1 if quick else 2) if rounds is None else rounds
     cores = usable_cores()
     n = 2 if quick else 2 * max(cores, 2)
-    lab = report.find_notebooks(only="01_")[0]
+    lab = runner.find_notebooks(only="01_")[0]
     timings, passed, busy, isolated, handing_on = _grade_in_rounds(lab, n, cores, rounds, quick)
     per_minute = {jobs: 60 * n / t.median for jobs, t in timings.items()}
     result = {"quick": quick, "rounds": rounds, "notebooks": n, "lab": lab.name, "cores": cores,
@@ -156,10 +156,10 @@ def _every_lab_once() -> dict:
 
     import nbformat
 
-    from .. import report
+    from .. import runner
     from ..grading import assign, grade
 
-    labs = [p for p in report.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
+    labs = [p for p in runner.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]
     with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
         (Path(tmp) / "subs" / "teacher").mkdir(parents=True)
         for p in labs:

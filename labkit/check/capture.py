@@ -153,7 +153,7 @@ def _encode_error(e: BaseException) -> dict:
 
 # the modules whose exceptions and results the checks catch and read: a record may name these, and only these are
 # imported for it (a record is the student's file: importing what it names could run anything, labkit.__main__ say)
-KNOWN_MODULES = ("labkit.check.common", "labkit.check.mpi", "labkit.check.capture", "labkit.hostc", "labkit.kernels.emulator",
+KNOWN_MODULES = ("labkit.check.common", "labkit.check.ring", "labkit.check.capture", "labkit.hostc", "labkit.kernels.emulator",
                  "labkit.kernels.source", "labkit.param_server", "labkit.collectives", "labkit.mlp", "labkit.data")
 
 

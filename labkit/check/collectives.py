@@ -2,7 +2,7 @@
 ``Sendrecv`` alone. A linear reduce to a root, a binomial-tree broadcast from any root, and a recursive-doubling
 allreduce.
 
-Each check runs the student's function on sub-communicators of 1..p ranks (:func:`.mpi.collective_check`), compares
+Each check runs the student's function on sub-communicators of 1..p ranks (:func:`.common.collective_check`), compares
 it with the MPI library's own collective, then judges its traffic. A recording communicator (:class:`P2PComm`) logs
 every message sent and received. The rounds are counted on a one-port machine (:func:`schedule`): each rank sends at
 most one message and receives at most one per round, and a ``Sendrecv`` does both in one round.
@@ -26,9 +26,8 @@ import numpy as np
 
 from ..errors import LabkitError
 from . import capture
-from .common import ExerciseError, not_written, on_given_comm, recorded
+from .common import ExerciseError, collective_check, not_written, on_given_comm, recorded
 from .exercises import Exercise
-from .mpi import collective_check
 
 # the codes of P2PComm's log rows (source, dest, bytes, code): what happened, in the rank's program order
 SEND, RECV, SR_SEND, SR_RECV, STUCK_SEND, STUCK_RECV = 0, 1, 2, 3, 8, 9

@@ -260,3 +260,42 @@ def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray,
             hint = why
             break
     fail(ex, f"{where}:\n  yours:    {np.array2string(a, precision=4)}\n  expected: {np.array2string(want, precision=4)}", hint)
+
+
+def collective_check(comm, ex: str, cases) -> None:
+    """Run ``cases(sub, k)`` (a generator of case functions returning an error string or None) on
+    sub-communicators of the first k = 1..p ranks. Ranks agree after every case, so nobody starts a case
+    the others skipped; on failure every rank raises (rank 0 with the message)."""
+    from ..cluster import first_ranks
+    from ..collectives import first_cause
+
+    p, rank = comm.Get_size(), comm.Get_rank()
+    n_checks, error = 0, None
+    for k in range(1, p + 1):
+        with first_ranks(comm, k) as sub:
+            if sub:
+                for case in cases(sub, k):
+                    if error is None:
+                        error = case()
+                    n_checks += 1
+                    error = first_cause(sub.allgather(error))
+                    if error:
+                        break
+        error = first_cause(comm.allgather(error))
+        if error:
+            if rank == 0:  # one message for the student: the other ranks return quietly, rank 0's error fails the cell
+                raise ExerciseError(error)
+            return
+    if rank == 0:
+        passed(f"{ex} on 1 to {p} ranks", n_checks)
+
+
+def as_seconds(ex: str, where: str, got) -> float:
+    """A student's answer that must be one number of seconds."""
+    if isinstance(got, (bool, np.bool_, str, bytes)) or np.ndim(got) != 0:
+        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}"
+             f"{'' if np.ndim(got) == 0 else f' of shape {np.shape(got)}'}", "return a single float: the time of it all")
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}", "return a float")

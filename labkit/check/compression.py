@@ -2,7 +2,7 @@
 rank's sparse pieces, top-k with error feedback, the compressed allreduce on MPI engines that puts them together, and
 the bytes each rank's cable carries per step, dense ring against top-k. Each runs the student's function on fresh
 inputs, edge cases included, and names the mistake; the compressed allreduce runs on every rank, on communicators of
-1 to p ranks (:func:`.mpi.collective_check`)."""
+1 to p ranks (:func:`.common.collective_check`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import math
 import numpy as np
 
 from . import capture
-from .common import ExerciseError, call, fail, not_written, on_given_comm, passed, recorded
+from .common import ExerciseError, call, collective_check, fail, not_written, on_given_comm, passed, recorded
 from .exercises import Exercise
-from .mpi import collective_check
 
 
 def _pair(ex: str, where: str, got, names: str):

@@ -1,6 +1,6 @@
 """The checks of lab 09's exercises: the staleness of workers taking turns, gradient descent with a delay (both plain
 functions), and the asynchronous worker of a sharded parameter server, run among labkit's masters on every MPI rank
-(:func:`.mpi.collective_check`)."""
+(:func:`.common.collective_check`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import numpy as np
 from .. import mlp
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, compare_series, not_written, passed, recorded
+from .common import ExerciseError, call, collective_check, compare_series, not_written, passed, recorded
 from .exercises import Exercise
-from .mpi import collective_check
 
 _PS_SIZES, _PS_LR, _PS_BATCH, _PS_EPOCHS = [6, 5, 3], 0.1, 5, 2
 

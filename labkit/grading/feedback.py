@@ -7,7 +7,7 @@ One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the 
 notes, and the limits the notebook ran under; then the notebook as the grader ran it (its figures too), and
 after every check cell a box with the grader's verdict and the check's message (the grader's replayed verdict, not
 what the cell itself printed). Each page is one file that can be sent alone: its math is MathML written into the
-page (:func:`labkit.report.standalone_exporter`), its figures are embedded, and it loads nothing. :func:`write_zip`
+page (:func:`labkit.runner.standalone_exporter`), its figures are embedded, and it loads nothing. :func:`write_zip`
 puts one page per student (all their labs) into a zip to upload.
 
 An exercise named in ``hidden`` counts for the grade like any other, but its page shows neither the check cell's
@@ -174,7 +174,7 @@ def _one_line(text: str) -> str:
 def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, hidden: set[str]):
     """The executed notebook with the summary at the top and a verdict after each check cell; a hidden check's
     cell has its outputs removed."""
-    from ..report import without_injected
+    from ..runner import without_injected
     from .assign import exercises_in
     from .notebook import HIDDEN, is_secret
 
@@ -218,7 +218,7 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
 def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> list[Path]:
     """One self-contained HTML page per student and lab in ``out`` from a grading run's grades.json (``data``) and the
     executed notebooks beside it in ``grades_dir``/executed. Returns the pages written."""
-    from ..report import standalone_exporter
+    from ..runner import standalone_exporter
 
     exporter = standalone_exporter()
     out = Path(out)
@@ -255,7 +255,7 @@ def write_zip(data: dict, zip_path: Path | str, grades_dir: Path | str, hidden: 
 
     import nbformat
 
-    from ..report import standalone_exporter
+    from ..runner import standalone_exporter
 
     exporter = standalone_exporter()
     zip_path = Path(zip_path)

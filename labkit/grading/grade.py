@@ -97,7 +97,7 @@ def _read(path: Path):
 
 def lab_notebook(lab: str) -> str:
     """The file name of a lab's notebook in the course (``01_serial_backprop.ipynb``), which names its rows."""
-    from ..report import NOTEBOOKS
+    from ..labs import NOTEBOOKS
 
     found = sorted(Path(NOTEBOOKS).glob(f"{lab}_*.ipynb"))
     return found[0].name if found else f"{lab}.ipynb"

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..check import capture
 from ..check.capture import HIDDEN
 from ..check.exercises import exercise
-from ..report import ANSI_ESCAPES, inject_parameters
+from ..runner import ANSI_ESCAPES, inject_parameters
 from .assign import exercises_in
 from .sandbox import Limits
 

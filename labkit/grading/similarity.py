@@ -415,12 +415,12 @@ def _rebuilt(names: list[str] | None, notebooks: Path | str | None) -> dict[str,
     all of them, or those named. A notebook that cannot be rebuilt is left out and named on stderr."""
     import nbformat
 
-    from .. import report
+    from .. import runner
     from . import assign
 
-    folder = Path(notebooks) if notebooks else report.NOTEBOOKS
+    folder = Path(notebooks) if notebooks else runner.NOTEBOOKS
     try:
-        found = report.find_notebooks(folder)
+        found = runner.find_notebooks(folder)
     except FileNotFoundError:
         return {}
     entries = {}
