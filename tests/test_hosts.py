@@ -341,6 +341,7 @@ def test_a_rate_tc_cannot_read_is_refused_naming_the_form():
 
 
 @needs_hosts
+@pytest.mark.quiet  # it measures its gigabit cable's rate too: 0.63 of it beside other tests
 def test_the_training_benchmark_across_shaped_hosts_reports_its_figures():
     from labkit.benchmarks import training
 
