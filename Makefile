@@ -54,11 +54,12 @@ report: $(STAMP)
 	$(BIN)/labkit report --profile $(PROFILE) --out report
 
 # make test: what needs no quiet machine on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), then alone
-# the lab notebooks, whose claims time things, and the tests marked quiet; both runs always run, either failing fails
+# the tests marked quiet (the labs' notebooks, whose claims time things; measured rates); both runs always run, and
+# either failing fails
 TEST_JOBS ?= 2
 test: $(STAMP)
-	@$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not (full or notebooks or quiet)"; shared=$$?; \
-	$(BIN)/python -m pytest -m "(notebooks or quiet) and not full"; alone=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not (full or quiet)"; shared=$$?; \
+	$(BIN)/python -m pytest -m "quiet and not full"; alone=$$?; \
 	test $$shared = 0 -a $$alone = 0
 
 test-full: $(STAMP)
