@@ -34,7 +34,7 @@ class NotebookResult:
     error: str | None = None
     figures: list[str] = field(default_factory=list)  # base64 PNGs
     metrics: list[dict] = field(default_factory=list)
-    claims: list[dict] = field(default_factory=list)  # {"statement", "holds", "reading"} from report.claim
+    claims: list[dict] = field(default_factory=list)  # {"statement", "holds", "reading"} from claims.claim
     executed: Path | None = None
     html: Path | None = None  # the executed notebook exported to HTML, for a browser
 

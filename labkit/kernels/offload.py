@@ -283,27 +283,22 @@ def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = 
     rng = np.random.default_rng(0)
     with contextlib.nullcontext() if which == "cupy" else threadpool_limits(1):
         for j, w in enumerate(widths):
-            _offload_width(tables, j, int(w), n_in, rng, repeat, transfers, which, wt_delta, synchronize)
+            W = rng.standard_normal((int(w), n_in)).astype(np.float32)
+            delta = rng.standard_normal(int(w)).astype(np.float32)
+            d_W = transfers[0](W)  # resident mode's weights, copied once
+            for r in range(-1, repeat):  # round -1: compile and warm up
+                for mode in OFFLOAD_MODES:
+                    t = _offloaded_once(W, delta, d_W if mode == "resident" else None, transfers,
+                                        lambda *a: wt_delta(*a, backend=which), lambda: synchronize(which))
+                    if r >= 0:
+                        tables[mode]["copy"][r, j], tables[mode]["kernel"][r, j] = t
+                t0 = time.perf_counter()
+                W.T @ delta
+                if r >= 0:
+                    for mode in OFFLOAD_MODES:
+                        tables[mode]["host"][r, j] = time.perf_counter() - t0
+            del d_W
     return tables
-
-
-def _offload_width(tables, j, w, n_in, rng, repeat, transfers, which, wt_delta, synchronize) -> None:
-    """:func:`offload_tables`' column ``j``: width ``w``, both modes and the host, ``repeat`` rounds after a warm-up."""
-    W = rng.standard_normal((w, n_in)).astype(np.float32)
-    delta = rng.standard_normal(w).astype(np.float32)
-    d_W = transfers[0](W)  # resident mode's weights, copied once
-    for r in range(-1, repeat):  # round -1: compile and warm up
-        for mode in OFFLOAD_MODES:
-            t = _offloaded_once(W, delta, d_W if mode == "resident" else None, transfers,
-                                lambda *a: wt_delta(*a, backend=which), lambda: synchronize(which))
-            if r >= 0:
-                tables[mode]["copy"][r, j], tables[mode]["kernel"][r, j] = t
-        t0 = time.perf_counter()
-        W.T @ delta
-        if r >= 0:
-            for mode in OFFLOAD_MODES:
-                tables[mode]["host"][r, j] = time.perf_counter() - t0
-    del d_W
 
 
 def _transfers(which: str):
