@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import Answers, Reference, Wrong, needs_cc, needs_cxx
+from test_openmp import GOOD_OMP, GOOD_OUTER
 
 from labkit import check, openmp, runner
 from labkit.check import ExerciseError
@@ -404,39 +405,8 @@ void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n
             for (int j = 0; j <= n_in; ++j) g[(size_t)i * n_in + j] += d[(size_t)s * n_out + i] * x[(size_t)s * n_in + j];
 }
 """
-# lab 03's notebook's solutions of its first two exercises
-OUTER = r"""
-void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n_in)
-{
-    for (int i = 0; i < n_out; ++i) {
-        float* gi = g + (size_t)i * n_in;
-        for (int s = 0; s < B; ++s) {
-            const float di = d[(size_t)s * n_out + i];
-            const float* xs = x + (size_t)s * n_in;
-            for (int j = 0; j < n_in; ++j) gi[j] += di * xs[j];
-        }
-    }
-}
-"""
-OMP = r"""
-double my_bp_omp(const float* W1, const float* b1, const float* W2, const float* b2, const float* x, const float* y,
-                 int B, int n_in, int n_hid, int n_out, float* gW1, float* gb1, float* gW2, float* gb2)
-{
-    zero_grads(n_in, n_hid, n_out, gW1, gb1, gW2, gb2);
-    const size_t nW1 = (size_t)n_hid * n_in, nW2 = (size_t)n_out * n_hid;
-    double cost = 0.0;
-    #pragma omp parallel reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])
-    {
-        float* work = malloc(sizeof(float) * 2 * n_hid);
-        #pragma omp for
-        for (int s = 0; s < B; ++s)
-            cost += add_sample(W1, b1, W2, b2, x + (size_t)s * n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, work,
-                               gW1, gb1, gW2, gb2);
-        free(work);
-    }
-    return cost;
-}
-"""
+# lab 03's notebook's solutions of its first two exercises, as tests/test_openmp.py holds them
+OUTER, OMP = GOOD_OUTER, GOOD_OMP
 
 
 # ---- the contract's answers (tests/test_contract.py) ---------------------------------------------------------------
