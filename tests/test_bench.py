@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 from conftest import ranks
+from mpicases import mpi_cases
 
 from labkit import bench, runner, scaling
 
@@ -126,11 +127,7 @@ def test_timeline_and_chrome_trace(tmp_path):
         bench.chrome_trace([{"rank": 0, "name": "x", "start": 1.0, "end": 0.5}])
 
 
-@pytest.mark.parametrize("n", ranks(2, 3))
-def test_mpi_clock_and_timeline_under_mpiexec(n):
-    from conftest import run_mpi_cases
-
-    run_mpi_cases("cases_bench.py", n)
+test_mpi_clock_and_timeline_under_mpiexec = mpi_cases("cases_bench.py", ranks(2, 3))
 
 
 @pytest.mark.mpi

@@ -5,14 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ranks, run_failing_mpi, run_mpi_cases
+from conftest import ranks, run_failing_mpi
+from mpicases import mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", ranks(1, 2, 3, 4, 5, 6))
-def test_collectives_match_mpi(n):
-    run_mpi_cases("cases_collectives.py", n)
+test_collectives_match_mpi = mpi_cases("cases_collectives.py", ranks(1, 2, 3, 4, 5, 6))
 
 
 def test_rank_raising_inside_collective_ends_job(tmp_path):
@@ -48,11 +47,7 @@ def test_single_process_without_mpiexec():
     np.testing.assert_array_equal(C.alltoall(MPI.COMM_SELF, x), x)
 
 
-@pytest.mark.smoke
-@pytest.mark.slow
-def test_ring_exercise_check_under_mpiexec():
-    out = run_mpi_cases("cases_ring_exercise.py", 3)
-    assert "✔ ring allreduce on 1 to 3 ranks" in out
+test_ring_exercise_check_under_mpiexec = mpi_cases("cases_ring_exercise.py", ranks(3, smoke=3), marks=[pytest.mark.slow])
 
 
 @pytest.mark.mpi
@@ -78,3 +73,52 @@ def test_a_failing_mpi_case_is_named_with_its_rank(tmp_path):
     assert "FAIL case 'rank 1 disagrees' on rank 1:" in res.stdout and "rank 1 got 3, expected 2" in res.stdout
     one = cluster.run_mpi([str(prog), "-k", "fine"], n=2, timeout=60)
     assert one.returncode == 0 and "OK 2 (1 cases)" in one.stdout
+
+
+def test_under_pytest_each_case_has_its_verdict_and_a_hung_case_is_named(tmp_path):
+    """In a job run for pytest (tests/mpicases.py), a failed case does not stop the cases after it; what a case must
+    print is checked; the case a job ended in says how the job ended, and the cases after it say they did not run."""
+    from mpicases import run_job
+
+    prog = tmp_path / "cases_demo.py"
+    prog.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent / 'mpi')!r})\n"
+        "from _cases import case, on_ranks, run_cases\n"
+        "from mpi4py import MPI\n"
+        "c = MPI.COMM_WORLD\n"
+        "case('fine')(lambda: None)\n"
+        "@case('rank 1 disagrees')\n"
+        "def _(): assert c.Get_rank() != 1, 'rank 1 got 3, expected 2'\n"
+        "case('prints its line', prints='on {p} ranks')(lambda: print('on 2 ranks'))\n"
+        "case('forgets its line', prints='on {p} ranks')(lambda: print('on no ranks'))\n"
+        "with on_ranks(3):\n"
+        "    case('three ranks or more')(lambda: None)\n"
+        "@case('rank 0 waits for a message never sent')\n"
+        "def _():\n"
+        "    if c.Get_rank() == 0:\n"
+        "        c.recv(source=1)\n"
+        "case('never reached')(lambda: None)\n"
+        "run_cases()\n")
+    names = ["fine", "rank 1 disagrees", "prints its line", "forgets its line", "rank 0 waits for a message never sent",
+             "never reached"]
+    got = run_job(str(prog), 2, names, timeout=6)
+    assert got["fine"] is None and got["prints its line"] is None
+    assert got["rank 1 disagrees"].startswith("case 'rank 1 disagrees' failed on rank 1:")
+    assert "rank 1 got 3, expected 2" in got["rank 1 disagrees"]
+    assert "rank 0 should have printed 'on 2 ranks'" in got["forgets its line"]
+    assert "on 2 ranks passed its 6 s limit and was ended in this case" in got["rank 0 waits for a message never sent"]
+    assert got["never reached"].startswith("not run: ") and "in case 'rank 0 waits for a message never sent'" in got[
+        "never reached"]
+
+
+def test_a_case_for_more_ranks_is_a_test_only_where_it_runs():
+    from mpicases import listing, mpi_cases
+
+    chain = next(c for c in listing()["cases_collectives_exercise.py"] if c["name"] == "tree_broadcast: a chain")
+    assert (chain["least"], chain["most"]) == (4, None)
+    test = mpi_cases("cases_collectives_exercise.py", [2, 4])
+    ids = next(m for m in test.pytestmark if m.name == "parametrize").kwargs.get("ids") or [
+        p.id for p in next(m for m in test.pytestmark if m.name == "parametrize").args[1]]
+    assert "4-tree_broadcast: a chain" in ids and "2-tree_broadcast: a chain" not in ids
+    assert "2-tree_broadcast: not written" in ids

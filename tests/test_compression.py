@@ -1,7 +1,8 @@
 
 import numpy as np
 import pytest
-from conftest import ranks, run_mpi_cases
+from conftest import ranks
+from mpicases import mpi_cases
 
 from labkit import compression as C
 
@@ -87,7 +88,4 @@ def test_the_lab_10_references_and_the_table(capsys):
     assert rows["float16"]["share"] == 0.5 and 0 < rows["float16"]["error"] < 1e-3 < rows["top-k 1 %"]["error"] < 1
     assert "relative error" in capsys.readouterr().out
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", ranks(1, 2, 3))
-def test_compressed_allreduce_under_mpiexec(n):
-    run_mpi_cases("cases_compression.py", n)
+test_compressed_allreduce_under_mpiexec = mpi_cases("cases_compression.py", ranks(1, 2, 3))

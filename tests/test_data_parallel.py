@@ -4,17 +4,14 @@
 import numpy as np
 import pytest
 from conftest import ranks, run_mpi_cases
+from mpicases import mpi_cases
 
 from labkit import mlp
 from labkit.data_parallel import DataParallel
 from labkit.device import gpu_status
 from labkit.shards import flatten, unflatten
 
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", ranks(1, 2, 3, 4))
-def test_data_parallel_equals_serial(n):
-    run_mpi_cases("cases_data_parallel.py", n)
+test_data_parallel_equals_serial = mpi_cases("cases_data_parallel.py", ranks(1, 2, 3, 4))
 
 
 def _nccl_ready() -> tuple[bool, str]:
@@ -90,8 +87,4 @@ def test_ring_and_mpi_allreduce_in_place():
         collectives.ring_allreduce(MPI.COMM_SELF, x, out=np.empty(3))
 
 
-@pytest.mark.smoke
-@pytest.mark.mpi
-def test_data_parallel_exercise_check_under_mpiexec():
-    out = run_mpi_cases("cases_dp_exercise.py", 3)
-    assert "✔ data-parallel step on 1 to 3 ranks" in out
+test_data_parallel_exercise_check_under_mpiexec = mpi_cases("cases_dp_exercise.py", ranks(3, smoke=3))

@@ -2,7 +2,8 @@
 a deadlock from the recorded messages."""
 
 import pytest
-from conftest import ranks, run_mpi_cases
+from conftest import ranks
+from mpicases import mpi_cases
 
 from labkit.check import collectives as cc
 from labkit.check.exercises import in_lab
@@ -12,14 +13,10 @@ SEND, RECV, SR_SEND, SR_RECV, STUCK_SEND, STUCK_RECV = cc.SEND, cc.RECV, cc.SR_S
 MPIEXEC = {name: "cases_collectives_exercise.py" for name in ("linear_reduce", "recursive_doubling", "tree_broadcast")}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", ranks(2, 3, 4))
-def test_exercise_checks_pass_right_answers_and_name_mistakes_under_mpiexec(n):
-    """Right answers pass; blank ones are "not written yet"; each typical mistake is named, also when recorded and
-    replayed by the grader (tests/mpi/cases_collectives_exercise.py)."""
-    out = run_mpi_cases("cases_collectives_exercise.py", n)
-    for ex in ("linear reduce", "tree broadcast", "recursive doubling"):
-        assert f"✔ {ex} on 1 to {n} ranks" in out
+# right answers pass on 1 to n ranks; blank ones are "not written yet"; each typical mistake is named, also when
+# recorded and replayed by the grader
+test_exercise_checks_pass_right_answers_and_name_mistakes_under_mpiexec = mpi_cases(
+    "cases_collectives_exercise.py", ranks(2, 3, 4), marks=[pytest.mark.slow])
 
 
 def test_lab_06_declares_three_exercises_with_hints():

@@ -1,15 +1,12 @@
 """Model and pipeline parallelism under a real mpiexec, 1 to 4 ranks."""
 
 import pytest
-from conftest import ranks, run_mpi_cases
+from conftest import ranks
+from mpicases import mpi_cases
 
 from labkit.model_parallel import partition_layers
 
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", ranks(1, 2, 3, 4))
-def test_model_parallel_equals_serial(n):
-    run_mpi_cases("cases_model_parallel.py", n)
+test_model_parallel_equals_serial = mpi_cases("cases_model_parallel.py", ranks(1, 2, 3, 4))
 
 
 def test_partition_layers_balances_work():

@@ -2,14 +2,13 @@
 
 
 import pytest
-from conftest import ranks, run_failing_mpi, run_mpi_cases
+from conftest import ranks, run_failing_mpi
+from mpicases import mpi_cases
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", ranks(2, 3, 4))
-def test_parameter_servers(n):
-    run_mpi_cases("cases_param_server.py", n)
+test_parameter_servers = mpi_cases("cases_param_server.py", ranks(2, 3, 4))
 
 
 @pytest.mark.slow
@@ -29,7 +28,4 @@ def test_stalled_worker_times_out(tmp_path):
     assert "TimeoutError" in err and "no message from workers [2]" in err, err[-2000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", ranks(2, 3))
-def test_async_worker_exercise_check(n):
-    run_mpi_cases("cases_ps_exercise.py", n)
+test_async_worker_exercise_check = mpi_cases("cases_ps_exercise.py", ranks(2, 3), marks=[pytest.mark.slow])

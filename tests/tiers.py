@@ -22,6 +22,7 @@ COSTLY = ("slow", "notebooks", "mpi", "compile", "cluster", "hosts", "sandbox", 
 # names whose use in a test brings markers (from tests/conftest.py and labkit)
 USES = {
     "run_mpi_cases": ("mpi",),
+    "run_mpi_case": ("mpi",),
     "run_failing_mpi": ("mpi",),
     "run_mpi": ("mpi",),
     "MPICluster": ("mpi", "cluster"),

@@ -11,7 +11,7 @@ import math
 
 import _cases
 import numpy as np
-from _cases import case, run_cases
+from _cases import case, on_ranks, run_cases
 from mpi4py import MPI
 
 from labkit import check, collectives
@@ -27,7 +27,7 @@ def mistake(check_name, name, fn, *needles):
 
 
 def passes(check_name, name, fn):
-    case(f"{check_name}: {name}")(lambda: getattr(check, check_name)(fn))
+    case(f"{check_name}: {name}", prints=_cases.PASSED)(lambda: getattr(check, check_name)(fn))
 
 
 def not_written(*args):
@@ -217,12 +217,12 @@ mistake(B, "x modified", receives_into_x, "x was modified")
 mistake(B, "the library's Bcast", library_bcast, "called comm.Bcast")
 mistake(B, "labkit's own broadcast", lambda c, x, root=0: collectives.broadcast(c, x, root), "labkit's own collectives.broadcast")
 mistake(B, "lowercase bcast", lambda c, x, root=0: c.bcast(x, root=root), "called comm.bcast", "Send, comm.Recv")
-if size >= 3:
+with on_ranks(3):
     mistake(B, "floor(log2 p) rounds", lambda c, x, root=0: tree_broadcast(c, x, root, rounds=lambda p: int(math.log2(p))),
             "rank 2 never received the data", "not a power of two")
     mistake(B, "a send past the last rank", lambda c, x, root=0: tree_broadcast(c, x, root, bounded=False),
             "rank 1 waited 3 s in a Send to rank 0 that was never received")
-if size >= 4:
+with on_ranks(4):
     mistake(B, "forwarding before receiving", forwards_before_receiving, "rank 3 holds rank 2's own x",
             "passed its data on before it had received")
     mistake(B, "the linear broadcast", linear_broadcast, "every message comes from the root", "linear broadcast",
@@ -303,7 +303,7 @@ mistake(D, "a reduce, then a broadcast", reduce_then_broadcast, "took 2 rounds o
 mistake(D, "the library's Allreduce", library_allreduce, "called comm.Allreduce")
 mistake(D, "labkit's own", lambda c, x, op=MPI.SUM: collectives.recursive_doubling_allreduce(c, x, op),
         "labkit's own collectives.recursive_doubling_allreduce")
-if size >= 3:
+with on_ranks(3):
     mistake(D, "powers of two only", lambda c, x, op=MPI.SUM: doubling(c, x, op, fold=False),
             "sent to rank 3, but this communicator has 3 ranks, 0 to 2")
     mistake(D, "the extra rank never gets the result", lambda c, x, op=MPI.SUM: doubling(c, x, op, give_back=False),

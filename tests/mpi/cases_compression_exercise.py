@@ -11,14 +11,13 @@ import math
 
 import _cases
 import numpy as np
-from _cases import case, run_cases
+from _cases import case, on_ranks, run_cases
 from mpi4py import MPI
 
 from labkit import check
 from labkit import compression as C
 
 comm = MPI.COMM_WORLD
-size = comm.Get_size()
 CA = "compressed_allreduce"
 
 
@@ -27,7 +26,7 @@ def mistake(name, fn, *needles):
 
 
 def passes(name, fn):
-    case(f"{CA}: {name}")(lambda: check.compressed_allreduce(fn))
+    case(f"{CA}: {name}", prints=_cases.PASSED)(lambda: check.compressed_allreduce(fn))
 
 
 def not_written(*args):
@@ -110,12 +109,12 @@ mistake("a float64 mean for float32 g", lambda c, g, r, ratio: (compressed(c, g,
                                                                  compressed(c, g, r, ratio)[1]),
         "the mean is float64, g is float32")
 mistake("g modified", lambda c, g, r, ratio: compressed(c, g.__iadd__(r), np.zeros_like(r), ratio), "g was modified")
-if size == 2:  # rank 0 waits in the Allgather until its timeout, then names rank 1's error, not its own wait
+with on_ranks(2, 2):  # rank 0 waits in the Allgather until its timeout, then names rank 1's error, not its own wait
     _cases.mistake(f"{CA}: a rank that raises stops the others in time",
                    lambda f: check.compressed_allreduce(f, timeout=1),
                    lambda c, g, r, ratio: 1 / 0 if c.Get_rank() == 1 else compressed(c, g, r, ratio),
                    "rank 1): your function raised ZeroDivisionError")
-if size >= 2:
+with on_ranks(2):
     mistake("the sum for the mean", lambda c, g, r, ratio: compressed(c, g, r, ratio, divide=False),
             "2 ranks", "that is the sum over the ranks, not the mean")
     mistake("no exchange", lambda c, g, r, ratio: compressed(c, g, r, ratio, exchange=False),
@@ -149,7 +148,7 @@ replays("a right compressed allreduce", compressed, right=True)
 replays("the residual not updated", lambda c, g, r, ratio: compressed(c, g, r, ratio, give="old"), right=False)
 replays("labkit's sparse allreduce", with_labkits_allreduce, right=False,
         graded_says="uses labkit's reference (labkit.compression.sparse_allreduce)")
-if size >= 2:
+with on_ranks(2):
     replays("the sum for the mean", lambda c, g, r, ratio: compressed(c, g, r, ratio, divide=False), right=False)
 
 run_cases(comm)

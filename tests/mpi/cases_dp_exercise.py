@@ -43,7 +43,7 @@ def not_written(*a):
     raise NotImplementedError
 
 
-case("a right step passes")(lambda: check.data_parallel_step(solution))
+case("a right step passes", prints=_cases.PASSED)(lambda: check.data_parallel_step(solution))
 mistake("no allreduce", lambda *a: solution(*a, allreduce=False), "sum the shards with comm.Allreduce")
 mistake("an empty shard backpropped", lambda *a: solution(*a, empty_ok=False), "contribute zero gradients")
 mistake("every rank backprops the whole batch", lambda *a: solution(*a, whole=True), "used rows outside its shard")

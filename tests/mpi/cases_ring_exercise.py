@@ -19,7 +19,7 @@ def mistake(name, fn, *needles):
 
 
 def passes(name, fn):
-    case(name)(lambda: check.ring_allreduce(fn))
+    case(name, prints=_cases.PASSED)(lambda: check.ring_allreduce(fn))
 
 
 def ring_variant(c, x, op=MPI.SUM, reduce=True, send_offset=0, source=-1):

@@ -24,7 +24,7 @@ def mistake(check_name, name, fn, *needles):
 
 
 def passes(check_name, name, fn):
-    case(f"{check_name}: {name}")(lambda: getattr(check, check_name)(fn))
+    case(f"{check_name}: {name}", prints=_cases.PASSED)(lambda: getattr(check, check_name)(fn))
 
 
 def not_written(*args):
