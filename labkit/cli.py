@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,8 +99,6 @@ def _lab_folder(a) -> Path:
 
 
 def _cmd_lab(a) -> int:
-    import os
-
     folder = _lab_folder(a)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", *a.extra]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in cmd:

@@ -18,6 +18,7 @@ Cost in a ring of p ranks for N elements: ``naive_allreduce`` sends (p-1) N per 
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -118,8 +119,6 @@ _SAID = 4096  # bytes of each rank's word in a timed agreement (a refusal's mess
 def _allgather_within(comm, mine, timeout: float, what: str) -> list:
     """``comm.allgather(mine)`` of a small JSON-able value, as a non-blocking Iallgather waited for at most
     ``timeout`` seconds (a blocking allgather would wait for ever on a rank that is gone)."""
-    import json
-
     problem, spec = mine
     if problem is not None:
         problem = (problem[0], problem[1][:500])  # at most 6 bytes a character in JSON: it fits

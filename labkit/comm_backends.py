@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import check_same, default_timeout, wait_all
+from .device import gpu_status
 from .shards import shard_bounds
 
 
@@ -123,8 +124,6 @@ class NcclAllreduce:
     @staticmethod
     def _problem(local_size: int) -> str | None:
         """Why this rank cannot use NCCL (None when it can)."""
-        from .device import gpu_status
-
         ok, why = gpu_status()
         if not ok:
             return f"no usable GPU ({why})"

@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import mlp
+from .data import load_mnist
+from .data_parallel import DataParallel
+
 
 @dataclass
 class Compressed:
@@ -286,10 +290,6 @@ def time_to_accuracy(comm, samples: int, epochs: int, ratio: float = 0.01) -> di
     training time; inf if never). Plain lists and floats, the same on every rank.
     """
     from mpi4py import MPI
-
-    from . import mlp
-    from .data import load_mnist
-    from .data_parallel import DataParallel
 
     (x, y), test = load_mnist(quiet=True)  # the notebook that runs this says which data set it used
     x, y = x[:samples], y[:samples]

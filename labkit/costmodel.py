@@ -26,6 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bench import measure
+from .cluster import run_mpi
+
 
 @dataclass(frozen=True)
 class AlphaBeta:
@@ -152,8 +155,6 @@ def _round_trip(comm, buf: np.ndarray, a: int, b: int) -> None:
 
 def time_collective(comm, fn: Callable, x: np.ndarray, repeat: int = 5, warmup: int = 1, **kw) -> float:
     """Median over repetitions of the slowest rank's time for ``fn(comm, x, **kw)``; the same value on every rank."""
-    from .bench import measure
-
     return measure(lambda: fn(comm, x, **kw), repeat=repeat, warmup=warmup, clock="mpi", comm=comm).median
 
 
@@ -191,8 +192,6 @@ def measure_link_rate(hosts, nbytes: int | None = None, repeat: int = 5, timeout
     quarter of a second's worth at the cable's rate), the median of ``repeat`` round trips. Returns a dict with
     ``bits_per_second`` measured (payload only: TCP's and Ethernet's headers ride on the cable too), ``set`` (the
     cable's rate, or None), ``ratio`` (measured / set) and the message size."""
-    from .cluster import run_mpi
-
     if len(hosts.names) < 2:
         raise ValueError("measuring a cable needs two hosts: namespace_hosts(2, link=...)")
     rate = hosts.link_bits_per_second

@@ -33,6 +33,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from . import mlp
 from .bench import interleaved, measure
@@ -196,7 +197,6 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 def _worker_main(argv=None) -> None:
     """Entry point of a worker process: answer "step" messages until "stop" (JSON lines on a socket)."""
     cfg = json.loads((argv or sys.argv)[1])
-    from threadpoolctl import threadpool_limits
 
     threadpool_limits(cfg["blas_threads"])
     sock = socket.socket(fileno=cfg["fd"])
@@ -454,8 +454,6 @@ def _pools_against_serial(make_pools, params, x, y, work: str, rounds: int) -> t
     """(median seconds of the serial loop, {key: median seconds} of each pool ``make_pools()`` returns), all with one
     BLAS thread (the pools made under that limit, so that worker processes inherit it), warmed up, then side by side
     in ``rounds`` interleaved rounds (:func:`labkit.bench.interleaved`); the pools are closed whatever happens."""
-    from threadpoolctl import threadpool_limits
-
     serial = mlp.loss_and_grads_per_sample if work == "per_sample" else mlp.loss_and_grads
     pools: dict = {}
     try:
@@ -484,8 +482,6 @@ def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dic
     processes over one thread, per-sample backprop of [n_in, width, classes], one BLAS thread everywhere. The three
     run side by side in ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`); each speedup is the
     ratio of the medians."""
-    from threadpoolctl import threadpool_limits
-
     sweep = {"threads (2), per-sample": [], "processes (2), per-sample": []}
     with threadpool_limits(1):  # the workers' processes use one BLAS thread too
         for width in widths:
@@ -507,8 +503,6 @@ def threaded_step_times(yours, params, x, Y, repeat: int = 3) -> dict[str, float
     :func:`threaded_grads`, which both call :func:`labkit.mlp.loss_and_grads_per_sample` once per row, and of
     ``ThreadedBackprop(p, "local")``, whose threads run the per-sample loop once per shard; p = 1 and 2, one BLAS
     thread, side by side in ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`)."""
-    from threadpoolctl import threadpool_limits
-
     pools = {p: ThreadedBackprop(p, "local") for p in (1, 2)}
     jobs = {}
     for p in (1, 2):

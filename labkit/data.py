@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from . import settings
+from .device import array_module
 from .errors import LabkitError
+from .progress import progress_bar
 
 DATASETS = ("mnist", "fashion-mnist")
 FILES = {
@@ -354,8 +356,6 @@ def load_mnist(
 
 def one_hot(y, n_classes: int = 10, dtype=np.float32):
     """Integer labels (n,) -> one-hot rows (n, n_classes), on the array module of ``y``."""
-    from .device import array_module
-
     xp = array_module(y)
     y = xp.asarray(y)
     if y.ndim != 1:
@@ -437,8 +437,6 @@ def fetch(
     Each file is written to a temporary name, checked against its sha256, then renamed,
     so an interrupted download never leaves a file that looks complete.
     """
-    from .progress import progress_bar
-
     _check_dataset(dataset)
     folder = Path(dest).expanduser() if dest is not None else default_dir()
     folder = folder / dataset

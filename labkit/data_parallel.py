@@ -27,8 +27,10 @@ from collections.abc import Callable
 import numpy as np
 
 from . import mlp
+from .bench import Timeline
+from .data import load_mnist
 from .device import array_module
-from .shards import flatten, shard_bounds, unflatten
+from .shards import flatten, ring_chunks, shard_bounds, unflatten
 
 # overlap=True: how the allreduces in flight are moved on while backprop computes. "none": only when the step waits
 # for them; "layers": a test of them after every layer; "thread": a thread that tests them every POLL_SECONDS while
@@ -430,7 +432,6 @@ def ring_reduce_scatter(comm, x, op=None) -> np.ndarray:
     from mpi4py import MPI
 
     from .collectives import combiner
-    from .shards import ring_chunks
 
     combine = combiner(MPI.SUM if op is None else op)
     p, r = comm.Get_size(), comm.Get_rank()
@@ -608,8 +609,6 @@ def overlap_runs(comm, x, y, batch: int, layers=(784, 1024, 1024, 10), steps: in
     buckets, blocking and overlapped with each progress ("none", "layers", "thread"): ({name: (step seconds, backprop
     seconds, seconds waiting after backprop, W1[:4, :4], sum of |W1|)}, {name: the timeline of one more step, gathered
     on rank 0} for each progress in ``drawn``). ({}, {}) on the other ranks."""
-    from .bench import Timeline
-
     runs, timelines = {}, {}
     sub = _first_ranks(comm, 2)
     if sub != _comm_null():
@@ -640,8 +639,6 @@ def across_the_wire(comm, samples: int, batch: int, overlap_batch: int, overlap_
     seconds) over ``steps`` steps; ``"overlap"``, :func:`overlap_runs` of ``overlap_layers`` at ``overlap_batch`` rows
     (4 steps), and ``"events"``, the timeline of its "layers" step. Loads MNIST's first ``samples`` training images
     itself."""
-    from .data import load_mnist
-
     (x, y), _ = load_mnist(quiet=True)
     x, y = x[:samples], y[:samples]
     split = None

@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import ipaddress
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+
+from . import settings
+from .bench import machine_info
+from .cluster import address_toward, loopback_preload, mpiexec_path, run_mpi, running_clusters
+from .cluster.hosts import NamespaceHosts
+from .data import DATASETS, DataError, locate
+from .device import gpu_status
+from .kernels import tools
 
 OK, MISSING, FAIL = "ok", "absent", "FAIL"
 
@@ -33,8 +44,6 @@ def _version(dist: str) -> str | None:
 
 
 def check_python() -> list[Finding]:
-    from .bench import machine_info
-
     info = machine_info()
     venv = "virtual environment" if sys.prefix != sys.base_prefix else "system interpreter (not a venv)"
     out = [Finding("Python", OK, f"{info['python']} at {sys.executable} ({venv})"),
@@ -44,8 +53,6 @@ def check_python() -> list[Finding]:
 
 
 def check_gpu() -> list[Finding]:
-    from .device import gpu_status
-
     ok, why = gpu_status()
     out = [Finding("CUDA device", OK if ok else MISSING, f"{why} (a test kernel ran)" if ok else why)]
     nvcc = shutil.which("nvcc")
@@ -66,8 +73,6 @@ def check_gpu() -> list[Finding]:
 def check_gpu_compile() -> Finding:
     """The compiler the kernel checks give every student kernel (labkit.kernels.tools: NVRTC from its wheel, a
     toolkit or CuPy, else nvcc), shown by compiling a test kernel for sm_80 and sm_90; no GPU needed."""
-    from .kernels import tools
-
     tool = tools.compiler_for_check()
     if tool is None:
         return Finding("kernel checks' GPU compiler", MISSING, tools.NO_COMPILER)
@@ -106,8 +111,6 @@ def check_nvrtc() -> Finding:
 
 def check_settings() -> list[Finding]:
     """The LABKIT_* variables set here, each parsed (a value labkit cannot use is a failure, named)."""
-    from . import settings
-
     out = []
     for name, raw in settings.in_force().items():
         try:
@@ -165,8 +168,6 @@ def check_c() -> list[Finding]:
 
 
 def check_mpi(timeout: float = 60) -> list[Finding]:
-    from .cluster import mpiexec_path, run_mpi
-
     v = _version("mpi4py")
     if not v:
         return [Finding("mpi4py", FAIL, "not installed: pip install -e '.[mpi]' (or conda install mpich mpi4py)")]
@@ -197,9 +198,6 @@ MPI_PROBE = ("from mpi4py import MPI; import socket; "
 
 def _on_host(hosts, host: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run a command on one host the way mpiexec's launcher would: the namespace hosts' script, else ssh."""
-    import shlex
-
-    from .cluster.hosts import NamespaceHosts
 
     if isinstance(hosts, NamespaceHosts):
         cmd = [str(hosts.launcher), "-x", host, " ".join(shlex.quote(a) for a in argv)]
@@ -212,10 +210,6 @@ def _on_host(hosts, host: str, argv: list[str], timeout: float) -> subprocess.Co
 def _cannot_connect_back(hosts, target, names: list[str], timeout: float) -> list[str]:
     """The hosts that cannot open a TCP connection to this machine at the address they reach it by (as mpiexec's
     proxies must), tried against a listening socket held open for just this."""
-    import socket
-
-    from .cluster import address_toward
-    from .cluster.hosts import NamespaceHosts
 
     here = target.bridge_address if isinstance(target, NamespaceHosts) else address_toward(names[0])
     failed = []
@@ -237,8 +231,6 @@ def check_hosts(hosts, timeout: float = 60) -> list[Finding]:
     """A 2-rank job across the first two of ``hosts`` (names, or :class:`labkit.cluster.hosts.NamespaceHosts`), and before it
     what such a job needs, each named when it fails: the names resolve, the launcher runs a command on each host, the
     same Python and MPI are there, and the hosts can connect back to this one."""
-    from .cluster.hosts import NamespaceHosts
-
     names = list(hosts.addresses) if isinstance(hosts, NamespaceHosts) else [h.strip() for h in hosts if h.strip()]
     if len(names) < 2:
         return [Finding("hosts", FAIL, f"give at least two hosts (got {names}): --hosts HOST_A,HOST_B")]
@@ -257,9 +249,6 @@ def _local_mpi_library(timeout: float) -> str:
 
 def _unresolved(host: str) -> Finding | None:
     """A failure when ``host`` is neither an IP address nor a name that resolves; None when it is either."""
-    import ipaddress
-    import socket
-
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -273,8 +262,6 @@ def _unresolved(host: str) -> Finding | None:
 
 def _check_host(hosts, host: str, mine: str, timeout: float) -> Finding:
     """One host's finding: its name resolves, the launcher runs a command there, the same Python and MPI are there."""
-    from .cluster.hosts import NamespaceHosts
-
     unresolved = _unresolved(host)
     if unresolved is not None:
         return unresolved
@@ -303,9 +290,6 @@ def _check_host(hosts, host: str, mine: str, timeout: float) -> Finding:
 
 def _job_across_hosts(hosts, names: list[str], timeout: float) -> Finding:
     """A 2-rank Allreduce across the first two hosts; when it fails, whether a firewall-like refusal is why."""
-    from .cluster import run_mpi
-    from .cluster.hosts import NamespaceHosts
-
     code = ("from mpi4py import MPI; import numpy as np, socket; c = MPI.COMM_WORLD; r = np.zeros(1); "
             "c.Allreduce(np.ones(1) * (c.rank + 1), r); got = c.gather((int(r[0]), socket.gethostname())); "
             "c.rank == 0 and print('JOB|' + ' '.join(f'{v}@{h}' for v, h in got), flush=True)")
@@ -340,8 +324,6 @@ def check_tools() -> list[Finding]:
 
 
 def check_data() -> list[Finding]:
-    from .data import DATASETS, DataError, locate
-
     out = []
     for ds in DATASETS:
         try:
@@ -354,8 +336,6 @@ def check_data() -> list[Finding]:
 
 def check_loopback() -> Finding:
     """Whether jobs on this machine keep hydra's control port on loopback (see cluster.loopback_preload)."""
-    from .cluster import loopback_preload
-
     if loopback_preload() is not None:
         return Finding("MPI on loopback", OK, "jobs on this machine listen on 127.0.0.1 only")
     return Finding("MPI on loopback", MISSING, "hydra's control port listens on every interface while a job runs: "
@@ -365,8 +345,6 @@ def check_loopback() -> Finding:
 
 def check_clusters() -> list[Finding]:
     """ipyparallel clusters still running: a notebook's, or one left behind by a kernel that died."""
-    from .cluster import running_clusters
-
     try:
         running = running_clusters()
     except Exception as e:  # noqa: BLE001 - ipyparallel missing or its files unreadable: said, not fatal

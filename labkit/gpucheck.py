@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .device import gpu_status
+from .kernels import measure
+from .machine import machine_info
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,8 +55,6 @@ def plan(out: Path) -> list[Step]:
 def speed_of_light(path: Path | str) -> list[dict]:
     """The speed-of-light step: every kernel :func:`labkit.kernels.measure.against_model` times, measured beside its
     modelled time on this GPU, written to ``path`` (JSON) and printed; run() puts the rows into summary.json."""
-    from .kernels import measure
-
     rows = measure.against_model()
     Path(path).write_text(json.dumps(rows, indent=2) + "\n")
     for r in rows:
@@ -68,8 +70,6 @@ def describe(steps: list[Step]) -> str:
 
 def refusal() -> str | None:
     """Why the GPU check cannot run here (None when a CUDA device works)."""
-    from .device import gpu_status
-
     ok, why = gpu_status()
     if ok:
         return None
@@ -80,9 +80,6 @@ def refusal() -> str | None:
 
 def run(out: Path | str = "gpu-check", only: list[str] | None = None) -> dict:
     """Run the plan (or the steps named in ``only``) and write ``out/summary.json``; return the summary."""
-    from .device import gpu_status
-    from .machine import machine_info
-
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     steps = [s for s in plan(out) if not only or s.name in only]

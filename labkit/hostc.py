@@ -6,7 +6,8 @@
 
 Every call is checked against the function's C parameter list as the CUDA launcher checks a kernel's (array or value,
 the pointee's dtype, C-contiguity, writeable unless ``const``, scalars of exactly the parameter's type). Compiled
-libraries are kept in the kernel emulator's cache, keyed by source, compiler and flags.
+libraries are kept in labkit's cache of compiled code (:mod:`labkit.native.build`), keyed by source, compiler and
+flags.
 
 ``checked=True`` (for students' code) builds with AddressSanitizer and UndefinedBehaviorSanitizer and runs every call
 in a fresh child Python, on copies of the arrays that get red zones around them: an access out of bounds, undefined
@@ -20,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import json
 import os
 import re
@@ -35,8 +35,17 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CodeError, CompileError, ToolMissing
-from .kernels.source import Param, check_args, line_of, matching_bracket, parse_param, split_params, strip_comments
-from .machine import find_compiler
+from .native.build import BuildFailed, c_compiler, shared_library
+from .native.csource import (
+    Param,
+    UnbalancedBracket,
+    check_args,
+    line_of,
+    matching_bracket,
+    parse_param,
+    split_params,
+    strip_comments,
+)
 
 
 class CompilerMissing(ToolMissing):
@@ -83,7 +92,7 @@ _loaded: dict[str, ctypes.CDLL] = {}
 @functools.cache
 def compiler() -> tuple[str, str]:
     """(path, version line) of the host C compiler: $CC, else cc, gcc or clang."""
-    found = find_compiler([os.environ.get("CC"), "cc", "gcc", "clang"])
+    found = c_compiler()
     if found:
         return found
     raise CompilerMissing("compiling C needs a C compiler and none was found ($CC, cc, gcc, clang). Install one "
@@ -138,24 +147,12 @@ def _flags(opt: str, openmp: bool, native: bool, checked: bool, extra: tuple[str
 
 def _build(source: str, filename: str, flags: list[str]) -> Path:
     """Compile (or find in the cache) one shared library; its path."""
-    from .kernels.emulator import cache_dir
-
-    cc, version = compiler()
-    text = source + "\n" + _HELPERS
-    key = hashlib.sha256("\0".join([text, cc, version, *flags]).encode()).hexdigest()[:24]
-    d = cache_dir()
-    so = d / f"{Path(filename).stem}-c-{key}.so"
-    if not so.exists():
-        with tempfile.TemporaryDirectory(dir=d) as tmp:
-            src = Path(tmp) / Path(filename).name
-            src.write_text(text)
-            out = Path(tmp) / "lib.so"
-            r = subprocess.run([cc, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
-            if r.returncode != 0:
-                errors = [ln.replace(str(src), filename) for ln in r.stderr.splitlines() if "error" in ln or "note" in ln]
-                raise CCompileError(f"{filename} did not compile:\n" + "\n".join((errors or r.stderr.splitlines())[:30]))
-            os.replace(out, so)  # atomic: another process compiling the same library is harmless
-    return so
+    try:
+        return shared_library(compiler(), source + "\n" + _HELPERS, filename, flags, libs=("-lm",))
+    except BuildFailed as e:
+        lines = e.stderr.splitlines()
+        errors = [ln for ln in lines if "error" in ln or "note" in ln]
+        raise CCompileError(f"{filename} did not compile:\n" + "\n".join((errors or lines)[:30])) from None
 
 
 class CFunction:
@@ -199,8 +196,10 @@ class CModule:
     def __init__(self, source: str, filename: str = "code.c", opt: str = "-O2", openmp: bool = False,
                  native: bool = False, checked: bool = False, options: tuple[str, ...] = ()):
         self.source, self.filename, self.checked, self.openmp = source, filename, checked, openmp
-        clean = strip_comments(source)
-        self.functions = {d.name: d for d in find_functions(clean)}
+        try:
+            self.functions = {d.name: d for d in find_functions(strip_comments(source))}
+        except UnbalancedBracket as e:
+            raise CCompileError(f"{filename} did not compile: {e}") from None
         if not self.functions:
             raise CCompileError(f"{filename}: no function defined (static functions are file-local and not callable)")
         self.flags = _flags(opt, openmp, native, checked, tuple(options))

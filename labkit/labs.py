@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .check import exercises
 from .errors import LabkitError
 
 # the lab notebooks: notebooks/ of a checkout, else the copy a wheel ships inside the package
@@ -192,8 +193,6 @@ def table() -> str:
 def where_table() -> str:
     """CONTRIBUTING.md's table of where each lab lives: its lessons, its exercises by check module, its claims and the
     marker that runs its tests."""
-    from .check import exercises  # the check modules, imported only for this table
-
     rows = ["| lab | lessons | exercises | claims | its tests |", "| --- | --- | --- | --- | --- |"]
     for lab in LABS:
         names = ", ".join(f"`{e.name}`" for e in exercises.in_lab(lab.number))

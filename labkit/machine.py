@@ -12,6 +12,8 @@ import os
 import platform
 from pathlib import Path
 
+import numpy as np
+
 
 def _affinity() -> int:
     try:
@@ -59,8 +61,6 @@ def usable_cores() -> int:
 
 def machine_info() -> dict:
     """What the numbers were measured on: usable and total cores, Python, NumPy, BLAS library and its threads."""
-    import numpy as np
-
     info = {"cpus": usable_cores(), "cpus_machine": os.cpu_count(), "python": platform.python_version(),
             "numpy": np.__version__, "machine": platform.machine()}
     try:
@@ -74,20 +74,3 @@ def machine_info() -> dict:
         pass
     return info
 
-
-def find_compiler(names) -> tuple[str, str] | None:
-    """(path, first line of ``--version``) of the first of ``names`` (None entries skipped) that is on the PATH and
-    runs, or None: the emulator looks for a C++ compiler this way, lab 03 for a C one."""
-    import shutil
-    import subprocess
-
-    for name in names:
-        path = shutil.which(name) if name else None
-        if not path:
-            continue
-        try:
-            version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            continue
-        return path, version.splitlines()[0] if version else "?"
-    return None

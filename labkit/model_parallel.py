@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 
-from . import mlp
+from . import mlp, plots
 from .shards import shard_bounds
 
 
@@ -137,7 +138,6 @@ def partition_layers(sizes, parts: int) -> list[tuple[int, int]]:
     cost = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
     best = None
     # try every way of cutting (few layers): minimise the most expensive stage
-    from itertools import combinations
 
     for cuts in combinations(range(1, n_layers), parts - 1):
         edges = (0, *cuts, n_layers)
@@ -246,8 +246,6 @@ def stage_times(events) -> tuple[np.ndarray, np.ndarray]:
 def draw_schedule(forward, backward, title: str = "pipeline schedule"):
     """A schedule in steps (:func:`gpipe_schedule`'s form) drawn as :func:`labkit.plots.plot_timeline` draws a
     measured one: one lane per stage, a bar per task numbered with its micro-batch, white where a stage is idle."""
-    from . import plots
-
     forward, backward = np.asarray(forward), np.asarray(backward)
     rows = [(s, kind, m, steps[s, m] / 1e3, (steps[s, m] + 1) / 1e3)  # one step drawn as one "ms"
             for kind, steps in ((0, forward), (1, backward)) for s, m in np.ndindex(steps.shape)]

@@ -25,7 +25,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import numpy as np
+from threadpoolctl import threadpool_limits
+
 from . import settings
+from .cluster import run_mpi
 from .cluster.hosts import HostsUnavailable, NamespaceHosts, namespace_hosts, rate_bits_per_second, shaping_available
 
 DEFAULT_LINK = "100mbit"
@@ -65,8 +69,6 @@ class Wire:
     def run(self, function: str, ranks: int, timeout: float = 600.0, **kwargs):
         """``function(comm, **kwargs)`` ("package.module:name") on ``ranks`` MPI processes over this wire's hosts
         (or this machine); rank 0's result. A rank's failure raises RuntimeError with the ranks' error output."""
-        from .cluster import run_mpi
-
         _resolve(function)  # a wrong name fails here, not on every rank
         cfg = json.dumps({"function": function, "kwargs": kwargs})
         try:
@@ -114,8 +116,6 @@ def _resolve(function: str):
 
 def _plain(x):
     """NumPy's arrays and numbers as JSON's lists and numbers."""
-    import numpy as np
-
     if isinstance(x, np.ndarray):
         return x.tolist()
     if isinstance(x, np.generic):
@@ -125,9 +125,6 @@ def _plain(x):
 
 def worker(cfg: dict) -> None:
     """Runs on every rank of a :meth:`Wire.run` job; rank 0 prints the result."""
-    import numpy  # noqa: F401 - BLAS loaded first, so that the limit below reaches it
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(1)
     from mpi4py import MPI
 

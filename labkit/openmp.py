@@ -15,8 +15,10 @@ import re
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from . import hostc
+from . import bench, hostc, mlp
+from .cpu_parallel import ThreadedBackprop
 
 SOURCE = Path(__file__).resolve().parent / "c" / "backprop.c"
 HELPERS = Path(__file__).resolve().parent / "c" / "sample.h"  # add_sample and zero_grads, for labkit's code and yours
@@ -106,8 +108,6 @@ def time_simd(source: str, name: str = "layer_forward", n_out: int = 1000, n_in:
               rounds: int = 3) -> dict[str, float]:
     """Median seconds of lab 03's fused layer pass ``name(W, b, x, a, n_out, n_in)`` from ``source``, compiled at -O2
     as written and again :func:`without_simd`, timed side by side in interleaved rounds on an (n_out, n_in) layer."""
-    from . import bench
-
     rng = np.random.default_rng(0)
     W = rng.standard_normal((n_out, n_in), dtype=np.float32)
     b, x = rng.standard_normal(n_out, dtype=np.float32), rng.random(n_in, dtype=np.float32)
@@ -124,8 +124,6 @@ def batch_times(runs: dict[str, dict], x, Y, repeat: int = 5, rounds: int = 3) -
     """Median seconds of one :func:`backprop_c` call on the batch (x, Y) for each named run, measured side by side in
     ``rounds`` interleaved rounds of ``repeat`` calls. ``runs[name]`` holds backprop_c's keyword arguments, ``params``
     included, and may add ``schedule=(kind, chunk)`` for :func:`set_schedule` (set back to static afterwards)."""
-    from . import bench
-
     def job(kw):
         kw = dict(kw)
         schedule, params = kw.pop("schedule", None), kw.pop("params")
@@ -153,11 +151,6 @@ def line_up(params, x, Y, cores: int, repeat: int = 3, rounds: int = 3) -> dict[
     threads, and NumPy's batched products on one
     BLAS thread and on ``cores``. All are measured side by side in at least 3 interleaved rounds of ``repeat`` calls, so
     that a slow spell of a shared machine lands on every entry of a round rather than deciding one ratio."""
-    from threadpoolctl import threadpool_limits
-
-    from . import bench, mlp
-    from .cpu_parallel import ThreadedBackprop
-
     def timed(fn, blas=1):
         def job():
             with threadpool_limits(blas):

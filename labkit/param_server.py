@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import mlp
+from .cluster import first_ranks
 from .errors import LabkitError
 from .shards import flatten, shard_bounds, unflatten
 
@@ -452,8 +453,6 @@ def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1
     """Train on the first W + M ranks for every W workers and M ``masters`` at every learning rate; on rank 0 the rows
     (workers, masters, lr, test accuracy, mean staleness while every worker ran, seconds), an empty list elsewhere.
     Progress is printed."""
-    from .cluster import first_ranks
-
     x_test, y_test = test_data
     rows = []
     for m in masters:

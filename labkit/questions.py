@@ -10,8 +10,13 @@ before the student has written it.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import numbers
+import textwrap
+
+import numpy as np
 
 
 def blank(value) -> bool:
@@ -53,10 +58,6 @@ def compare(predicted, measured, unit: str = "", what: str = "") -> None:
 def written(fn) -> bool:
     """Whether a student's function is written: not the stub as handed out, whose body (after its docstring) is only
     ``raise NotImplementedError``. A function whose source cannot be read counts as written."""
-    import ast
-    import inspect
-    import textwrap
-
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
@@ -113,8 +114,6 @@ def result_of(yours, labkits, *args, what: str = "your function", agree: bool = 
 
 
 def _same(a, b) -> bool:
-    import numpy as np
-
     if isinstance(a, tuple | list) and isinstance(b, tuple | list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     try:

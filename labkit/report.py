@@ -16,7 +16,10 @@ import html
 import time
 from pathlib import Path
 
+from . import __version__, data
+from .bench import machine_info
 from .claims import format_metric
+from .data import status as data_status
 from .labs import NOTEBOOKS
 from .progress import progress_bar
 from .runner import NotebookResult, execute, find_notebooks
@@ -45,8 +48,6 @@ def published(nb):
 def try_fetch_once(progress: bool | None = None, timeout: float = 10.0) -> bool:
     """Without the full MNIST, try ``labkit data fetch`` once, giving each mirror ``timeout`` seconds: the labs then
     run on MNIST where there is a network, and on the shipped subset, after a line saying so, where there is none."""
-    from . import data
-
     try:
         if data.locate("mnist").kind != "subset":
             return False  # MNIST is here (or LABKIT_DATA names a place without it: the labs say so themselves)
@@ -96,7 +97,6 @@ def summary(results: list[NotebookResult], page: Path) -> str:
             last = [ln for ln in (r.error or "").strip().splitlines() if ln.strip()][-1:] or ["(no message)"]
             lines.append(f"     {last[0][:150]}")
     n_ok = sum(r.ok for r in results)
-    from .data import status as data_status
 
     claims = [(r.name, c) for r in results for c in r.claims]
     if claims:
@@ -121,10 +121,6 @@ img{max-width:100%;margin:.5em 0;border:1px solid #eee} .metrics td:nth-child(2)
 
 def write_html(results: list[NotebookResult], out: Path, profile: str, seconds: float) -> Path:
     """One self-contained page: summary table, then per notebook its numbers, error and figures."""
-    from . import __version__
-    from .bench import machine_info
-    from .data import status as data_status
-
     esc = html.escape
     info = machine_info()
     rows = []

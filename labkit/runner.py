@@ -12,7 +12,9 @@ import html
 import json
 import os
 import re
+import shutil
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,8 +153,6 @@ def local_mathjax(folder: Path) -> str | None:
     """MathJax copied into ``folder``/mathjax from the installed jupyter-server-mathjax (once), so that a page there
     renders its math with no network (lab machines, air-gapped clusters); the URL a page in ``folder`` loads it by,
     or None where the package is missing (the page then falls back to nbconvert's CDN)."""
-    import shutil
-
     try:
         import jupyter_server_mathjax
     except ImportError:
@@ -194,8 +194,6 @@ _MATHML_NS = "{http://www.w3.org/1998/Math/MathML}"
 def tex_to_mathml(tex: str, display: bool = False) -> str:
     """TeX math as MathML that a browser renders with no script and no network; the TeX shown as code where it
     cannot be converted. Only MathML elements and layout attributes are kept, whatever the TeX held."""
-    import xml.etree.ElementTree as ET
-
     from latex2mathml.converter import convert
 
     tex = tex.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")  # as escaped by the markdown parser

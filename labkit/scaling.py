@@ -27,8 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+from . import cluster, mlp
 from .bench import Timeline, Timing, efficiency, fit_amdahl_times, fit_gustafson, karp_flatt, measure
+from .costmodel import AlphaBeta, predict
+from .data_parallel import DataParallel
 from .machine import usable_cores
 from .progress import progress_bar
 
@@ -51,9 +55,6 @@ def default_size(workload: str, mode: str) -> int:
 
 
 def _backprop_step(comm, cfg: dict, timeline):
-    from . import mlp
-    from .data_parallel import DataParallel
-
     n = cfg["size"] * cfg["scale"]
     rng = np.random.default_rng(0)  # the same global batch on every rank
     x = rng.random((n, 784), dtype=np.float32)
@@ -114,9 +115,6 @@ def _synthetic_step(comm, cfg: dict, timeline):
 
 def worker(cfg: dict) -> None:
     """Runs on every rank of one job; rank 0 prints one JSON line."""
-    import numpy  # noqa: F401  (load BLAS first, so that the limit below reaches it)
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(1)
     from mpi4py import MPI
 
@@ -146,8 +144,6 @@ def launch(workload: str, mode: str, p: int, size: int, repeat: int = 5, warmup:
     """Run one workload on ``p`` ranks under ``mpiexec``; the parsed JSON of rank 0. In weak mode the problem is
     ``scale`` (default ``p``) times the one-rank problem: ``scale=p`` on one rank times the scaled problem serially.
     ``hosts``: spread the ranks over these (namespace hosts with shaped cables, say: :mod:`labkit.network`)."""
-    from . import cluster
-
     default_size(workload, mode)  # checks the name
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
@@ -368,8 +364,6 @@ def predicted_step(t1: float, ranks: Sequence[int], cores: int | None, alpha: fl
     exercise 6): the one-rank step ``t1`` (seconds) shared over the ranks (over the ``cores`` where ranks outnumber
     them; None: no limit), plus an allreduce of ``nbytes`` that moves what the ring moves, 2(p - 1) messages of
     nbytes / p, each costing alpha + its bytes times beta (:func:`labkit.costmodel.predict`)."""
-    from .costmodel import AlphaBeta, predict
-
     model = AlphaBeta(alpha, beta)
     out = []
     for p in ranks:

@@ -292,6 +292,18 @@ def test_compile_errors_point_at_the_line():
         load(src, backend="emulator")
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_an_unclosed_bracket_is_a_compile_error_of_cuda(checked):
+    """The shared scanner's own error comes back as the CUDA labs', whether the kernel's parameters or (read only
+    when checked mode rewrites the source) its body is left open."""
+    with pytest.raises(KernelCompileError, match=r"kernel.cu did not compile: unbalanced '\(' at line 1"):
+        load('extern "C" __global__ void k(float* x, int n\n{\n    x[0] = 1.0f;\n}\n', backend="emulator", checked=checked)
+    if checked:
+        src = 'extern "C" __global__ void k(float* x)\n{\n    float* y = x + 1;\n    y[0] = 1.0f;\n'
+        with pytest.raises(KernelCompileError, match=r"unbalanced '\{' at line 2"):
+            load(src, backend="emulator", checked=True, gpu_check=False)
+
+
 # -- the launch call checks its arguments ----------------------------------------------------------
 
 ARGS = r"""

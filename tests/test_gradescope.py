@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB = "12_quick.ipynb"  # lab 12 by its content: karp_flatt is lab 12's exercise
 # as Gradescope writes /autograder/submission_metadata.json (its documentation's fields)
 METADATA = {"id": 123456, "created_at": "2026-10-02T14:22:32.365935-07:00",
-            "assignment": {"due_date": "2026-10-01T23:00:00.000000-07:00", "id": 25828, "title": "Lab 12",
+            "assignment": {"due_date": "2026-10-02T23:00:00.000000-07:00", "id": 25828, "title": "Lab 12",
                            "total_points": "2.0"},
             "submission_method": "upload", "users": [{"email": "ana@example.edu", "id": 1234, "name": "Ana"}],
             "previous_submissions": []}
@@ -130,7 +130,7 @@ def test_the_grade_command_passes_the_lab_and_the_submission_time(tmp_path):
     assert gradescope.submission_row({"created_at": "yesterday"}, "12", LAB)["submitted_at"] == ""  # no penalty, said
 
 
-def _tree(tmp_path, zip_path, submission):
+def _tree(tmp_path, zip_path, submission, metadata=METADATA):
     """The folders Gradescope makes: source/ (the zip unpacked), submission/, results/, submission_metadata.json."""
     root = tmp_path / "autograder"
     with zipfile.ZipFile(zip_path) as z:
@@ -141,7 +141,7 @@ def _tree(tmp_path, zip_path, submission):
     (root / "submission").mkdir()
     nbformat.write(submission, root / "submission" / LAB)
     (root / "results").mkdir()
-    (root / "submission_metadata.json").write_text(json.dumps(METADATA))
+    (root / "submission_metadata.json").write_text(json.dumps(metadata))
     return root
 
 
@@ -174,8 +174,9 @@ def test_a_late_submission_scores_each_test_less_the_penalty(tmp_path, monkeypat
 
     monkeypatch.setattr(sandbox, "available", lambda: (False, "not probed here"))
     release, quick = _release(tmp_path, deadline="2026-10-01T23:00:00-07:00")  # handed in 15 h after: 1 day late
+    due_1st = {**METADATA, "assignment": {**METADATA["assignment"], "due_date": "2026-10-01T23:00:00.000000-07:00"}}
     root = _tree(tmp_path, gradescope.build(release, "12", tmp_path / "autograder.zip", wheels=_fake_wheels(tmp_path)),
-                 quick)
+                 quick, due_1st)
     assert gradescope.autograde(root) == 0
     results = json.loads((root / "results" / "results.json").read_text())
     assert sorted((t["score"], t["max_score"]) for t in results["tests"]) == [(0.0, 1.0), (0.9, 1.0)]
@@ -211,3 +212,33 @@ def test_the_bundle_installs_and_grades_in_a_tree_as_gradescope_lays_it_out_with
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = _check_results(root)
     assert "karp_flatt" in json.dumps(results)
+
+
+def test_gradescopes_deadline_is_the_students_own_else_the_assignments():
+    assert gradescope.due_date(METADATA) == "2026-10-02T23:00:00-07:00"
+    extended = {**METADATA, "users": [{**METADATA["users"][0],
+                                       "assignment": {"due_date": "2026-10-04T23:00:00.000000-07:00"}}]}
+    assert gradescope.due_date(extended) == "2026-10-04T23:00:00-07:00"
+    assert gradescope.due_date({"assignment": {"due_date": None}}) == "" and gradescope.due_date({}) == ""
+    assert gradescope.due_date({"assignment": {"due_date": "friday"}}) == ""  # unreadable: said, the release's stands
+    args = gradescope.grade_command(Path("s"), Path("r"), Path("g"), "12", Path("s.csv"), 60, Path("ext.csv"))
+    assert args[args.index("--extensions") + 1] == "ext.csv"
+
+
+@pytest.mark.notebooks
+def test_gradescopes_extension_stands_in_for_the_releases_deadline(tmp_path, monkeypatch):
+    """Due on the 1st in the release, and for the class in Gradescope, handed in on the 2nd: the student's extension
+    in Gradescope, to the 4th, makes it on time."""
+    from labkit.grading import sandbox
+
+    monkeypatch.setattr(sandbox, "available", lambda: (False, "not probed here"))
+    release, quick = _release(tmp_path, deadline="2026-10-01T23:00:00-07:00")
+    root = _tree(tmp_path, gradescope.build(release, "12", tmp_path / "autograder.zip", wheels=_fake_wheels(tmp_path)),
+                 quick)
+    metadata = json.loads((root / "submission_metadata.json").read_text())
+    metadata["assignment"]["due_date"] = "2026-10-01T23:00:00.000000-07:00"
+    metadata["users"][0]["assignment"] = {"due_date": "2026-10-04T23:00:00.000000-07:00"}
+    (root / "submission_metadata.json").write_text(json.dumps(metadata))
+    assert gradescope.autograde(root) == 0
+    results = _check_results(root)
+    assert results["score"] == 1.0 and "late" not in results["output"], results["output"]

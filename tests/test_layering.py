@@ -21,6 +21,10 @@ LESSONS = labs.lessons()  # every lab's lesson modules (labkit/labs.py)
 # (importer, what it may never import): the grader sits above the checks, the checks above the lessons
 NEVER = [(f"labkit.{lesson}", forbidden) for lesson in LESSONS for forbidden in ("labkit.grading", "labkit.check")]
 NEVER += [("labkit.check", "labkit.grading"), ("labkit.cluster", "labkit.grading"), ("labkit.cluster", "labkit.check")]
+# the C and C++ toolchain that labs 03-05 share (labkit.native) stands below them all: it imports no lesson, and lab
+# 03's C takes what it shares with the CUDA labs from it, never from their package
+NEVER += [("labkit.native", f"labkit.{lesson}") for lesson in LESSONS]
+NEVER += [("labkit.hostc", "labkit.kernels"), ("labkit.openmp", "labkit.kernels")]
 
 
 def _module_files():

@@ -138,6 +138,12 @@ def test_a_compile_error_names_the_line():
         hostc.load(SRC, opt="-O9")
 
 
+def test_an_unclosed_bracket_is_a_compile_error_of_c():
+    """The shared scanner's own error comes back as the C lab's, as the compiler's refusal would."""
+    with pytest.raises(hostc.CCompileError, match=r"code.c did not compile: unbalanced '\(' at line 2"):
+        hostc.load("int one(void) { return 1; }\nvoid f(float* y, int n {\n    y[0] = 1.0f;\n}\n")
+
+
 def test_without_a_compiler_the_message_says_how_to_get_one(tmp_path):
     code = "from labkit import hostc\ntry:\n    hostc.compiler()\nexcept hostc.CompilerMissing as e:\n    print(e)\n"
     env = {**os.environ, "PATH": str(tmp_path), "CC": ""}

@@ -11,6 +11,7 @@ of the data each rank must send at least.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -18,6 +19,9 @@ import time
 import numpy as np
 
 from ..bench import format_seconds, machine_info
+from ..cluster import run_mpi
+from ..cluster.hosts import namespace_hosts
+from ..costmodel import measure_link_rate, time_collective
 from ..progress import progress_bar
 
 TARGETS = {"ring_vs_mpi_1e6_p2": ("<=", 1.3), "ring_vs_mpi_1e7_p2": ("<=", 1.0)}
@@ -29,7 +33,6 @@ def worker(cfg: dict) -> None:
     from mpi4py import MPI
 
     from .. import collectives as C
-    from ..costmodel import time_collective
 
     comm = MPI.COMM_WORLD
     rows = []
@@ -56,11 +59,6 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
     message crosses between hosts over TCP, and the keys ``ring_vs_mpi_1e6_hostsN`` sit beside the one-host ones.
     ``link`` ("100mbit", ...) shapes their cables to that rate; ``link_rate_measured_vs_set`` is then the rate a
     ping-pong between two of them got, over the rate asked for (target 0.8-1.2)."""
-    import contextlib
-
-    from ..cluster import run_mpi
-    from ..cluster.hosts import namespace_hosts
-    from ..costmodel import measure_link_rate
 
     ranks = (2,) if quick else (2, 4)
     rounds = (1 if quick else 3) if rounds is None else rounds

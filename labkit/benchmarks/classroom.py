@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import runner
 from ..bench import machine_info
 from ..machine import usable_cores
 
@@ -68,7 +69,6 @@ def _solutions_kept(nb):
 def run(quick: bool = False, progress: bool | None = None) -> dict:
     import nbformat
 
-    from .. import runner
     from ..grading import exports, feedback, grade, sandbox
 
     n = 4 if quick else 40

@@ -21,13 +21,20 @@ The configurations alternate over the rounds.
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .. import runner
 from ..bench import interleaved, machine_info
+from ..grading import exports, feedback, sandbox, workers
 from ..machine import usable_cores
 
 TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s": ("<=", 2.0),
@@ -36,8 +43,6 @@ TARGETS = {"grading_parallel_speedup": (">=", 1.7), "grading_sandbox_overhead_s"
 
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Grade the same submissions with 1 job and with one job per core, in alternating rounds."""
-    from .. import runner
-
     rounds = (1 if quick else 2) if rounds is None else rounds
     cores = usable_cores()
     n = 2 if quick else 2 * max(cores, 2)
@@ -68,8 +73,6 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int, quick: bool):
     """``n`` copies of ``lab`` graded with 1 job and with ``cores`` jobs (in the sandbox where one can be made) and with
     1 job without it, alternating over the rounds: the timings, what passed, the cores busy, whether isolated, and
     what follows (the feedback, the exports and, not with ``quick``, the command run once each way)."""
-    from ..grading import sandbox, workers
-
     with tempfile.TemporaryDirectory(prefix="labkit-bench-grading-") as tmp:
         subs = Path(tmp) / "subs"
         for i in range(n):
@@ -94,10 +97,6 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int, quick: bool):
 def _command_once(subs: Path, tmp: Path, cores: int) -> dict:
     """The command itself, each run a fresh process that imports everything and starts its own workers: the seconds
     of ``labkit grade`` with ``--jobs 1`` and with ``--jobs`` per core, once each, and their ratio."""
-    import os
-    import subprocess
-    import sys
-
     seconds = {}
     for jobs in (1, cores):
         t0 = time.perf_counter()
@@ -114,9 +113,6 @@ def _command_once(subs: Path, tmp: Path, cores: int) -> dict:
 def _handing_on(out: Path, n: int) -> dict:
     """The seconds of what follows a graded class of ``n`` notebooks in ``out``: the feedback pages (per notebook,
     the median of three writes) and the two gradebook exports."""
-    import statistics
-
-    from ..grading import exports, feedback
 
     data = exports.load(out)
     times = []
@@ -152,11 +148,8 @@ def _grading_job(subs: Path, out: Path, jobs: int, isolate: bool, passed: dict, 
 def _every_lab_once() -> dict:
     """Every lab with exercises, as the instructor wrote it, graded once in its sandbox at --jobs 1: the seconds of
     each, the most of them, and how many exercises passed."""
-    import json
-
     import nbformat
 
-    from .. import runner
     from ..grading import assign, grade
 
     labs = [p for p in runner.find_notebooks() if assign.has_exercises(nbformat.read(p, as_version=4))]

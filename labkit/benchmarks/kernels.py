@@ -27,7 +27,14 @@ import time
 
 import numpy as np
 
-from ..bench import format_seconds, machine_info, merge_rounds
+from .. import kernels as K
+from .. import mlp
+from ..bench import format_seconds, machine_info, measure, merge_rounds
+from ..kernels import backend, time_kernel
+from ..kernels import reference as R
+from ..kernels import speed_of_light as S
+from ..kernels.device_mlp import DeviceMLP, train_device
+from ..kernels.matmul import TILE
 from ..progress import progress_bar
 
 MODELLED = ("H100 SXM", 1024)  # the GPU and the size of the modelled ratios
@@ -38,15 +45,11 @@ TARGETS = {"modelled_tiled_vs_naive": ("in", (1.2, 4.0)), "modelled_regblock_vs_
 
 def _timer(xp, fn, repeat: int) -> float:
     """Median seconds per call (after one warm-up), synchronising the GPU around each call."""
-    from ..kernels import time_kernel
-
     return time_kernel(fn, repeat, backend="emulator" if xp is np else "cupy")
 
 
 def emulator_part(quick: bool) -> dict:
     """The emulator's matmuls at 256^3 next to numpy, and the key figure."""
-    from .. import kernels as K
-
     n = 256
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
@@ -75,8 +78,6 @@ extern "C" __global__ void warp_reduce(const float* x, float* out, int n)
 def modelled_part() -> dict:
     """The three matmuls' speed of light on MODELLED's GPU and size, from counts carried from small launches, and the
     two ratios of their bounds (deterministic: counted once, outside the timed rounds)."""
-    from ..kernels import speed_of_light as S
-
     on, n = MODELLED
     sol = {v: S.model(S.matmul_counts(v, n)[0], on) for v in ("naive", "tiled", "regblock")}
     rows = [{"kernel": f"matmul_{v}", "n": n, "gpu": on, "seconds": s.bound, "unit": s.unit, "GFLOPs": s.gflops,
@@ -94,10 +95,6 @@ def _met(value: float, op: str, bound) -> bool:
 def _warps(a, b, quick: bool) -> dict:
     """What warps cost the emulator: the tiled matmul scheduled warp by warp against the same kernel scheduled as one
     group (medians of interleaved launches), and a warp-shuffle reduction of 10^6 floats."""
-    from .. import kernels as K
-    from ..bench import measure
-    from ..kernels.matmul import TILE
-
     n = a.shape[0]
     c = np.zeros((n, n), np.float32)
     args = (a, b, c, *(np.int32(n),) * 3, np.int32(0), np.int32(0))
@@ -161,8 +158,6 @@ def _sgemm(rows: list, quick: bool, rep: int, rng) -> float:
     fraction of cuBLAS."""
     import cupy as cp
 
-    from .. import kernels as K
-
     n = 2048 if quick else 4096
     a = cp.asarray(rng.standard_normal((n, n)).astype(np.float32))
     b = cp.asarray(rng.standard_normal((n, n)).astype(np.float32))
@@ -186,9 +181,6 @@ def _elementwise(rows: list, z, rep: int, rng) -> float:
     the kernel's."""
     import cupy as cp
 
-    from .. import kernels as K
-    from ..kernels import reference as R
-
     r_, c_ = z.shape
     bias = cp.asarray(rng.standard_normal(c_).astype(np.float32))
     o = cp.empty_like(z)
@@ -205,8 +197,6 @@ def _elementwise(rows: list, z, rep: int, rng) -> float:
 def _other_kernels(rows: list, z, rep: int, rng) -> None:
     """The other kernels, for information, as rows: SGD with momentum, sum reductions, a convolution."""
     import cupy as cp
-
-    from .. import kernels as K
 
     v = cp.zeros_like(z)
     g = cp.asarray(rng.standard_normal(z.shape).astype(np.float32)) * 1e-3
@@ -226,9 +216,6 @@ def _other_kernels(rows: list, z, rep: int, rng) -> None:
 
 def _mnist_epoch(quick: bool) -> dict:
     """One epoch of [784, 1024, 1024, 10] at batch 256: labkit's device step (kernels and cuBLAS) and PyTorch eager."""
-    from .. import mlp
-    from ..kernels.network import DeviceMLP, train_device
-
     n = 20_000 if quick else 60_000
     rng = np.random.default_rng(0)
     x = rng.random((n, 784)).astype(np.float32)  # the time of an epoch does not depend on the pixel values
@@ -274,8 +261,6 @@ def _mnist_epoch(quick: bool) -> dict:
 def run(quick: bool = False, progress: bool | None = None, rounds: int | None = None) -> dict:
     """Run the emulator part always, and the GPU part where CuPy has a device, in interleaved rounds (3, 1 with
     ``quick``): every figure is the median over the rounds, each round's kept under ``rounds``."""
-    from ..kernels import backend
-
     rounds = (1 if quick else 3) if rounds is None else rounds
     parts = [emulator_part]
     result = {"benchmark": "kernels", "quick": quick, "backend": backend(), "machine": machine_info(),

@@ -19,16 +19,17 @@ ratio measured within a round, and ``seconds`` the median time of each job.
 from __future__ import annotations
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+from .. import mlp, openmp
 from ..bench import format_seconds, interleaved, machine_info, measure
+from ..data import load_mnist, locate
+from ..mlp import targets
 
 TARGETS = {"c_per_sample_vs_numpy_per_sample": (">=", 5.0), "omp_speedup_2threads": (">=", 1.7)}
 
 
 def _data(n: int):
-    from ..data import load_mnist, locate
-    from ..mlp import targets
-
     (x, y), _ = load_mnist(quiet=True)
     return x[:n], targets(y[:n], 10, np.float32), locate().describe()
 
@@ -62,8 +63,6 @@ def _epoch_job(narrow, x, Y, grads):
 
 def _c_epoch_job(narrow, x, Y):
     """A job: the same epoch as one call of the optimised C program (-O3, native), in seconds."""
-    from .. import openmp
-
     def job() -> float:
         params = [(W.copy(), b.copy()) for W, b in narrow]
         return measure(lambda: openmp.train_epoch_c(params, x, Y, 10, 3.0, "-O3", native=True), repeat=1,
@@ -73,8 +72,6 @@ def _c_epoch_job(narrow, x, Y):
 
 def _per_batch_jobs(xb, Yb, repeat: int):
     """A maker of jobs ``per_batch(params, version, opt, threads)``: the median seconds of one C backprop of xb."""
-    from .. import openmp
-
     def per_batch(params, version, opt="-O2", threads=None):
         return lambda: measure(lambda: openmp.backprop_c(params, xb, Yb, version, opt, threads=threads),
                                repeat=repeat).median
@@ -83,8 +80,6 @@ def _per_batch_jobs(xb, Yb, repeat: int):
 
 def _jobs(x, Y, per_batch) -> dict:
     """The epochs (NumPy and C), every single-thread version and the OpenMP ones, by name in the order they run."""
-    from .. import mlp, openmp
-
     narrow = mlp.init_params([784, 30, 10], seed=0)
     mid = mlp.init_params([784, 100, 10], seed=0)
     wide = mlp.init_params([784, 1000, 10], seed=0)
@@ -103,8 +98,6 @@ def _jobs(x, Y, per_batch) -> dict:
 
 def _compile_every_build() -> None:
     """Compile every build before anything is timed."""
-    from .. import openmp
-
     for v in openmp.VERSIONS:
         openmp.module("-O2").get_function(f"bp_{v}")
     for opt in ("-O0", "-O3"):
@@ -114,8 +107,6 @@ def _compile_every_build() -> None:
 
 def _interchange_jobs(per_batch, widths) -> dict:
     """The loop interchange where the weights fit in the caches and where they do not: naive and interchanged."""
-    from .. import mlp
-
     jobs = {}
     for w in widths:
         p = mlp.init_params([784, w, 10], seed=0)
@@ -126,8 +117,6 @@ def _interchange_jobs(per_batch, widths) -> dict:
 
 def _interleaved_one_blas_thread(jobs: dict, rounds: int) -> dict:
     """Every job once a round, the rounds interleaved, with BLAS on one thread."""
-    from threadpoolctl import threadpool_limits
-
     # one BLAS thread: NumPy's per-sample loop is a single-thread baseline, and idle BLAS threads spinning after a call
     # would take the second core from the OpenMP runs (OpenMP's own threads are set per call)
     with threadpool_limits(1, user_api="blas"):

@@ -46,7 +46,15 @@ import os
 import sys
 import time
 
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .. import cluster, compression, mlp
 from ..bench import machine_info
+from ..cluster.hosts import namespace_hosts
+from ..costmodel import measure_link_rate
+from ..data import load_mnist, locate
+from ..data_parallel import DataParallel
 from ..progress import progress_bar
 
 TARGETS = {"dp_speedup_p2": (">=", 1.6), "topk1_accuracy_gap": ("<=", 0.01), "async_accuracy_w4_m2": (">=", 0.95)}
@@ -72,16 +80,9 @@ def overlap_batch(bits_per_second: float | None) -> int:
 
 def worker(cfg: dict) -> None:
     """Runs on every rank of one job; rank 0 prints one JSON line."""
-    import numpy as np  # load BLAS first, so that the limit below reaches it
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(1)
 
     from mpi4py import MPI
-
-    from .. import compression, mlp
-    from ..data import load_mnist
-    from ..data_parallel import DataParallel
 
     comm = MPI.COMM_WORLD
     (x, y), (xt, yt) = load_mnist(quiet=True)
@@ -136,11 +137,7 @@ def worker(cfg: dict) -> None:
 def _overlap_steps(comm, cfg: dict) -> dict:
     """Blocking and overlapped data-parallel steps of :data:`OVERLAP_NETWORK`, alternating in ``rounds`` rounds of
     ``steps`` steps each; per-step medians, and the blocking step's compute / allreduce split."""
-    import numpy as np
     from mpi4py import MPI
-
-    from .. import mlp
-    from ..data_parallel import DataParallel
 
     rng = np.random.default_rng(0)
     batch = cfg["batch"]
@@ -220,10 +217,6 @@ def run(quick: bool = False, progress: bool | None = None, rounds: int | None = 
 def _across_hosts(quick: bool, progress, rounds: int, hosts: int, link: str | None) -> dict:
     """The figures of a network that costs: one rank on each of ``hosts`` namespace hosts, cables at ``link``."""
 
-    from .. import cluster
-    from ..cluster.hosts import namespace_hosts
-    from ..costmodel import measure_link_rate
-
     out: dict = {"hosts": {"n": hosts, "link": link}}
     with namespace_hosts(hosts, link=link) as made, \
             progress_bar(total=4, enable=progress, desc="training across hosts", unit="job") as bar:
@@ -258,9 +251,6 @@ def _across_hosts(quick: bool, progress, rounds: int, hosts: int, link: str | No
 
 def _one_machine(quick: bool, progress, rounds: int) -> dict:
     """The figures on this machine (the module's first three)."""
-    from .. import cluster
-    from ..data import locate
-
     dp_cfg = {"part": "dp", "samples": 20000 if quick else 60000, "epochs": 1 if quick else 2}
     tk_cfg = {"part": "topk", "samples": 60000, "epochs": 2 if quick else 5}
     as_cfg = {"part": "async", "samples": 60000, "epochs": 2 if quick else 5}

@@ -32,6 +32,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -40,7 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import LabkitError
+from ..native.csource import strip_comments
 from .exercises import exercise
 
 ENV = "LABKIT_CAPTURE"
@@ -71,15 +74,12 @@ def seed(base: int) -> int:
     """The seed of a check's inputs: ``base`` when a student runs the check, shifted by the grader's draw when graded."""
     if isinstance(_session, (Replay, Record)):
         return base + _session.seed
-    from .. import settings
 
     return base + (settings.get(SEED_ENV) or 0)
 
 
 def hidden_part(check: str) -> bool:
     """Whether the notebook is being graded with a hidden part of ``check``: a second, silent run on another draw."""
-    from .. import settings
-
     if not settings.get(ENV):
         return False
     wanted = {name.strip() for name in (settings.get(HIDDEN_ENV) or "").split(",")}
@@ -154,7 +154,8 @@ def _encode_error(e: BaseException) -> dict:
 # the modules whose exceptions and results the checks catch and read: a record may name these, and only these are
 # imported for it (a record is the student's file: importing what it names could run anything, labkit.__main__ say)
 KNOWN_MODULES = ("labkit.check.common", "labkit.check.ring", "labkit.check.capture", "labkit.hostc", "labkit.kernels.emulator",
-                 "labkit.kernels.source", "labkit.param_server", "labkit.collectives", "labkit.mlp", "labkit.data")
+                 "labkit.kernels.source", "labkit.native.csource", "labkit.param_server", "labkit.collectives", "labkit.mlp",
+                 "labkit.data")
 
 
 def _known_module(module: str):
@@ -281,8 +282,6 @@ def _unwrap(fn, depth: int = 0):
 
 
 def _normalise_c(text: str) -> str:
-    from ..kernels.source import strip_comments
-
     return "".join(strip_comments(text).split())
 
 
@@ -290,7 +289,6 @@ def _c_function(text: str, name: str | None) -> str:
     """One function's definition in C source (from its name to its closing brace), or the whole text."""
     if name is None:
         return text
-    import re
 
     m = re.search(r"\b" + re.escape(name) + r"\s*\(", text)
     if not m:
@@ -503,7 +501,6 @@ def session(check: str, hidden: bool = False):
     if _session is not None:  # replaying, or a check inside a check
         yield _session
         return
-    from .. import settings
 
     folder = settings.get(ENV)
     if not folder:

@@ -3,13 +3,19 @@ and comparing gradients with a message that names the first wrong layer."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import inspect
+import io
 
 import numpy as np
 
 from .. import mlp
+from ..cluster import first_ranks
 from ..errors import LabkitError
 from . import capture
+from .exercises import exercise as declared
 
 
 class ExerciseError(LabkitError, AssertionError):
@@ -107,9 +113,6 @@ def recorded(check):
 def _hidden_part(check, args, kwargs) -> None:
     """The check's hidden part, while graded: the same check again on another secret draw, recorded apart, its
     output and its verdict kept out of the notebook (the grader replays the record for a row of its own)."""
-    import contextlib
-    import io
-
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             with capture.session(check.__name__, hidden=True):
@@ -125,8 +128,6 @@ def next_hint(exercise: str, message: str, answer: str = "") -> str:
     """The next step of the exercise's derivation: one more after each failed run of a changed answer (``answer`` is
     its :func:`fingerprint`), the same one again for the same answer run again, the last one repeating; nothing for a
     function not written yet, or an exercise without hints."""
-    from .exercises import exercise as declared
-
     ex = declared(exercise)
     if ex is None or not ex.hints or "not written yet" in message:
         return ""
@@ -148,9 +149,6 @@ def fingerprint(answer, _seen=None) -> str:
     """What identifies a student's answer across runs of its cell: a source text itself; a function's source (or, where
     it cannot be read, its code), with the functions of its own module that it names and the values it closes over.
     Running the same cell again gives the same fingerprint; editing the function or a helper it calls changes it."""
-    import hashlib
-    import inspect
-
     seen = set() if _seen is None else _seen
     if isinstance(answer, str) or not callable(answer):
         return hashlib.sha256(repr(answer).encode()).hexdigest()[:16]
@@ -266,7 +264,6 @@ def collective_check(comm, ex: str, cases) -> None:
     """Run ``cases(sub, k)`` (a generator of case functions returning an error string or None) on
     sub-communicators of the first k = 1..p ranks. Ranks agree after every case, so nobody starts a case
     the others skipped; on failure every rank raises (rank 0 with the message)."""
-    from ..cluster import first_ranks
     from ..collectives import first_cause
 
     p, rank = comm.Get_size(), comm.Get_rank()

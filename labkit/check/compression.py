@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from ..compression import bytes_per_step as model
+from ..compression import top_k_with_feedback
 from . import capture
 from .common import ExerciseError, call, collective_check, fail, not_written, on_given_comm, passed, recorded
 from .exercises import Exercise
@@ -492,7 +494,6 @@ def compressed_allreduce(fn, comm=None, timeout: float = 20.0) -> None:
 
 def _allreduce_case(fn, sub, k, case, n, ratio, dtype, timeout, ex) -> str | None:
     """One case on one sub-communicator; returns what went wrong (or None), never raises."""
-    from ..compression import top_k_with_feedback
     from ..traffic import TrafficComm
 
     r = sub.Get_rank()
@@ -568,8 +569,6 @@ def _close(a, b, dtype) -> bool:
 
 def _mean_error(mean, want, dtype, inputs, pieces, k, r, n, ratio, where, ex) -> str | None:
     """What is wrong with the mean (its type, shape, dtype, values), the mistake named where it is recognised."""
-    from ..compression import top_k_with_feedback
-
     try:
         a = np.asarray(mean)
     except (TypeError, ValueError):
@@ -721,8 +720,6 @@ def bytes_per_step(fn) -> None:
     Checked against :func:`labkit.compression.bytes_per_step`, to within a byte, on 6 cases: lab 10's gradient (n =
     79,510, k = 796) on 2 and 4 ranks, one rank, n not divisible by p, k = n, and one drawn afresh when graded.
     """
-    from ..compression import bytes_per_step as model
-
     ex = "bytes per step"
     cases = _bytes_cases()
     fn = capture.student(fn, ex=ex)

@@ -8,9 +8,12 @@ check names the mistake it recognises.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .. import mlp
+from ..data_parallel import overlapped_end, step_model
 from ..shards import shard_bounds
 from . import capture
 from .common import (
@@ -401,8 +404,6 @@ AFTER_BACKPROP, NEVER = -1, -2  # where an array's allreduce started, besides a 
 
 def _backprop_layer() -> int:
     """The layer :func:`labkit.mlp.loss_and_grads_unchecked` is at, if it is on the call stack, else AFTER_BACKPROP."""
-    import sys
-
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code is mlp.loss_and_grads_unchecked.__code__:
@@ -519,8 +520,6 @@ def overlap_model(fn) -> None:
     and allreduces) without and with overlap: backprop takes ``backprop`` seconds, bucket i is ready at ``ready[i]``
     (since backprop began, in the order the buckets start) and its allreduce takes ``seconds[i]``; one network, one
     allreduce at a time. Against :func:`labkit.data_parallel.step_model`."""
-    from ..data_parallel import overlapped_end, step_model
-
     ex = "the step with and without overlap"
     fn = capture.student(fn, ex=ex)
     cases = _overlap_cases(np.random.default_rng(capture.seed(128)))

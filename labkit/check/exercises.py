@@ -12,7 +12,9 @@ in that module's ``EXERCISES`` tuple, and call it in its lab's notebook. ``labki
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 
 NOT_FAMILIES = ("capture", "common", "exercises")  # the modules of labkit/check/ that declare no exercises
 
@@ -53,9 +55,6 @@ def _load() -> dict[str, Exercise]:
 
 def families() -> list[str]:
     """The check modules of labkit/check/, each declaring its exercises in ``EXERCISES``."""
-    import pkgutil
-    from pathlib import Path
-
     return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
                   if m.name not in NOT_FAMILIES)
 

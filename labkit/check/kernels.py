@@ -5,8 +5,15 @@ check also runs the kernel once with each block's threads in the opposite order 
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 
+from .. import kernels
+from ..kernels import KernelCompileError, counts, tools, warp
+from ..kernels.source import define, find_kernels
+from ..native.csource import matching_bracket, strip_comments
 from . import capture
 from .common import ExerciseError, fail, passed, recorded
 from .exercises import Exercise
@@ -17,9 +24,6 @@ KERNEL_TODO = "YOUR CODE HERE"
 def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str], probe=None):
     """The student's kernel, compiled for the emulator (checked) and for GPUs; fail naming what ``must_have`` lists and
     the source lacks. Without a __syncthreads(), ``probe(kernel)`` (a small launch) names the race it leaves."""
-    from .. import kernels
-    from ..kernels.source import strip_comments
-
     if not isinstance(source, str):
         fail(ex, f"expected the kernel's CUDA C source as a string, got {type(source).__name__}")
     if KERNEL_TODO in source:
@@ -61,8 +65,6 @@ GPU_HINT = ("the emulator compiles your kernel with this computer's C++ compiler
 def compiles_for_gpus(ex: str, source: str) -> None:
     """Fail a kernel that the emulator runs but a GPU's compiler refuses (NVRTC or nvcc, for sm_80 and sm_90). Without
     a CUDA compiler here, say so and go on: the emulator alone cannot tell."""
-    from ..kernels import tools
-
     try:
         tools.compile_for_gpus(source)
     except tools.KernelCompileError as e:
@@ -78,10 +80,6 @@ def _tiles_staged(ex: str, source: str, name: str) -> None:
     """Fail a kernel that declares ``__shared__`` tiles but does not work from them: a tile never stored or never
     read, or the global inputs read anywhere but in a store to a tile (the naive kernel with a shared array beside
     it). Read from the source: the emulator's counts of memory traffic will judge it by what it does."""
-    import re
-
-    from ..kernels.source import strip_comments
-
     code = strip_comments(source)
     tiles = re.findall(r"__shared__\s+[\w\s]+?\b(\w+)\s*\[", code)
     for t in tiles:
@@ -123,8 +121,6 @@ def named_race(ex: str, what: str, error: Exception) -> None:
 def run_student_kernel(ex: str, kernel, grid, block, args, hint: str, reverse: bool = False, what: str = "") -> None:
     """Launch, failing with what the emulator reports; with ``reverse``, then again with each block's threads in the
     opposite order, failing where the results differ."""
-    from .. import kernels
-
     before = _copies(args) if reverse else None
     try:
         kernel(grid, block, args)
@@ -161,10 +157,6 @@ def in_reverse_order(ex: str, kernel, grid, block, before, after, what: str) -> 
 def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str, reverse: bool = False) -> None:
     """Launch, naming an access out of bounds: past the edge of C (a missing guard) where the size is awkward, a wrong
     index formula where it is a multiple of the block; with ``reverse``, again with the threads in the opposite order."""
-    import re
-
-    from .. import kernels
-
     before = _copies(args) if reverse else None
     try:
         kernel(grid, block, args)
@@ -246,8 +238,6 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
     Signature (const float* A, const float* B, float* C, int M, int N, int K); launched with block
     (tile, tile) and grid (ceil(N/tile), ceil(M/tile)); ``tile`` is the source's ``#define TILE`` (else 16).
     """
-    from ..kernels.source import define
-
     ex = "tiled matmul"
     source = capture.source(source)
     tile = tile or (define(source, "TILE", 16) if isinstance(source, str) else 16)
@@ -298,8 +288,6 @@ def _matmul_args(n: int) -> tuple:
 def _loads_per_element(ex: str, source: str, tile: int) -> None:
     """Fail a "tiled" kernel whose inner product still reads A or B from global memory: counted on the emulator, each
     element of A and of B must be loaded n / TILE times in an n x n x n product, not n times as the naive kernel does."""
-    from ..kernels import KernelCompileError, counts
-
     n = 4 * tile
 
     def count():
@@ -322,10 +310,6 @@ def _loads_per_element(ex: str, source: str, tile: int) -> None:
 def _handed_to_helper(source: str, array: str) -> str | None:
     """The call in ``source`` that hands ``array`` (or a pointer made from it) to a ``__device__`` function of the
     source, where the emulator's counts cannot follow its loads; None if there is none."""
-    import re
-
-    from ..kernels.source import matching_bracket, strip_comments
-
     code = strip_comments(source)
     helpers = set(re.findall(r"__device__\s+[\w\s\*&<>:]*?\b(\w+)\s*\(", code))
     names = {array} | set(re.findall(rf"\*\s*(?:const\s+|__restrict__\s+)*(\w+)\s*=[^;=]*\b{array}\b", code))
@@ -340,8 +324,6 @@ def _loads_of_b(ex: str, source: str, tile: int, reads_a: float) -> None:
     """Fail a "tiled" kernel that loads B (or C) from global memory more often than a tiled kernel does: every global
     load of one n x n x n product is counted on the emulator, through any pointer made from B, and A's are taken
     off."""
-    from ..kernels import KernelCompileError, counts
-
     n = 4 * tile
     helper = _handed_to_helper(source, "B")
     if helper:
@@ -420,8 +402,6 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
 def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> None:
     """Lab 05: *out += sum(x) with a warp-shuffle tree in each warp (no shared memory) and one atomicAdd per warp;
     signature (const float* x, float* out, int n), launched with ``threads`` per block over a grid-stride loop."""
-    from ..kernels.source import strip_comments
-
     ex = "warp reduction"
     source = capture.source(source)
     k = load_student_kernel(ex, source, name, {
@@ -460,8 +440,6 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
 def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float, str]]:
     """(the sum it gives, what to say) for the usual mistakes of a warp-shuffle sum, worked out on the NumPy warp
     (labkit.kernels.warp) from the same grid-stride partial sums."""
-    from ..kernels import warp
-
     total = blocks * threads
     part = np.pad(x.astype(np.float64), (0, -len(x) % total)).reshape(-1, total).sum(0).reshape(-1, warp.WARP)
     every = sum(warp.tree_sum(w).sum() for w in part)
@@ -482,8 +460,6 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
     row-major; launched with block (32, 32) and grid (ceil(cols/32), ceil(rows/32)). Judged by the values and, counted
     on the emulator in a 64 x 64 transpose, by 4 sectors per warp load and store and no bank conflicts.
     """
-    from ..kernels import counts
-
     ex = "shared transpose"
     source = capture.source(source)
     print(f"{ex}: out on 5 sizes, then, counted in a 64 x 64 transpose: the 32-byte sectors of each warp's loads and "
@@ -691,11 +667,6 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
     relative 1e-5, by each row's sum, and, counted on the emulator in a (2, 1024) softmax, by each thread's loads
     (its own columns, not the whole row) and the sectors of each warp's loads (coalesced: 4).
     """
-    import re
-
-    from .. import kernels
-    from ..kernels import counts
-
     ex = "row softmax"
     source = capture.source(source)
     print(f"{ex}: y on 7 shapes from (1, 1) to (1, 4097), with rows of large and of equal values and rows far below "
@@ -891,10 +862,6 @@ inline uint3 labkit_reordered_() {
 def _counted_run(source: str, name: str, n: int, blocks: int, threads: int, seed: int) -> tuple:
     """(the sum, atomics of each block, most shuffles of a thread, most shared-memory requests of a warp) of one
     launch of a reduction kernel with its warps in the opposite order and its atomics and shuffles counted."""
-    from .. import kernels
-    from ..kernels import counts
-    from ..kernels.source import find_kernels, strip_comments
-
     text = strip_comments(source)
     decl = next(k for k in find_kernels(text) if k.name == name)
     a, b = decl.params_span
@@ -915,8 +882,6 @@ def _counted_run(source: str, name: str, n: int, blocks: int, threads: int, seed
 def _reduction_counted(ex: str, source: str, name: str, per: str, threads: int) -> None:
     """Fail a reduction whose sum is right only in the emulator's order of warps, that calls atomicAdd other than
     once per ``per`` ("block" or "warp"), or whose adding is not a tree (counted in one launch of 8 blocks)."""
-    import math
-
     n, blocks = 10_000, 8
     got, want, per_block, callers, shuffles, requests = capture.step(
         "counted", lambda: _counted_run(source, name, n, blocks, threads, capture.seed(5)))

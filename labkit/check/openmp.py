@@ -5,9 +5,14 @@ many times at 1 to 2x-cores threads against the NumPy reference, which names a r
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 
+from .. import hostc, mlp, openmp
+from ..bench import interleaved, measure
+from ..machine import usable_cores
+from ..native.csource import matching_bracket, strip_comments
 from . import capture
 from .common import ExerciseError, fail, passed, recorded
 from .exercises import Exercise
@@ -25,8 +30,6 @@ void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n
 
 
 def _compile(ex: str, source: str, name: str, helpers: bool, label: str, **options):
-    from .. import hostc, openmp
-
     if not isinstance(source, str):
         fail(ex, f"expected the C source as a string, got {type(source).__name__}")
     if KERNEL_TODO in source:
@@ -51,8 +54,6 @@ def _compile(ex: str, source: str, name: str, helpers: bool, label: str, **optio
 
 
 def _call(ex: str, fn, args, hint: str, where: str = "", **kw):
-    from .. import hostc
-
     try:
         return fn(*args, **kw)
     except hostc.CError as e:
@@ -64,8 +65,6 @@ def _call(ex: str, fn, args, hint: str, where: str = "", **kw):
 def _simd_loops(code: str):
     """(pragma line, loop body) of every loop under ``#pragma omp simd`` (or ``omp for simd``, ``parallel for simd``)
     in comment-free C: the body is the braced block, or the one statement, after the loop's header."""
-    from ..kernels.source import matching_bracket
-
     for m in re.finditer(r"#\s*pragma\s+omp\s+(?:[\w\s]*\s)?simd\b[^\n]*", code):
         loop = re.compile(r"\bfor\s*\(").search(code, m.end())
         if loop is None:
@@ -100,8 +99,6 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
     """Lab 03: ``layer_forward(W, b, x, a, n_out, n_in)`` computes a = sigmoid(W x + b) for one sample in one fused
     pass per row, its dot product vectorised with ``omp simd`` and a reduction. Checked for values (with the
     sanitizers) on awkward sizes against NumPy in float64; the pragma and its reduction are read from the source."""
-    from ..hostc import strip_comments
-
     ex = "simd forward"
     source = capture.source(source)
     if isinstance(source, str) and KERNEL_TODO not in source:
@@ -153,9 +150,6 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
 def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> None:
     """Lab 03: ``outer_acc(d, x, g, B, n_out, n_in)`` adds sum_s d_s x_s^T into g (n_out, n_in), with loops in an order
     whose inner loop walks along a row. Checked for values (with the sanitizers) and for speed against the naive order."""
-    from .. import hostc
-    from ..bench import interleaved, measure
-
     ex = "loop interchange"
     source = capture.source(source)
     checked = _compile(ex, source, name, helpers=False, label="checked", opt="-O1", checked=True)
@@ -206,9 +200,6 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
     """Lab 03: ``my_bp_omp`` (the signature of labkit's bp_* functions) parallelises network.py's per-sample backprop
     over the samples with OpenMP, combining the gradients without a race. Run with the sanitizers first, then at 1 to
     2x-cores threads, ``runs`` times each, against the NumPy reference."""
-    from .. import mlp
-    from ..machine import usable_cores
-
     ex = "OpenMP reduction"
     source = capture.source(source)
     if isinstance(source, str) and KERNEL_TODO not in source and "#pragma omp" not in source:
@@ -275,16 +266,12 @@ _TURNS = re.compile(r"#\s*pragma\s+omp\s+(?:critical|atomic|ordered)\b|\bomp_set
 
 def _takes_turns(source: str) -> bool:
     """Whether the source lets one thread at a time into some region (critical, atomic, ordered or a lock)."""
-    from ..hostc import strip_comments
-
     return bool(_TURNS.search(strip_comments(source)))
 
 
 def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], runs: int) -> int:
     """The most threads inside labkit's add_sample at the same moment, over ``runs`` calls at each of ``threads``
     (the student's code built with -DCOUNT_SAMPLE_OVERLAP, which counts them)."""
-    from .. import hostc, openmp
-
     module = hostc.CModule(openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True,
                            options=("-DCOUNT_SAMPLE_OVERLAP",))
     fn, overlap = module.get_function(name), module.get_function("labkit_overlap")
@@ -437,8 +424,6 @@ def _team_as_asked(ex: str, rows) -> None:
 
 def _freed(ex: str, rows) -> None:
     """Fail code that leaves memory allocated after a call, naming the lines of the allocations."""
-    from collections import Counter
-
     for p, _, _, lines in rows:
         if lines:
             at = ", ".join(f"{k} from line {line}" for line, k in sorted(Counter(lines).items()))
@@ -474,10 +459,6 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
     buffer of fixed size holds), then at 1 to 2x-cores threads, ``runs`` times each, and once where its region gets
     fewer threads than omp_get_max_threads() says, against the NumPy reference, with the memory malloc returns filled
     with NaN; then the team its samples ran in must be the size asked for, and all it allocated freed."""
-    from .. import mlp
-    from ..hostc import strip_comments
-    from ..machine import usable_cores
-
     ex = "reduction by hand"
     source = capture.source(source)
     code = strip_comments(source) if isinstance(source, str) and KERNEL_TODO not in source else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import mlp
+from .. import mlp, param_server
 from ..shards import shard_bounds
 from . import capture
 from .common import ExerciseError, call, collective_check, compare_series, not_written, passed, recorded
@@ -61,8 +61,6 @@ def async_worker(fn, comm=None, timeout: float = 10.0) -> None:
 def async_worker_case(fn, sub, k, masters, data, timeout, ex, dtype=np.float64) -> str | None:
     """One training run on sub with ``masters`` of labkit's masters and the student's workers; returns what went
     wrong (or None, also on every rank but 0, which judges the run), never raises."""
-    from .. import param_server
-
     workers = k - masters
     dtype = np.dtype(dtype)
     where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}, {dtype}"
@@ -118,8 +116,6 @@ def _not_serial_error(res, data, seed, steps, where, ex, dtype=np.float64) -> st
 
 def _serial_sgd(data, seed, dtype=np.float64):
     """The weights of serial SGD over the batches a single worker sees: what one asynchronous worker must reach."""
-    from .. import param_server
-
     x, y = data
     params = mlp.init_params(_PS_SIZES, seed=seed, dtype=dtype, init="he")
     x, Y = np.asarray(x, dtype=dtype), mlp.targets(y, 3, dtype)
@@ -134,8 +130,6 @@ def round_robin_staleness(fn) -> None:
     """Lab 09: ``fn(workers, updates)``, the staleness of each update when workers take turns at one asynchronous
     master, each computing on the weights it last received. Checked on 1 to 6 workers, 0 to 3 W + 2 updates, and
     one count of each drawn afresh."""
-    from .. import param_server
-
     ex = "staleness of workers taking turns"
     fn = capture.student(fn, "fn", ex)
     rng = np.random.default_rng(capture.seed(130))
@@ -164,8 +158,6 @@ def delayed_descent(fn) -> None:
     """Lab 09: ``fn(step, delay, iterations)``, w_{t+1} = w_t - step * w_{t-delay} from w = 1 for every t <= 0,
     returning w_0 .. w_iterations. Checked for delays 0 to 4 and steps on both sides of the stable limit, and one case
     drawn afresh, to 1e-9."""
-    from .. import param_server
-
     ex = "delayed gradient descent"
     fn = capture.student(fn, "fn", ex)
     rng = np.random.default_rng(capture.seed(131))

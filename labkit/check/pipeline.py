@@ -13,6 +13,9 @@ import numbers
 
 import numpy as np
 
+from ..model_parallel import one_f_one_b_schedule, peak_activations
+from ..model_parallel import pipeline_step_time as reference
+from ..shards import shard_bounds
 from . import capture
 from .common import call, fail, passed, recorded
 from .exercises import Exercise
@@ -146,8 +149,6 @@ def neuron_grads(fn) -> None:
     """Exercise (lab 11): ``fn(x, h, delta, W2, lo, hi) -> (dW1, db1)``, the gradients of a rank's rows lo..hi-1 of
     W1 and entries of b1 in ``[n_in, hidden, n_out]`` with ReLU, from its outputs ``h`` and the output layer's error
     ``delta`` (of the mean loss), against labkit's; every rank of 1 to 5 ranks, some blocks empty."""
-    from ..shards import shard_bounds
-
     ex = "one rank's backward"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(112))
@@ -386,8 +387,6 @@ def pipeline_step_time(fn) -> None:
     ``fwd[s]`` and ``bwd[s]`` seconds per micro-batch (messages free), against labkit's; equal stages, one stage,
     one micro-batch, a slow stage, different slowest stages forward and backward, one drawn at random (2 to 12
     stages, 1 to 64 micro-batches) and one of 12 stages and 48 micro-batches."""
-    from ..model_parallel import pipeline_step_time as reference
-
     ex = "pipeline step time"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(114))
@@ -611,8 +610,6 @@ def one_f_one_b(fn) -> None:
     the oldest backward if its error has arrived, else the next forward if its input has arrived and there is room;
     then the whole schedule against labkit's. The same cases as GPipe's schedule, up to 16 stages and 64
     micro-batches."""
-    from ..model_parallel import one_f_one_b_schedule, peak_activations
-
     ex = "1F1B schedule"
     fn = capture.student(fn, ex=ex)
     cases = _schedule_sizes(np.random.default_rng(capture.seed(116)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..costmodel import cable_seconds as reference
 from ..errors import LabkitError
 from ..shards import ring_chunks as _ring_chunks
 from ..shards import shard_bounds
@@ -556,8 +557,6 @@ def cable_seconds(fn) -> None:
     log (rows source, dest, bytes, round) when every rank has a cable of its own; against
     :func:`labkit.costmodel.cable_seconds` to a relative 1e-9 on 11 logs (one drawn afresh when graded, two where the
     cable with the most messages is not the one with the most bytes)."""
-    from ..costmodel import cable_seconds as reference
-
     ex = "an allreduce on cables"
     fn = capture.student(fn, ex=ex)
     cases = _cable_cases(np.random.default_rng(capture.seed(127)))

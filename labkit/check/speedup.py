@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import bench
+from ..scaling import GRADIENT_BYTES, predicted_step
 from . import capture
 from .common import ExerciseError, call, compare_series, fail, not_written, passed, recorded
 from .exercises import Exercise
@@ -475,8 +476,6 @@ def wire_step(fn) -> None:
     data-parallel step on each rank count of ``ranks``, one rank per host: the one-rank step ``t1`` shared over the
     ranks, over the ``cores`` where ranks outnumber them, plus an allreduce of ``nbytes`` moved as the ring moves it,
     2(p - 1) messages of nbytes / p; against :func:`labkit.scaling.predicted_step` to a relative 1e-9."""
-    from ..scaling import GRADIENT_BYTES, predicted_step
-
     ex = "the step on a network that costs"
     cases = [(0.042, [1, 2, 4], 2, 1.2e-5, 8.2e-8, GRADIENT_BYTES),  # lab 12's step across 100 Mbit/s cables
              (0.042, [1, 2, 3, 4], 8, 1.2e-5, 8.2e-8, GRADIENT_BYTES),  # as many cores as ranks

@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from ..errors import LabkitError
@@ -52,8 +54,6 @@ class ClusterError(LabkitError, RuntimeError):
 
 def _world_info():
     """Runs on an engine: its place in MPI_COMM_WORLD."""
-    import os
-
     from mpi4py import MPI
 
     c = MPI.COMM_WORLD
@@ -155,8 +155,6 @@ class MPICluster:
     def start(self) -> MPICluster:
         """Start the controller and the engines, connect, and check that they form one MPI world; a detached watchdog
         stops them if this process dies without stopping them (a killed notebook kernel, an out-of-memory kill)."""
-        import tempfile
-
         import ipyparallel as ipp
 
         before = set(process_tree(os.getpid()))
@@ -227,8 +225,6 @@ class MPICluster:
 
     def _wait_for_slurm_engines(self) -> None:
         """Wait for the n engines, but stop as soon as their SLURM job has ended or will never start."""
-        import time
-
         deadline = time.monotonic() + self.start_timeout
         while len(self.client.ids) < self.n:
             if (info := self._slurm_job_info()) is not None:
@@ -253,8 +249,6 @@ class MPICluster:
         engines' own timeout for a collective plus 30 s): engines that do not answer by then (their host unreachable,
         or hanging) raise ClusterError naming their ranks and hosts, instead of a wait without end. An engine's own
         error raises as ipyparallel raises it."""
-        import time
-
         import ipyparallel as ipp
 
         limit = self.op_timeout + 30 if timeout is None else timeout
@@ -339,8 +333,6 @@ def watch(owner: int, cluster_file: str, processes: dict[int, int], folder: str 
     """Wait until process ``owner`` ends; then stop its cluster as ``ipcluster stop`` would (from the cluster file;
     for engines that are a SLURM job, that is scancel), kill what is left of ``processes`` (pid -> start time), first
     with SIGTERM, then SIGKILL, and remove ``folder`` (the engines' batch script)."""
-    import time
-
     while process_alive(owner):
         time.sleep(poll)
     if Path(cluster_file).exists():

@@ -8,12 +8,16 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from .. import settings
 from ..machine import usable_cores
+from ..native.build import BuildFailed, c_compiler, shared_library
+from .hosts import TCP_BETWEEN_HOSTS, NamespaceHosts
 from .processes import kill_until_gone
 
 
@@ -45,23 +49,14 @@ def loopback_preload() -> Path | None:
     job on one machine, this keeps the control port on 127.0.0.1."""
     if not sys.platform.startswith("linux"):
         return None
-    import hashlib
-
     src = Path(__file__).resolve().parent.parent / "native" / "loopback_bind.c"
-    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = c_compiler()
     if cc is None or not src.exists():
         return None
-    out = settings.cache_dir() / "native" / f"loopback_bind-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        r = subprocess.run([cc, "-O2", "-fPIC", "-shared", "-o", str(tmp), str(src), "-ldl"], capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            return None
-        os.replace(tmp, out)  # atomic: two processes compiling at once are harmless
-    return out
+    try:
+        return shared_library(cc, src.read_text(), src.name, ["-O2", "-fPIC", "-shared"], libs=("-ldl",))
+    except BuildFailed:
+        return None
 
 
 # The network modules MPICH may pick (UCX, or libfabric's tcp and sockets providers) open a listening socket on the
@@ -103,8 +98,6 @@ def hosts_args(hosts, n: int) -> tuple[list[str], dict]:
     this runs in (hydra's slurm launcher: ``srun`` starts its proxies); real hosts by name (hydra's own ssh launcher,
     mpiexec listening on every interface as MPI across machines needs), or :class:`labkit.cluster.hosts.NamespaceHosts`
     (their launcher, mpiexec listening on the bridge only, MPI's network modules on each host's one interface)."""
-    from .hosts import TCP_BETWEEN_HOSTS, NamespaceHosts
-
     if isinstance(hosts, str) and hosts == "slurm":
         if "SLURM_JOB_ID" not in os.environ:
             raise ValueError("hosts='slurm' spreads the ranks over the nodes of a SLURM allocation, and this is not in "
@@ -176,9 +169,6 @@ def _outputs(proc: subprocess.Popen, cmd: list[str], timeout: float, failed: tup
     is ended :data:`ABORT_GRACE` seconds later if it is still running: the abort that follows can wait without end
     on the proxy of a host whose cable was cut, which never answers. Raises ``subprocess.TimeoutExpired`` after
     ``timeout`` seconds."""
-    import threading
-    import time
-
     out: list[str] = []
     err: list[str] = []
     def read(stream, sink: list[str]) -> None:
@@ -237,8 +227,6 @@ def kill_marked(job: str, wait: float = 5.0) -> None:
 
 def address_toward(host: str) -> str:
     """This machine's address on the route toward ``host`` (no packet is sent): the one that host reaches it by."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((socket.gethostbyname(host), 9))
         return s.getsockname()[0]

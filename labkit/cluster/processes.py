@@ -5,15 +5,14 @@ The cluster, the namespace hosts, SLURM's test cluster and the grader's sandbox 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 
 def kill_until_gone(pids_now, wait: float = 10.0) -> bool:
     """SIGKILL the processes ``pids_now()`` lists until it lists none (a fork bomb keeps forking while it is killed),
     for at most ``wait`` seconds; whether none is left."""
-    import signal
-    import time
-
     deadline = time.monotonic() + wait
     while pids := list(pids_now()):
         if time.monotonic() > deadline:

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import LabkitError, ToolMissing
+from . import hosts
+from . import hosts as nshosts
+from .hosts import namespace_pids
 from .processes import kill_until_gone, process_tree
 
 COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel", "srun")
@@ -178,8 +181,6 @@ def in_allocation() -> bool:
 
 
 def available() -> tuple[bool, str]:
-    from . import hosts
-
     ok, why = hosts.available()
     if not ok:
         return False, why
@@ -254,8 +255,6 @@ class SlurmCluster:
         """The processes on each node other than SLURM's and munge's own daemons: what jobs run, or left behind.
         With ``job_id``, only that job's: its slurmstepd ("slurmstepd: [ID.batch]", "[ID.0]", ...) and their
         descendants."""
-        from .hosts import namespace_pids
-
         left = {}
         for name, ns in zip(self.nodes, self.hosts.namespaces):
             pids = namespace_pids(ns)
@@ -285,8 +284,6 @@ def _daemon(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
 def slurm_cluster(n_nodes: int = 2, cpus: int = 4, timeout: float = 60):
     """A real SLURM cluster of ``n_nodes`` namespace hosts with ``cpus`` CPUs each (declared: the machine's cores are
     shared), partition ``lab``; yields a :class:`SlurmCluster` once every node is idle, removes everything after."""
-    from . import hosts as nshosts
-
     ok, why = available()
     if not ok:
         raise SlurmUnavailable(why)

@@ -31,8 +31,11 @@ import csv
 import hashlib
 import html
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..labs import NOTEBOOKS
 
 KINDS = ("predict", "explain")
 PLACEHOLDER = "_Your answer here._"
@@ -248,8 +251,6 @@ def default_rubrics(record: dict, instructor: Path | str | None = None) -> dict:
     and one item worth all its points, for the instructor to split."""
     import nbformat
 
-    from ..labs import NOTEBOOKS
-
     rubrics = {}
     for name, entry in record.get("notebooks", {}).items():
         path = Path(instructor or NOTEBOOKS) / name
@@ -303,8 +304,6 @@ def _check_rubric(rubric, where: str) -> None:
 def measured_beside(executed_nb, answer_id: str) -> str:
     """What a student's executed notebook printed beside a prediction: the output of each later cell that passes the
     prediction's names to ``compare(`` (:func:`labkit.questions.compare`), as text; "" when there is none."""
-    import ast
-
     at = next((i for i, c in enumerate(executed_nb.cells) if (m := meta(c)) and m["answer"] == answer_id), None)
     if at is None or executed_nb.cells[at].cell_type != "code":
         return ""
@@ -328,8 +327,6 @@ def measured_beside(executed_nb, answer_id: str) -> str:
 
 def _predicted_names(source: str) -> list[str]:
     """The names a predict cell assigns, read line by line (a cell a student broke still names its predictions)."""
-    import re
-
     return re.findall(r"^\s*([A-Za-z_]\w*)\s*=", source, re.M)
 
 

@@ -8,14 +8,16 @@ kernel checks (``labkit.check.tiled_matmul``...) report as "not written yet". Th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import nbformat
 
 from ..check import KERNEL_TODO
-from ..check.exercises import EXERCISES
+from ..check.exercises import EXERCISES, exercise
 from ..errors import LabkitError
 from . import answers
 
@@ -92,9 +94,6 @@ def exercises_in(nb) -> list[tuple[int, str]]:
 def lab_of(nb) -> str | None:
     """The lab a notebook is ("01"), found by its content: the labs of the exercises its check cells call and the
     ids of its answer cells ("01-..."), the most common; None when it holds neither."""
-    from collections import Counter
-
-    from ..check.exercises import exercise
 
     votes = Counter(e.lab for _, name in exercises_in(nb) if (e := exercise(name)) is not None)
     for cell in nb.cells:
@@ -143,8 +142,6 @@ def release_entry(student) -> dict:
     """What the grader needs of one handed-out notebook: its hash and, per exercise, the check cell (id, source);
     and the source of every code cell as handed out (``given_code``), which ``labkit similarity`` takes out of the
     students' code before comparing it."""
-    import hashlib
-
     text = nbformat.writes(student)
     exercises = []
     for i, name in exercises_in(student):

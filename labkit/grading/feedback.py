@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import html
 import re
+import zipfile
 from pathlib import Path
+
+from ..runner import standalone_exporter, without_injected
 
 HIDDEN_FAILED = "a hidden check failed"
 
@@ -174,7 +177,6 @@ def _one_line(text: str) -> str:
 def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, hidden: set[str]):
     """The executed notebook with the summary at the top and a verdict after each check cell; a hidden check's
     cell has its outputs removed."""
-    from ..runner import without_injected
     from .assign import exercises_in
     from .notebook import HIDDEN, is_secret
 
@@ -218,8 +220,6 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
 def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> list[Path]:
     """One self-contained HTML page per student and lab in ``out`` from a grading run's grades.json (``data``) and the
     executed notebooks beside it in ``grades_dir``/executed. Returns the pages written."""
-    from ..runner import standalone_exporter
-
     exporter = standalone_exporter()
     out = Path(out)
     pages = []
@@ -251,11 +251,7 @@ def page_notebook(data: dict, grades_dir: Path | str, student: str, name: str, h
 def write_zip(data: dict, zip_path: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> Path:
     """``labkit feedback --zip``: one zip holding one self-contained page per student, ``<student>.html``, with every
     lab graded for them one after the other, to upload to the course's site. Returns the zip's path."""
-    import zipfile
-
     import nbformat
-
-    from ..runner import standalone_exporter
 
     exporter = standalone_exporter()
     zip_path = Path(zip_path)

@@ -19,16 +19,24 @@ fills in; ``labkit grade --rescore OUT`` then totals them without running a note
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .. import __version__
+from ..check.exercises import EXERCISES
+from ..labs import NOTEBOOKS
+from ..machine import usable_cores
 from ..progress import progress_bar
 from . import answers as answer_cells
-from . import late, scores
+from . import late, sandbox, scores, workers
 from .assign import CHECK_CALL, RELEASE_FILE, exercises_in, lab_number, lab_of
 from .notebook import ExerciseResult, grade_notebook, rows_of
 from .sandbox import Limits
@@ -38,8 +46,6 @@ def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
     """The release record written by ``labkit assign --release DIR`` and its sha256, from ``release`` (the release.json
     or its folder); (None, None) without one. (The command line's default, ./release when it is there, is the command
     line's: a folder left in the working directory never changes what the library grades.)"""
-    import hashlib
-
     if release is None:
         return None, None
     path = Path(release)
@@ -97,8 +103,6 @@ def _read(path: Path):
 
 def lab_notebook(lab: str) -> str:
     """The file name of a lab's notebook in the course (``01_serial_backprop.ipynb``), which names its rows."""
-    from ..labs import NOTEBOOKS
-
     found = sorted(Path(NOTEBOOKS).glob(f"{lab}_*.ipynb"))
     return found[0].name if found else f"{lab}.ipynb"
 
@@ -185,8 +189,6 @@ class GradeOptions:
 
 def _grade_one(work: tuple[Handed, Path, dict | None, GradeOptions]) -> tuple[list[ExerciseResult], float, str]:
     """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
-    import hashlib
-
     handed, out_dir, released, o = work
     t0 = time.perf_counter()
     results = grade_notebook(handed.path, handed.student, out_dir, o.timeout, o.profile, released, o.threads, o.isolate,
@@ -229,9 +231,6 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     ``hidden_parts`` names exercises (or ``"all"``) whose checks also run, silently, on a second secret draw of
     inputs: each such exercise gets a second row, ``<name>~hidden``, a share of the exercise's points, whose message
     the feedback and the Gradescope export show only as "a hidden check failed"."""
-    from .. import __version__
-    from ..machine import usable_cores
-
     if timeout < 1:
         raise ValueError(f"timeout must be >= 1 second, got {timeout}")
     if not isinstance(jobs, int) or jobs < 1:
@@ -332,8 +331,6 @@ class _Progress:
     interrupted run can be resumed; removed when the run has written its grades."""
 
     def __init__(self, out: Path, options: dict, resume: bool):
-        import shutil
-
         self.folder = Path(out) / PROGRESS
         self.options = json.loads(json.dumps(options))
         run = self.folder / "run.json"
@@ -352,14 +349,10 @@ class _Progress:
         run.write_text(json.dumps(self.options))
 
     def _file(self, student: str, path: Path) -> Path:
-        import hashlib
-
         return self.folder / (hashlib.sha256(f"{student}\0{Path(path).name}".encode()).hexdigest()[:24] + ".json")
 
     def get(self, student: str, path: Path) -> tuple[list[ExerciseResult], float, str] | None:
         """The results kept for this notebook, if it is unchanged since it was graded."""
-        import hashlib
-
         f = self._file(student, path)
         try:
             kept = json.loads(f.read_text())
@@ -378,8 +371,6 @@ class _Progress:
         tmp.replace(f)
 
     def finish(self) -> None:
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -387,17 +378,12 @@ class _sigterm_as_interrupt:
     """SIGTERM (a kill, a scheduler's time limit) handled as Ctrl-C: the run unwinds, stopping what it started."""
 
     def __enter__(self):
-        import signal
-        import threading
-
         self.previous = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         return self
 
     def __exit__(self, *exc):
-        import signal
-
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
         return False
@@ -490,8 +476,6 @@ def _add_answers(students: dict, answered: list) -> None:
 def _isolation(isolate: bool | None) -> bool:
     """Whether the notebooks run in sandboxes: where one can be made (None), demanded (True) or not (False); says
     so on stderr when they are not."""
-    from . import sandbox
-
     if isolate is None or isolate:
         ok, why = sandbox.available()
         if not ok and isolate:
@@ -519,8 +503,6 @@ def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
                kept: _Progress | None = None) -> list[tuple[list[ExerciseResult], float, str]]:
     """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes. What ``kept``
     holds of an interrupted run is not graded again; what is graded is kept as soon as it is."""
-    from . import workers
-
     done: dict[int, tuple] = {}
     for k, (handed, *_) in enumerate(work):
         if kept is not None and (item := kept.get(handed.student, handed.path)) is not None:
@@ -558,8 +540,6 @@ def _not_handed_in(handed: list[Handed], record: dict, hidden_parts, everyone: l
 
 def _hidden_parts(names: Iterable[str]) -> frozenset[str]:
     """The exercises to grade with a hidden part: declared exercises, or "all"; a name labkit does not know is refused."""
-    from ..check.exercises import EXERCISES
-
     wanted = frozenset(n.strip() for n in names if n.strip())
     unknown = sorted(n for n in wanted if n != "all" and n not in EXERCISES)
     if unknown:

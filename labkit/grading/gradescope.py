@@ -19,6 +19,10 @@ reads ``/autograder/results/results.json``. The zip holds:
   the notebook goes to ``<dir>/<student>/`` (the CSV's ``student``), the lab is two digits, the time Gradescope's
   ``created_at`` with its timezone, and each test's score its points less any late penalty.
 
+The deadline is Gradescope's, where its metadata gives one: the student's own ``due_date`` (an extension granted in
+Gradescope), else the assignment's; it is passed to ``labkit grade`` as that student's extension (``--extensions``),
+so it stands in for the release's deadline while the release's late policy (percent a day, days accepted) applies.
+
 ``AUTOGRADER_ROOT`` (default ``/autograder``) moves the whole tree, for a test.
 """
 
@@ -34,6 +38,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .. import wheelhouse
 from ..errors import LabkitError
 
 ROOT = Path("/autograder")
@@ -124,8 +129,6 @@ def _script(z: zipfile.ZipFile, name: str, text: str) -> None:
 
 def download_wheels(house: Path, python_version: str | None = None, platforms: list[str] | None = None) -> Path:
     """labkit's wheel built from this checkout, and every wheel it and its MPI extra need, and pip, in ``house``."""
-    from .. import wheelhouse
-
     house.mkdir(parents=True, exist_ok=True)
     run = [sys.executable, "-m", "pip"]
     build = subprocess.run([*run, "wheel", "--no-deps", "--quiet", "-w", str(house),
@@ -220,11 +223,29 @@ def student_of(metadata: dict) -> str:
     return str(user.get("email") or user.get("id") or "student")
 
 
-def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path, timeout: int) -> list[str]:
-    """``labkit grade``'s arguments for the class of one: lab ``lab`` alone, late work from the submissions CSV, and
-    Gradescope's results.json."""
+def due_date(metadata: dict) -> str:
+    """The deadline Gradescope sets for this submission: the student's own (an extension), else the assignment's, as
+    ISO 8601; "" where it sets none or none that reads as a time (said on stderr): the release's deadline stands."""
+    from .late import parse_time
+
+    user = (metadata.get("users") or [{}])[0]
+    for where, source in (("users[0].assignment", user.get("assignment")), ("assignment", metadata.get("assignment"))):
+        text = str((source or {}).get("due_date") or "")
+        if text:
+            try:
+                return parse_time(text, f"{where}.due_date").isoformat()
+            except ValueError as e:
+                print(f"submission_metadata.json: {e}", file=sys.stderr)
+    return ""
+
+
+def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path, timeout: int,
+                  extensions: Path | None = None) -> list[str]:
+    """``labkit grade``'s arguments for the class of one: lab ``lab`` alone, late work from the submissions CSV (and
+    Gradescope's deadline as an extension CSV), and Gradescope's results.json."""
     return ["grade", str(subs), "--release", str(release), "--lab", lab, "--submissions", str(csv_path),
-            "--out", str(out), "--export", "gradescope", "--timeout", str(timeout)]
+            "--out", str(out), "--export", "gradescope", "--timeout", str(timeout)] + (
+        ["--extensions", str(extensions)] if extensions else [])
 
 
 def autograde(root: Path | str = ROOT) -> int:
@@ -251,10 +272,14 @@ def autograde(root: Path | str = ROOT) -> int:
             for nb in notebooks:
                 shutil.copyfile(nb, folder / nb.name)
                 w.writerow({**submission_row(metadata, config["lab"], nb.name), "student": _safe(student)})
+        extensions = None
+        if due := due_date(metadata):
+            extensions = tmp / "extensions.csv"
+            extensions.write_text(f"student,lab,deadline\n{_safe(student)},{config['lab']},{due}\n", encoding="utf-8")
         try:
             code = subprocess.run([sys.executable, "-m", "labkit", *grade_command(
                 tmp / "subs", root / "source" / "release", tmp / "grades", config["lab"], csv_path,
-                int(config.get("timeout_s", 60)))]).returncode
+                int(config.get("timeout_s", 60)), extensions)]).returncode
         except OSError as e:  # no Python where the bundle's was: Gradescope shows why
             return _failed(results, f"the grader stopped: {type(e).__name__}: {e}")
         made = tmp / "grades" / "results.json"

@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +26,9 @@ from pathlib import Path
 from ..check import capture
 from ..check.capture import HIDDEN
 from ..check.exercises import exercise
+from ..cluster import run_mpi
 from ..runner import ANSI_ESCAPES, inject_parameters
+from . import replay, sandbox
 from .assign import exercises_in
 from .sandbox import Limits
 
@@ -95,9 +101,6 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
 
 def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
     """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
-    from ..cluster import run_mpi
-    from . import replay
-
     files = capture.records(folder, check_name)
     declared = exercise(check_name)
     if len(files) <= 1 and not (declared and declared.mpi):
@@ -156,12 +159,7 @@ class NotebookRun:
     def __init__(self, path: Path, timeout: int = 60, profile: str = "quick", released: dict | None = None,
                  threads: int | None = None, isolate: bool | None = None, limits: Limits | None = None,
                  hidden_parts: frozenset[str] = frozenset()):
-        import secrets
-        import tempfile
-
         import nbformat
-
-        from . import sandbox
 
         self.path, self.timeout, self.released, self.threads = Path(path), timeout, released, threads
         self.nb = nbformat.read(path, as_version=4)
@@ -188,8 +186,6 @@ class NotebookRun:
     # -- while the notebook runs ------------------------------------------------------------------------------------
 
     def cell_started(self, cell, cell_index, **kw) -> None:
-        import shutil
-
         if cell_index in self.by_cell:  # what earlier cells recorded never counts
             shutil.rmtree(self.inbox, ignore_errors=True)
             self.inbox.mkdir()
@@ -197,8 +193,6 @@ class NotebookRun:
 
     def cell_executed(self, cell, cell_index, **kw) -> None:
         """Right after a check cell: its records go where the notebook cannot reach them."""
-        import shutil
-
         if time.monotonic() - self.t0 >= self.timeout and _interrupted(cell):
             self.timed_out.add(cell_index)
             if self.engines_stopped is None and _engine_cell(cell):
@@ -230,8 +224,6 @@ class NotebookRun:
     def _client(self, env: dict):
         from nbclient import NotebookClient
 
-        from . import sandbox
-
         options = dict(timeout=self.timeout, allow_errors=True, interrupt_on_timeout=True,
                        extra_arguments=["--IPKernelApp.log_level=ERROR"], on_cell_start=self.cell_started,
                        on_cell_executed=self.cell_executed)
@@ -244,8 +236,6 @@ class NotebookRun:
 
     def kill(self) -> None:
         """Kill the kernel and everything it started (its cgroup, else its process group)."""
-        from . import sandbox
-
         sandbox.kill_cgroup(self.cgroups)
         km = self.client.km if self.client is not None else None
         proc = getattr(getattr(km, "provisioner", None), "process", None) if km else None
@@ -260,8 +250,6 @@ class NotebookRun:
         """Kill the notebook's MPI engines and their mpiexec, leaving its kernel: after a cell that ran on them was
         stopped at its limit, they may be blocked inside an MPI call (a collective that some ranks never join), where
         no interrupt reaches; every later cell on them would wait its whole limit. Returns the pids killed."""
-        from . import sandbox
-
         km = self.client.km if self.client is not None else None
         kernel = getattr(getattr(getattr(km, "provisioner", None), "process", None), "pid", None)
         pids = sandbox.cgroup_pids(self.cgroups) if self.cgroups else _descendants(kernel) if kernel else set()
@@ -290,9 +278,6 @@ class NotebookRun:
 
     def execute(self) -> str | None:
         """Run the notebook under the watchdog; why it stopped early, or None when it ran to its end."""
-        import threading
-
-        from . import sandbox
 
         env = self._env()
         self.client = self._client(env)
@@ -318,8 +303,6 @@ class NotebookRun:
 
     def verdicts(self, stopped: str | None) -> dict[str, tuple[bool, str]]:
         """Each exercise's (passed, message): the check replayed on its record, or why there is none."""
-        from . import sandbox
-
         forks = bool(self.cgroups) and sandbox.hit_process_limit(self.cgroups)
         outcomes = {}
         for i, name in self.exercises:
@@ -368,9 +351,6 @@ class NotebookRun:
         return rows
 
     def close(self) -> None:
-        import shutil
-
-        from . import sandbox
 
         sandbox.remove_cgroup(self.cgroups)
         shutil.rmtree(self.private, ignore_errors=True)
@@ -496,8 +476,6 @@ def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict):
     sandbox has no network of its own beyond its loopback)."""
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
-
-    from . import sandbox
 
     ipc = work / ".ipc"
     ipc.mkdir()

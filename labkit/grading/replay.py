@@ -6,12 +6,18 @@ that run on every MPI rank, each rank replaying its own record).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
 
+from .. import __version__
 from ..check import capture
 from ..check.capture import NotRecorded, Replay, recorded_reference
+from ..check.common import ExerciseError
+from ..check.exercises import exercise
 
 
 def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str]:
@@ -19,11 +25,6 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
 
     The student's function is the record: each call answers with what the student's function returned there for the
     same inputs. The comparisons, and so the verdict, are the check's own, made here."""
-    import contextlib
-    import io
-
-    from ..check.common import ExerciseError
-    from ..check.exercises import exercise
 
     declared = exercise(check)
     if declared is None:
@@ -56,15 +57,11 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
 
 
 def _version() -> str:
-    from .. import __version__
-
     return __version__
 
 
 def main(argv=None) -> int:
     """``python -m labkit.grading.replay CHECK FOLDER SEED [--mpi]``: replay one check and print its verdict as JSON."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m labkit.grading.replay")
     ap.add_argument("check")
     ap.add_argument("folder")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import data, settings
 from ..cluster.processes import kill_until_gone
 
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "hosts", "nsswitch.conf", "localtime",
@@ -71,8 +73,6 @@ def _readable() -> list[tuple[Path, Path]]:
     """What the notebook must read, as (where it is, where the notebook sees it): Python, this environment, labkit,
     the data. A path through a symbolic link (LABKIT_DATA=/scratch/course/data, with /scratch a link, say) is seen
     both where the link points and where the variables name it."""
-    from .. import data, settings
-
     paths = [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parent.parent]  # labkit/
     for p in (data.REPO_DATA, data.default_dir(), settings.data_dir()):
         if p:
@@ -267,8 +267,6 @@ def _owner(proc: Path) -> int | None:
 
 
 def _enter(spec: dict) -> None:
-    import resource
-
     limits = Limits(**spec["limits"])
     if spec.get("log"):  # what the kernel prints outside the notebook goes to the grader's log, not its terminal
         fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from .answers import ANSWERS_CSV, hand_score
 from .assign import HIDDEN_SHARE
 from .notebook import ExerciseResult, rows_of
 
@@ -68,8 +69,6 @@ def read_hand_scores(path: Path, rubrics: dict | None = None) -> tuple[dict[tupl
     """answers.csv as the instructor left it: per (student, notebook, question) the score (None when unscored), the
     rubric items earned and the comment a student reads (:func:`.answers.hand_score`: a ``score``, else the points
     of the ``items`` in ``rubrics``, the release's); and a warning per row whose score or items cannot count."""
-    from .answers import hand_score
-
     found, warnings = {}, []
     if not Path(path).is_file():
         return found, warnings
@@ -95,8 +94,6 @@ def rescore(data: dict, out: Path, rubrics: dict | None = None) -> list[str]:
     """Take the hand scores, rubric items and comments of ``out``/answers.csv into ``data`` (a grades.json) and total
     every lab again: no notebook runs. Returns the warnings (a score out of range, an item not in the rubric, an
     answer with no row in answers.csv)."""
-    from .answers import ANSWERS_CSV
-
     if not (Path(out) / ANSWERS_CSV).is_file():
         raise FileNotFoundError(f"no {ANSWERS_CSV} in {out}: --rescore takes the --out folder of a labkit grade run "
                                 "whose answers you have scored")

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..check import capture
+from . import sandbox
 from .answers import Answer, blank_answers, is_blank, meta
 from .notebook import ExerciseResult
 
@@ -74,8 +76,6 @@ def check_submission(notebook: Path | str, timeout: int = 60, profile: str = "qu
     itself would run itself again and again."""
     import nbformat
 
-    from ..check import capture
-    from . import sandbox
     from .grade import load_release, released_name
     from .notebook import grade_notebook, unreadable
 

@@ -45,6 +45,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import runner
+
 # K: tokens per k-gram. A normalised statement of these labs is 5 to 30 tokens (`V = V . asarray ( V , V = V )` is
 # 10); at 12 a k-gram spans a longer statement or two short ones, longer than the idioms every student writes alike
 # (`for V in range ( len ( V ) ) :` is 11 tokens), yet short enough that a copy whose statements were reordered or
@@ -415,7 +417,6 @@ def _rebuilt(names: list[str] | None, notebooks: Path | str | None) -> dict[str,
     all of them, or those named. A notebook that cannot be rebuilt is left out and named on stderr."""
     import nbformat
 
-    from .. import runner
     from . import assign
 
     folder = Path(notebooks) if notebooks else runner.NOTEBOOKS

@@ -12,8 +12,12 @@ This module imports nothing heavy, so that the command line can start the fork s
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import forkserver
 
 MODULES = ["labkit.grading.grade"]
 
@@ -21,8 +25,6 @@ MODULES = ["labkit.grading.grade"]
 def context():
     """The multiprocessing context of the workers: the fork server that preloads :data:`MODULES`; a fresh
     interpreter each (spawn) where there is no fork server (not POSIX)."""
-    import multiprocessing
-
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     forkserver = multiprocessing.get_context("forkserver")
@@ -32,8 +34,6 @@ def context():
 
 def start() -> None:
     """Start the fork server now (it imports the grader while this process goes on); nothing where there is none."""
-    from multiprocessing import forkserver
-
     if context().get_start_method() == "forkserver":
         forkserver.ensure_running()
 
@@ -41,8 +41,6 @@ def start() -> None:
 def pool(jobs: int):
     """A pool of ``jobs`` workers, each started with this process's environment and folder as they are now (the fork
     server keeps those of its own start)."""
-    from concurrent.futures import ProcessPoolExecutor
-
     return ProcessPoolExecutor(max_workers=jobs, mp_context=context(), initializer=_started,
                                initargs=(dict(os.environ), os.getcwd()))
 
@@ -51,8 +49,6 @@ def _started(environ: dict, cwd: str) -> None:
     """In each worker: the parent's environment and folder; Ctrl-C is the parent's to handle; SIGTERM (sent by the
     parent when the run is interrupted) unwinds the notebook being graded, whose sandbox, kernel and engines are then
     stopped and removed."""
-    import signal
-
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)

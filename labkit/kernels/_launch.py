@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bench import measure
 from .loader import backend
 
 
@@ -71,8 +72,6 @@ def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = N
     """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones (the fastest call's with ``best``),
     synchronising the GPU before and after each call: a launch returns before the kernel has run, so timing without
     waiting measures only the launch."""
-    from ..bench import measure
-
     which = resolve(backend)
     synchronize(which)  # nothing queued earlier is counted in the first call
     timing = measure(fn, repeat=repeat, warmup=warmup, sync=lambda: synchronize(which))

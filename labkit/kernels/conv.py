@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..device import array_module
 from ._launch import output, require, resolve
 from .layers import THREADS, grid_for
 from .loader import load_file
@@ -58,8 +59,6 @@ def im2col_conv2d_relu(x, w, b, *, pad: int = 0):
     """relu(conv2d(x, w) + b) as libraries without a direct convolution do it: unfold the input into columns
     (im2col, C*R*S rows) and make one matrix product, BLAS through NumPy or cuBLAS through CuPy (by x's array
     type). Same shapes and result as :func:`conv2d_relu_forward`; for comparing the fused kernel with a library."""
-    from ..device import array_module
-
     xp = array_module(x)
     N, C, H, W, K, R, S, OH, OW = _shapes(x, w, pad)
     xpad = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))

@@ -1,7 +1,7 @@
 """The CPU emulator: the unchanged .cu compiled by the host C++ compiler against cuda_emu.h, run through ctypes.
 
-A module is compiled once per (source, mode, options, compiler) and kept in a cache directory
-($LABKIT_CACHE, else ~/.cache/labkit), so a second run, or a second process, only loads it.
+A module is compiled once per (source, mode, options, compiler) and kept in labkit's cache of compiled code
+(:mod:`labkit.native.build`), so a second run, or a second process, only loads it.
 Blocks spread over ``$LABKIT_EMU_THREADS`` OS threads (default: the cores this process may use).
 
 Checked mode rewrites two things before compiling, keeping every line where it was so compiler
@@ -15,22 +15,22 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import mmap
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import settings
 from ..errors import CodeError, ToolMissing
-from ..machine import find_compiler, usable_cores
+from ..machine import usable_cores
+from ..native.build import BuildFailed, cxx_compiler, shared_library
+from ..native.csource import line_of, matching_bracket, strip_comments
 from .source import (
     KernelCompileError,
     KernelDecl,
@@ -38,9 +38,6 @@ from .source import (
     brace_depth_at,
     find_constants,
     find_kernels,
-    line_of,
-    matching_bracket,
-    strip_comments,
     unsupported,
 )
 
@@ -73,7 +70,7 @@ class LaunchArgs(ctypes.Structure):
 @functools.cache
 def compiler() -> tuple[str, str]:
     """(path, version line) of the host C++ compiler: $CXX, else c++, g++ or clang++."""
-    found = find_compiler([os.environ.get("CXX"), "c++", "g++", "clang++"])
+    found = cxx_compiler()
     if found:
         return found
     raise EmulatorUnavailable(
@@ -81,12 +78,6 @@ def compiler() -> tuple[str, str]:
         "Install one (Debian/Ubuntu: apt install g++; macOS: xcode-select --install; Windows: use WSL), "
         "or run on a machine with a CUDA GPU and CuPy."
     )
-
-
-def cache_dir() -> Path:
-    d = settings.cache_dir() / "emulator"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def workers() -> int:
@@ -328,27 +319,15 @@ def _flags(checked: bool, options: tuple[str, ...]) -> list[str]:
 
 def build(text: str, filename: str, checked: bool, options: tuple[str, ...]) -> ctypes.CDLL:
     """Compile (or find in the cache) and load one prepared module."""
-    cxx, version = compiler()
-    flags = _flags(checked, options)
-    key = hashlib.sha256("\0".join([text, HEADER.read_text(), cxx, version, *flags]).encode()).hexdigest()[:24]
+    flags = [*_flags(checked, options), "-include", str(HEADER)]
     with _lock:
-        if key in _loaded:
-            return _loaded[key]
-        d = cache_dir()
-        so = d / f"{Path(filename).stem}-{key}.so"
-        if not so.exists():
-            with tempfile.TemporaryDirectory(dir=d) as tmp:
-                src = Path(tmp) / (Path(filename).stem + ".cpp")
-                src.write_text(text)
-                out = Path(tmp) / "module.so"
-                cmd = [cxx, *flags, "-include", str(HEADER), str(src), "-o", str(out)]
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                if r.returncode != 0:
-                    raise KernelCompileError(f"{filename} did not compile for the CPU emulator:\n{_trim(r.stderr)}")
-                os.replace(out, so)  # atomic: another process compiling the same module is harmless
-        lib = ctypes.CDLL(str(so))
-        _loaded[key] = lib
-        return lib
+        try:
+            so = shared_library(compiler(), text, Path(filename).stem + ".cpp", flags, stamp=(HEADER.read_text(),))
+        except BuildFailed as e:
+            raise KernelCompileError(f"{filename} did not compile for the CPU emulator:\n{_trim(e.stderr)}") from None
+        if str(so) not in _loaded:
+            _loaded[str(so)] = ctypes.CDLL(str(so))
+        return _loaded[str(so)]
 
 
 def _trim(stderr: str, limit: int = 40) -> str:
@@ -376,8 +355,6 @@ _SIGNALS = {signal.SIGSEGV: "a segmentation fault: a read or write outside any a
 def _run_in_child(call, name: str, timeout_s: float, crash_site=lambda: "") -> int:
     """Run ``call()`` (returns 0 on success) in a forked child; its status here. A crash, the time limit (plus a grace
     period) and Ctrl-C end the child from outside, whatever the kernel does; ``crash_site()`` says where a crash was."""
-    import time
-
     pid = os.fork()
     if pid == 0:  # the child: only C from here on, then leave without running Python's exit machinery
         code = 70

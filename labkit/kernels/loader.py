@@ -21,21 +21,10 @@ import numpy as np
 
 from .. import settings
 from ..device import gpu_status
-from . import emulator
+from ..native.csource import Param, UnbalancedBracket, check_args, matching_bracket, strip_comments
+from . import emulator, tools
 from .emulator import EmulatorUnavailable, KernelError
-from .source import (
-    KERNEL_DIR,
-    KernelCompileError,
-    KernelDecl,
-    Param,
-    UnsupportedFeature,
-    check_args,
-    find_constants,
-    find_kernels,
-    matching_bracket,
-    read_source,
-    strip_comments,
-)
+from .source import KERNEL_DIR, KernelCompileError, KernelDecl, UnsupportedFeature, find_constants, find_kernels, read_source
 
 __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorUnavailable", "backend", "load", "load_file",
            "kernel_source", "Module", "Kernel", "KERNEL_DIR"]
@@ -178,21 +167,25 @@ class Module:
         self.backend = _resolve(backend)
         self.filename = filename
         self.source = source
-        clean = strip_comments(source)
-        self.decls = {k.name: k for k in find_kernels(clean)}
-        self.constants = find_constants(clean)
-        options = _defines(defines)
-        if self.backend == "cupy":
-            import cupy
+        try:  # the source is read here, and again by the emulator as it rewrites it
+            clean = strip_comments(source)
+            self.decls = {k.name: k for k in find_kernels(clean)}
+            self.constants = find_constants(clean)
+            options = _defines(defines)
+            if self.backend == "cupy":
+                import cupy
 
-            self.checked = False
-            self._cupy = cupy.RawModule(code=source, options=("-std=c++17", *options))
-            self._emu = None
-        else:
-            self.checked = True if checked is None else bool(checked)
-            self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options,
-                                                isolated=self.checked if isolated is None else isolated, counting=counting)
-            self._cupy = None
+                self.checked = False
+                self._cupy = cupy.RawModule(code=source, options=("-std=c++17", *options))
+                self._emu = None
+            else:
+                self.checked = True if checked is None else bool(checked)
+                self._emu = emulator.EmulatorModule(source, filename, checked=self.checked, options=options,
+                                                    isolated=self.checked if isolated is None else isolated,
+                                                    counting=counting)
+                self._cupy = None
+        except UnbalancedBracket as e:
+            raise KernelCompileError(f"{filename} did not compile: {e}") from None
         self._kernels: dict[str, Kernel] = {}
 
     @property
@@ -258,8 +251,6 @@ _compiled_for_gpus: set[str] = set()
 def compiles_for_gpus(text: str, filename: str = "kernel.cu", defines: dict | None = None) -> None:
     """Raise KernelCompileError (NVRTC's message and what to do) where a GPU's compiler refuses the source; nothing
     where no CUDA compiler is installed. Remembered in this process and in labkit's cache: a second call costs nothing."""
-    from . import tools
-
     head = "".join(f"#define {k} {v}\n" for k, v in sorted((defines or {}).items()))
     full = head + ("#line 1\n" if head else "") + text
     key = hashlib.sha256(f"{filename}\0{full}".encode()).hexdigest()

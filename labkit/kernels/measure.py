@@ -13,6 +13,8 @@ GPU's order is where there is none to time.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ..device import to_numpy
@@ -22,7 +24,7 @@ from ._launch import array_module_for, time_kernel
 from .conv import conv2d_relu_backward, conv2d_relu_forward, library_convolutions
 from .counts import traffic
 from .loader import backend, load
-from .matmul import matmul
+from .matmul import library_gflops, matmul
 from .reduce import reduce_blocks, sum_reduce
 from .source import define
 
@@ -160,8 +162,6 @@ def conv_times(shape: tuple[int, int, int, int, int], repeat: int) -> tuple[dict
 
 def library_peak(repeat: int) -> tuple[float, int]:
     """(GFLOP/s, n): the library's best float32 matmul rate on the kernels' device, the roofline's compute ceiling."""
-    from .matmul import library_gflops
-
     return library_gflops(array_module_for(backend()), repeat)
 
 
@@ -172,7 +172,6 @@ def last_level_cache_bytes() -> int | None:
         import cupy
 
         return int(cupy.cuda.Device().attributes["L2CacheSize"])
-    from pathlib import Path
 
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = []

@@ -17,11 +17,23 @@ import statistics
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .. import mlp
-from ._launch import array_module_for, resolve
+from ..bench import measure
+from ..costmodel import fit
+from ..cpu_parallel import time_per_batch
+from ..device import get_xp
+from . import speed_of_light as sol
+from . import synchronize, wt_delta
+from ._launch import array_module_for, ceil_div, resolve
+from .counts import traffic
+from .device_mlp import DeviceMLP
+from .layers import THREADS
 from .layers import outer as outer_kernel
 from .layers import wt_delta as wt_delta_kernel
+from .loader import backend
+from .loader import backend as kernels_backend
 
 MODES = ("copy", "resident")
 PHASES = ("allocate", "copy in", "kernel", "copy out", "free")
@@ -227,11 +239,6 @@ def wt_delta_throughput(n_in: int, n_out: int = 1000, on=None) -> float:
     """Flop/s of labkit's ``wt_delta`` kernel on the GPU ``on`` (the one in use, else the default of
     :mod:`.speed_of_light`) by its speed of light: one launch for W (n_out, n_in) counted on the emulator, its 2 n_out
     n_in flops over the modelled bound. W is read once, so the rate hardly changes with n_out: a memory unit bounds it."""
-    from . import speed_of_light as sol
-    from ._launch import ceil_div
-    from .counts import traffic
-    from .layers import THREADS
-
     rng = np.random.default_rng(0)
     W, delta = rng.standard_normal((n_out, n_in)).astype(np.float32), rng.standard_normal(n_out).astype(np.float32)
     t = traffic("layers", "wt_delta", (ceil_div(n_in, THREADS),), (THREADS,),
@@ -270,11 +277,6 @@ def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = 
     Beside the emulator the host's product runs on one BLAS thread: the emulator's threads take the cores, and BLAS's
     own threads, waiting for a core that another program holds, made one product 30 times slower in some runs and
     not in others."""
-    from threadpoolctl import threadpool_limits
-
-    from . import synchronize, wt_delta
-    from .loader import backend as kernels_backend
-
     which = backend or kernels_backend()
     if repeat < 1 or len(widths) == 0:
         raise ValueError(f"need repeat >= 1 and at least one width, got {repeat} and {list(widths)}")
@@ -335,8 +337,6 @@ def fit_offload_costs(widths, n_in: int, tables: dict) -> tuple[dict[str, float]
 
     Copies: time = copies x copy + bytes / bandwidth over both modes (3 copies in copy mode, 2 resident); kernel and
     host: time = latency + flops / throughput (:func:`labkit.costmodel.fit`, each point weighted by 1/t)."""
-    from ..costmodel import fit
-
     w = np.asarray(widths, dtype=float)
     med = {m: {k: np.median(t, axis=0) for k, t in tables[m].items()} for m in tables}
     copies = np.concatenate([np.full_like(w, 3.0), np.full_like(w, 2.0)])
@@ -360,8 +360,6 @@ def host_time(n_out: int, n_in: int, host: dict) -> float:
 def offload_sweep(widths, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, list[float]]:
     """Median seconds of one batch (x, y) of per-sample backprop on [n_in, width, n_out] for each width: the host
     loop (``mlp.loss_and_grads_per_sample``) and both modes of ``OffloadedBackprop``."""
-    from ..cpu_parallel import time_per_batch
-
     ways = {"host": mlp.loss_and_grads_per_sample, "offloaded, copy": OffloadedBackprop("copy"),
             "offloaded, resident": OffloadedBackprop("resident")}
     times: dict[str, list[float]] = {k: [] for k in ways}
@@ -376,10 +374,6 @@ def batch_step_times(width: int, x, y, repeat: int = 3, n_out: int = 10) -> dict
     """Median seconds of the loss and gradients of one batch (x, y) on [n_in, width, n_out], cross-entropy, four
     ways: per sample on the host, per sample offloaded (resident), vectorised on the host, batched on the device
     (``DeviceMLP``: everything on the device, the batch copied in and the gradients out included)."""
-    from ..cpu_parallel import time_per_batch
-    from .loader import backend
-    from .network import DeviceMLP
-
     p = mlp.init_params([x.shape[1], int(width), n_out])
     net = DeviceMLP(p, batch_size=x.shape[0], cost="cross_entropy")
     ways = {"host, per sample": mlp.loss_and_grads_per_sample,
@@ -415,9 +409,6 @@ def batch_against_samples(step, backward_one, params, x, Y, lr: float, repeat: i
     """Median seconds of one batch's forward pass and weight gradients on ``get_xp()`` (CuPy on a GPU, else NumPy),
     two ways: ``backward_one`` (lab 04's first exercise) once per sample, and ``step`` (its fourth) once on the batch,
     the SGD update included. The weights and the batch are copied there first; each call is timed until it ends."""
-    from ..bench import measure
-    from ..device import get_xp
-
     xp = get_xp()
     sync = None if xp is np else xp.cuda.get_current_stream().synchronize
     d_params = [(xp.asarray(W), xp.asarray(b)) for W, b in params]

@@ -26,6 +26,11 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from . import loader
+from .counts import matmul_launch, traffic
+from .matmul import BM, TILE
+from .source import define
+
 SECTOR = 32  # bytes a global-memory sector holds
 UNITS = ("DRAM", "L2", "shared memory", "FP32", "atomics (one address)")
 
@@ -89,9 +94,7 @@ def gpu(name: str | GPU | None = None) -> GPU:
 
 def in_use() -> tuple[GPU, str]:
     """(the GPU to model, why): the CUDA device's entry where CuPy has one the table names, else the default."""
-    from .loader import backend
-
-    if backend() == "cupy":
+    if loader.backend() == "cupy":
         import cupy
 
         device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
@@ -225,9 +228,6 @@ def extrapolate(small: Counts, large: Counts, n_small: int, n_large: int, n: int
 @functools.lru_cache(maxsize=32)  # a lab and the benchmark count the same small products again
 def _matmul_counted(variant: str, n: int, source: str | None) -> tuple[Counts, int, str]:
     """(the counts of one n x n x n product by ``variant``, the block's tile, whose kernel), counted on the emulator."""
-    from .counts import matmul_launch, traffic
-    from .matmul import BM
-
     if variant == "regblock":
         a, b = (np.random.default_rng(0).standard_normal((n, n)).astype(np.float32) for _ in range(2))
         args = (a, b, np.zeros((n, n), np.float32), *(np.int32(n),) * 3, np.int32(0), np.int32(0))
@@ -243,9 +243,6 @@ def matmul_counts(variant: str, n: int, source: str | None = None) -> tuple[Coun
     on the emulator at 2 and 4 times the block's tile (1 and 2 for the register-blocked kernel's 128), then carried to
     ``n`` by :func:`extrapolate` (a multiple of the tile, as large as a GPU's: counting 1024^3 would take minutes).
     ``source``: the student's kernel where written (the tiled one with its ``#define TILE``), else labkit's."""
-    from .matmul import BM, TILE
-    from .source import define
-
     tile = BM if variant == "regblock" else (define(source, "TILE", TILE) if variant == "tiled" and source else TILE)
     k = 1 if variant == "regblock" else 2
     (small, _, whose), (large, _, _) = (_matmul_counted(variant, m * tile, source) for m in (k, 2 * k))

@@ -26,7 +26,9 @@ import tempfile
 from pathlib import Path
 
 from .. import settings
-from .source import KernelCompileError, find_kernels, read_source, strip_comments
+from ..device import gpu_status
+from ..native.csource import strip_comments
+from .source import KernelCompileError, find_kernels, read_source
 
 ARCHS = ("sm_80", "sm_90")
 NO_COMPILER = ("no CUDA compiler here to check that the kernel compiles for a GPU: pip install nvidia-cuda-nvrtc-cu12 "
@@ -231,7 +233,6 @@ def resource_usage(source: str | Path, arch: str = "sm_90") -> dict[str, dict[st
     text, name = read_source(source)
     if compiler_for_check() is not None:
         return parse_ptxas(_compile(text, name, arch, verbose=True)[1])
-    from ..device import gpu_status
     ok, why = gpu_status()
     if not ok:
         raise RuntimeError(f"resource_usage needs NVRTC (pip install nvidia-cuda-nvrtc-cu12), nvcc or a working GPU: {why}")

@@ -6,7 +6,7 @@
 Every buffer (activations, deltas, gradients, velocities, the batch itself) is allocated once in the
 constructor; a step only launches kernels. ``matmul`` picks the product: one of labkit's kernels
 ("regblock", "tiled", "naive") or "library" (cupy.matmul, i.e. cuBLAS; numpy.matmul on the emulator).
-The maths is labkit.mlp's: the same gradients within float32 tolerance (tests/test_network.py).
+The maths is labkit.mlp's: the same gradients within float32 tolerance (tests/test_device_mlp.py).
 """
 
 from __future__ import annotations

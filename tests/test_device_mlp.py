@@ -6,7 +6,7 @@ from conftest import needs_cxx
 
 from labkit import mlp
 from labkit.device import gpu_status
-from labkit.kernels.network import MATMULS, DeviceMLP, train_device
+from labkit.kernels.device_mlp import MATMULS, DeviceMLP, train_device
 
 pytestmark = needs_cxx
 
