@@ -129,7 +129,7 @@ LABS: tuple[Lab, ...] = (
         "across a 100 Mbit/s cable the allreduce of lab 08's step takes longer than its backprop",
     ), needs=("mpi",), uses=(CABLE,)),
     Lab("09", "parameter_servers", "Parameter servers: synchronous, asynchronous, sharded, and stale", ("param_server",),
-        ("parameter_server",), (
+        ("param_server",), (
             "one worker still handles lr 0.6",
             "at lr 0.6 the accuracy falls with the most workers",
             "at lr 0.1 every configuration trains",
@@ -149,13 +149,13 @@ LABS: tuple[Lab, ...] = (
         "top-k with error feedback reaches dense's final accuracy in less wall-clock time across the cable",
     ), needs=("mpi",), uses=(CABLE,)),
     Lab("11", "model_pipeline_parallel", "Model and pipeline parallelism: split the network, not the data",
-        ("model_parallel",), ("pipeline",), (
+        ("model_parallel",), ("model_parallel",), (
             "neuron parallelism computes the serial epoch",
             "the bubble is smaller with 16 micro-batches than with one, and at no m over 2 points below the formula",
             "in the step modelled, the measured bubble is above the formula's for equal stages",
             "the pipeline computes the serial step",
         ), needs=("mpi",)),
-    Lab("12", "speedup_plots", "Speedup, efficiency, Amdahl and Gustafson", ("scaling",), ("speedup",), (
+    Lab("12", "speedup_plots", "Speedup, efficiency, Amdahl and Gustafson", ("scaling",), ("scaling",), (
     ), optional_claims=(
         "across 100 Mbit/s cables the step is slower on 2 and 4 hosts than on one",
     ), needs=("mpi",), uses=(CABLE,)),

@@ -1,4 +1,4 @@
-"""The exercises of lab 12 (labkit.check.speedup): their answers for the contract every exercise keeps (``CONTRACT``,
+"""The exercises of lab 12 (labkit.check.scaling): their answers for the contract every exercise keeps (``CONTRACT``,
 tests/test_contract.py: right, blank, hints, replay, labkit's own), and the typical wrong ones, each named by the
 check's message; with labkit's helpers the lab uses (bench.speedup_table, fit_amdahl_times,
 karp_flatt, scaling.yours_or_labkits, Scaling.samples)."""
@@ -90,7 +90,7 @@ def test_lab_12_declares_its_exercises_with_hints_and_references():
     assert sorted(e.name for e in in_lab("12")) == sorted(RIGHT)
     for name in RIGHT:
         e = exercise(name)
-        assert e.module == "speedup" and len(e.hints) >= 3 and e.references
+        assert e.module == "scaling" and len(e.hints) >= 3 and e.references
         for ref in e.references:  # each names a function of labkit that exists
             module, attr = ref.split(":")
             assert callable(getattr(__import__(module, fromlist=[attr]), attr))

@@ -1,4 +1,4 @@
-"""Lab 11's exercises (labkit.check.pipeline): their answers for the contract every exercise keeps (``CONTRACT``,
+"""Lab 11's exercises (labkit.check.model_parallel): their answers for the contract every exercise keeps (``CONTRACT``,
 tests/test_contract.py: right, blank, hints, replay, labkit's own), other right answers that pass, and each typical
 wrong one, named by the check's message."""
 
@@ -471,7 +471,7 @@ CONTRACT = {
 def test_lab_11_declares_its_exercises_in_the_pipeline_family():
     assert sorted(CONTRACT) == [e.name for e in in_lab("11")]
     for name in CONTRACT:
-        assert exercise(name).lab == "11" and exercise(name).module == "pipeline"
+        assert exercise(name).lab == "11" and exercise(name).module == "model_parallel"
 
 
 @pytest.mark.parametrize("name, wrong", [

@@ -660,7 +660,7 @@ def _check_against(ex, where, forward, backward, want_f, want_b) -> None:
 
 
 EXERCISES = (
-    Exercise("neuron_part", "11", "pipeline", references=(
+    Exercise("neuron_part", "11", "model_parallel", references=(
         "labkit.model_parallel:neuron_part", "labkit.model_parallel:NeuronParallel", "labkit.shards:shard_bounds"),
         hints=(
             "Neuron j of the layer has row j of W1 as its weights and b1[j] as its bias; a rank holding neurons "
@@ -671,7 +671,7 @@ EXERCISES = (
             "n % p ranks hold one more, how many of the ranks before r do?",
             "Your h is ReLU of x times your rows (transposed) plus your biases: shape (batch, hi - lo).",
         )),
-    Exercise("neuron_grads", "11", "pipeline", references=(
+    Exercise("neuron_grads", "11", "model_parallel", references=(
         "labkit.model_parallel:neuron_part_grads", "labkit.model_parallel:NeuronParallel"),
         hints=(
             "As in lab 01: a hidden neuron's error is the error it passes on to the outputs, times the activation's "
@@ -681,7 +681,7 @@ EXERCISES = (
             "ReLU's slope is 1 where the neuron's output h is above 0 and 0 elsewhere. Everything you need is on "
             "your rank: how many messages does the backward need?",
         )),
-    Exercise("gpipe_schedule", "11", "pipeline", references=("labkit.model_parallel:gpipe_schedule",),
+    Exercise("gpipe_schedule", "11", "model_parallel", references=("labkit.model_parallel:gpipe_schedule",),
              hints=(
                  "Draw a grid for S = 2, M = 3: one row per stage, one column per step. Micro-batch 0 enters stage "
                  "0 at step 0; where can micro-batch 0 be at step 1, and micro-batch 1?",
@@ -692,7 +692,7 @@ EXERCISES = (
                  "Count your grid: how many steps does the last stage wait before its first forward, and how many "
                  "after its last backward does stage 0 finish?",
              )),
-    Exercise("pipeline_step_time", "11", "pipeline", references=("labkit.model_parallel:pipeline_step_time",),
+    Exercise("pipeline_step_time", "11", "model_parallel", references=("labkit.model_parallel:pipeline_step_time",),
              hints=(
                  "Simulate it: keep, for each stage, when it is next free, and for each micro-batch, when its input "
                  "has arrived at the stage in hand. A task starts at the later of the two.",
@@ -701,7 +701,7 @@ EXERCISES = (
                  "Test it on equal stages first: it must give the step count of your schedule times (f + b). Then "
                  "make one stage slower by hand: which micro-batches wait for it?",
              )),
-    Exercise("activations_in_flight", "11", "pipeline", references=("labkit.model_parallel:peak_activations",),
+    Exercise("activations_in_flight", "11", "model_parallel", references=("labkit.model_parallel:peak_activations",),
              hints=(
                  "Take one stage and one step t: micro-batch m is held then if its forward ran at t or before and "
                  "its backward at t or after. Count those m.",
@@ -711,7 +711,7 @@ EXERCISES = (
                  "NumPy can do all stages and steps at once: compare forward[:, :, None] and backward[:, :, None] "
                  "with an array of the steps, then sum over the micro-batches.",
              )),
-    Exercise("one_f_one_b", "11", "pipeline", references=("labkit.model_parallel:one_f_one_b_schedule",),
+    Exercise("one_f_one_b", "11", "model_parallel", references=("labkit.model_parallel:one_f_one_b_schedule",),
              hints=(
                  "Simulate step by step. Keep, per stage, how many forwards and how many backwards it has run: a stage "
                  "that has run n forwards runs micro-batch n's forward next, and the same for backwards.",

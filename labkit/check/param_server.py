@@ -191,7 +191,7 @@ def _wrapped(step, delay, iterations):
 
 
 EXERCISES = (
-    Exercise("round_robin_staleness", "09", "parameter_server",
+    Exercise("round_robin_staleness", "09", "param_server",
              references=("labkit.param_server:round_robin_staleness",), hints=(
                  "Keep, for every worker, the version of the weights it holds: all start at version 0.",
                  "Before the k-th update the master has applied k updates: its version is k. The k-th update comes "
@@ -199,13 +199,13 @@ EXERCISES = (
                  "The update's staleness is the master's version minus the version its worker held. Then that worker "
                  "receives the weights after the update: version k + 1.",
              )),
-    Exercise("delayed_descent", "09", "parameter_server",
+    Exercise("delayed_descent", "09", "param_server",
              references=("labkit.param_server:delayed_descent",), hints=(
                  "Keep every w_t in an array of iterations + 1 values, w_0 = 1 first.",
                  "Step t computes w_(t+1) from w_t and from the w that the delayed gradient saw, delay steps back.",
                  "Before t = 0 the weights were 1: for t < delay the old w is 1, not an entry of your array.",
              )),
-    Exercise("async_worker", "09", "parameter_server", mpi=True,
+    Exercise("async_worker", "09", "param_server", mpi=True,
              references=("labkit.param_server:worker_loop", "labkit.param_server:_worker"), hints=(
                  "Per batch: compute g = grad(x, Y) on the current flat, then talk to every master m in bounds.",
                  "To master m: its slice g[lo:hi] with the version of that slice you computed on appended, as one "
