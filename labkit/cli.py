@@ -169,7 +169,7 @@ def _cmd_assign(a) -> int:
               "nbgrader's source/<assignment>/ and run nbgrader generate_assignment)")
         return 0
     written = assign.write_student_versions(notebooks, a.out, force=a.force, release_dir=a.release,
-                                            policy=_late_policy(a.deadline, a.late))
+                                            policy=_late_policy(a.deadline, a.late, a.partial_credit))
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
@@ -178,8 +178,9 @@ def _cmd_assign(a) -> int:
     return 0
 
 
-def _late_policy(deadlines: list[str] | None, rule: str | None) -> dict[str, dict]:
-    """Per lab, the release's deadline and late policy from ``--deadline NN=WHEN`` and ``--late PERCENT/DAYS``."""
+def _late_policy(deadlines: list[str] | None, rule: str | None, partial: bool = False) -> dict[str, dict]:
+    """Per lab, the release's deadline and late policy from ``--deadline NN=WHEN`` and ``--late PERCENT/DAYS``, and
+    partial credit per check case for every lab with ``--partial-credit``."""
     from .grading import late
     from .grading.assign import lab_number
 
@@ -199,6 +200,8 @@ def _late_policy(deadlines: list[str] | None, rule: str | None) -> dict[str, dic
         for lab in policy:
             policy[lab]["late"] = late_rule
         policy.setdefault("*", {})["late"] = late_rule
+    if partial:
+        policy.setdefault("*", {})["partial_credit"] = True
     return policy
 
 
@@ -573,6 +576,9 @@ def _add_assign(sub) -> None:
     asg.add_argument("--late", default=None, metavar="PERCENT/DAYS",
                      help="the late policy in the release record: PERCENT off a day late, work more than DAYS late "
                           "scores 0 (default 10/5)")
+    asg.add_argument("--partial-credit", action="store_true",
+                     help="an exercise whose check fails scores the share of the check's cases it passed before the "
+                          "first failure (the release record's partial_credit, per lab or per exercise)")
     asg.add_argument("--release", default="release",
                      help="folder for the release record that labkit grade uses (default: release/; never the students' folder)")
 

@@ -5,8 +5,9 @@
    "not written yet", with no hint, and spends none;
 3. each failed run of a changed wrong answer shows one more hint (the last one repeating), the same answer run again
    the same hint, and only the hint reached;
-4. the grader's replay of a recorded run agrees with the check's verdict and message (without the hint), and a
-   replay on inputs of another draw says "was not recorded" (where the check draws its inputs: ``Answers.drawn``);
+4. the grader's replay of a recorded run agrees with the check's verdict and message (without the hint), and counts
+   the check's cases (all of them passed by the right answer, fewer by the wrong one: partial credit); a replay on
+   inputs of another draw says "was not recorded" (where the check draws its inputs: ``Answers.drawn``);
 5. labkit's own answer handed in passes in the notebook and is caught by the grader, who names it.
 
 Each family's test file (tests/test_exercises_<family>.py) gives its exercises' answers in its ``CONTRACT`` table
@@ -122,11 +123,15 @@ def test_the_replay_gives_the_checks_verdict_and_message(name, tmp_path, monkeyp
     a, wrong = CONTRACT[name], CONTRACT[name].wrong_one(replayed=True)
     on = _on(a)
     assert record_check(monkeypatch, tmp_path / "right", name, a.right, SEED, **on) == (True, "")
-    assert replay.replay(name, tmp_path / "right", SEED, **on)[0] is True
+    passed, _, cases = replay.counted(name, tmp_path / "right", SEED, **on)
+    assert passed is True and cases and cases[0] == cases[1] >= 1, cases  # every case counted, and passed
     passed, saw = record_check(monkeypatch, tmp_path / "wrong", name, wrong.answer, SEED, **on)
     assert not passed and "\nStep 1 of " in saw, saw  # the student saw the mistake and the first step...
     _says(wrong.says, saw)
-    assert replay.replay(name, tmp_path / "wrong", SEED, **on) == (False, saw.split("\nStep 1 of ")[0])  # ...the grader
+    *verdict, counted = replay.counted(name, tmp_path / "wrong", SEED, **on)
+    assert tuple(verdict) == (False, saw.split("\nStep 1 of ")[0])  # ...the grader
+    # the cases passed before the failure (none counted where it failed before its first case: 0 points)
+    assert counted is None or 0 <= counted[0] < counted[1] == cases[1], (counted, cases)
     passed, message = replay.replay(name, tmp_path / "right", SEED + 1, **on)  # the grader's own draw of the inputs
     if a.drawn:
         assert not passed and "was not recorded" in message, message

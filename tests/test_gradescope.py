@@ -242,3 +242,33 @@ def test_gradescopes_extension_stands_in_for_the_releases_deadline(tmp_path, mon
     assert gradescope.autograde(root) == 0
     results = _check_results(root)
     assert results["score"] == 1.0 and "late" not in results["output"], results["output"]
+
+
+@pytest.mark.notebooks
+def test_partial_credit_scores_the_cases_passed_before_the_failure(tmp_path, monkeypatch):
+    """An answer right until its check's fifth case (it clips e to [0, 1]), in a release with partial credit: 4 of
+    the check's 9 cases, in results.json."""
+    from labkit.grading import sandbox
+
+    monkeypatch.setattr(sandbox, "available", lambda: (False, "not probed here"))
+    lab = new_notebook(cells=[
+        new_markdown_cell("# Lab 12"),
+        new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+        new_code_cell("import numpy as np\nfrom labkit import check"),
+        new_code_cell("def e(p, s):\n    ### BEGIN SOLUTION\n    return (1 / s - 1 / p) / (1 - 1 / p)\n    ### END SOLUTION"),
+        new_code_cell("check.karp_flatt(e)"),
+    ])
+    course = tmp_path / "course"
+    course.mkdir()
+    nbformat.write(lab, course / LAB)
+    assign.write_student_versions([course / LAB], tmp_path / "handout", release_dir=tmp_path / "release",
+                                  policy={"*": {"partial_credit": True}})
+    handed = nbformat.read(tmp_path / "handout" / LAB, as_version=4)
+    handed.cells[3].source = "def e(p, s):\n    return np.clip((1 / s - 1 / p) / (1 - 1 / p), 0, 1)"
+    root = _tree(tmp_path, gradescope.build(tmp_path / "release", "12", tmp_path / "autograder.zip",
+                                            wheels=_fake_wheels(tmp_path)), handed)
+    assert gradescope.autograde(root) == 0
+    results = json.loads((root / "results" / "results.json").read_text())
+    (test,) = results["tests"]
+    assert (test["status"], test["score"], test["max_score"]) == ("failed", round(4 / 9, 4), 1.0), test
+    assert "you clipped e to [0, 1]" in test["output"]

@@ -32,6 +32,42 @@ def test_points_come_from_the_release_and_a_hidden_part_is_a_share_of_them():
     assert plain[0].points == 1.0  # without a release: a point each, as before
 
 
+def test_partial_credit_is_the_share_of_the_checks_cases_passed_where_the_release_asks_for_it():
+    rows = [ExerciseResult("ana", NB, "backprop", False, "wrong", cases=(3, 8)),
+            ExerciseResult("ana", NB, "layer_backward", False, "wrong", cases=(2, 4)),
+            ExerciseResult("ana", NB, "output_error", False, "not written yet", cases=None),
+            ExerciseResult("ana", NB, "numerical_gradient", True, "passed", cases=(4, 4))]
+    scores.set_points(rows, {"notebooks": {NB: {"exercises": [{"name": "backprop", "points": 2}]}}}, set())
+    assert [r.score for r in rows] == [0.0, 0.0, 0.0, 1.0]  # by default, all or nothing
+    record = {"notebooks": {NB: {"partial_credit": True, "exercises": [
+        {"name": "backprop", "points": 2}, {"name": "layer_backward", "partial_credit": False}]}}}
+    scores.set_points(rows, record, set())
+    assert [r.score for r in rows] == [0.75, 0.0, 0.0, 1.0]  # 3 of 8 cases of 2 points; the exercise opted out; none
+    assert scores.row_score(False, 1.0, (5, 5)) == 0.8  # a failed check never scores its whole points
+    entry = {"results": [{"exercise": r.exercise, "passed": r.passed, "points": r.points, "score": r.score}
+                         for r in rows] + [{"exercise": "old", "passed": True, "points": 1}]}  # a row without a score
+    scores.total(entry)
+    assert (entry["exercise_score"], entry["exercise_points"]) == (2.75, 6.0)
+
+
+def test_assign_writes_partial_credit_into_the_release(tmp_path, capsys):
+    assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "out"), "--release", str(tmp_path / "rel"),
+                     "--partial-credit"]) == 0
+    record = json.loads((tmp_path / "rel" / assign.RELEASE_FILE).read_text())
+    assert record["notebooks"][NB]["partial_credit"] is True
+    assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "out2"), "--release", str(tmp_path / "rel2")]) == 0
+    assert json.loads((tmp_path / "rel2" / assign.RELEASE_FILE).read_text())["notebooks"][NB]["partial_credit"] is False
+
+
+def test_the_feedback_says_which_share_of_the_cases_earned_the_partial_credit():
+    from labkit.grading import feedback
+
+    cell = feedback.verdict_cell("backprop", False, "backprop: batch of 8: wrong dW", False, 2.0, 0.75, [3, 8])
+    assert "0.75 of 2 points" in cell.source and "3 of the check's 8 cases passed before it failed" in cell.source
+    plain = feedback.verdict_cell("backprop", False, "wrong", False, 2.0, 0.0, None)
+    assert "0 of 2 points" in plain.source and "partial" not in plain.source
+
+
 def test_a_blank_answer_is_zero_and_says_so_and_totals_take_the_penalty():
     entry = {"results": [{"exercise": "backprop", "passed": True, "points": 2}, {"exercise": "x", "passed": False}],
              "late": {"percent": 20.0}}

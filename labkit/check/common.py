@@ -79,6 +79,39 @@ def world(mpi):
     return w.real_world if isinstance(w, _GuardedWorld) else w
 
 
+class Tally:
+    """How many of a check's cases the answer passed, of how many: what partial credit per case is made of."""
+
+    def __init__(self):
+        self.done, self.of = 0, None
+
+    def counted(self) -> tuple[int, int] | None:
+        return (self.done, self.of) if self.of else None
+
+
+_tallies: list[Tally] = []  # one per check running, the outermost first
+_last: list[tuple[int, int] | None] = [None]  # the outermost check's, once it ended
+
+
+def each_case(items, more: int = 0):
+    """The check's cases, one by one, each counted as passed once the check moves on from it (a case that fails
+    raises inside the loop, and is not). The first call of a check sets its number of cases: ``len(items)`` and
+    ``more`` to come in later loops or after this one (each later loop's cases are counted by calling this again)."""
+    items = list(items)
+    tally = _tallies[-1] if _tallies else Tally()
+    if tally.of is None:
+        tally.of = len(items) + more
+    for item in items:
+        yield item
+        tally.done += 1
+
+
+def last_cases() -> tuple[int, int] | None:
+    """(cases passed, cases) of the last check that ran to its end or to a failure in this process, or None for a
+    check that counts no cases."""
+    return _last[0]
+
+
 def recorded(check):
     """A check that, while a notebook is graded, records what the student's code returned (:mod:`labkit.check.capture`),
     and whose failures carry the exercise's next hint (:func:`next_hint`)."""
@@ -87,13 +120,19 @@ def recorded(check):
     def wrapper(*args, **kwargs):
         ran = False  # to its end or to an error: not stopped by an interrupt (a cell over its time limit)
         top = capture.mode() == "plain"  # not inside another check, not replayed
+        _tallies.append(Tally())
         try:
             with capture.session(check.__name__):
                 result = check(*args, **kwargs)
             ran = True
+            if _tallies[-1].of:  # it passed: every case
+                _tallies[-1].done = _tallies[-1].of
             return result
         except ExerciseError as e:
             ran = True
+            tally = _tallies[-1]
+            if tally.of is not None and tally.done >= tally.of:  # failed past its counted cases: one case more
+                tally.of = tally.done + 1
             if capture.replaying():  # the grader's verdict: the mistake, without the steps
                 raise
             hint = next_hint(check.__name__, str(e), answer_of(args, kwargs))
@@ -104,6 +143,9 @@ def recorded(check):
             ran = True
             raise
         finally:
+            tally = _tallies.pop()
+            if not _tallies:
+                _last[0] = tally.counted()
             if ran and top and capture.hidden_part(check.__name__):
                 _hidden_part(check, args, kwargs)
 
@@ -268,7 +310,7 @@ def collective_check(comm, ex: str, cases) -> None:
 
     p, rank = comm.Get_size(), comm.Get_rank()
     n_checks, error = 0, None
-    for k in range(1, p + 1):
+    for k in each_case(range(1, p + 1)):
         with first_ranks(comm, k) as sub:
             if sub:
                 for case in cases(sub, k):

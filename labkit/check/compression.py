@@ -13,7 +13,7 @@ import numpy as np
 from ..compression import bytes_per_step as model
 from ..compression import top_k_with_feedback
 from . import capture
-from .common import ExerciseError, call, collective_check, fail, not_written, on_given_comm, passed, recorded
+from .common import ExerciseError, call, collective_check, each_case, fail, not_written, on_given_comm, passed, recorded
 from .exercises import Exercise
 
 
@@ -64,7 +64,7 @@ def int8_quantise(fn) -> None:
     ex = "int8 quantisation"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(10))
-    for n, dtype, kind in _INT8_CASES:
+    for n, dtype, kind in each_case(_INT8_CASES):
         _int8_case(ex, fn, rng, n, dtype, kind)
     passed(ex, len(_INT8_CASES))
 
@@ -192,7 +192,7 @@ def topk_select(fn) -> None:
     ex = "top-k selection"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(11))
-    for n, k, dtype, kind in _TOPK_CASES:
+    for n, k, dtype, kind in each_case(_TOPK_CASES):
         _topk_case(ex, fn, rng, n, k, dtype, kind)
     passed(ex, len(_TOPK_CASES))
 
@@ -295,7 +295,7 @@ def sparse_sum(fn) -> None:
     ex = "summing sparse pieces"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(12))
-    for n, p, k, dtype, kind in _SUM_CASES:
+    for n, p, k, dtype, kind in each_case(_SUM_CASES):
         _sum_case(ex, fn, rng, n, p, k, dtype, kind)
     passed(ex, len(_SUM_CASES))
 
@@ -360,7 +360,7 @@ def topk_feedback(fn) -> None:
     ex = "top-k with error feedback"
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(9))
-    for n, ratio, dtype in _CASES:
+    for n, ratio, dtype in each_case(_CASES, more=1):
         _one_step(ex, fn, rng, n, ratio, dtype)
     _many_steps(ex, fn, rng)
     passed(ex, len(_CASES) + 1)
@@ -724,7 +724,7 @@ def bytes_per_step(fn) -> None:
     cases = _bytes_cases()
     fn = capture.student(fn, ex=ex)
     rows = []
-    for what, n, k, p in cases:
+    for what, n, k, p in each_case(cases, more=2):  # and then the dense ring's bytes and topk's, each in every case
         where = f"{what}, n = {n:,}, k = {k:,}, p = {p}"
         dense, topk = _pair(ex, where, call(ex, fn, n, k, p, where=where,
                                              hint="try your function by hand on n = 100, k = 1, p = 2"), "(dense, topk)")
@@ -733,7 +733,7 @@ def bytes_per_step(fn) -> None:
     want = np.array([r[2] for r in rows])
     if not _close_bytes(got, want) and _close_bytes(got[:, ::-1], want):
         fail(ex, f"{rows[0][0]}: your pair is (topk, dense)", "return the dense ring's bytes first: (dense, topk)")
-    for i, (part, mistakes) in enumerate((("dense", _DENSE_MISTAKES), ("topk", _TOPK_MISTAKES))):
+    for i, (part, mistakes) in enumerate(each_case((("dense", _DENSE_MISTAKES), ("topk", _TOPK_MISTAKES)))):
         _bytes_part(ex, part, mistakes, cases, rows, got[:, i], want[:, i])
     passed(ex, len(cases))
 

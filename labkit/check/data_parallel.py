@@ -22,6 +22,7 @@ from .common import (
     call,
     collective_check,
     compare_grads,
+    each_case,
     fail,
     not_written,
     on_given_comm,
@@ -43,7 +44,7 @@ def rank_rows(fn) -> None:
     cases = [(10, 4), (7, 3)] + [(b, p) for p in (1, 2, 3, 4, 5, 8) for b in (0, 1, 2, 3, 5, 7, 10, 12, 13, 100)]
     cases += [(int(rng.integers(1000, 1_000_000)), int(rng.integers(9, 65))) for _ in range(2)]
     n = 0
-    for batch, p in cases:
+    for batch, p in each_case(cases):
         got = [_row_pair(ex, call(ex, fn, batch, p, r), batch, p, r) for r in range(p)]
         n += p
         want = shard_bounds(batch, p)
@@ -523,7 +524,7 @@ def overlap_model(fn) -> None:
     ex = "the step with and without overlap"
     fn = capture.student(fn, ex=ex)
     cases = _overlap_cases(np.random.default_rng(capture.seed(128)))
-    for what, backprop, ready, seconds in cases:
+    for what, backprop, ready, seconds in each_case(cases):
         where = f"{what}: backprop {backprop:.4g} s, ready {np.round(ready, 4).tolist()}, seconds {np.round(seconds, 4).tolist()}"
         got = call(ex, fn, backprop, list(ready), list(seconds))
         if not isinstance(got, (tuple, list)) or len(got) != 2:

@@ -15,7 +15,7 @@ from ..kernels import KernelCompileError, counts, tools, warp
 from ..kernels.source import define, find_kernels
 from ..native.csource import matching_bracket, strip_comments
 from . import capture
-from .common import ExerciseError, fail, passed, recorded
+from .common import ExerciseError, each_case, fail, passed, recorded
 from .exercises import Exercise
 
 KERNEL_TODO = "YOUR CODE HERE"
@@ -192,8 +192,8 @@ def naive_matmul(source: str, name: str = "matmul_naive", block: int = 16) -> No
     k = load_student_kernel(ex, source, name, {})
     rng = np.random.default_rng(capture.seed(2))
     checks = 0
-    for M, N, K in [(block, block, block), (2 * block, 3 * block, block), (1, 1, 1), (block + 1, 2 * block + 1, 19),
-                    (37, 5, 70), (5, 37, 3)]:
+    for M, N, K in each_case([(block, block, block), (2 * block, 3 * block, block), (1, 1, 1), (block + 1, 2 * block + 1, 19),
+                    (37, 5, 70), (5, 37, 3)]):
         a = rng.standard_normal((M, K)).astype(np.float32)
         b = rng.standard_normal((K, N)).astype(np.float32)
         c = np.full((M, N), np.nan, np.float32)
@@ -253,8 +253,8 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         _tiles_staged(ex, source, name)
     rng = np.random.default_rng(capture.seed(0))
     checks = 0
-    for M, N, K in [(tile, tile, tile), (2 * tile, 3 * tile, 4 * tile), (1, 1, 1), (tile + 1, 2 * tile + 1, tile + 3),
-                    (37, 5, 70)]:
+    for M, N, K in each_case([(tile, tile, tile), (2 * tile, 3 * tile, 4 * tile), (1, 1, 1), (tile + 1, 2 * tile + 1, tile + 3),
+                    (37, 5, 70)], more=int(isinstance(source, str))):
         a = rng.standard_normal((M, K)).astype(np.float32)
         b = rng.standard_normal((K, N)).astype(np.float32)
         c = np.full((M, N), np.nan, np.float32)
@@ -375,7 +375,8 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
           f"(one) and the shared-memory requests of each warp (a tree's steps){RACES}")
     rng = np.random.default_rng(capture.seed(1))
     checks = 0
-    for n, blocks in [(1, 1), (threads, 1), (threads + 1, 2), (10_000, 8), (100_003, 16)]:
+    for n, blocks in each_case([(1, 1), (threads, 1), (threads + 1, 2), (10_000, 8), (100_003, 16)],
+            more=int(isinstance(source, str))):
         x = rng.random(n).astype(np.float32)
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
@@ -417,7 +418,8 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
           f"(one per warp) and the shuffles of each lane (a tree's 5 steps){RACES}")
     rng = np.random.default_rng(capture.seed(2))
     checks = 0
-    for n, blocks in [(1, 1), (32, 1), (33, 1), (threads, 1), (10_000, 8), (100_003, 16)]:
+    for n, blocks in each_case([(1, 1), (32, 1), (33, 1), (threads, 1), (10_000, 8), (100_003, 16)],
+            more=int(isinstance(source, str))):
         x = rng.random(n).astype(np.float32)
         out = np.zeros(1, np.float32)
         run_student_kernel(ex, k, (blocks,), (threads,), (x, out, np.int32(n)),
@@ -471,7 +473,7 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
                                              np.int32(64), np.int32(64))))
     rng = np.random.default_rng(capture.seed(3))
     checks = 0
-    for rows, cols in [(32, 32), (64, 96), (1, 1), (33, 70), (100, 37)]:
+    for rows, cols in each_case([(32, 32), (64, 96), (1, 1), (33, 70), (100, 37)], more=int(isinstance(source, str))):
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         y = np.full((cols, rows), np.nan, np.float32)
         awkward = rows % 32 or cols % 32
@@ -682,7 +684,8 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
     rng = np.random.default_rng(capture.seed(4))
     drawn = (int(rng.integers(2, 7)), int(rng.integers(300, 3000)))
     checks = 0
-    for rows, cols in [(1, 1), (3, 5), (4, threads), (2, threads + 1), (7, 1000), (1, 4097), drawn]:
+    for rows, cols in each_case([(1, 1), (3, 5), (4, threads), (2, threads + 1), (7, 1000), (1, 4097), drawn],
+            more=int(isinstance(source, str))):
         x = _softmax_inputs(rng, rows, cols)
         y = np.full((rows, cols), SOFTMAX_UNWRITTEN, np.float32)
         what = f"rows={rows}, cols={cols}"

@@ -17,7 +17,7 @@ from ..model_parallel import one_f_one_b_schedule, peak_activations
 from ..model_parallel import pipeline_step_time as reference
 from ..shards import shard_bounds
 from . import capture
-from .common import call, fail, passed, recorded
+from .common import call, each_case, fail, passed, recorded
 from .exercises import Exercise
 
 
@@ -53,7 +53,7 @@ def neuron_part(fn) -> None:
     cases = list(_PART_CASES)
     n = int(rng.integers(12, 41))
     cases.append((n, int(rng.integers(2, 8)), int(rng.integers(2, 9)), int(rng.integers(1, 7))))
-    for n, p, n_in, batch in cases:
+    for n, p, n_in, batch in each_case(cases):
         W, b, x = rng.standard_normal((n, n_in)), rng.standard_normal(n), rng.standard_normal((batch, n_in))
         where = f"n = {n} neurons, p = {p} ranks"
         parts = [_part(ex, fn, W, b, x, r, p, where) for r in range(p)]
@@ -155,7 +155,7 @@ def neuron_grads(fn) -> None:
     cases = list(_GRAD_CASES)
     cases.append((int(rng.integers(2, 9)), int(rng.integers(5, 16)), int(rng.integers(2, 11)), int(rng.integers(2, 5)),
                   int(rng.integers(2, 8))))
-    for n_in, hidden, n_out, p, batch in cases:
+    for n_in, hidden, n_out, p, batch in each_case(cases):
         x = rng.standard_normal((batch, n_in))
         W1, b1 = rng.standard_normal((hidden, n_in)), rng.standard_normal(hidden)
         W2 = rng.standard_normal((n_out, hidden))
@@ -229,7 +229,7 @@ def gpipe_schedule(fn) -> None:
     ex = "GPipe schedule"
     fn = capture.student(fn, ex=ex)
     cases = _schedule_sizes(np.random.default_rng(capture.seed(113)))
-    for S, M in cases:
+    for S, M in each_case(cases):
         where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
         got = call(ex, fn, S, M, hint=_schedule_hint(S, M))
         forward, backward = _schedule_arrays(ex, where, got, S, M)
@@ -396,7 +396,7 @@ def pipeline_step_time(fn) -> None:
     large = np.random.default_rng(1114)  # the same large case in every run
     S, M = _LARGE_STEP
     cases.append((np.round(large.uniform(0.5, 3.0, S), 3), np.round(large.uniform(0.5, 3.0, S), 3), M))
-    for k, (f, b, M) in enumerate(cases):
+    for k, (f, b, M) in enumerate(each_case(cases)):
         where = f"fwd = {f.tolist()}, bwd = {b.tolist()}, M = {M}"
         hint = "fwd and bwd are NumPy arrays of one time per stage"
         if k >= len(_STEP_CASES):
@@ -527,7 +527,7 @@ def activations_in_flight(fn) -> None:
              ("three micro-batches one at a time, then the rest as GPipe", *_one_at_a_time_then_fill(3, 8, 3)),
              ("a valid schedule drawn at random", *_random_schedule(rng, int(rng.integers(2, 6)), int(rng.integers(4, 11)))),
              ("GPipe", *gpipe_schedule(12, 40))]
-    for name, forward, backward in cases:
+    for name, forward, backward in each_case(cases):
         S, M = forward.shape
         where = f"{name}, S = {S}, M = {M} (steps 0 to {int(max(forward.max(), backward.max()))})"
         got = call(ex, fn, forward.copy(), backward.copy(), where=where,
@@ -613,7 +613,7 @@ def one_f_one_b(fn) -> None:
     ex = "1F1B schedule"
     fn = capture.student(fn, ex=ex)
     cases = _schedule_sizes(np.random.default_rng(capture.seed(116)))
-    for S, M in cases:
+    for S, M in each_case(cases):
         where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
         got = call(ex, fn, S, M, hint=_schedule_hint(S, M))
         forward, backward = _schedule_arrays(ex, where, got, S, M)

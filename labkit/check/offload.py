@@ -14,7 +14,7 @@ from .. import mlp
 from ..errors import LabkitError
 from ..kernels import offload, streams
 from . import capture
-from .common import call, fail, passed, recorded
+from .common import call, each_case, fail, passed, recorded
 from .exercises import Exercise
 
 # ---- 1. the backward pass on xp --------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def device_backward(fn) -> None:
     student, fn = fn, capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(40))
     first = None
-    for sizes, dtype in _BACKWARD_CASES:
+    for sizes, dtype in each_case(_BACKWARD_CASES, more=1):
         Ws, acts, delta = _forward(rng, sizes, dtype)
         first = first or (sizes, dtype, Ws, acts, delta)
         kept = [a.copy() for a in (*Ws, *acts, delta)]
@@ -312,13 +312,13 @@ def offload_time(fn) -> None:
     drawn = (int(rng.integers(2, 400)), int(rng.integers(2, 400)))
     shapes = (drawn, (30, 784), (100, 100), (1, 1), (80_000, 784))
     n = 0
-    for resident in (False, True):
+    costs = (_GPU, _EMULATOR, {k: v * float(rng.uniform(0.5, 2.0)) for k, v in _GPU.items()})
+    for resident in each_case((False, True), more=len(costs)):  # each term alone, then the whole time per costs
         _copy_term(ex, fn, shapes[:3], resident)
         _kernel_term(ex, fn, shapes[:3], resident)
         _fixed_costs(ex, fn, drawn, resident)
         n += 3
-    costs = (_GPU, _EMULATOR, {k: v * float(rng.uniform(0.5, 2.0)) for k, v in _GPU.items()})
-    for c in costs:
+    for c in each_case(costs):
         for shape in shapes:
             for resident in (False, True):
                 got = _seconds(ex, fn, shape, c, resident)
@@ -464,7 +464,7 @@ def offload_crossover(fn) -> None:
     scale = int(rng.integers(1, 4))
     ratios = np.sort(rng.uniform(0.2, 3.0, 6))[::-1]
     drawn = ("a table drawn afresh", list(ratios), ())
-    for k, (what, ratio, flukes) in enumerate((*_CROSSOVER_CASES, drawn)):
+    for k, (what, ratio, flukes) in enumerate(each_case((*_CROSSOVER_CASES, drawn))):
         widths = [w * scale for w in _WIDTHS[len(_WIDTHS) - len(ratio):]]
         host, copy, kernel = _crossover_table(rng, widths, ratio, flukes)
         want = offload.offload_crossover(widths, host, copy, kernel)
@@ -567,7 +567,7 @@ def stream_time(fn) -> None:
     unit = int(rng.integers(1, 10)) * 1e-3
     n = int(rng.integers(3, 10))
     drawn = ("times drawn afresh", list(rng.uniform(0.2, 4.0, n)), list(rng.uniform(0.2, 4.0, n)))
-    for j, (what, copy, kernel) in enumerate((*_STREAM_CASES, drawn), 1):
+    for j, (what, copy, kernel) in enumerate(each_case((*_STREAM_CASES, drawn)), 1):
         copy, kernel = np.array(copy) * unit, np.array(kernel) * unit
         for n_streams in (1, 2):
             where = (f"case {j}, {what}, {n_streams} stream{'s' if n_streams == 2 else ''} ({len(copy)} batches, copy "
@@ -688,7 +688,7 @@ def batch_step(fn) -> None:
     student, fn = fn, capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(44))
     drawn = ([int(v) for v in rng.integers(2, 9, int(rng.integers(2, 5)))], int(rng.integers(2, 12)), np.float64)
-    for sizes, n, dtype in (*_STEP_CASES, drawn):
+    for sizes, n, dtype in each_case((*_STEP_CASES, drawn), more=2):  # then twice on another array module
         params, x, Y = _step_inputs(rng, sizes, n, dtype)
         where = f"sizes {sizes}, a batch of {n} ({np.dtype(dtype)})"
         kept, data = list(params), (x.copy(), Y.copy())
@@ -700,7 +700,7 @@ def batch_step(fn) -> None:
         _judge_step(ex, where, loss, [a for layer in kept for a in layer] if same else None, before, x, Y, dtype)
     sizes, dtype = _STEP_CASES[1][0], np.float64  # once more, on an array module that is not NumPy, at two batch sizes
     runs = {}
-    for n in (2, 8):
+    for n in each_case((2, 8)):
         params, x, Y = _step_inputs(np.random.default_rng(capture.seed(45) + n), sizes, n, dtype)
         seen = capture.step("foreign xp", lambda p=params, x=x, Y=Y: _on_foreign_step(student, p, x, Y),
                             key=capture.digest((params, x, Y), {}))

@@ -14,7 +14,7 @@ from ..bench import interleaved, measure
 from ..machine import usable_cores
 from ..native.csource import matching_bracket, strip_comments
 from . import capture
-from .common import ExerciseError, fail, passed, recorded
+from .common import ExerciseError, each_case, fail, passed, recorded
 from .exercises import Exercise
 from .kernels import KERNEL_TODO
 
@@ -115,7 +115,7 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
     checked = _compile(ex, source, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
     rng = np.random.default_rng(capture.seed(4))
     n = 0
-    for n_out, n_in in ((1, 1), (5, 5), (3, 7), (30, 784), (10, 1001), (7, 33)):
+    for n_out, n_in in each_case(((1, 1), (5, 5), (3, 7), (30, 784), (10, 1001), (7, 33))):
         W = rng.standard_normal((n_out, n_in), dtype=np.float32) / np.sqrt(n_in).astype(np.float32)
         b = rng.standard_normal(n_out, dtype=np.float32)
         x = rng.random(n_in, dtype=np.float32)
@@ -155,7 +155,7 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     checked = _compile(ex, source, name, helpers=False, label="checked", opt="-O1", checked=True)
     rng = np.random.default_rng(capture.seed(0))
     n = 0
-    for B, n_out, n_in in ((1, 1, 1), (3, 5, 7), (10, 30, 784)):
+    for B, n_out, n_in in each_case(((1, 1, 1), (3, 5, 7), (10, 30, 784)), more=1):  # then its speed
         d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
         g0 = rng.standard_normal((n_out, n_in), dtype=np.float32)
         g = g0.copy()
@@ -226,7 +226,7 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
     call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
     threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
     n = 1
-    for p in threads:
+    for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
         n += runs
         wrong = [i for i, (c, out) in enumerate(results)
@@ -508,7 +508,7 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
          "however many that is. A buffer of a fixed size (blocks[8], costs[64]) or one sized by the cores overflows "
          "in a larger team", where=f"with a team of {LARGE_TEAM} threads: ")
     n = 1
-    for p in threads:
+    for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
         n += runs
         wrong = [i for i, (c, out) in enumerate(results) if not (np.isclose(c, loss * B, rtol=1e-4) and right(out))]

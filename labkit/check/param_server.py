@@ -9,7 +9,7 @@ import numpy as np
 from .. import mlp, param_server
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, collective_check, compare_series, not_written, passed, recorded
+from .common import ExerciseError, call, collective_check, compare_series, each_case, not_written, passed, recorded
 from .exercises import Exercise
 
 _PS_SIZES, _PS_LR, _PS_BATCH, _PS_EPOCHS = [6, 5, 3], 0.1, 5, 2
@@ -137,7 +137,7 @@ def round_robin_staleness(fn) -> None:
     cases = [(w, u) for w in range(1, 7) for u in sorted({0, 1, w, 3 * w + 2})]
     cases.append((drawn, int(rng.integers(4 * drawn + 4))))
     n = 0
-    for workers, updates in cases:
+    for workers, updates in each_case(cases):
         want = param_server.round_robin_staleness(workers, updates).astype(float)
         got = call(ex, fn, workers, updates)
         k = np.arange(updates)
@@ -164,7 +164,7 @@ def delayed_descent(fn) -> None:
     cases = [(d, step, it) for d in range(5) for step, it in ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25))]
     cases.append((int(rng.integers(7)), round(float(rng.uniform(0.05, 1.6)), 3), int(rng.integers(1, 31))))
     n = 0
-    for delay, step, iterations in cases:
+    for delay, step, iterations in each_case(cases):
         want = param_server.delayed_descent(step, delay, iterations)
         got = call(ex, fn, step, delay, iterations)
         hints = [(_wrapped(step, delay, iterations), "for t < delay you read w[t - delay] with a negative index: "

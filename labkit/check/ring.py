@@ -21,6 +21,7 @@ from .common import (
     as_seconds,
     call,
     collective_check,
+    each_case,
     fail,
     not_written,
     on_given_comm,
@@ -41,7 +42,7 @@ def ring_chunks(fn) -> None:
     fn = capture.student(fn, ex=ex)
     rng = np.random.default_rng(capture.seed(70))
     n = 0
-    for p in [3, 2, *range(4, 10), int(rng.integers(10, 24))]:  # 3 first: the smallest ring where every rule shows
+    for p in each_case([3, 2, *range(4, 10), int(rng.integers(10, 24))]):  # 3 first: the smallest ring where every rule shows
         table = {}
         for r in range(p):
             for s in range(p - 1):
@@ -560,7 +561,7 @@ def cable_seconds(fn) -> None:
     ex = "an allreduce on cables"
     fn = capture.student(fn, ex=ex)
     cases = _cable_cases(np.random.default_rng(capture.seed(127)))
-    for k, (what, log, p, alpha, beta) in enumerate(cases):
+    for k, (what, log, p, alpha, beta) in enumerate(each_case(cases)):
         where = f"{what} (alpha = {alpha:g} s, beta = {beta:g} s/byte)"
         got = as_seconds(ex, where, call(ex, fn, log.copy(), p, alpha, beta))
         want = reference(log, p, alpha, beta)

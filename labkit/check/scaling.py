@@ -13,7 +13,7 @@ import numpy as np
 from .. import bench
 from ..scaling import GRADIENT_BYTES, predicted_step
 from . import capture
-from .common import ExerciseError, call, compare_series, fail, not_written, passed, recorded
+from .common import ExerciseError, call, compare_series, each_case, fail, not_written, passed, recorded
 from .exercises import Exercise
 
 # Lab 12's data-parallel step ([784,256,10], one BLAS thread per rank), medians of 3 runs on a machine with 2 cores:
@@ -77,7 +77,7 @@ def speedup_efficiency(fn) -> None:
     p = rng.permutation(np.concatenate([[1], rng.choice(np.arange(2, 33), 4, replace=False)]))
     cases.append(("drawn at random", p, np.round(1.0 / p * rng.uniform(0.9, 3.0, p.size), 5)))
     fn = capture.student(fn, ex=ex)
-    for name, p, t in cases:
+    for name, p, t in each_case(cases, more=1):
         where = f"{name}, p = {p.tolist()}, t = {_show(t)}"
         s, e = _pair(ex, where, call(ex, fn, p.copy(), t.copy()), "(S, E)")
         want_s, want_e = bench.speedup_table(p, t)
@@ -121,7 +121,7 @@ def gustafson_fit(fn) -> None:
     t1 = np.round(np.cumsum(rng.uniform(0.5, 2.0, 4)), 3)
     cases.append(("drawn at random", t1, np.round(t1[0] * rng.uniform(1.0, 1.5, 4), 3)))
     fn = capture.student(fn, ex=ex)
-    for name, t1, tp in cases:
+    for name, t1, tp in each_case(cases, more=1):
         where = f"{name}: t_one_rank = {_show(t1)}, t_p_ranks = {_show(tp)}"
         s, f = _pair(ex, where, call(ex, fn, t1.copy(), tp.copy()), "(S, f)")
         want_s, want_f = bench.fit_gustafson_times(t1, tp)
@@ -185,7 +185,7 @@ def karp_flatt(fn) -> None:
     p = np.sort(rng.choice(np.arange(2, 65), 4, replace=False)).astype(float)
     cases.append((p, np.round(rng.uniform(1.0, p), 3)))
     fn = capture.student(fn, ex=ex)
-    for p, s in cases:
+    for p, s in each_case(cases):
         where = f"p = {p.tolist()}, S = {_show(s)}"
         with np.errstate(divide="ignore", invalid="ignore"):  # p = 1: 0/0 is NaN, as it should be
             got = call(ex, fn, p.copy(), s.copy())
@@ -254,7 +254,7 @@ def amdahl_fit(fn) -> None:
     t = _amdahl_times(p, rng.uniform(0.02, 0.5), rng.uniform(0.1, 5.0)) * rng.normal(1, 0.02, p.size)
     cases.append(("drawn at random, noisy", p, np.round(t, 6)))
     fn = capture.student(fn, ex=ex)
-    for name, p, t in cases:
+    for name, p, t in each_case(cases, more=1):
         where = f"{name}: p = {p.tolist()}, t = {_show(t)}"
         got = _pair(ex, where, call(ex, fn, p.copy(), t.copy()), "(f, T1)")
         f, t1 = (_as_number(ex, where, v, k) for v, k in zip(got, ("f", "T1")))
@@ -360,7 +360,7 @@ def wait_breakdown(fn) -> None:
     ex = "waiting or sending"
     fn = capture.student(fn, ex=ex)
     cases = _breakdown_cases(np.random.default_rng(capture.seed(124)))
-    for name, events in cases:
+    for name, events in each_case(cases):
         got = call(ex, fn, [dict(e) for e in events], where=name,
                    hint="events is a list of dicts with the keys rank, name, kind, start and end")
         _compare_breakdown(ex, name, events, got, bench.wait_breakdown(events))
@@ -487,7 +487,7 @@ def wire_step(fn) -> None:
                   int(rng.integers(1, 17)), float(rng.uniform(1e-6, 1e-4)), float(rng.uniform(1e-10, 1e-7)),
                   float(rng.integers(1_000, 10_000_000))))
     fn = capture.student(fn, ex=ex)
-    for t1, ranks, cores, alpha, beta, nbytes in cases:
+    for t1, ranks, cores, alpha, beta, nbytes in each_case(cases):
         where = f"t1 = {t1:g} s, ranks {ranks}, {cores} cores, alpha = {alpha:g} s, beta = {beta:g} s/byte, {nbytes:g} bytes"
         got = call(ex, fn, t1, list(ranks), cores, alpha, beta, nbytes)
         want = predicted_step(t1, ranks, cores, alpha, beta, nbytes)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import mlp
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, compare_grads, fail, passed, problems, recorded
+from .common import ExerciseError, call, compare_grads, each_case, fail, passed, problems, recorded
 from .exercises import Exercise
 
 RTOL, ATOL = 1e-9, 1e-12  # float64 throughout: only rounding separates a right answer from labkit's
@@ -81,7 +81,7 @@ def output_error(fn) -> None:
         cases.append((rng.uniform(0.02, 0.98, (batch, n_out)), rng.integers(0, n_out, batch)))
     # saturated outputs, near 0 and 1, right and wrong: sigma' is tiny there
     cases.append((np.array([[1e-6, 0.5, 1 - 1e-6], [0.999, 0.001, 0.3], [0.02, 0.97, 0.5]]), np.array([0, 1, 1])))
-    for a, labels in cases:
+    for a, labels in each_case(cases):
         Y = mlp.targets(labels, a.shape[1], np.float64)
         batch, n_out = a.shape
         where = f"batch of {batch}, {n_out} outputs"
@@ -114,7 +114,7 @@ def layer_backward(fn) -> None:
     rng = np.random.default_rng(capture.seed(11))
     shapes = [(5, 5, 4), (4, 3, 1), (3, 9, 2), (7, 6, 13)]  # (n_in, n_out, B); square first: a transpose fits there
     shapes.append((int(rng.integers(2, 12)), int(rng.integers(2, 12)), int(rng.integers(2, 20))))
-    for n_in, n_out, batch in shapes:
+    for n_in, n_out, batch in each_case(shapes):
         delta = rng.standard_normal((batch, n_out)) * 0.1
         a_in = rng.uniform(0.05, 0.95, (batch, n_in))
         W = rng.standard_normal((n_out, n_in))
@@ -193,7 +193,7 @@ def backprop(fn) -> None:
     ex = "vectorised backprop"
     fn = capture.student(fn, ex=ex)
     n = 0
-    for k, (params, x, Y) in enumerate(_backprop_problems(capture.seed(0))):
+    for k, (params, x, Y) in enumerate(each_case(_backprop_problems(capture.seed(0)))):
         before = [(W.copy(), b.copy()) for W, b in params]
         got = call(ex, fn, params, x, Y)
         if any(not np.array_equal(W, W0) or not np.array_equal(b, b0) for (W, b), (W0, b0) in zip(params, before)):
@@ -257,7 +257,7 @@ def numerical_gradient(fn) -> None:
     fn = capture.student(fn, ex=ex)
     eps = 1e-4
     n = 0
-    for name, f, W, exact in _gradient_cases(capture.seed(12)):
+    for name, f, W, exact in each_case(_gradient_cases(capture.seed(12))):
         where = f"f = {name}, eps = {eps:g}"
         before = W.copy()
         got = call(ex, fn, f, W, eps)
@@ -344,7 +344,7 @@ def split_batch(fn) -> None:
     cases = [(10, 4), (12, 4), (10, 3), (7, 7), (3, 5), (0, 3), (1, 1), (100, 1), (5, 2)]
     rng = np.random.default_rng(capture.seed(30))
     cases += [(int(rng.integers(0, 1000)), int(rng.integers(1, 18))) for _ in range(3)]
-    for n, k in cases:
+    for n, k in each_case(cases):
         where = f"n = {n} samples, k = {k} workers"
         got = call(ex, fn, n, k)
         pairs = _pairs(ex, where, got, k)
@@ -363,7 +363,7 @@ def accumulate(fn) -> None:
     ex = "per-thread accumulator"
     fn = capture.student(fn, ex=ex)
     n = 0
-    for k, (params, x, Y) in enumerate(problems(seed=capture.seed(1))):
+    for k, (params, x, Y) in enumerate(each_case(problems(seed=capture.seed(1)))):
         want_loss, want = mlp.loss_and_grads_per_sample(params, x, Y)
         batch = x.shape[0]
         want_sum = [(gW * batch, gb * batch) for gW, gb in want]
@@ -428,7 +428,7 @@ def combine_shards(fn) -> None:
     ex = "combining the workers' gradients"
     fn = capture.student(fn, ex=ex)
     n = 0
-    for params, x, Y, k in _combine_cases(capture.seed(31)):
+    for params, x, Y, k in each_case(_combine_cases(capture.seed(31))):
         bounds = shard_bounds(x.shape[0], k)
         counts = [hi - lo for lo, hi in bounds]
         grads = [mlp.backprop(params, x[lo:hi], Y[lo:hi]) if hi > lo else
@@ -801,7 +801,7 @@ def threaded_step(fn) -> None:
     ex = "a threaded step"
     fn = capture.student(fn, ex=ex)
     n_checks = 0
-    for params, x, Y, p in _threaded_cases(capture.seed(33)):
+    for params, x, Y, p in each_case(_threaded_cases(capture.seed(33))):
         n = x.shape[0]
         where = f"{mlp.sizes_of(params)}, batch of {n}, p = {p} thread{'s' if p > 1 else ''}"
         empty = (f"with p = {p} threads for n = {n} sample{'s' if n > 1 else ''} some shards are empty: a thread with "

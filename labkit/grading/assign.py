@@ -151,10 +151,11 @@ def release_entry(student) -> dict:
     questions = [{"id": m["answer"], "kind": m["kind"], "points": int(m.get("points", 1)),
                   "question": answers.question_text(student, i)} for i, m in answers.answer_cells(student)]
     given = [cell.source for cell in student.cells if cell.cell_type == "code"]
-    # what the instructor may edit in release.json: points, the hidden parts' share, the deadline and late policy
+    # what the instructor may edit in release.json: points, partial credit per check case (here for every exercise
+    # of the lab, or an exercise's own "partial_credit"), the hidden parts' share, the deadline and late policy
     return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "lab": lab_of(student), "exercises": exercises,
-            "answers": questions, "given_code": given, "hidden_share": HIDDEN_SHARE, "deadline": None,
-            "late": dict(LATE_POLICY)}
+            "answers": questions, "given_code": given, "partial_credit": False, "hidden_share": HIDDEN_SHARE,
+            "deadline": None, "late": dict(LATE_POLICY)}
 
 
 HIDDEN_SHARE = 0.5  # of an exercise's points, its hidden part's (labkit grade --hidden-part)

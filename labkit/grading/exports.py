@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .scores import scored
+
 EXPORTS = ("gradescope", "canvas")
 CANVAS_CSV, CHANGES_CSV, GRADESCOPE_DIR = "canvas.csv", "changes.csv", "gradescope"
 # the columns by which Canvas's gradebook import finds a student, as its own gradebook export writes them
@@ -92,7 +94,7 @@ def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset(
                 output += f"\n{_fmt(points)} point(s), less {percent:g} % for late work"
             # Gradescope shows each test's score: a late penalty comes off each, so that they add up to the score
             tests.append({"name": f"{lab}: {shown_name(r['exercise'])}", "number": f"{name[:2]}.{k}",
-                          "score": round(points * (1 - percent / 100), 4) if r["passed"] else 0.0, "max_score": points,
+                          "score": round(scored(r) * (1 - percent / 100), 4), "max_score": points,
                           "status": "passed" if r["passed"] else "failed",
                           "output": ("passed" if r["passed"] else "a hidden check failed") if secret else output,
                           "visibility": "after_published" if secret else "visible", "tags": [name]})

@@ -74,14 +74,19 @@ def _fence(text: str) -> str:
     return f"{fence}text\n{text}\n{fence}"
 
 
-def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool, points: float | None = None):
-    """The markdown cell put after a check cell: a quoted box with the verdict and the points it earned, and the
-    message (as literal text) unless the check is hidden."""
+def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool, points: float | None = None,
+                 score: float | None = None, cases=None):
+    """The markdown cell put after a check cell: a quoted box with the verdict and the points it earned (``score``:
+    a share of them, partial credit for the ``cases`` (passed, of them) of its check), and the message (as literal
+    text) unless the check is hidden."""
     import nbformat
 
     from .notebook import shown_name
 
-    worth = "" if points is None else f", {_fmt(points if passed else 0)} of {_points(points)}"
+    earned = score if score is not None else (points if passed else 0)
+    worth = "" if points is None else f", {_fmt(earned)} of {_points(points)}"
+    if points is not None and not passed and earned and cases:
+        worth += f" (partial credit: {cases[0]} of the check's {cases[1]} cases passed before it failed)"
     lines = [f"**{'✔ passed' if passed else '✘ failed'}**: exercise `{shown_name(exercise)}`"
              + (" (a hidden check)" if hidden else "") + worth]
     if not passed and hidden:
@@ -192,7 +197,7 @@ def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, 
             if secret and part == name:
                 nb.cells[i].outputs = []
             after.setdefault(i, []).append(verdict_cell(part, bool(row["passed"]), row.get("message", ""), secret,
-                                                        row.get("points")))
+                                                        row.get("points"), row.get("score"), row.get("cases")))
     cells = []
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
@@ -213,7 +218,8 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
     nb.cells = [summary_cell(student, notebook, entry, data, 0)]
     for r in entry.get("results", []):
         secret = is_secret(r["exercise"], hidden)
-        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret, r.get("points")))
+        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret, r.get("points"),
+                                     r.get("score"), r.get("cases")))
     return nb
 
 

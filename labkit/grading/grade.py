@@ -580,7 +580,7 @@ def _write(out: Path, data: dict) -> tuple[Path, Path]:
                 for r in entry.get("results", []):
                     points = float(r.get("points", 1))
                     w.writerow([student, nb, r["exercise"], int(r["passed"]), r["message"], f"{points:g}",
-                                f"{points * r['passed']:g}", entry.get("lab") or lab_number(nb) or "", when,
+                                f"{scores.scored(r):g}", entry.get("lab") or lab_number(nb) or "", when,
                                 penalty.get("days_late", 0), f"{float(penalty.get('percent', 0)):g}"])
     csv_path.with_suffix(".csv.part").replace(csv_path)
     json_path.with_suffix(".json.part").write_text(json.dumps(data, indent=2) + "\n")

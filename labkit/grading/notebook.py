@@ -41,6 +41,9 @@ class ExerciseResult:
     passed: bool
     message: str
     points: float = 1.0  # what the row is worth (:mod:`.scores`); it scores them when passed
+    cases: tuple[int, int] | None = None  # (cases passed, cases) of the check's replay; None where it counts none
+    score: float | None = None  # what it scores (:mod:`.scores`): its points when passed, a share of them with partial
+                                # credit per case, else 0
 
 
 def _outcome(cell, timeout: int) -> tuple[bool, str]:
@@ -99,26 +102,28 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
     return found, problems
 
 
-def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str]:
-    """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec."""
+def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str, tuple[int, int] | None]:
+    """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec; with its
+    (cases passed, cases), None where it counts none."""
     files = capture.records(folder, check_name)
     declared = exercise(check_name)
     if len(files) <= 1 and not (declared and declared.mpi):
-        return replay.replay(check_name, folder, seed)
+        return replay.counted(check_name, folder, seed)
     if capture.recorded_reference(folder, check_name):
-        return replay.replay(check_name, folder, seed)  # says which reference, without starting ranks
+        return replay.counted(check_name, folder, seed)  # says which reference, without starting ranks
     try:
         done = run_mpi(["-m", "labkit.grading.replay", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
                        timeout=max(60, 2 * timeout))
     except subprocess.TimeoutExpired:
-        return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s"
+        return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s", None
     for line in reversed(done.stdout.strip().splitlines()):
         try:
             verdict = json.loads(line)
-            return bool(verdict["passed"]), str(verdict["message"])
+            cases = verdict.get("cases")
+            return bool(verdict["passed"]), str(verdict["message"]), tuple(cases) if cases else None
         except (ValueError, KeyError, TypeError):
             continue
-    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}"
+    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}", None
 
 
 def _earlier_error(nb, index: int) -> str | None:
@@ -132,20 +137,21 @@ def _earlier_error(nb, index: int) -> str | None:
 
 
 def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None,
-             earlier: str | None = None) -> tuple[bool, str]:
-    """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record."""
+             earlier: str | None = None) -> tuple[bool, str, tuple[int, int] | None]:
+    """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record (and its
+    cases passed, of how many)."""
     ran, message = _outcome(cell, timeout)
     if stopped and not ran and message.startswith("not run"):
-        return False, stopped
+        return False, stopped, None
     if not ran and (message.startswith("not run") or message.startswith("stopped after")):
-        return False, message
+        return False, message, None
     if not capture.records(folder, check_name):
         if not ran:
-            return False, message + (f"; {earlier}" if earlier and "NameError" in message else "")
+            return False, message + (f"; {earlier}" if earlier and "NameError" in message else ""), None
         return False, ("the check cell ran but recorded nothing of your function (was labkit's check replaced or "
-                       "its call changed?)")
-    passed, message = _replay(check_name, folder, seed, timeout)
-    return passed, "passed" if passed else message
+                       "its call changed?)"), None
+    passed, message, cases = _replay(check_name, folder, seed, timeout)
+    return passed, "passed" if passed else message, cases
 
 
 class NotebookRun:
@@ -172,6 +178,7 @@ class NotebookRun:
         self.seed = secrets.randbelow(1_000_000) + 1  # the checks' inputs, drawn afresh for this run
         self.hidden_parts = frozenset(hidden_parts)  # exercises checked a second time, on inputs drawn apart
         self.hidden_seed = secrets.randbelow(1_000_000) + 1_000_001
+        self.cases: dict[str, tuple[int, int] | None] = {}  # per row, its replay's (cases passed, cases)
         self.isolate = sandbox.available()[0] if isolate is None else isolate
         self.limits = limits or Limits()
         self.private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
@@ -329,8 +336,8 @@ class NotebookRun:
         if row != name and not capture.records(folder, name.split("#")[0]) and capture.records(
                 self.private / "records" / name, name.split("#")[0]):
             return False, "the hidden part recorded nothing: the check cell stopped before it ran"
-        passed, message = _verdict(self.nb.cells[i], name.split("#")[0], folder, seed, self.timeout, stopped,
-                                   _earlier_error(self.nb, i))
+        passed, message, self.cases[row] = _verdict(self.nb.cells[i], name.split("#")[0], folder, seed, self.timeout,
+                                                    stopped, _earlier_error(self.nb, i))
         if forks and not passed:
             message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
         return passed, message
@@ -347,7 +354,8 @@ class NotebookRun:
                 passed, message = outcomes.get(row, (False, ""))
                 if name in self.problems:
                     passed, message = False, self.problems[name] + (f"; when run: {message}" if row in outcomes else "")
-                rows.append(ExerciseResult(student, notebook or self.path.name, row, passed, message))
+                rows.append(ExerciseResult(student, notebook or self.path.name, row, passed, message,
+                                           cases=None if name in self.problems else self.cases.get(row)))
         return rows
 
     def close(self) -> None:

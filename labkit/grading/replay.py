@@ -1,7 +1,8 @@
 """The grader's side of :mod:`labkit.check.capture`: a check replayed on a record, in a process of the grader's.
 
 ``python -m labkit.grading.replay CHECK FOLDER SEED [--mpi]`` prints the verdict as JSON (under ``mpiexec`` for the checks
-that run on every MPI rank, each rank replaying its own record).
+that run on every MPI rank, each rank replaying its own record), with the check's cases passed and counted
+(``"cases": [3, 7]``, null for a check that counts none), which partial credit reads.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from .. import __version__
 from ..check import capture
 from ..check.capture import NotRecorded, Replay, recorded_reference
-from ..check.common import ExerciseError
+from ..check.common import ExerciseError, last_cases
 from ..check.exercises import exercise
 
 
@@ -25,19 +26,25 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
 
     The student's function is the record: each call answers with what the student's function returned there for the
     same inputs. The comparisons, and so the verdict, are the check's own, made here."""
+    return counted(check, folder, seed_, comm)[:2]
+
+
+def counted(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str, tuple[int, int] | None]:
+    """:func:`replay`, with the check's (cases passed, cases) of this replay: None where the check counts no cases,
+    or never ran its cases (no record, labkit's reference handed in)."""
 
     declared = exercise(check)
     if declared is None:
-        return False, f"{check}: no such check in labkit {_version()}"
+        return False, f"{check}: no such check in labkit {_version()}", None
     fn = declared.check()
     rank = comm.Get_rank() if comm is not None else 0
     reference = recorded_reference(folder, check)
     if reference:
-        return False, (f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself")
+        return False, f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself", None
     try:
         session = Replay(check, Path(folder), rank, seed_)
     except NotRecorded as e:
-        return False, str(e)
+        return False, str(e), None
     arg = session.record.get("source")  # a C or CUDA C exercise: the check reads the source, the record runs it
     out = io.StringIO()
     capture.begin(session)
@@ -47,13 +54,15 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
                 fn(arg if arg is not None else capture.replayed(session, "fn", check), comm=comm)
             else:
                 fn(arg if arg is not None else capture.replayed(session, "fn", check))
-    except (ExerciseError, NotRecorded) as e:
-        return False, f"{type(e).__name__}: {e}"
+    except ExerciseError as e:
+        return False, f"{type(e).__name__}: {e}", last_cases()
+    except NotRecorded as e:
+        return False, f"{type(e).__name__}: {e}", None
     except Exception as e:  # noqa: BLE001 - the check itself failed on this record: say so, never crash the grader
-        return False, f"the check could not run on the record: {type(e).__name__}: {e}"
+        return False, f"the check could not run on the record: {type(e).__name__}: {e}", None
     finally:
         capture.end()
-    return True, out.getvalue().strip() or "passed"
+    return True, out.getvalue().strip() or "passed", last_cases()
 
 
 def _version() -> str:
@@ -73,9 +82,9 @@ def main(argv=None) -> int:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    passed, message = replay(a.check, a.folder, a.seed, comm)
+    passed, message, cases = counted(a.check, a.folder, a.seed, comm)
     if comm is None or comm.Get_rank() == 0:
-        print(json.dumps({"passed": passed, "message": message}))
+        print(json.dumps({"passed": passed, "message": message, "cases": cases}))
     return 0
 
 

@@ -3,9 +3,12 @@
 The release sets the points (:mod:`.assign` writes the defaults into release.json for the instructor to edit): each
 exercise's ``points`` (1 by default) and each question's ``points``. A hidden part (``labkit grade --hidden-part``) is
 ``hidden_share`` of its exercise's points (0.5 by default), taken from the exercise's own, so that a lab's points
-possible never change with ``--hidden-part``. A blank written answer scores 0 and says so; a non-blank one counts once
-the instructor has scored it in answers.csv (``labkit grade --rescore OUT`` merges the scores without running a
-notebook again). The late penalty (:mod:`.late`) is a percent of the lab's score.
+possible never change with ``--hidden-part``. With partial credit (the release's ``partial_credit``, for a lab's
+exercises or one exercise's own), a failed row scores the share of its check's cases that the answer passed before
+the first failure, as the grader's replay counted them (:func:`labkit.check.common.each_case`); a check that counts
+no cases, and a row that never reached its check, score 0. A blank written answer scores 0 and says so; a
+non-blank one counts once the instructor has scored it in answers.csv (``labkit grade --rescore OUT`` merges the
+scores without running a notebook again). The late penalty (:mod:`.late`) is a percent of the lab's score.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ BLANK_NOTE = "blank answer: 0 points"
 
 def set_points(results: list[ExerciseResult], record: dict | None, hidden_parts) -> None:
     """Give every row its points: the exercise's points from the release (1 without one), shared with its hidden part
-    where it has one."""
+    where it has one; and its score."""
     for r in results:
         entry = (record or {}).get("notebooks", {}).get(r.notebook, {})
         base = r.exercise.split("~")[0]
@@ -32,6 +35,24 @@ def set_points(results: list[ExerciseResult], record: dict | None, hidden_parts)
             share = float(entry.get("hidden_share", HIDDEN_SHARE))
             points *= share if r.exercise != base else 1 - share
         r.points = points
+        partial = bool(declared.get("partial_credit", entry.get("partial_credit", False)))
+        r.score = row_score(r.passed, points, r.cases if partial else None)
+
+
+def row_score(passed: bool, points: float, cases) -> float:
+    """A row's score: its points when passed; with ``cases`` (passed, of them), the share passed; else 0."""
+    if passed:
+        return points
+    if cases and int(cases[1]) > 0:
+        return round(points * min(int(cases[0]), int(cases[1]) - 1) / int(cases[1]), 4)
+    return 0.0
+
+
+def scored(row: dict) -> float:
+    """What a grades.json row scores (one written before partial credit: its points when passed)."""
+    if row.get("score") is not None:
+        return float(row["score"])
+    return float(row.get("points", 1)) if row["passed"] else 0.0
 
 
 def answers_into(entry: dict, answers: list[dict]) -> None:
@@ -50,7 +71,7 @@ def total(entry: dict) -> None:
     """A lab's points: its exercises', its answers', what the late penalty takes, and what is left (``total``)."""
     rows = entry.get("results", [])
     entry["exercise_points"] = round(sum(float(r.get("points", 1)) for r in rows), 4)
-    entry["exercise_score"] = round(sum(float(r.get("points", 1)) for r in rows if r["passed"]), 4)
+    entry["exercise_score"] = round(sum(scored(r) for r in rows), 4)
     entry["points_possible"] = round(entry["exercise_points"] + float(entry.get("answer_points") or 0), 4)
     before = entry["exercise_score"] + float(entry.get("answer_score") or 0)
     percent = float((entry.get("late") or {}).get("percent", 0))
@@ -117,4 +138,5 @@ def rescore(data: dict, out: Path, rubrics: dict | None = None) -> list[str]:
     return warnings
 
 
-__all__ = ["BLANK_NOTE", "answers_into", "read_hand_scores", "rescore", "set_points", "total", "unscored"]
+__all__ = ["BLANK_NOTE", "answers_into", "read_hand_scores", "rescore", "row_score", "scored", "set_points", "total",
+           "unscored"]
