@@ -70,3 +70,13 @@ def wraps(step, delay, iterations):
 def test_the_delayed_descent_check_names_the_mistake(wrong, named):
     with pytest.raises(check.ExerciseError, match=named):
         check.delayed_descent(wrong)
+
+
+def test_a_drawn_delay_longer_than_the_iterations_is_checked_too(monkeypatch):
+    """The grader's draw 5 gives delay 6 over 4 iterations, where the wrap-around slip's hint cannot be computed (that
+    slip raises IndexError there): the check passes the right answer on it. It stopped with IndexError, and lab 09's
+    reference run in CI failed on such a draw."""
+    from labkit.check import capture
+
+    monkeypatch.setenv(capture.SEED_ENV, "5")
+    check.delayed_descent(right_descent)

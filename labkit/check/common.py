@@ -285,7 +285,8 @@ def compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
 
 
 def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray, str]], hint: str) -> None:
-    """``got`` must equal ``want`` (1-D, same length); if it equals one of the ``hints``' arrays, say that hint."""
+    """``got`` must equal ``want`` (1-D, same length); if it equals one of the ``hints``' arrays, say that hint (a hint
+    whose array is None does not apply to this case)."""
     try:
         a = np.asarray(got, dtype=float)
     except (TypeError, ValueError):
@@ -296,7 +297,7 @@ def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray,
     if np.allclose(a, want, rtol=1e-9, atol=1e-12, equal_nan=True):
         return
     for wrong, why in hints:
-        if np.allclose(a, wrong, rtol=1e-9, atol=1e-12, equal_nan=True):
+        if wrong is not None and np.allclose(a, wrong, rtol=1e-9, atol=1e-12, equal_nan=True):
             hint = why
             break
     fail(ex, f"{where}:\n  yours:    {np.array2string(a, precision=4)}\n  expected: {np.array2string(want, precision=4)}", hint)

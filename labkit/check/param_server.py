@@ -182,7 +182,11 @@ def delayed_descent(fn) -> None:
 
 
 def _wrapped(step, delay, iterations):
-    """Delayed descent with the usual slip: w[t - delay] read before t = delay wraps to the array's end (zeros)."""
+    """Delayed descent with the usual slip: w[t - delay] read before t = delay wraps to the array's end (zeros); None
+    where a delay longer than the array makes that read fall before its start (the slip raises IndexError there,
+    which the check names as it is)."""
+    if iterations > 0 and delay > iterations + 1:
+        return None
     w = np.zeros(iterations + 1)
     w[0] = 1.0
     for t in range(iterations):
