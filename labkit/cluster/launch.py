@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..machine import usable_cores
-from ..native.build import BuildFailed, c_compiler, shared_library
+from ..native.build import BuildFailed, c_compiler_path, shared_library
 from .hosts import TCP_BETWEEN_HOSTS, NamespaceHosts
 from .processes import kill_until_gone
 
@@ -50,11 +50,11 @@ def loopback_preload() -> Path | None:
     if not sys.platform.startswith("linux"):
         return None
     src = Path(__file__).resolve().parent.parent / "native" / "loopback_bind.c"
-    cc = c_compiler()
+    cc = c_compiler_path()  # no process started to ask its version: this runs before every job's first MPI launch
     if cc is None or not src.exists():
         return None
     try:
-        return shared_library(cc, src.read_text(), src.name, ["-O2", "-fPIC", "-shared"], libs=("-ldl",))
+        return shared_library((cc, ""), src.read_text(), src.name, ["-O2", "-fPIC", "-shared"], libs=("-ldl",))
     except BuildFailed:
         return None
 

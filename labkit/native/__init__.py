@@ -7,9 +7,9 @@ them. ``build`` finds the host's C and C++ compilers and compiles shared librari
 
 from __future__ import annotations
 
-from .build import BuildFailed, c_compiler, cache_dir, cxx_compiler, find_compiler, shared_library
+from .build import BuildFailed, c_compiler, c_compiler_path, cache_dir, cxx_compiler, find_compiler, shared_library
 from .csource import Param, UnbalancedBracket, check_args, line_of, matching_bracket, parse_param, split_params, strip_comments
 
-__all__ = ["BuildFailed", "Param", "UnbalancedBracket", "c_compiler", "cache_dir", "check_args", "cxx_compiler",
-           "find_compiler", "line_of", "matching_bracket", "parse_param", "shared_library", "split_params",
+__all__ = ["BuildFailed", "Param", "UnbalancedBracket", "c_compiler", "c_compiler_path", "cache_dir", "check_args",
+           "cxx_compiler", "find_compiler", "line_of", "matching_bracket", "parse_param", "shared_library", "split_params",
            "strip_comments"]

@@ -42,9 +42,19 @@ def find_compiler(names) -> tuple[str, str] | None:
     return None
 
 
+def _c_names() -> list[str | None]:
+    return [os.environ.get("CC"), "cc", "gcc", "clang"]
+
+
 def c_compiler() -> tuple[str, str] | None:
     """The host C compiler, as :func:`find_compiler` gives it: $CC, else cc, gcc or clang."""
-    return find_compiler([os.environ.get("CC"), "cc", "gcc", "clang"])
+    return find_compiler(_c_names())
+
+
+def c_compiler_path() -> str | None:
+    """The host C compiler's path, found as :func:`c_compiler` finds it but without starting it to ask its version:
+    for a library built on every MPI job's start, which its source alone identifies."""
+    return next((path for path in map(shutil.which, filter(None, _c_names())) if path), None)
 
 
 def cxx_compiler() -> tuple[str, str] | None:
