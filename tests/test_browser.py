@@ -100,6 +100,26 @@ def _prompts(page) -> list[str]:
     return page.locator(".jp-NotebookPanel .jp-CodeCell .jp-InputPrompt").all_inner_texts()
 
 
+def _settled_kernel(base: str, token: str, timeout: float = 90) -> str:
+    """The id of the notebook's kernel once the server has held one kernel, idle, for two seconds.
+
+    JupyterLab may start a notebook's kernel twice and shut the first down (seen in CI: two kernels 0.2 s apart, the
+    first stopped 0.1 s later); Run All clicked in that window ran the first cell and lost the rest with the first
+    kernel."""
+    deadline, seen, since = time.monotonic() + timeout, None, time.monotonic()
+    while True:
+        with urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=5) as answer:
+            kernels = json.loads(answer.read())
+        now = [(k["id"], k.get("execution_state")) for k in kernels]
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif len(now) == 1 and now[0][1] == "idle" and time.monotonic() - since >= 2:
+            return now[0][0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the notebook's kernel did not settle within {timeout:.0f} s: {now}")
+        time.sleep(0.25)
+
+
 def _started(page) -> bool:
     """Whether any cell is running or has run (its prompt shows [*] or a number)."""
     return any(p.strip().startswith("[") and (p.strip()[1:-2] == "*" or p.strip()[1:-2].isdigit()) for p in _prompts(page))
@@ -120,6 +140,7 @@ def test_lab01_runs_in_jupyterlab_in_chromium(jupyterlab, tmp_path):
             page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=90_000)
             page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']",
                                    timeout=90_000)  # the kernel has started
+            kernel = _settled_kernel(base, token)
             n_code = sum(c["cell_type"] == "code" for c in json.loads((folder / NOTEBOOK).read_text())["cells"])
             page.wait_for_function(f"document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell').length >= {n_code}",
                                    timeout=60_000)  # every cell drawn
@@ -143,6 +164,9 @@ def test_lab01_runs_in_jupyterlab_in_chromium(jupyterlab, tmp_path):
                     ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']").count() == 0
                 calm = 0 if busy else calm + 1
             prompts = _prompts(page)
+            with urllib.request.urlopen(f"{base}/api/kernels?token={token}", timeout=5) as answer:
+                kernels = [k["id"] for k in json.loads(answer.read())]
+            assert kernels == [kernel], f"the notebook's kernel changed during Run All: {kernel} became {kernels}"
             figures = page.locator(".jp-NotebookPanel .jp-OutputArea-output img").count()
             saved = folder / NOTEBOOK
             for _attempt in range(3):  # File > Save Notebook, then wait for the file to hold the run

@@ -266,8 +266,6 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
         "library": lambda nb: _cell(nb, "c10").__setitem__("source", solution.replace(
             "    combine = {", "    return C.ring_allreduce(comm, x, op)\n    combine = {")),
         "patch_check": lambda nb: _before(nb, "c11", "%%px\ncheck.ring_allreduce = lambda *a, **k: None"),
-        "endless": lambda nb: _cell(nb, "c10").__setitem__(
-            "source", "%%px\ndef my_ring_allreduce(comm, x, op=None):\n    while True:\n        pass"),
         "raises": lambda nb: _cell(nb, "c10").__setitem__(
             "source", "%%px\ndef my_ring_allreduce(comm, x, op=None):\n    raise ValueError('chunk sizes differ')"),
         "died": lambda nb: _before(nb, "c11", "import os\nos._exit(1)"),
@@ -276,6 +274,7 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
                                                          "    out = x.copy()\n    MPI.COMM_WORLD.Allreduce(x, out, op)\n"
                                                          "    return out"),
         # the world kept in a name the check cannot guard: the ranks block inside MPI, where no interrupt reaches
+        # (the hardest of the endless cells, so it stands for them: an endless loop of lab 01's is graded above)
         "world_kept": lambda nb: _cell(nb, "c10").__setitem__("source", "%%px\nWORLD = MPI.COMM_WORLD\n"
                                                               "def my_ring_allreduce(comm, x, op=MPI.SUM):\n"
                                                               "    out = x.copy()\n    WORLD.Allreduce(x, out, op)\n"
@@ -287,15 +286,14 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
     assert first["honest"] == (True, "passed")
     assert not first["library"][0] and "uses labkit's reference (labkit.collectives.ring_allreduce)" in first["library"][1]
     assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]
-    assert not first["endless"][0], first["endless"]
     assert not first["raises"][0] and "your function raised ValueError: chunk sizes differ" in first["raises"][1]
     assert not first["died"][0] and "kernel" in first["died"][1], first["died"]
     assert not first["world"][0] and "used MPI.COMM_WORLD.Allreduce" in first["world"][1], first["world"]
     assert not first["world_kept"][0] and "stopped after the 20 s limit" in first["world_kept"][1], first["world_kept"]
     assert "the MPI engines were stopped with it" in first["world_kept"][1]
-    # the hung engines were killed, not waited for at every later cell: each of the 8 notebooks within its cells'
+    # the hung engines were killed, not waited for at every later cell: each of the 7 notebooks within its cells'
     # limits (a class of these once took 15 minutes and more on one notebook)
-    assert took < 8 * 60, f"grading took {took:.0f} s"
+    assert took < 7 * 60, f"grading took {took:.0f} s"
     assert not _no_process_mentions("ipengine") and not _no_process_mentions("ipcontroller")
     assert not _no_process_mentions("labkit-sandbox-")
 

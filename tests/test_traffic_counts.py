@@ -151,6 +151,18 @@ def test_bank_conflicts_of_a_shared_memory_transpose(pad, conflicts):
     assert t.sectors_per_load == t.sectors_per_store == 4
 
 
+@pytest.mark.parametrize("width", [32, 33, 34, 40, 48, 64])
+def test_tile_column_conflicts_against_the_banks_of_a_column(width):
+    """Lab 05's counted figure: lane i of a warp reads word i * width of the tile; the words in the busiest of the 32
+    banks, less one, are the conflicts (NumPy's count of the same)."""
+    from labkit.kernels.counts import tile_column_conflicts
+
+    banks = np.arange(32) * width % 32
+    assert tile_column_conflicts(width) == np.bincount(banks, minlength=32).max() - 1
+    with pytest.raises(ValueError, match="at least 32"):
+        tile_column_conflicts(16)
+
+
 def test_a_broadcast_is_no_conflict():
     x, y = np.ones(64, np.float32), np.zeros(64, np.float32)
     t = traffic(TRANSPOSE, "broadcast", (1,), (64,), (x, y))

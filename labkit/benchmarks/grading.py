@@ -2,7 +2,8 @@
 
 Run: ``labkit bench grading [--quick] [--json]``
 
-The submissions are copies of lab 01 as the instructor wrote it (every exercise passes), graded on the quick profile.
+The submissions are copies of lab 01 as the instructor wrote it (every exercise passes), graded on the quick profile
+(with ``--quick``, two copies of lab 01 up to its last exercise's check: a test of the benchmark, not a measurement).
 Keys: ``grading_notebooks_per_minute_jobs1``, ``grading_notebooks_per_minute_jobsN`` (N = the usable cores) and
 their ratio ``grading_parallel_speedup``, each notebook in its sandbox, both warm (the grader imported: by this
 process for one job, by the workers' fork server for N); ``grading_command_seconds`` and ``grading_command_speedup``
@@ -77,7 +78,7 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int, quick: bool):
         subs = Path(tmp) / "subs"
         for i in range(n):
             (subs / f"student{i:02d}").mkdir(parents=True)
-            shutil.copy(lab, subs / f"student{i:02d}" / lab.name)
+            _copy(lab, subs / f"student{i:02d}" / lab.name, quick)
         passed: dict = {}
         isolated = sandbox.available()[0]
         busy: list = []
@@ -92,6 +93,22 @@ def _grade_in_rounds(lab: Path, n: int, cores: int, rounds: int, quick: bool):
         timings = interleaved(configs, rounds)
         command = _command_once(subs, Path(tmp), cores) if not quick else {}
         return timings, passed, busy, isolated, {**_handing_on(Path(tmp) / f"out1{isolated}", n), **command}
+
+
+def _copy(lab: Path, dest: Path, quick: bool) -> None:
+    """A student's copy of ``lab``; with ``quick``, only its cells up to the last exercise's check, every exercise
+    kept (lab 01's timed epochs after them are most of its run)."""
+    if not quick:
+        shutil.copy(lab, dest)
+        return
+    import nbformat
+
+    from ..grading import assign
+
+    nb = nbformat.read(lab, as_version=4)
+    last = max(i for i, _ in assign.exercises_in(nb))
+    nb.cells = nb.cells[:last + 1]
+    nbformat.write(nb, dest)
 
 
 def _command_once(subs: Path, tmp: Path, cores: int) -> dict:

@@ -212,12 +212,12 @@ def traffic(source: str, name: str, grid, block, args, shared_mem: int = 0) -> T
 
 
 _COLUMN = r"""
-extern "C" __global__ void column(const float* in, float* out)
+extern "C" __global__ void column(const float* in, float* out, int width)
 {
-    __shared__ float tile[32][WIDTH];
-    tile[threadIdx.y][threadIdx.x] = in[threadIdx.y * 32 + threadIdx.x];
+    extern __shared__ float tile[];  // tile[32][width], one source for every width (one compile)
+    tile[threadIdx.y * width + threadIdx.x] = in[threadIdx.y * 32 + threadIdx.x];
     __syncthreads();
-    out[threadIdx.y * 32 + threadIdx.x] = tile[threadIdx.x][threadIdx.y];
+    out[threadIdx.y * 32 + threadIdx.x] = tile[threadIdx.x * width + threadIdx.y];
 }
 """
 
@@ -225,7 +225,9 @@ extern "C" __global__ void column(const float* in, float* out)
 def tile_column_conflicts(width: int) -> float:
     """Bank conflicts per warp when the 32 lanes read one column of a ``__shared__ float tile[32][width]``, counted:
     each row of ``width`` floats moves the column's next element ``width`` banks on."""
+    if int(width) < 32:
+        raise ValueError(f"a tile[32][width] holds rows of 32 floats: width must be at least 32, got {width}")
     x, y = np.arange(32 * 32, dtype=np.float32), np.zeros(32 * 32, np.float32)
-    t = traffic(_COLUMN.replace("WIDTH", str(int(width))), "column", (1,), (32, 32), (x, y))
+    t = traffic(_COLUMN, "column", (1,), (32, 32), (x, y, np.int32(width)), shared_mem=32 * int(width) * 4)
     reads = t.total("shared_requests") // 2  # a store of a row and a read of a column per warp
     return t.bank_conflicts / reads

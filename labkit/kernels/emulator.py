@@ -308,7 +308,9 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 
 def _flags(checked: bool, options: tuple[str, ...]) -> list[str]:
-    flags = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w"]
+    # checked and counting builds run small launches, where compiling is most of the time: -O1 compiles them about
+    # a fifth faster; the timed (unchecked) builds keep -O2
+    flags = ["-std=c++17", "-O1" if checked else "-O2", "-fPIC", "-shared", "-pthread", "-w"]
     if checked:
         flags.append("-DLABKIT_EMU_CHECKED=1")
     if settings.emu_ucontext():
