@@ -181,9 +181,18 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
         d, x = rng.standard_normal((B, n_out), dtype=np.float32), rng.standard_normal((B, n_in), dtype=np.float32)
         g = np.zeros((n_out, n_in), np.float32)
         args = (d, x, g, np.int32(B), np.int32(n_out), np.int32(n_in))
-        t = interleaved({k: (lambda f=f: measure(lambda: f(*args), repeat=repeat).median)
-                         for k, f in (("naive", naive), ("yours", mine))}, rounds=3)
-        return float(t["naive"].median), float(t["yours"].median)
+        best = None
+        for _attempt in range(3):  # a busy moment (a neighbour's vector work on the other core) can slow the row
+            # order alone for a whole measurement (seen: 0.74 ms against its usual 0.23); measured again, the best
+            # kept. The naive order stays about 1.0x in every attempt, so a wrong order does not pass by luck.
+            t = interleaved({k: (lambda f=f: measure(lambda: f(*args), repeat=repeat).median)
+                             for k, f in (("naive", naive), ("yours", mine))}, rounds=3)
+            pair = float(t["naive"].median), float(t["yours"].median)
+            if best is None or pair[0] / pair[1] > best[0] / best[1]:
+                best = pair
+            if best[0] / best[1] >= 1.5:
+                break
+        return best
 
     t_naive, t_yours = capture.step("timing", timed)
     speedup = t_naive / t_yours
