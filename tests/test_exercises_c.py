@@ -272,7 +272,8 @@ def test_reduction_by_hand_refuses_openmps_own_reduction_and_turn_taking(old, ne
      "with 1 thread, .*the gradients are right, but the cost is 0: the threads' costs were never added"),
     ([("for (int u = 0; u < p; ++u) cost += costs[u];", "cost = costs[0];")],
      r"with 2 threads, 6 of 6 runs .*the cost is 0\.\d+ of the reference: not every thread's cost was added"),
-    ([("costs[t] += add_sample", "cost += add_sample")], "a race on the cost"),
+    pytest.param([("costs[t] += add_sample", "cost += add_sample")], "a race on the cost",
+                 marks=pytest.mark.quiet),  # seen only while two threads run at once: alone, as in test_openmp.py
     # the samples under omp single: one thread does them all, while the others wait
     ([(SAMPLES, "        #pragma omp single\n        for (int s")], "the samples ran one at a time"),
     ([("calloc((size_t)p * total, sizeof(float))", "calloc(total, sizeof(float))")],

@@ -221,20 +221,28 @@ def test_the_loop_interchange_check_passes_a_right_order_and_names_mistakes(caps
             check.loop_interchange(source)
 
 
-def test_the_omp_reduction_check_names_a_race_a_bad_write_and_no_openmp(capsys):
+def test_the_omp_reduction_check_names_a_bad_write_and_no_openmp(capsys):
     from labkit import check
 
     check.omp_reduction(GOOD_OMP)
     assert "OpenMP reduction at 1, 2" in capsys.readouterr().out
-    race = GOOD_OMP.replace(REDUCTION, "reduction(+ : cost)")
     too_small = GOOD_OMP.replace("sizeof(float) * 2 * n_hid", "sizeof(float) * n_hid")
     serial = GOOD_OMP.replace("#pragma omp parallel " + REDUCTION, "").replace("#pragma omp for", "")
     lost = GOOD_OMP.replace(REDUCTION, "firstprivate(cost)")  # every thread's share is dropped
-    for source, words in ((race, "runs differ from each other: a race"),
-                          (too_small, "outside an array.*in my_bp_omp \\(in its parallel region\\), line 13 of yours.c"),
+    for source, words in ((too_small, "outside an array.*in my_bp_omp \\(in its parallel region\\), line 13 of yours.c"),
                           (serial, "no OpenMP directive"), (lost, "wrong gradient or cost")):
         with pytest.raises(check.ExerciseError, match=f"(?s){words}"):
             check.omp_reduction(source)
+
+
+# A race loses updates only while two threads run at the same moment: with three test workers on 2 cores, the check's
+# threads took turns for whole runs and it saw none (CI, 18 runs). Run alone, as the claims are.
+@pytest.mark.quiet
+def test_the_omp_reduction_check_names_a_race():
+    from labkit import check
+
+    with pytest.raises(check.ExerciseError, match="runs differ from each other: a race"):
+        check.omp_reduction(GOOD_OMP.replace(REDUCTION, "reduction(+ : cost)"))
 
 
 # every sample's work under one lock: the values are right, the threads take turns
@@ -272,6 +280,7 @@ double my_bp_omp(const float* W1, const float* b1, const float* W2, const float*
 """
 
 
+@pytest.mark.quiet  # the merge-once passes only where two threads are seen inside add_sample at once: see above
 def test_the_omp_reduction_check_fails_threads_that_take_turns_and_passes_a_merge_once(capsys):
     from labkit import check
 

@@ -204,6 +204,9 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     passed(f"{ex} ({speedup:.1f}x faster than the naive order)", n + 1)
 
 
+BATCH = 601  # the samples of omp_reduction's runs
+
+
 @recorded
 def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
     """Lab 03: ``my_bp_omp`` (the signature of labkit's bp_* functions) parallelises network.py's per-sample backprop
@@ -218,7 +221,10 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
     fast = _compile(ex, source, name, helpers=True, label="O2", opt="-O2", openmp=True)
     rng = np.random.default_rng(capture.seed(1))
     params = mlp.init_params([784, 30, 10], seed=3)
-    B = 151  # enough samples per thread that a race loses updates in some run (at 37, one CI run in about ten saw none)
+    # enough samples per thread that a race loses updates in some run: at 37, one CI run in about ten saw none; at
+    # 151, a run with three test workers on 2 cores saw none (each thread's share fitted in one time slice, so the
+    # threads took turns); BATCH lasts several slices
+    B = BATCH
     x = rng.random((B, 784), dtype=np.float32)
     Y = mlp.targets(rng.integers(0, 10, B), 10, np.float32)
     loss, grads = mlp.loss_and_grads_per_sample(params, x, Y)
@@ -488,7 +494,7 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
     fast = _compile(ex, dirty, name, helpers=True, label="O2", opt="-O2", openmp=True)
     rng = np.random.default_rng(capture.seed(2))
     params = mlp.init_params([784, 30, 10], seed=3)
-    B = 151  # as omp_reduction's: enough samples per thread that a race loses updates in some run
+    B = 151  # enough samples per thread that a race loses updates in some run
     x = rng.random((B, 784), dtype=np.float32)
     Y = mlp.targets(rng.integers(0, 10, B), 10, np.float32)
     loss, grads = mlp.loss_and_grads_per_sample(params, x, Y)
