@@ -140,21 +140,31 @@ def _cgroup_pids(path: str) -> list[int]:
     return []
 
 
-def folders_and_cgroups(run: str | None = None) -> list[str]:
+def folders_and_cgroups(run: str | None = None, settle: float = 5) -> list[str]:
     """This run's temporary folders of grading, hosts, SLURM and engines (in its own TMPDIR, see :func:`own_tempdir`),
     and the grading cgroups made since it started that hold no process of another run or job (a cgroup's time is its
-    creation), so that what another job makes, or a killed run left earlier, is not blamed on this one."""
+    creation), so that what another job makes, or a killed run left earlier, is not blamed on this one. A cgroup is
+    blamed only if it is still so after up to ``settle`` s: another job's grader leaves its cgroup empty for a moment
+    after making it and before removing it (a test run beside two others once blamed two such on itself)."""
     run = os.environ.get(RUN) if run is None else run
     tmp = os.environ.get("TMPDIR", "")
     left = [path for kind in FOLDERS for path in glob.glob(f"{tmp}/labkit-{kind}-*")] if "labkit-test-" in tmp else []
-    mine = pytest_started()
+    cgroups, deadline = _own_cgroups(run), time.monotonic() + settle
+    while cgroups and time.monotonic() < deadline:
+        time.sleep(0.5)
+        cgroups &= _own_cgroups(run)
+    return left + sorted(cgroups)
+
+
+def _own_cgroups(run: str | None) -> set[str]:
+    mine, own = pytest_started(), set()
     for path in glob.glob("/sys/fs/cgroup/*/labkit-grade-*") + glob.glob("/sys/fs/cgroup/labkit-grade/labkit-grade-*"):
         try:
             if os.stat(path).st_mtime >= mine and all(_this_run(pid, run) for pid in _cgroup_pids(path)):
-                left.append(path)
+                own.add(path)
         except OSError:
             continue  # removed meanwhile
-    return left
+    return own
 
 
 def made_by(argv) -> str | None:

@@ -208,6 +208,7 @@ double my_bp_omp(const float* W1, const float* b1, const float* W2, const float*
 REDUCTION = "reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])"
 
 
+@pytest.mark.quiet  # the right order must be timed 1.5x faster: see tests/test_exercises_c.py's CONTRACT
 def test_the_loop_interchange_check_passes_a_right_order_and_names_mistakes(capsys):
     from labkit import check
 

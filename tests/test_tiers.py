@@ -119,6 +119,32 @@ def test_a_run_that_leaves_a_grading_folder_fails_and_names_it(tmp_path):
     assert "/labkit-grader-" in done.stdout and "labkit-test-" in done.stdout, done.stdout
 
 
+def test_a_grading_cgroup_is_blamed_only_if_it_stays():
+    """An empty grading cgroup made during the run is this run's leak only if it is still there a moment later:
+    another job's grader leaves its own empty for a moment after making it and before removing it."""
+    import threading
+
+    import leaks
+
+    from labkit.grading import sandbox
+
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    kept, brief = sandbox.make_cgroup(sandbox.Limits()), sandbox.make_cgroup(sandbox.Limits())
+    if not kept or not brief:
+        sandbox.remove_cgroup(kept + brief)
+        pytest.skip("no cgroup can be made here")
+    gone = threading.Timer(0.5, sandbox.remove_cgroup, args=(brief,))
+    try:
+        gone.start()
+        blamed = leaks.folders_and_cgroups(settle=3)
+        assert {str(d) for d in kept} <= set(blamed), blamed
+        assert not {str(d) for d in brief} & set(blamed), blamed
+    finally:
+        gone.join()
+        sandbox.remove_cgroup(kept)
+
+
 def test_the_kinds_of_a_command_line():
     assert tiers.kinds_of(["/venv/bin/mpiexec", "-n", "2", "python"]) == {"mpi"}
     assert tiers.kinds_of(["/usr/bin/x86_64-linux-gnu-gcc-12", "-O2", "a.c"]) == {"compile"}
