@@ -3,26 +3,25 @@
 The labs, each with its notebook, lesson modules, checks and claims, are declared once in ``labs``; the lessons'
 modules, in teaching order: ``data``, ``mlp``, ``shards``, ``cpu_parallel``, ``hostc``, ``openmp``, ``device``,
 ``kernels``, ``collectives``, ``traffic``, ``costmodel``, ``comm_backends``, ``data_parallel``, ``param_server``,
-``compression``, ``model_parallel``, ``scaling``. Around them: ``check`` (the exercises and their checks),
-``cluster`` (where MPI runs), ``network`` (the labs' network that costs: shaped cables between hosts), ``native``
-(the C and C++ toolchain that ``hostc`` and ``kernels`` share: reading C source, compiling it into a cache),
-``grading`` (the grader); ``bench``, ``benchmarks``, ``plots``, ``runner`` (a notebook run headlessly) and ``report``
-(measuring and drawing); ``questions`` (a prediction beside its measurement) and ``claims`` (the text checked
-against the run); ``settings``, ``machine``, ``progress``,
-``errors``, ``doctor``, ``gpucheck``, ``wheelhouse`` and ``cli``. They are imported on first use, so
-``import labkit`` needs no GPU, no MPI and no running cluster.
+``compression``, ``model_parallel``, ``scaling``. Around them: ``check`` (the exercises and their checks), ``cluster``
+(where MPI runs), ``network`` (the labs' network that costs: shaped cables between hosts), ``native`` (the C and C++
+toolchain that ``hostc`` and ``kernels`` share: reading C source, compiling it into a cache), ``grading`` (the
+grader), ``handout`` (a lab notebook's student version, the only one the wheel ships); ``bench``, ``benchmarks``,
+``plots``, ``runner`` (a notebook run headlessly) and ``report`` (measuring and drawing); ``questions`` (a prediction
+beside its measurement) and ``claims`` (the text checked against the run); ``settings``, ``machine``, ``progress``,
+``errors``, ``doctor``, ``gpucheck``, ``wheelhouse`` and ``cli``. They are imported on first use, so ``import labkit``
+needs no GPU, no MPI and no running cluster.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("bench", "benchmarks", "check", "claims", "cli", "cluster", "collectives", "comm_backends", "compression",
-               "costmodel", "cpu_parallel", "data", "data_parallel", "device", "doctor", "errors", "gpucheck", "grading", "hostc",
-               "kernels", "labs", "machine", "mlp", "model_parallel", "native", "network", "openmp", "param_server", "plots",
-               "progress", "questions", "report", "runner", "scaling", "settings", "shards", "traffic", "wheelhouse")
+# every public module and package of labkit, found (not listed): a module added is an attribute as it lands
+_SUBMODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
 
 
 def __getattr__(name: str):

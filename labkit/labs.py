@@ -53,7 +53,7 @@ class Lab:
 
 # the house around the lessons: the modules (and packages) of labkit that belong to no one lab
 AROUND = ("__main__", "bench", "benchmarks", "check", "claims", "cli", "cluster", "doctor", "errors", "gpucheck", "grading",
-          "labs", "machine", "native", "network", "plots", "progress", "questions", "report", "runner", "settings",
+          "handout", "labs", "machine", "native", "network", "plots", "progress", "questions", "report", "runner", "settings",
           "wheelhouse", "c", "mnist_subset")
 
 

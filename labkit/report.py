@@ -16,30 +16,28 @@ import html
 import time
 from pathlib import Path
 
-from . import __version__, data
+from . import __version__, data, handout
 from .bench import machine_info
 from .claims import format_metric
 from .data import status as data_status
 from .labs import NOTEBOOKS
 from .progress import progress_bar
-from .runner import NotebookResult, execute, find_notebooks
+from .runner import NotebookResult, execute, find_notebooks, with_solutions
 
 
 def published(nb):
     """A copy of an executed notebook as it may be published: each solution region replaced by its stub and each
-    answer cell as handed out (:mod:`labkit.grading.assign`), the outputs of the run kept. Raises ValueError for
+    answer cell as handed out (:mod:`labkit.handout`), the outputs of the run kept. Raises ValueError for
     solution markers that do not pair up."""
     import nbformat
 
-    from .grading import answers, assign
-
     nb = nbformat.from_dict(nb)
     for i, cell in enumerate(nb.cells):
-        if answers.meta(cell):
-            cell.source = answers.student_source(cell)
+        if handout.answer_meta(cell):
+            cell.source = handout.blank_answer(cell)
         elif cell.cell_type == "code":
             try:
-                cell.source = assign.student_source(cell.source)
+                cell.source = handout.stub_solutions(cell.source)
             except ValueError as e:
                 raise ValueError(f"{nb.metadata.get('name', 'the notebook')}, cell {i}: {e}") from None
     return nb
@@ -74,7 +72,7 @@ def run(profile: str = "quick", out: Path | str = "report", notebooks: Path | st
     if profile not in ("quick", "full"):
         raise ValueError(f"profile must be 'quick' or 'full', got {profile!r}")
     out = Path(out)
-    paths = find_notebooks(notebooks, only)
+    paths = with_solutions(find_notebooks(notebooks, only), "labkit report")  # the labs' claims rest on their solutions
     if fetch:
         try_fetch_once(progress)
     results = []

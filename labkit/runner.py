@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .claims import CLAIM_MIME, METRIC_MIME
+from .errors import LabkitError
+from .handout import is_handout
 from .labs import NOTEBOOKS
 from .progress import progress_bar
 
@@ -52,6 +54,23 @@ def find_notebooks(folder: Path | str = NOTEBOOKS, only: str | None = None) -> l
     if not found:
         raise FileNotFoundError(f"no lab notebooks (NN_name.ipynb) in {folder}" + (f" matching {only!r}" if only else ""))
     return found
+
+
+class NoSolutions(LabkitError, FileNotFoundError):
+    """The notebooks given are the handouts an installed labkit ships, where the worked solutions are needed."""
+
+
+def with_solutions(paths: list[Path], what: str) -> list[Path]:
+    """``paths``, the instructor's notebooks; :class:`NoSolutions`, naming ``what`` needs them and where they are,
+    where any is a handout (an installed labkit ships the student versions alone, so no graded notebook reads a
+    solution from it)."""
+    handouts = [p.name for p in paths if is_handout(json.loads(p.read_text(encoding="utf-8")))]
+    if handouts:
+        raise NoSolutions(f"{what} needs the instructor's notebooks, with the worked solutions; {handouts[0]} in "
+                          f"{paths[0].parent} is the student version an installed labkit ships. Run it from the "
+                          "course's checkout (its notebooks/ folder), or give --notebooks DIR with the instructor's "
+                          "notebooks.")
+    return paths
 
 
 def inject_parameters(nb, params: dict) -> None:

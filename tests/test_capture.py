@@ -4,15 +4,19 @@ grader import or unpickle anything."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import record_check
 
-from labkit import check, mlp
+from labkit import bench, check, mlp
 from labkit.check import capture
 from labkit.check.exercises import exercise
 from labkit.grading import replay
@@ -107,6 +111,40 @@ def test_labkits_reference_as_or_in_the_students_function_is_named(tmp_path, mon
     assert _record(monkeypatch, tmp_path, "backprop", fn) == (True, "")  # it passes in the notebook...
     passed, message = replay.replay("backprop", tmp_path, SEED)  # ...but not in the grade
     assert not passed and "uses labkit's reference (labkit.mlp." in message
+
+
+def _copied(fn, name: str, by: str):
+    """labkit's ``fn`` compiled again under ``name`` from its source, as a student's run could: by
+    inspect.getsource, or by reading its file."""
+    if by == "getsource":
+        text = inspect.getsource(fn)
+    else:
+        lines = Path(inspect.getsourcefile(fn)).read_text().splitlines(keepends=True)
+        first = next(i for i, line in enumerate(lines) if line.startswith(f"def {fn.__name__}("))
+        end = next((i for i in range(first + 1, len(lines)) if lines[i][:1] not in (" ", "\n", "")), len(lines))
+        text = "".join(lines[first:end])
+    tree = ast.parse(text)
+    tree.body[0].name = name
+    if ast.get_docstring(tree.body[0]) is not None:
+        tree.body[0].body.pop(0)  # a copy without the docstring is still a copy
+    space = {**vars(importlib.import_module(fn.__module__))}
+    exec(compile(tree, "<student>", "exec"), space)  # noqa: S102 - the attack under test
+    return space[name]
+
+
+@pytest.mark.parametrize("by", ["getsource", "file"])
+@pytest.mark.parametrize("name, ref", [("karp_flatt", bench.karp_flatt), ("gustafson_fit", bench.fit_gustafson_times)])
+def test_labkits_reference_copied_from_its_source_at_run_time_is_named(tmp_path, monkeypatch, name, ref, by):
+    """exec(inspect.getsource(...)), or labkit's file read and run: the same code under another name, its docstring
+    dropped, is still labkit's answer; the honest formula beside it (CASES) is not."""
+    copy = _copied(ref, "mine", by)
+    assert copy.__code__ is not ref.__code__ and copy.__doc__ is None
+    assert _record(monkeypatch, tmp_path, name, copy) == (True, "")
+    passed, message = replay.replay(name, tmp_path, SEED)
+    assert not passed and f"uses labkit's reference (labkit.bench.{ref.__name__}, its source copied)" in message
+    wrapped = lambda *a: copy(*a)  # noqa: E731 - called from the student's own function
+    assert _record(monkeypatch, tmp_path / "inside", name, wrapped) == (True, "")
+    assert "its source copied" in replay.replay(name, tmp_path / "inside", SEED)[1]
 
 
 def test_helpers_of_labkit_that_are_not_the_reference_are_allowed(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import solutions
 from nbformat.v4 import new_code_cell
 
 from labkit import runner, settings
@@ -142,6 +143,10 @@ def lab01(tmp_path_factory):
         "alias_reference": lambda nb: solve(nb, "my_backprop = mlp.backprop"),
         "call_reference": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    return mlp.backprop(params, x, Y)"),
         "probe": probe,
+        "search": lambda nb: (solve(nb), _before(nb, "c12", solutions.search_cell(["/"]))),
+        "exec_source": lambda nb: solve(nb, "import inspect\nspace = dict(vars(mlp))\n"
+                                            "exec(inspect.getsource(mlp.backprop).replace('def backprop(', "
+                                            "'def my_backprop('), space)\nmy_backprop = space['my_backprop']"),
         # accidents: each gets one readable row
         "unbalanced": lambda nb: solve(nb, solution.replace("acts[-1] @ W.T + b))", "acts[-1] @ W.T + b)", 1)),
         "renamed": lambda nb: solve(nb, solution.replace("def my_backprop(", "def my_backprop_v2(")),
@@ -166,7 +171,7 @@ def test_honest_work_passes_and_wrong_work_fails_with_the_checks_message(lab01):
 
 @needs_sandbox
 @pytest.mark.parametrize("student", ["patch_check", "patch_numpy", "redefine_check", "swallow_errors", "fake_print",
-                                     "forge_record", "alias_reference", "call_reference"])
+                                     "forge_record", "alias_reference", "call_reference", "exec_source"])
 def test_every_attack_on_the_verdict_fails(lab01, student):
     passed, message = lab01["first"][student]
     assert not passed, message
@@ -182,6 +187,7 @@ def test_the_messages_say_what_happened(lab01):
     assert "db differs" in first["swallow_errors"][1]
     assert "uses labkit's reference (labkit.mlp.backprop)" in first["alias_reference"][1]
     assert "uses labkit's reference (labkit.mlp.backprop)" in first["call_reference"][1]
+    assert "uses labkit's reference (labkit.mlp." in first["exec_source"][1]  # its source, compiled again
 
 
 @needs_sandbox
@@ -206,6 +212,17 @@ def test_a_submission_reads_and_writes_only_its_own_files_and_has_no_network(lab
                     "repo_notebooks": "FileNotFoundError", "write_other": "FileNotFoundError",
                     "grader_port": "ConnectionRefusedError"}, seen
     assert lab01["first"]["probe"] == (True, "passed")
+
+
+@needs_sandbox
+def test_no_line_of_a_worked_solution_or_model_answer_is_readable_from_a_graded_notebook(lab01):
+    """The submission walks everything it can read (labkit's package, Python, the environment, the data, its own
+    folder): no file holds a line of any lab's worked solution or model answer."""
+    executed = nbformat.read(lab01["tmp"] / "out" / "executed" / "search" / lab01["lab"].name, as_version=4)
+    seen = solutions.searched(executed)
+    assert seen["found"] == {}, seen["found"]
+    assert seen["files"] > 1000, "the search read the environment"
+    assert lab01["first"]["search"] == (True, "passed")
 
 
 @needs_sandbox

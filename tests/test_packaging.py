@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import solutions
 
 from labkit import gpucheck, machine, progress, runner, settings
 
@@ -190,9 +191,11 @@ def test_gpu_check_plan_and_refusal(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_path):
-    """Outside a checkout (a wheel in site-packages): the labs are found inside the package, data goes to the user's
-    cache folder (never site-packages/data), and the student versions can be written."""
+def test_an_installed_wheel_ships_the_handouts_and_keeps_data_in_the_cache(tmp_path):
+    """Outside a checkout (a wheel in site-packages): the labs are found inside the package as handouts, with no line
+    of a worked solution or a model answer anywhere in the wheel (a graded notebook reads the installed package); data
+    goes to the user's cache folder (never site-packages/data); the student versions can be written, and the report,
+    which needs the solutions, says where they are."""
     wheels, site, home = tmp_path / "wheels", tmp_path / "site", tmp_path / "home"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # from a copy of the checkout's own files: a build/ folder left by an earlier build would add stale files
@@ -206,6 +209,10 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
                            timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next(wheels.glob("labkit-*.whl"))
+    found, _ = solutions.search([str(wheels)])
+    assert found == {}, f"the wheel holds lines of the worked solutions: {found}"
+    found, _ = solutions.search([str(ROOT / "notebooks")])
+    assert len(found) == len(runner.find_notebooks()), "the search finds the solutions where they are"
     done = subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -215,14 +222,16 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
             f"print(len(a.write_student_versions(nbs[:1], {str(tmp_path / 'student')!r})))\n"
             "print(d.locate().kind, d.verify(), d.load_mnist(verify=False)[0][0].shape)\n"
             "import labkit.openmp as o\nprint(o.SOURCE.is_file(), o.HELPERS.is_file())\n"
-            "import pkgutil\nprint(*sorted(m.name for m in pkgutil.walk_packages(labkit.__path__, 'labkit.')))\n")
+            "import pkgutil\nprint(*sorted(m.name for m in pkgutil.walk_packages(labkit.__path__, 'labkit.')))\n"
+            "import json, labkit.handout as h\nprint(all(h.is_handout(json.loads(p.read_text())) for p in nbs))\n"
+            "try:\n    r.run(out='report', fetch=False)\nexcept labkit.runner.NoSolutions as e:\n    print(e)\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(site), "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
     env.pop("LABKIT_CACHE", None)
     env.pop("LABKIT_DATA", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, second, third, fourth, fifth = out.stdout.split("\n")[:5]
+    first, second, third, fourth, fifth, sixth, seventh = out.stdout.split("\n")[:7]
     where, count, repo_data, default = first.split()
     assert where.startswith(str(site)) and count == str(len(runner.find_notebooks())) and repo_data == "None"
     assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
@@ -232,3 +241,6 @@ def test_an_installed_wheel_ships_the_notebooks_and_keeps_data_in_the_cache(tmp_
     import labkit
     here = sorted(m.name for m in pkgutil.walk_packages(labkit.__path__, "labkit."))
     assert fifth.split() == here, f"the wheel's modules differ from the checkout's: {set(here) ^ set(fifth.split())}"
+    assert sixth == "True", "every notebook in the wheel is a handout"
+    assert "labkit report needs the instructor's notebooks" in seventh and "--notebooks DIR" in seventh, seventh
+    assert not (tmp_path / "report").exists(), "nothing runs on the handouts"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import dis
 import hashlib
 import importlib
 import json
@@ -269,6 +270,38 @@ def _reference_codes(check: str) -> dict:
     return codes
 
 
+def _fingerprint(code) -> tuple:
+    """What a function's code does, apart from where and how it was compiled: its instructions with the names and
+    values they use (a nested function's by its own fingerprint), its variables. Left out: the docstring, constant
+    and jump positions, and the two forms of an attribute call (CPython 3.11 loads ``np.f`` as an attribute inside
+    a module that imports ``np`` and as a method in code compiled alone). So labkit's reference compiled again from
+    its source (``exec(inspect.getsource(...))``, or its file read and run) has the reference's fingerprint."""
+    steps = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in _NOT_WORK:
+            continue
+        arg = ins.argval
+        if hasattr(arg, "co_code"):
+            arg = _fingerprint(arg)
+        elif ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs or not isinstance(arg, (str, int, float, tuple,
+                                                                                              bytes, type(None))):
+            arg = None
+        steps.append((_SAME_OP.get(ins.opname, ins.opname), arg))
+    return tuple(steps), code.co_varnames[:code.co_argcount + code.co_kwonlyargcount], code.co_freevars
+
+
+_NOT_WORK = {"RESUME", "CACHE", "PRECALL", "PUSH_NULL", "NOP", "EXTENDED_ARG"}
+_SAME_OP = {"LOAD_METHOD": "LOAD_ATTR", "CALL_METHOD": "CALL"}
+COPY_STEPS = 12  # a reference of fewer instructions than this (a one-line wrapper) is left out: honest code can match it
+
+
+def _reference_copies(watch: dict) -> dict:
+    """{fingerprint: "labkit's name, copied from its source"} for the references in ``watch`` long enough that
+    matching them is a copy, not a coincidence."""
+    return {_fingerprint(code): f"{name}, its source copied" for code, name in watch.items()
+            if len(_fingerprint(code)[0]) >= COPY_STEPS}
+
+
 def _unwrap(fn, depth: int = 0):
     """The functions a callable stands for: through partial, bound methods and __wrapped__."""
     if depth > 8 or fn is None:
@@ -332,6 +365,8 @@ class Record:
         self.source: str | None = None
         self.active = 0
         self.watch = _reference_codes(check)
+        self.copies = _reference_copies(self.watch)
+        self._seen: dict = {}  # code -> the reference it copies, or None: a code object is fingerprinted once
         self._lock = threading.Lock()
         self._previous = None
 
@@ -341,10 +376,14 @@ class Record:
         self._previous = sys.getprofile()
 
         def hook(frame, event, arg):
-            if event == "call" and self.active and frame.f_code in self.watch:
+            if event != "call" or not self.active:
+                return
+            if frame.f_code in self.watch:
                 caller = frame.f_back
                 if caller is None or not caller.f_code.co_filename.startswith(PACKAGE_DIR):
                     self.reference = self.reference or self.watch[frame.f_code]
+            elif not frame.f_code.co_filename.startswith(PACKAGE_DIR):
+                self.reference = self.reference or self.copied(frame.f_code)
 
         sys.setprofile(hook)
         threading.setprofile(hook)
@@ -374,10 +413,18 @@ class Record:
                     after(entry)
             self.add(entry)
 
+    def copied(self, code) -> str | None:
+        """The reference whose source ``code`` was compiled from, if it was (under any name)."""
+        if code not in self._seen:
+            self._seen[code] = self.copies.get(_fingerprint(code)) if self.copies else None
+        return self._seen[code]
+
     def note_identity(self, fn) -> None:
-        """Notice a student's function that is labkit's reference itself (through partial, methods, __wrapped__)."""
+        """Notice a student's function that is labkit's reference itself (through partial, methods, __wrapped__), or
+        a copy of its source."""
         for f in _unwrap(fn):
-            name = self.watch.get(getattr(f, "__code__", None))
+            code = getattr(f, "__code__", None)
+            name = self.watch.get(code) or (self.copied(code) if code is not None else None)
             if name:
                 self.reference = self.reference or name
 

@@ -11,14 +11,13 @@ import re
 import numpy as np
 
 from .. import kernels
+from ..handout import KERNEL_TODO
 from ..kernels import KernelCompileError, counts, tools, warp
 from ..kernels.source import define, find_kernels
 from ..native.csource import matching_bracket, strip_comments
 from . import capture
 from .common import ExerciseError, each_case, fail, passed, recorded
 from .exercises import Exercise
-
-KERNEL_TODO = "YOUR CODE HERE"
 
 
 def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str], probe=None):

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..handout import KERNEL_TODO
 from ..native.csource import matching_bracket, strip_comments
 from .loader import Module, read_source
 from .matmul import TILE
 from .source import define, find_kernels
 
 COUNTER = "labkit_loads_"
-NOT_WRITTEN = "YOUR CODE HERE"  # the stub of a kernel handed out (labkit.check.KERNEL_TODO)
+NOT_WRITTEN = KERNEL_TODO  # the stub of a kernel handed out
 _WRAPPER = (
     "template <class T> struct labkit_counted {"
     " const T* p; unsigned int* c; long long off;"
