@@ -159,8 +159,13 @@ def _cmd_assign(a) -> int:
     from .grading import assign
     from .labs import NOTEBOOKS
 
-    notebooks = runner.find_notebooks(a.notebooks or NOTEBOOKS, only=a.only)
+    # each --only adds its notebooks; one that matches none is an error, naming it
+    found = [p for only in (a.only or [None]) for p in runner.find_notebooks(a.notebooks or NOTEBOOKS, only=only)]
+    notebooks = sorted(set(found))
     if a.format == "nbgrader":
+        if a.deadline or a.late or a.partial_credit:
+            raise SystemExit("labkit assign: --deadline, --late and --partial-credit go into labkit's release record, "
+                             "which --format nbgrader does not write: give the due dates to nbgrader, or leave them out")
         notebooks = [p for p in notebooks if assign.has_exercises(assign.nbformat.read(p, as_version=4))]
         written = assign.write_nbgrader_sources(notebooks, a.out, force=a.force)
         for path in written:
@@ -174,7 +179,10 @@ def _cmd_assign(a) -> int:
         print(f"wrote {path}")
     print(f"{len(written)} student notebook(s) in {Path(a.out).resolve()}: solutions replaced by stubs, outputs cleared, "
           "checks and given code read-only")
-    print(f"release record: {(Path(a.release) / assign.RELEASE_FILE).resolve()} (keep it; labkit grade uses it)")
+    record, _ = assign.read_release(Path(a.release) / assign.RELEASE_FILE)
+    held = sorted(filter(None, (assign.entry_lab(n, e) for n, e in record["notebooks"].items())))
+    print(f"release record: {(Path(a.release) / assign.RELEASE_FILE).resolve()}, lab {', '.join(held)} (keep it; "
+          "labkit grade uses it)")
     return 0
 
 
@@ -185,11 +193,16 @@ def _late_policy(deadlines: list[str] | None, rule: str | None, partial: bool = 
     from .grading.assign import lab_number
 
     policy: dict[str, dict] = {}
-    for item in _names(deadlines):
-        lab, _, when = item.partition("=")
-        if lab_number(lab) is None or not when:
+    for item in sorted(_names(deadlines)):
+        given, _, when = item.partition("=")
+        lab = lab_number(given)
+        if lab is None or not when:
             raise SystemExit(f"labkit assign: --deadline takes NN=WHEN (01=2026-10-02T23:59:00+02:00), got {item!r}")
-        policy[lab_number(lab)] = {"deadline": late.parse_time(when, f"--deadline {item}").isoformat()}
+        deadline = late.parse_time(when, f"--deadline {item}").isoformat()
+        if policy.get(lab, {}).get("deadline", deadline) != deadline:  # which one won would be chance
+            raise SystemExit(f"labkit assign: two deadlines for lab {lab} ({policy[lab]['deadline']} and {deadline}): "
+                             "give it one --deadline")
+        policy[lab] = {"deadline": deadline}
     if rule:
         percent, _, days = rule.partition("/")
         try:
@@ -233,11 +246,11 @@ def _cmd_grade(a) -> int:
     given_release, a.release = a.release, _release(a.release)
     before = exports.load(a.regrade) if a.regrade else None  # read first: the run may write into the same folder
     if before is not None and not a.regrade_other_release and not (a.merge or a.rescore):
-        _, sha = grade.load_release(a.release)
-        if sha != before.get("release_sha256"):
+        record, sha = grade.load_release(a.release)
+        if differ := grade.release_differs(before, {"release_sha256": sha, "release_notebooks": grade.notebook_hashes(record)}):
             raise SystemExit(f"labkit grade: --regrade {a.regrade}: those grades come from another release than this "
-                             "run's, so their exercises may differ; give grades of the same release, or add "
-                             "--regrade-other-release to compare anyway")
+                             f"run's ({grade.release_words(differ)} differs), so their exercises may differ; give grades "
+                             "of the same release, or add --regrade-other-release to compare anyway")
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
         print(grade.summary(results))
@@ -304,10 +317,11 @@ def _hand_on(a, json_path: Path, before: dict | None) -> int:
               + (f" ({len(hidden)} hidden check(s): they count, their messages are not shown)" if hidden else ""))
     code = 0
     for kind in dict.fromkeys(a.export or []):
-        if kind == "gradescope":
-            files = exports.gradescope(data, a.out, hidden)
+        if kind == "gradescope":  # a file per student: with every lab of --out, or it would drop the labs kept
+            every = exports.load(json_path)
+            files = exports.gradescope(every, a.out, hidden)
             print(f"Gradescope: {len(files)} results file(s) in {Path(a.out) / exports.GRADESCOPE_DIR}"
-                  + (f" and {Path(a.out) / 'results.json'}" if len(data["students"]) == 1 else ""))
+                  + (f" and {Path(a.out) / 'results.json'}" if len(every["students"]) == 1 else ""))
         elif kind == "canvas":
             waiting = scores.unscored(data)
             if waiting and not a.allow_unscored:
@@ -337,7 +351,8 @@ def _canvas(a, data: dict) -> int:
                              f"got {item!r}")
         given[exports.lab_number_of(lab)] = number.strip()
     try:
-        done = exports.canvas(data, a.out, gradebook, given, allow_unmatched=a.allow_unmatched)
+        done = exports.canvas(data, a.out, gradebook, given, allow_unmatched=a.allow_unmatched,
+                              zero_missing=a.canvas_missing_zero)
     except ValueError as e:
         print(f"Canvas: NOT written: {e}", file=sys.stderr)
         return 1
@@ -364,7 +379,8 @@ def _only_labs(data: dict, labs: set[str]) -> dict:
 def _cmd_collect(a) -> int:
     from .grading import collect
 
-    result = collect.collect(a.download, _release(a.release), a.out, lms=a.source, labs=_names(a.lab))
+    result = collect.collect(a.download, _release(a.release), a.out, lms=a.source, labs=_names(a.lab),
+                             lms_timezone=a.lms_timezone, submitted_at=a.submitted_at)
     print(collect.describe(result, a.out))
     return 1 if result.unplaced else 0
 
@@ -565,7 +581,8 @@ def _add_assign(sub) -> None:
                "the checks kept.", _cmd_assign)
     asg.add_argument("--out", default="student", help="output folder (default: student/)")
     asg.add_argument("--notebooks", default=None, help="folder of NN_*.ipynb notebooks (default: the repository's notebooks/)")
-    asg.add_argument("--only", default=None, help="only notebooks whose file name contains this")
+    asg.add_argument("--only", action="append", metavar="NAME",
+                     help="only notebooks whose file name contains NAME; may be repeated (--only 01_ --only 07_)")
     asg.add_argument("--force", action="store_true", help="overwrite student files that differ (they may hold work)")
     asg.add_argument("--format", choices=["labkit", "nbgrader"], default="labkit",
                      help="labkit: student versions and a release record; nbgrader: source notebooks with nbgrader's "
@@ -606,7 +623,8 @@ def _add_grade(sub) -> None:
                                                "one task of a SLURM array")
     g.add_argument("--merge", action="store_true",
                    help="merge the output folders given (the --part runs of a class, or a class then a later run that "
-                        "regrades some students: the later grade is kept) into --out")
+                        "regrades some students: the later grade is kept, with its executed notebook and the hand "
+                        "scores of answers unchanged since) into --out")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without isolation (their code gets your rights): for debugging only")
     g.add_argument("--feedback", default=None, metavar="DIR",
@@ -634,11 +652,14 @@ def _add_grade(sub) -> None:
                         "whose title holds the lab's number); may be repeated, or NN=ID,NN=ID")
     g.add_argument("--allow-unmatched", action="store_true",
                    help="with --export canvas: leave out (and list) the students the gradebook lacks, instead of failing")
+    g.add_argument("--canvas-missing-zero", action="store_true",
+                   help="with --export canvas: give 0 to each student of the gradebook with no submission of a lab "
+                        "(default: leave the cell blank, which Canvas keeps as it was, and name them: no submission)")
     g.add_argument("--allow-unscored", action="store_true",
                    help="export to Canvas even with written answers not scored yet (they count 0 until scored)")
     g.add_argument("--lab", action="append", metavar="NN",
-                   help="grade only these labs (01, or 01,07; may be repeated): the grades, feedback and exports hold "
-                        "no other")
+                   help="grade only these labs (01, or 01,07; may be repeated): the feedback and the Canvas export "
+                        "hold no other; the grades of other labs already in --out are kept")
     g.add_argument("--submissions", default=None, metavar="CSV",
                    help="when each lab was handed in: the submissions.csv of labkit collect (default: FOLDER/"
                         "submissions.csv if there); the release's deadlines and late policies apply from it")
@@ -668,6 +689,13 @@ def _add_collect(sub) -> None:
     c.add_argument("--from", dest="source", choices=["canvas", "moodle", "gradescope", "auto"], default="auto",
                    help="which LMS made the download (default: auto, told by its file names)")
     c.add_argument("--lab", action="append", metavar="NN", help="only these labs (01, or 01,07); others are listed")
+    c.add_argument("--lms-timezone", default=None, metavar="ZONE",
+                   help="the timezone the LMS wrote its zip's file times in (America/Chicago, UTC, +02:00); zip entries "
+                        "name none, and without it they are read in this machine's, which collect says")
+    c.add_argument("--submitted-at", default=None, metavar="TIME|CSV",
+                   help="the submission times where the LMS's download gives none (Canvas, Moodle) and the files' are "
+                        "wrong (a copy): one ISO 8601 time for all, or a CSV of student,lab,submitted_at (student as "
+                        "collect names them or their LMS user id; lab blank for every lab)")
 
 
 def _add_check_submission(sub) -> None:

@@ -59,6 +59,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "SLURM cluster cannot be made or started"),
     Setting("LABKIT_REQUIRE_SANDBOX", "bool", False, "tests: fail instead of skipping the sandboxed grading tests "
             "without bubblewrap"),
+    Setting("LABKIT_SANDBOX", "choice", "auto", "how labkit grade isolates each notebook: bubblewrap's namespaces, or "
+            "(where they cannot be made, and the grader is root) an unprivileged user of its own; auto: bubblewrap "
+            "where it runs, else that user", ("auto", "bubblewrap", "user")),
     Setting("LABKIT_TEST_RUN", "str", None, "tests: set by the test suite on itself and what it starts, so that its "
             "check for what was left behind passes over another test run's processes"),
     Setting("LABKIT_BIND_ADDRESS", "str", None, "set by run_mpi for a job across hosts: the address mpiexec listens "

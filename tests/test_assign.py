@@ -102,3 +102,65 @@ def test_assign_writes_each_labs_points_deadline_and_late_policy_into_the_releas
     assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "s2"), "--release", str(tmp_path / "r2"),
                      "--deadline", "01=2026-10-02T23:59"]) == 2
     assert "names no timezone; add it" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+
+
+def _assign(tmp_path, *args) -> int:
+    from labkit import cli
+
+    return cli.main(["assign", "--out", str(tmp_path / "student"), "--release", str(tmp_path / "rel"), *args])
+
+
+def test_assign_takes_every_only_and_adds_to_the_release_record(tmp_path, capsys):
+    import json
+
+    from labkit.grading import answers
+
+    assert _assign(tmp_path, "--only", "01_", "--deadline", "01=2026-10-02T23:59:00+02:00") == 0
+    rubrics = answers.load_rubrics(tmp_path / "rel")  # written by the first grade; the instructor edits lab 01's
+    q01 = next(iter(rubrics["01_serial_backprop.ipynb"]))
+    rubrics["01_serial_backprop.ipynb"][q01]["items"][0]["criterion"] = "mine"
+    (tmp_path / "rel" / answers.RUBRICS_FILE).write_text(json.dumps(rubrics))
+    assert _assign(tmp_path, "--only", "07_", "--deadline", "07=2026-10-09T23:59:00+02:00") == 0
+    assert "lab 01, 07" in capsys.readouterr().out
+    record = json.loads((tmp_path / "rel" / assign.RELEASE_FILE).read_text())["notebooks"]
+    assert {n: e["deadline"] for n, e in record.items()} == {"01_serial_backprop.ipynb": "2026-10-02T23:59:00+02:00",
+                                                             "07_ring_allreduce.ipynb": "2026-10-09T23:59:00+02:00"}
+    rubrics = json.loads((tmp_path / "rel" / answers.RUBRICS_FILE).read_text())
+    assert rubrics["01_serial_backprop.ipynb"][q01]["items"][0]["criterion"] == "mine" and "07-latency" in rubrics[
+        "07_ring_allreduce.ipynb"]
+    # both again, in one run: each replaces its own entry and says so; the edited rubric stays
+    assert _assign(tmp_path, "--only", "01_", "--only", "07_", "--deadline", "01=2026-10-03T23:59:00+02:00") == 0
+    out = capsys.readouterr().out
+    assert "lab 01 was released there before (01_serial_backprop.ipynb): its entry is replaced" in out
+    assert "lab 07 was released there before" in out and out.count("wrote ") == 2
+    assert "its deadline is now none, was 2026-10-09T23:59:00+02:00" in out  # lab 07's, given no --deadline this time
+    record = json.loads((tmp_path / "rel" / assign.RELEASE_FILE).read_text())["notebooks"]
+    assert [e["deadline"] for e in record.values()] == ["2026-10-03T23:59:00+02:00", None]
+    rubrics = json.loads((tmp_path / "rel" / answers.RUBRICS_FILE).read_text())
+    assert rubrics["01_serial_backprop.ipynb"][q01]["items"][0]["criterion"] == "mine"
+
+
+def test_a_deadline_for_a_lab_not_assigned_is_refused_before_anything_is_written(tmp_path, capsys):
+    from labkit.errors import LabkitError
+
+    assert _assign(tmp_path, "--only", "01_", "--deadline", "07=2026-10-09T23:59:00+02:00") == 2
+    err = capsys.readouterr().err
+    assert "lab 07, which this assign does not hand out (it hands out lab 01): add --only 07_" in err
+    assert not (tmp_path / "student").exists() and not (tmp_path / "rel").exists()
+    lab = runner.find_notebooks(only="01_")
+    with pytest.raises(assign.NotAssigned, match="lab 07") as caught:
+        assign.write_student_versions(lab, tmp_path / "s", release_dir=tmp_path / "r", policy={"07": {"late": {}}})
+    assert isinstance(caught.value, LabkitError) and isinstance(caught.value, ValueError)
+    with pytest.raises(SystemExit, match="two deadlines for lab 07"):  # 7 and 07 are one lab
+        _assign(tmp_path, "--only", "07_", "--deadline", "07=2026-10-09T23:59:00+02:00", "--deadline",
+                "7=2026-10-10T23:59:00+02:00")
+    with pytest.raises(SystemExit, match="--format nbgrader does not write"):  # nbgrader keeps no deadline of ours
+        _assign(tmp_path, "--only", "01_", "--format", "nbgrader", "--deadline", "01=2026-10-09T23:59:00+02:00")
+
+
+def test_a_release_record_that_cannot_be_read_stops_assign_before_it_writes(tmp_path, capsys):
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / assign.RELEASE_FILE).write_text("{not json")
+    assert _assign(tmp_path, "--only", "01_") == 2
+    assert "is not a release record written by labkit assign" in capsys.readouterr().err
+    assert not (tmp_path / "student").exists()

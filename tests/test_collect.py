@@ -3,14 +3,18 @@ one folder per student with each notebook's lab found by its content and the lat
 
 import csv
 import json
+import os
+import re
+import struct
+import time
 import zipfile
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 import nbformat
 import pytest
 
 from labkit import cli, labs
-from labkit.grading import assign, collect
+from labkit.grading import assign, collect, late
 
 LAB01 = labs.NOTEBOOKS / "01_serial_backprop.ipynb"
 LAB07 = labs.NOTEBOOKS / "07_ring_allreduce.ipynb"
@@ -157,3 +161,149 @@ def test_a_canvas_download_collected_graded_for_one_lab_late_work_and_imported(t
     canvas = list(csv.reader((tmp_path / "out" / "canvas.csv").open()))
     assert canvas[0][5:] == ["Lab 01: Serial backprop (5551)"]  # lab 01 only, into its assignment by id
     assert [r[5] for r in canvas[2:]] == ["10", "8"]  # 4 exercises + 6 answer points; bo's 2 days late cost 20 %
+
+
+@pytest.fixture
+def machine_zone(monkeypatch):
+    """Set this process's TZ, as another machine's might be; restored after the test."""
+    def set_zone(tz):
+        monkeypatch.setenv("TZ", tz)
+        time.tzset()
+    yield set_zone
+    monkeypatch.undo()
+    time.tzset()
+
+
+def _with_utc(name, when, data):
+    """A zip entry as Info-ZIP writes it: its DOS time (no zone) and the extended timestamp field (UTC)."""
+    info = zipfile.ZipInfo(name, date_time=when.astimezone().timetuple()[:6])
+    info.extra = struct.pack("<HHBi", 0x5455, 5, 1, int(when.timestamp()))
+    return info, data
+
+
+def test_a_second_collect_adds_its_rows_and_says_what_it_replaced(tmp_path, release, capsys):
+    week = _zip(tmp_path / "lab01.zip", [
+        ("alvarezana_4411_90001_lab.ipynb", _student(LAB01), (2026, 10, 1, 20, 0, 0)),
+        ("brownbo_4412_90002_lab.ipynb", _student(LAB01), (2026, 10, 2, 9, 0, 0))])
+    out = tmp_path / "subs"
+    collect.collect(week, release, out)
+    before = _rows(out)
+    collect.collect(_zip(tmp_path / "lab07.zip", [
+        ("alvarezana_4411_90011_ring.ipynb", _student(LAB07), (2026, 10, 9, 20, 0, 0))]), release, out)
+    rows = _rows(out)
+    assert rows[:2] == before and [(r["student"], r["lab"]) for r in rows] == [
+        ("alvarezana", "01"), ("brownbo", "01"), ("alvarezana", "07")]  # lab 01's times are still there
+    # the lab 01 download again, ana's file handed in later: her row is replaced, and it is said
+    again = _zip(tmp_path / "again.zip", [
+        ("alvarezana_4411_90001_lab.ipynb", _student(LAB01, "later"), (2026, 10, 2, 23, 0, 0))])
+    assert cli.main(["collect", str(again), "--release", str(release), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "replaced the row of alvarezana, lab 01, alvarezana_4411_90001_lab.ipynb (handed in 2026-10-01T20:00:00" in said
+    assert [(r["student"], r["lab"]) for r in _rows(out)] == [("brownbo", "01"), ("alvarezana", "07"),
+                                                              ("alvarezana", "01")]
+    assert late.read_submissions(out / "submissions.csv")[("alvarezana", "01")]["submitted_at"].startswith("2026-10-02T23")
+    # a resubmission under another file name replaces the notebook; both rows stay, the new one last, which grade reads
+    third = collect.collect(_zip(tmp_path / "third.zip", [
+        ("alvarezana_4411_90021_lab-1.ipynb", _student(LAB01, "last"), (2026, 10, 3, 8, 0, 0))]), release, out)
+    assert third.replaced == ["alvarezana's lab 01: the notebook from alvarezana_4411_90001_lab.ipynb replaced by this "
+                              "download's alvarezana_4411_90021_lab-1.ipynb; the earlier row stays in submissions.csv, "
+                              "before the new one"]
+    assert late.read_submissions(out / "submissions.csv")[("alvarezana", "01")]["lms_submission_id"] == "90021"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "submissions.csv").write_text("name,score\nana,3\n")
+    with pytest.raises(ValueError, match="not a submissions.csv of labkit collect .* move it away, or collect into"):
+        collect.collect(week, release, tmp_path / "other")
+    assert not (tmp_path / "other" / "alvarezana").exists()  # refused before writing anything
+
+
+def test_zip_times_are_read_in_the_lms_zone_whatever_the_machines(tmp_path, release, machine_zone):
+    download = _zip(tmp_path / "c.zip", [
+        ("alvarezana_4411_90001_lab.ipynb", _student(LAB01), (2026, 10, 2, 20, 0, 0))])
+    times, notes = {}, {}
+    for tz in ("UTC0", "ICT-7"):  # UTC, then 7 hours east of it
+        machine_zone(tz)
+        named = collect.collect(download, release, tmp_path / tz / "named", lms_timezone="America/Chicago")
+        assumed = collect.collect(download, release, tmp_path / tz / "assumed")
+        times[tz] = (named.kept[0].submitted_at, assumed.kept[0].submitted_at)
+        notes[tz] = (named.notes, assumed.notes)
+    chicago = datetime(2026, 10, 3, 1, 0, tzinfo=timezone.utc)  # 20:00 CDT, UTC-5
+    assert times["UTC0"][0] == times["ICT-7"][0] == chicago and notes["UTC0"][0] == notes["ICT-7"][0] == []
+    assert times["UTC0"][1] - times["ICT-7"][1] == timedelta(hours=7)  # the shift the issue saw: hence the note
+    assert "NOTE: the zip's times name no timezone: 1 submission time(s) were read in this machine's, ICT-7 (UTC+0700)" \
+        in notes["ICT-7"][1][0] and "--lms-timezone America/Chicago (or +02:00)" in notes["ICT-7"][1][0]
+    # a zip whose entries carry UTC (Info-ZIP's extended timestamp) needs no zone: the same instant anywhere
+    with zipfile.ZipFile(tmp_path / "utc.zip", "w") as z:
+        z.writestr(*_with_utc("alvarezana_4411_90001_lab.ipynb", chicago, _student(LAB01)))
+    ntfs = zipfile.ZipInfo("brownbo_4412_90002_lab.ipynb", date_time=(1980, 1, 1, 0, 0, 0))  # Windows's: UTC ticks
+    ticks = int((chicago.timestamp() + 11644473600) * 10**7)  # 100 ns since 1601
+    ntfs.extra = struct.pack("<HHIHHQQQ", 0x000A, 32, 0, 1, 24, ticks, ticks, ticks)
+    with zipfile.ZipFile(tmp_path / "utc.zip", "a") as z:
+        z.writestr(ntfs, _student(LAB01))
+    for tz in ("UTC0", "ICT-7"):
+        machine_zone(tz)
+        done = collect.collect(tmp_path / "utc.zip", release, tmp_path / tz / "utc")
+        assert [s.submitted_at for s in done.kept] == [chicago, chicago] and done.notes == []
+    assert collect.parse_zone("+02:00").utcoffset(None) == timedelta(hours=2)
+    assert collect.parse_zone("UTC-0530").utcoffset(None) == -timedelta(hours=5, minutes=30)
+    for wrong in ("Mars/Olympus", "+25:00"):
+        with pytest.raises(ValueError, match=f"--lms-timezone '{re.escape(wrong)}' is no timezone: give the LMS's as"):
+            collect.collect(download, release, tmp_path / "x", lms_timezone=wrong)
+
+
+def _moodle_folder(root, students):
+    """A Moodle download unpacked: a folder per student holding their notebook."""
+    for k, name in enumerate(students):
+        folder = root / f"{name}_{301 + k}_assignsubmission_file_"
+        folder.mkdir(parents=True)
+        (folder / "lab1.ipynb").write_bytes(_student(LAB01, name))
+    return root
+
+
+def test_a_copied_folders_times_are_warned_about_and_can_be_given(tmp_path, release):
+    handed_in = datetime(2026, 10, 1, 12, 0, tzinfo=timezone.utc)
+    students = ["Ana Alvarez", "Bo Brown", "Cy Chen", "Di Diaz"]
+    kept = _moodle_folder(tmp_path / "kept", students)
+    for k, path in enumerate(sorted(kept.rglob("*.ipynb"))):  # as unzipped: each the time it was handed in
+        os.utime(path, ((handed_in + timedelta(hours=5 * k)).timestamp(),) * 2)
+    assert collect.collect(kept, release, tmp_path / "a").notes == []
+    copied = _moodle_folder(tmp_path / "copied", students)  # a plain cp -r: every file the time of the copy
+    copy_time = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+    for k, path in enumerate(sorted(copied.rglob("*.ipynb"))):
+        os.utime(path, ((copy_time + timedelta(seconds=k)).timestamp(),) * 2)
+    warned = collect.collect(copied, release, tmp_path / "b")
+    assert len(warned.notes) == 1 and warned.notes[0].startswith(
+        "WARNING: the file times of all 4 students lie within 3 s of ")
+    assert "cp -r without -p" in warned.notes[0] and "--submitted-at CSV of student,lab,submitted_at" in warned.notes[0]
+    assert "WARNING: the file times of all 4 students" in collect.describe(warned, tmp_path / "b")
+    # the way out: the times, by name or LMS id (Moodle's participant id), and one time for the rest
+    (tmp_path / "times.csv").write_text("student,lab,submitted_at\nana_alvarez,01,2026-10-01T12:00:00+00:00\n"
+                                        "302,,2026-10-03T09:00:00+00:00\n")
+    given = collect.collect(copied, release, tmp_path / "c", submitted_at=str(tmp_path / "times.csv"))
+    assert given.notes == [] and {s.student: s.submitted_at.isoformat() for s in given.kept if s.time_from == "given"} \
+        == {"ana_alvarez": "2026-10-01T12:00:00+00:00", "bo_brown": "2026-10-03T09:00:00+00:00"}
+    one = collect.collect(copied, release, tmp_path / "d", submitted_at="2026-10-02T23:00:00+02:00")
+    assert {r["submitted_at"] for r in _rows(tmp_path / "d")} == {"2026-10-02T23:00:00+02:00"} and one.notes == []
+    with pytest.raises(ValueError, match="--submitted-at: 'yesterday' is not an ISO 8601 time .*or the path of a CSV"):
+        collect.collect(copied, release, tmp_path / "e", submitted_at="yesterday")
+
+
+def test_canvas_late_mark_with_an_on_time_file_is_warned_and_its_given_time_taken(tmp_path, release):
+    record = json.loads((release / "release.json").read_text())
+    record["notebooks"]["01_serial_backprop.ipynb"]["deadline"] = "2026-10-02T23:59:00+02:00"
+    (release / "release.json").write_text(json.dumps(record))
+    download = _zip(tmp_path / "c.zip", [  # Canvas says Bo was late; the zip's clock says on time
+        ("alvarezana_4411_90001_lab.ipynb", _student(LAB01), (2026, 10, 2, 20, 0, 0)),
+        ("brownbo_LATE_4412_90002_lab.ipynb", _student(LAB01), (2026, 10, 2, 21, 0, 0))])
+    warned = collect.collect(download, release, tmp_path / "a", lms_timezone="+02:00")
+    assert warned.notes == [
+        "WARNING: Canvas marks brownbo's lab 01 late (_LATE_ in brownbo_LATE_4412_90002_lab.ipynb), but its file's time, "
+        "2026-10-02T21:00:00+02:00, is before the deadline 2026-10-02T23:59:00+02:00: it would be graded on time. Give "
+        "the time Canvas shows for it (SpeedGrader, or the submissions API's submitted_at): --submitted-at CSV of "
+        "student,lab,submitted_at"]
+    (tmp_path / "canvas.csv").write_text("student,lab,submitted_at\n4412,01,2026-10-03T10:15:00+02:00\n")
+    given = collect.collect(download, release, tmp_path / "b", lms_timezone="+02:00",
+                            submitted_at=tmp_path / "canvas.csv")
+    bo = late.read_submissions(tmp_path / "b" / "submissions.csv")[("brownbo", "01")]
+    assert given.notes == [] and bo["submitted_at"] == "2026-10-03T10:15:00+02:00"
+    deadline = late.parse_time(record["notebooks"]["01_serial_backprop.ipynb"]["deadline"], "deadline")
+    assert late.penalty(late.parse_time(bo["submitted_at"], "bo"), deadline, {"percent_per_day": 10})["days_late"] == 1

@@ -90,9 +90,35 @@ def test_canvas_csv_goes_into_the_gradebooks_assignment_columns_by_id(tmp_path):
     # ana by the Canvas user id collect recorded, ben by his SIS User ID; lab 05 is worth 2 here, 4 in Canvas: scaled
     assert rows[2] == ["Alvarez, Ana", "4411", "S1001", "ana.alvarez", "CS 491 Fall 2026", "2", "1"]
     assert rows[3] == ["Brown, Ben", "4412", "ben", "bbrown", "CS 491 Fall 2026", "0", ""] and len(rows) == 4
-    assert done.unmatched == [] and done.notes == ["Lab 05: CUDA kernels (5555): 2 points here, 4 in Canvas: scaled"]
+    assert done.unmatched == [] and done.notes == [
+        "Lab 05: CUDA kernels (5555): 2 points here, 4 in Canvas: scaled",
+        "no submission: Brown, Ben (4412): Lab 7 Ring allreduce (5557): left blank, which Canvas keeps as it was "
+        "(--canvas-missing-zero gives 0)"]
     named = exports.canvas(data, tmp_path / "named", tmp_path / "gradebook.csv", {"07": "6001"})
     assert "Quiz 1 (6001)" in next(csv.reader(named.path.open()))
+
+
+def test_canvas_gives_0_to_the_gradebooks_students_with_no_submission_or_names_them(tmp_path):
+    # Cy is in the gradebook and handed in nothing; Ben handed in no lab 07
+    roster = GRADEBOOK.replace('"Student, Test"', '"Chen, Cy",4413,S1003,cchen,CS 491 Fall 2026,,,,,,,\n"Student, Test"')
+    (tmp_path / "gradebook.csv").write_text(roster, encoding="utf-8")
+    data = json.loads(json.dumps(CLASS))
+    data["students"]["ana"]["05_cuda_kernels.ipynb"]["submission"] = {"lms": "canvas", "lms_user_id": "4411"}
+    blank = exports.canvas(data, tmp_path / "blank", tmp_path / "gradebook.csv")
+    assert [r[0] for r in csv.reader(blank.path.open())] == ["Student", "Points Possible", "Alvarez, Ana", "Brown, Ben"]
+    assert blank.missing == ["Brown, Ben (4412): Lab 7 Ring allreduce (5557)",
+                             "Chen, Cy (4413): Lab 05: CUDA kernels (5555), Lab 7 Ring allreduce (5557)"]
+    assert "no submission: Chen, Cy (4413): Lab 05: CUDA kernels (5555), Lab 7 Ring allreduce (5557): left blank, " \
+           "which Canvas keeps as it was (--canvas-missing-zero gives 0)" in blank.notes
+    zero = exports.canvas(data, tmp_path / "zero", tmp_path / "gradebook.csv", zero_missing=True)
+    rows = list(csv.reader(zero.path.open()))
+    assert rows[3:] == [["Brown, Ben", "4412", "ben", "bbrown", "CS 491 Fall 2026", "0", "0"],
+                        ["Chen, Cy", "4413", "S1003", "cchen", "CS 491 Fall 2026", "0", "0"]]
+    assert zero.missing == blank.missing and "no submission: Brown, Ben (4412): Lab 7 Ring allreduce (5557): given 0" \
+        in zero.notes
+    bare = exports.canvas(CLASS, tmp_path / "bare", zero_missing=True)  # no gradebook: the graded students' labs
+    assert [r["Lab 07 ring allreduce"] for r in csv.DictReader(bare.path.open())][1:] == ["1", "0"]
+    assert bare.missing == ["ben: Lab 07 ring allreduce"]
 
 
 def test_canvas_export_refuses_unmatched_students_and_unclear_assignments(tmp_path):

@@ -479,3 +479,93 @@ def test_sigterm_stops_every_worker_and_sandbox_and_resume_grades_only_the_rest(
     assert {s: students[s][lab]["seconds"] for s in ("ana", "ben")} == {s: round(t, 1) for s, t in kept.items()}
     assert [students[s]["12_speedup_plots.ipynb"]["passed"] for s in ("cy", "dee")] == [1, 1]
     assert not progress.exists() and _marked(mark.split("=")[1]) == []
+
+
+LAB01 = "01_serial_backprop.ipynb"
+
+
+def _run_folder(folder, answered: dict, executed: str = "my run"):
+    """An output folder of labkit grade for lab 01: per student ({student: {question: (answer, score)}}) a passed row,
+    their answers in grades.json and answers.csv (score "" when unscored), and an executed notebook printing
+    ``executed``."""
+    from labkit.grading import answers, scores
+
+    data = {"release_sha256": "r" * 64, "labkit_version": "0.test", "profile": "quick", "hidden_parts": [],
+            "part": None, "graded_at": "2026-10-05T10:00:00+0000", "students": {}}
+    rows = []
+    for student, mine in answered.items():
+        entry = {"lab": "01", "passed": 1, "exercises": 1, "seconds": 4.2, "results": [
+            {"student": student, "notebook": LAB01, "exercise": "backprop", "passed": True, "message": "passed",
+             "points": 1}]}
+        got = [answers.Answer(student, LAB01, q, "explain", 2, text, False, score=score) for q, (text, score) in
+               mine.items()]
+        scores.answers_into(entry, [{"question": a.question, "kind": a.kind, "points": 2, "blank": False,
+                                     "score": a.score} for a in got])
+        scores.total(entry)
+        data["students"][student] = {LAB01: entry}
+        rows += got
+        nbformat.write(new_notebook(cells=[new_code_cell(f"print({executed!r})")]),
+                       _mkdir(folder / "executed" / student) / LAB01)
+    (folder / "grades.json").write_text(json.dumps(data))
+    answers.write(folder, rows, {}, {})
+    return folder
+
+
+def _mkdir(path):
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_merge_keeps_the_executed_notebooks_and_the_hand_scores_of_answers_unchanged(tmp_path, capsys):
+    first = _run_folder(tmp_path / "class", {"ana": {"01-a": ("Overhead.", 1.5)},
+                                             "bo": {"01-a": ("Calls.", 1.0), "01-b": ("Old.", 2.0)}}, "first run")
+    later = _run_folder(tmp_path / "later", {"bo": {"01-a": ("Calls.", None), "01-b": ("New.", None)}}, "regraded")
+    _, _, json_path = grade.merge([first, later], tmp_path / "all")
+    assert "bo / 01-b: the answer changed since it was scored" in capsys.readouterr().err
+    rows = {(r["student"], r["question"]): r["score"] for r in csv.DictReader(open(tmp_path / "all" / "answers.csv"))}
+    assert rows == {("ana", "01-a"): "1.5", ("bo", "01-a"): "1", ("bo", "01-b"): ""}  # bo's new 01-b: read it again
+    bo = json.loads(json_path.read_text())["students"]["bo"][LAB01]
+    assert (bo["answer_score"], bo["answers_unscored"], bo["total"]) == (1.0, 1, 2.0)
+    for student, text in (("ana", "first run"), ("bo", "regraded")):  # each from the run whose grade was kept
+        assert text in (tmp_path / "all" / "executed" / student / LAB01).read_text()
+    from labkit.grading import feedback
+
+    page = feedback.page_notebook(json.loads(json_path.read_text()), tmp_path / "all", "bo", LAB01)
+    assert any("regraded" in c.source for c in page.cells)  # the page shows the notebook it says is below
+
+
+def test_merge_into_a_folder_of_other_grades_is_refused_unless_they_are_merged_too(tmp_path):
+    first = _run_folder(tmp_path / "class", {"ana": {"01-a": ("Overhead.", 1.5)}})
+    later = _run_folder(tmp_path / "later", {"bo": {"01-a": ("Calls.", None)}})
+    other = _run_folder(tmp_path / "other", {"cy": {"01-a": ("Mine.", 2.0)}})
+    with pytest.raises(grade.WouldReplace, match=r"already holds grades .* merge them too, first"):
+        grade.merge([first, later], other)
+    assert "cy" in json.loads((other / "grades.json").read_text())["students"]
+    results, _, _ = grade.merge([other, first, later], other)
+    assert [r.student for r in results] == ["ana", "bo", "cy"]
+    assert [r["score"] for r in csv.DictReader(open(other / "answers.csv"))] == ["1.5", "", "2"]
+
+
+@pytest.mark.notebooks
+@pytest.mark.slow
+def test_grading_another_lab_into_the_same_out_keeps_the_grades_answers_and_runs_of_the_first(tmp_path, capsys):
+    out = _run_folder(tmp_path / "grades", {"ana": {"01-a": ("Overhead.", 1.5)}}, "lab 01 run")
+    (tmp_path / "subs" / "ana").mkdir(parents=True)
+    nbformat.write(QUICK, tmp_path / "subs" / "ana" / "97_quick.ipynb")
+    argv = ["grade", str(tmp_path / "subs"), "--out", str(out), "--no-sandbox", "--lab", "12", "--export", "gradescope"]
+    for _ in range(2):  # lab 12 graded, then graded again: lab 01 stays, lab 12 is replaced, never doubled
+        assert cli.main(argv) == 0
+    assert "held earlier grades of lab 01 (1 student(s)) that this run did not grade: kept" in capsys.readouterr().err
+    data = json.loads((out / "grades.json").read_text())
+    assert sorted(data["students"]["ana"]) == [LAB01, "12_speedup_plots.ipynb"] and data["labs"] == ["01", "12"]
+    assert data["students"]["ana"][LAB01]["answer_score"] == 1.5 and data["students"]["ana"][LAB01]["seconds"] == 4.2
+    rows = [(r["notebook"], r["exercise"], r["passed"]) for r in csv.DictReader(open(out / "grades.csv"))]
+    assert rows == [(LAB01, "backprop", "1"), ("12_speedup_plots.ipynb", "karp_flatt", "1"),
+                    ("12_speedup_plots.ipynb", "karp_flatt#2", "0")]
+    assert [(r["question"], r["score"]) for r in csv.DictReader(open(out / "answers.csv"))] == [("01-a", "1.5")]
+    assert "lab 01 run" in (out / "executed" / "ana" / LAB01).read_text()
+    tests = json.loads((out / "results.json").read_text())["tests"]  # Gradescope's: every lab of --out
+    assert {t["tags"][0] for t in tests} == {LAB01, "12_speedup_plots.ipynb"}
+    (out / "grades.json").write_text("{broken")
+    with pytest.raises(ValueError, match="move it out of .* or grade into another --out"):
+        grade.grade(tmp_path / "subs", out, progress=False, isolate=False)

@@ -7,11 +7,14 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
+import solutions
+from grading_image import as_a_grading_machine
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from labkit.grading import assign, gradescope
@@ -207,11 +210,47 @@ def test_the_bundle_installs_and_grades_in_a_tree_as_gradescope_lays_it_out_with
                        env=env, timeout=900, cwd=root / "source")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "labkit" in r.stdout and "installed" in r.stdout
+    assert "sandbox: bubblewrap" in r.stdout, r.stdout
+    assert not os.stat(root / "source").st_mode & 0o077, "the release and its rubrics are closed to all but root"
     r = subprocess.run([*offline, str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=600,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = _check_results(root)
-    assert "karp_flatt" in json.dumps(results)
+    assert "karp_flatt" in json.dumps(results) and "isolated by bubblewrap" in results["output"]
+
+    # a submission that searches all it can read for a line of any worked solution or model answer: its kernel ends
+    # (and karp_flatt goes unchecked) if it finds one, or reads almost nothing
+    searcher = nbformat.from_dict(json.loads(json.dumps(quick)))
+    searcher.cells.insert(2, new_code_cell(solutions.search_cell(["/"]) + "\nif _found or _files < 1000:\n"
+                                           "    import os; os._exit(1)"))
+    nbformat.write(searcher, root / "submission" / LAB)
+    r = subprocess.run([*offline, str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _check_results(root)  # karp_flatt passed: nothing found
+
+    # without bubblewrap, as Gradescope's image may be: the installed grader patched and results.json rewritten by a
+    # process left behind, both from a submission graded as a user of its own
+    installed = next((root / "venv").rglob("labkit/grading/replay.py"))
+    before = installed.read_bytes()
+    attack = nbformat.from_dict(json.loads(json.dumps(quick)))
+    target = str(root / "results" / "results.json")
+    writer = (f"import time\nwhile True:\n    try:\n        open({target!r}, 'w').write('{{\"score\": 100}}')\n"
+              "    except OSError:\n        pass\n    time.sleep(0.1)\n")
+    attack.cells.insert(2, new_code_cell(
+        "import subprocess, sys\nimport labkit.grading.replay as r\ntry:\n    open(r.__file__, 'a').write('#')\n"
+        "except OSError as e:\n    print(type(e).__name__)\n"
+        f"subprocess.Popen([sys.executable, '-c', {writer!r}, 'labkit-bundle-detached'], start_new_session=True)"))
+    nbformat.write(attack, root / "submission" / LAB)
+    with as_a_grading_machine(root / "venv", root / "venv" / "bin" / "python"):
+        r = subprocess.run([*offline, str(root / "run_autograder")], capture_output=True, text=True,
+                           env={**env, "LABKIT_SANDBOX": "user"}, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    time.sleep(1.0)  # a writer that outlived the run would have rewritten results.json by now
+    results = _check_results(root)
+    assert "isolated by an unprivileged user of its own" in results["output"], results["output"]
+    assert installed.read_bytes() == before, "the installed grader is as it was"
+    assert "labkit-bundle-detached" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_gradescopes_deadline_is_the_students_own_else_the_assignments():

@@ -9,18 +9,24 @@ in a few minutes. Each attack is one student's notebook; one ``labkit grade`` ru
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 import solutions
+from grading_image import as_a_grading_machine, needs_root
 from nbformat.v4 import new_code_cell
 
-from labkit import runner, settings
-from labkit.grading import assign, grade, sandbox
+import labkit
+from labkit import labs, runner, settings
+from labkit.grading import assign, exports, grade, replay, sandbox
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.sandbox, pytest.mark.slow]
 
@@ -233,6 +239,124 @@ def test_a_detached_process_does_not_outlive_its_notebook(lab01):
     assert data["isolated"] is True and "honest" in data["students"]
 
 
+# ---- without bubblewrap: an unprivileged user of its own --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lab01_user(tmp_path_factory):
+    """Lab 01 graded with bubblewrap turned off: each notebook runs as a user of its own."""
+    tmp = tmp_path_factory.mktemp("lab01user")
+    os.chmod(tmp, 0o755)  # the grading folders open to all: the user's rights alone must keep it out
+    lab = _lab("01_", SERIAL_KEEP, tmp / "instructor")
+    solution = _solution(_cell(nbformat.read(lab, as_version=4), "c11").source)
+    grader = Path(replay.__file__)
+    targets = {"grader": str(grader), "labkit": str(Path(labkit.__file__).parent / "mlp.py"),
+               "release": str(tmp / "release" / "release.json"), "grades": str(tmp / "out" / "grades.json"),
+               "results_dir": str(tmp / "out" / "injected.json")}
+    readable = {"repo_notebooks": str(runner.find_notebooks(only="01_")[0])}
+
+    def solve(nb, source=solution):
+        _cell(nb, "c11").source = source
+
+    writes = ("import json\nseen = {}\n"
+              f"for k, p in {targets!r}.items():\n"
+              "    try:\n        open(p, 'a').write('# patched\\n')\n        seen[k] = 'written'\n"
+              "    except OSError as e:\n        seen[k] = type(e).__name__\n"
+              f"for k, p in {readable!r}.items():\n"
+              "    try:\n        open(p).read(1)\n        seen['read_' + k] = 'read'\n"
+              "    except OSError as e:\n        seen['read_' + k] = type(e).__name__\n"
+              "print('WRITES', json.dumps(seen))")
+    roots = [sys.prefix, sys.base_prefix, str(Path(labkit.__file__).parent), "."]
+    students = {
+        "honest": solve,
+        "blank": lambda nb: None,
+        "patch_grader": lambda nb: (solve(nb), _before(nb, "c12", writes)),
+        "write_grades": lambda nb: (solve(nb), _before(nb, "c12", (
+            "import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time\\n"
+            f"p = {targets['grades']!r}\\n"
+            "while True:\\n    try:\\n        open(p, \"w\").write(\"{}\")\\n    except OSError:\\n        pass\\n"
+            "    time.sleep(0.2)', 'labkit-user-detached-marker'], start_new_session=True)"))),
+        "search": lambda nb: (solve(nb), _before(nb, "c12", solutions.search_cell(roots))),
+        "exec_source": lambda nb: solve(nb, "import inspect\nspace = dict(vars(mlp))\n"
+                                            "exec(inspect.getsource(mlp.backprop).replace('def backprop(', "
+                                            "'def my_backprop('), space)\nmy_backprop = space['my_backprop']"),
+    }
+    before = grader.read_bytes()
+    with as_a_grading_machine():
+        first, results, json_path = _grade(tmp, lab, students, timeout=60)
+    time.sleep(1.0)  # a detached writer, had it survived, would have rewritten grades.json by now
+    return {"first": first, "json": json_path, "tmp": tmp, "lab": lab, "grader_unchanged": grader.read_bytes() == before,
+            "results": results}
+
+
+def _printed(lab01_user, student: str, tag: str) -> dict:
+    executed = nbformat.read(lab01_user["tmp"] / "out" / "executed" / student / lab01_user["lab"].name, as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    return json.loads(text.split(tag + " ", 1)[1].splitlines()[0])
+
+
+@needs_root
+def test_without_bubblewrap_a_user_of_its_own_grades_honest_work_and_fails_cheats(lab01_user):
+    first = lab01_user["first"]
+    assert first["honest"] == (True, "passed")
+    assert not first["blank"][0] and "not written yet" in first["blank"][1]
+    assert not first["exec_source"][0] and "uses labkit's reference (labkit.mlp." in first["exec_source"][1]
+
+
+@needs_root
+def test_without_bubblewrap_a_submission_cannot_write_the_grader_labkit_the_release_or_the_results(lab01_user):
+    seen = _printed(lab01_user, "patch_grader", "WRITES")
+    assert {k: v for k, v in seen.items() if not k.startswith("read_")} == dict.fromkeys(
+        ("grader", "labkit", "release", "grades", "results_dir"), "PermissionError"), seen
+    assert seen["read_repo_notebooks"] == "PermissionError", seen
+    assert lab01_user["grader_unchanged"]
+    assert lab01_user["first"]["patch_grader"] == (True, "passed")
+    assert not lab01_user["first"]["blank"][0], "the submission graded after it met the grader unchanged"
+
+
+@needs_root
+def test_without_bubblewrap_no_process_of_a_submission_outlives_it_and_the_grades_are_the_graders(lab01_user):
+    assert lab01_user["first"]["write_grades"] == (True, "passed")
+    assert not _no_process_mentions("labkit-user-detached-marker")
+    assert not [uid for uid in sandbox.USER_IDS if sandbox.user_pids(uid)], "every user of its own is gone"
+    data = json.loads(lab01_user["json"].read_text())
+    assert data["isolated"] is True and "honest" in data["students"]
+
+
+@needs_root
+def test_without_bubblewrap_no_solution_is_readable_where_labkit_runs_the_notebook(lab01_user):
+    """Python, the environment, labkit's package and the notebook's folder: no line of a solution or model answer."""
+    seen = _printed(lab01_user, "search", "SOLUTION-SEARCH")
+    assert seen["found"] == {} and seen["files"] > 1000, seen
+
+
+@needs_root
+def test_the_fallback_refuses_a_python_others_cannot_run_and_open_solutions(monkeypatch):
+    monkeypatch.setenv("LABKIT_SANDBOX", "user")
+    top = Path(tempfile.mkdtemp(prefix="labkit-open-", dir="/tmp"))  # pytest's own folders are closed to others
+    try:
+        closed, nb = top / "closed", top / "open" / "notebooks"
+        closed.mkdir(mode=0o700)
+        nb.mkdir(parents=True)
+        for folder in (top, top / "open", nb):
+            os.chmod(folder, 0o755)
+        (closed / "python").write_text("")
+        monkeypatch.setattr(sys, "executable", str(closed / "python"))
+        ok, why = sandbox.available()
+        assert not ok and f"{closed / 'python'} is not open to other users" in why and "install bubblewrap" in why
+        (nb / "01_x.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        monkeypatch.setattr(labs, "NOTEBOOKS", nb)
+        assert sandbox.exposed_solutions() == nb
+        handout = {"cells": [], "metadata": {"labkit": {"handout": True}}, "nbformat": 4, "nbformat_minor": 5}
+        (nb / "01_x.ipynb").write_text(json.dumps(handout))
+        assert sandbox.exposed_solutions() is None, "handouts are no solutions"
+        os.chmod(nb, 0o750)
+        (nb / "01_x.ipynb").write_text(json.dumps({**handout, "metadata": {}}))
+        assert sandbox.exposed_solutions() is None, "closed to others"
+    finally:
+        shutil.rmtree(top)
+
+
 # ---- limits enforced from outside -----------------------------------------------------------------------------------
 
 @needs_sandbox
@@ -345,11 +469,19 @@ def test_cuda_exercise_attacks_fail(tmp_path):
     assert not first["patch_numpy"][0] and "(spec)" in first["patch_numpy"][1]
 
 
-def test_without_a_sandbox_grading_warns_that_submissions_are_not_isolated(tmp_path, capsys):
+def test_without_a_sandbox_grading_refuses_unless_told_no_sandbox_and_then_says_so(tmp_path, capsys, monkeypatch):
     (tmp_path / "subs" / "ana").mkdir(parents=True)
     nbformat.write(nbformat.v4.new_notebook(cells=[new_code_cell("print(1)")]), tmp_path / "subs" / "ana" / "a.ipynb")
-    grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, isolate=False)
-    assert "isolation turned off: the submissions' code runs with your rights" in capsys.readouterr().err
+    with monkeypatch.context() as m:
+        m.setattr(sandbox, "available", lambda: (False, "bubblewrap is not installed"))
+        with pytest.raises(grade.NoSandbox, match="bubblewrap is not installed.*--no-sandbox"):
+            grade.grade(tmp_path / "subs", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "grades.json").exists(), "nothing graded, nothing written"
+    _, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, isolate=False)
+    assert "isolation turned off (--no-sandbox): the submissions' code runs with your rights" in capsys.readouterr().err
+    data = json.loads(json_path.read_text())
+    assert data["isolated"] is False and data["isolation"] == "none"
+    assert "NOT isolated: graded with --no-sandbox" in exports.gradescope_result(data["students"]["ana"], data)["output"]
 
 
 @needs_sandbox

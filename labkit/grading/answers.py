@@ -219,6 +219,17 @@ def merge_scores(answers: list[Answer], previous_csv: Path, rubrics: dict | None
     return warnings
 
 
+def read(path: Path | str) -> list[Answer]:
+    """The answers an ``answers.csv`` holds ([] without the file), as they were collected: their scores, items and
+    comments are left for :func:`merge_scores` to take from the file, checked as any other's."""
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return [Answer(r.get("student", ""), r.get("notebook", ""), r.get("question", ""), r.get("kind", ""),
+                       int(float(r.get("points") or 0)), r.get("answer") or "", r.get("blank") == "1",
+                       note=r.get("note") or "") for r in csv.DictReader(f)]
+
+
 def hand_score(row: dict, rubric: dict | None, points: float) -> tuple[float | None, str, str]:
     """One row of ``answers.csv`` as the instructor left it: (the score, or None when unscored; the comment a
     student reads; a warning, or ""). The ``score`` column wins; else the ``items`` earned add up their rubric
@@ -407,6 +418,7 @@ def _question(notebook: str, qid: str, rows: list[Answer], prompt: str | None, r
     blanks = sum(a.blank for a in rows)
     parts = [f"<h2>{esc(notebook)}: {esc(qid)} ({esc(rows[0].kind)}, {rows[0].points} point"
              f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank)</h2>"]
+    prompt = prompt or rubric.get("question")  # the release's, where no notebook is at hand (a merge)
     if prompt:
         parts.append(f"<blockquote><pre>{esc(prompt)}</pre></blockquote>")
     if rubric.get("model_answer"):
@@ -434,5 +446,5 @@ def as_dicts(answers: list[Answer]) -> list[dict]:
 
 __all__ = ["ANSWERS_CSV", "ANSWERS_HTML", "Answer", "BLANK", "KINDS", "PLACEHOLDER", "RUBRICS_FILE", "answer_cells",
            "as_dicts", "blank_answers", "collect", "collect_against", "default_rubrics", "expected", "hand_score",
-           "is_blank", "load_rubrics", "measured_beside", "merge_scores", "meta", "question_text", "student_source",
+           "is_blank", "load_rubrics", "measured_beside", "merge_scores", "meta", "question_text", "read", "student_source",
            "write"]

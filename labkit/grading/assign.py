@@ -268,8 +268,10 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
     is never replaced silently: nothing is written and :class:`WouldOverwrite` names the files, unless ``force``.
     With ``release_dir`` (the instructor's side, never the students' folder) the release record goes there as
     ``release.json``: every notebook handed out, its hash, and each exercise's check cell, which ``labkit grade``
-    runs and compares with what comes back; ``policy`` sets, per lab ("01"), what to put in its entry over the
-    defaults (``{"deadline": "2026-10-02T23:59:00+02:00", "late": {...}}``).
+    runs and compares with what comes back. A record already there is added to (:func:`add_to_release`). ``policy``
+    sets, per lab ("01", or "*" for every lab), what to put in its entry over the defaults
+    (``{"deadline": "2026-10-02T23:59:00+02:00", "late": {...}}``); one for a lab not handed out here is refused
+    (:class:`NotAssigned`).
     """
     out_dir = Path(out_dir)
     versions = []
@@ -279,6 +281,10 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
             raise ValueError(f"writing the student version of {path} would overwrite the instructor's notebook: "
                              "choose another output folder")
         versions.append((target, *handed_out(path)))
+    entries = {t.name: release_entry(student) for t, student, _ in versions}
+    _policy_for_these(policy or {}, entries)
+    for entry in entries.values():
+        entry.update({**(policy or {}).get("*", {}), **(policy or {}).get(entry["lab"], {})})  # "*": every lab
     differ = [t for t, _, text in versions if t.exists() and t.read_text(encoding="utf-8") != text]
     if differ and not force:
         raise WouldOverwrite(f"{len(differ)} file(s) in {out_dir} differ from the student versions and may hold "
@@ -289,25 +295,96 @@ def write_student_versions(notebooks: list[Path], out_dir: Path | str, force: bo
         if release_dir.resolve() == out_dir.resolve() or out_dir.resolve() in release_dir.resolve().parents:
             raise ValueError(f"the release record belongs with the instructor's files, not in the students' folder "
                              f"{out_dir}: choose another --release folder")
+        sources = {Path(path).name: Path(path).parent for path in notebooks}
+        write_release = add_to_release(release_dir, entries, sources)  # read and checked before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     for target, _, text in versions:
         target.write_text(text, encoding="utf-8")
     if release_dir is not None:
-        import time
-
-        from .. import __version__
-
-        record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "notebooks": {t.name: release_entry(student) for t, student, _ in versions}}
-        for entry in record["notebooks"].values():
-            entry.update({**(policy or {}).get("*", {}), **(policy or {}).get(entry["lab"], {})})  # "*": every lab
-        release_dir.mkdir(parents=True, exist_ok=True)
-        (release_dir / RELEASE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_release()
     return [t for t, _, _ in versions]
 
 
+class NotAssigned(LabkitError, ValueError):
+    """A deadline or late policy names a lab that the assign giving it does not hand out."""
+
+
+def _policy_for_these(policy: dict[str, dict], entries: dict[str, dict]) -> None:
+    """Refuse a deadline or late policy for a lab not handed out now: it would be dropped without a word."""
+    labs = sorted({lab for name, entry in entries.items() if (lab := entry_lab(name, entry))})
+    stray = sorted(lab for lab in policy if lab != "*" and lab not in labs)
+    if stray:
+        raise NotAssigned(f"a deadline or late policy for lab {', '.join(stray)}, which this assign does not hand out "
+                          f"(it hands out lab {', '.join(labs) or 'none'}): add --only {stray[0]}_ to hand it out "
+                          f"too, or leave out its --deadline {stray[0]}=...")
+
+
+def entry_lab(name: str, entry: dict) -> str | None:
+    """The lab ("01") a release record's entry is: its own ``lab``, else its notebook's file name."""
+    return entry.get("lab") or lab_number(name)
+
+
+def read_release(path: Path | str) -> tuple[dict, str]:
+    """The release record in the file ``path`` and its sha256; ValueError for a file that is not one."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        record = json.loads(text)
+        record["notebooks"].items()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a release record written by labkit assign ({e})") from None
+    return record, hashlib.sha256(text.encode()).hexdigest()
+
+
+def add_to_release(release_dir: Path | str, entries: dict[str, dict], sources: dict[str, Path] | None = None):
+    """Add ``entries`` (notebook name: :func:`release_entry`) to the release record in ``release_dir``: the labs
+    released there before stay, and a lab released again has its entry replaced (said on stdout). ``rubrics.json``,
+    when there, gets the rubrics of the labs added (the model answers from the instructor's notebooks in
+    ``sources``, per name); a rubric of a question asked again for the same points stays as it was edited.
+
+    Reads and checks what is there first, and returns the function that writes the record, so that a record that
+    cannot be read stops the assign before any file is written."""
+    import time
+
+    from .. import __version__
+
+    folder = Path(release_dir)
+    earlier = read_release(folder / RELEASE_FILE)[0]["notebooks"] if (folder / RELEASE_FILE).is_file() else {}
+    labs = {lab for name, entry in entries.items() if (lab := entry_lab(name, entry))}
+    replaced = sorted(n for n, e in earlier.items() if n in entries or entry_lab(n, e) in labs)
+    rubrics = answers.load_rubrics(folder) if (folder / answers.RUBRICS_FILE).is_file() else None
+    record = {"labkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "notebooks": dict(sorted(({n: e for n, e in earlier.items() if n not in replaced} | entries).items()))}
+
+    def write() -> None:
+        for name in replaced:
+            was, now = earlier[name].get("deadline"), record["notebooks"].get(name, {}).get("deadline")
+            print(f"{folder / RELEASE_FILE}: lab {entry_lab(name, earlier[name])} was released there before "
+                  f"({name}): its entry is replaced by this assign's (check cells, points, deadline, late policy)"
+                  + (f"; its deadline is now {now or 'none'}, was {was or 'none'}" if was != now else ""))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / RELEASE_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        if rubrics is not None:
+            _add_rubrics(folder, rubrics, replaced, entries, sources or {})
+
+    return write
+
+
+def _add_rubrics(folder: Path, rubrics: dict, replaced: list[str], entries: dict, sources: dict[str, Path]) -> None:
+    """rubrics.json with the default rubrics of ``entries`` added; an edited rubric of a question asked again for
+    the same points kept."""
+    before = {name: rubrics.pop(name) for name in replaced if name in rubrics}
+    for name, entry in entries.items():
+        fresh = answers.default_rubrics({"notebooks": {name: entry}}, sources.get(name))[name]
+        mine = before.get(name, {})
+        rubrics[name] = {qid: mine[qid] if mine.get(qid, {}).get("points") == rubric["points"] else rubric
+                         for qid, rubric in fresh.items()}
+    (folder / answers.RUBRICS_FILE).write_text(json.dumps(rubrics, indent=1, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
+
+
 __all__ = ["BEGIN", "END", "SOLUTION", "PY_STUB", "C_STUB", "CHECK_CALL", "RELEASE_FILE", "exercises_in", "WouldOverwrite",
-           "lab_of", "lab_number", "HIDDEN_SHARE", "LATE_POLICY",
+           "NotAssigned", "lab_of", "lab_number", "entry_lab", "read_release", "add_to_release", "HIDDEN_SHARE",
+           "LATE_POLICY",
            "student_source", "undeclared_checks",
            "student_notebook", "handed_out", "nbgrader_source", "write_nbgrader_sources", "lock_given_cells", "release_entry",
            "has_exercises", "write_student_versions"]

@@ -11,7 +11,9 @@
 * **Canvas** (:func:`canvas`): ``canvas.csv`` for the gradebook's CSV import, made from the gradebook the instructor
   exported from Canvas (:func:`read_gradebook`): its identity columns, its Points Possible row, and each lab's
   total (exercises, scored answers, late penalty) in the column ``Title (id)`` of the lab's assignment there
-  (:func:`canvas_columns`), each student found by ID, SIS User ID or login. A student it lacks fails the export.
+  (:func:`canvas_columns`), each student found by ID, SIS User ID or login. A student it lacks fails the export. A
+  student of the gradebook with no submission of a lab is given 0 with ``zero_missing``; else their cell is left
+  blank (Canvas keeps what it has) and they are named, "no submission", in the export's notes.
 * **Regrades** (:func:`changes`): ``changes.csv``, one row per exercise whose verdict differs from an earlier run's
   grades.json: who, which notebook and exercise, before, after, and why (the new message).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .scores import scored
@@ -102,11 +104,20 @@ def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset(
             lines.append(f"{lab}: {entry['late'].get('note', '')} (deadline {entry['late'].get('deadline')})")
         unscored += len(entry.get("answers", []))
     lines.insert(0, f"labkit {data.get('labkit_version', '')}, profile {data.get('profile', 'quick')}, "
-                    f"{data.get('timeout_s', '?')} s per cell" + ("" if data.get("isolated") else ", not isolated"))
+                    f"{data.get('timeout_s', '?')} s per cell, " + isolation(data))
     if unscored:
         lines.append(f"{unscored} written answer(s) to the labs' questions are graded by hand, not here.")
     return {"score": round(sum(t["score"] for t in tests), 4), "execution_time": round(seconds),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+
+
+def isolation(data: dict) -> str:
+    """How a run's notebooks were isolated, in words, from its grades.json."""
+    how = data.get("isolation") or ("bubblewrap" if data.get("isolated") else "none")
+    if how == "none" or not data.get("isolated"):
+        return "NOT isolated: graded with --no-sandbox"
+    return "isolated by " + " and ".join({"bubblewrap": "bubblewrap", "user": "an unprivileged user of its own"}.get(k, k)
+                                          for k in how.split("+"))
 
 
 # the columns of a Canvas gradebook export that say who a student is (those it has, in its order)
@@ -189,22 +200,26 @@ def _match(people: list[dict], student: str, ids: set[str]) -> dict | None:
 
 @dataclass
 class CanvasExport:
+    """canvas.csv, the students the gradebook lacks, what to tell the instructor, and who has no submission of what."""
     path: Path
     unmatched: list[str]
     notes: list[str]
+    missing: list[str] = field(default_factory=list)
 
 
 def canvas(data: dict, out: Path | str, gradebook: Path | str | None = None, assignments: dict[str, str] | None = None,
-           allow_unmatched: bool = False) -> CanvasExport:
+           allow_unmatched: bool = False, zero_missing: bool = False) -> CanvasExport:
     """Write ``out``/canvas.csv for Canvas's gradebook import. With ``gradebook`` (exported from Canvas) each lab goes
     into its assignment's column, ``Title (id)``, and each student is found by ID, SIS User ID or login; a student
     not found fails the export, naming them all, unless ``allow_unmatched`` (then they are left out, and returned).
     A lab's points are scaled to the assignment's points possible where the two differ. Without a gradebook the
-    students' folder names stand in Student and SIS Login ID, under columns Canvas would take for new assignments."""
+    students' folder names stand in Student and SIS Login ID, under columns Canvas would take for new assignments.
+    A student with no submission of a lab (the gradebook's students too) gets 0 there with ``zero_missing``, else a
+    blank that Canvas's import leaves as it was; either way they are named in the notes."""
     notebooks = sorted({nb for per in data["students"].values() for nb in per})
     ours = {nb: _points_possible(data, nb) for nb in notebooks}
     if gradebook is None:
-        return _canvas_bare(data, out, notebooks, ours)
+        return _canvas_bare(data, out, notebooks, ours, zero_missing)
     book = read_gradebook(gradebook)
     labs = {nb: lab_number_of(nb) for nb in notebooks}
     columns = canvas_columns(book, sorted(set(labs.values())), assignments)
@@ -215,7 +230,7 @@ def canvas(data: dict, out: Path | str, gradebook: Path | str | None = None, ass
         if scale[nb] != 1.0:
             notes.append(f"{columns[labs[nb]]}: {_fmt(ours[nb])} points here, {_fmt(theirs)} in Canvas: scaled")
     people = [c for c in CANVAS_PEOPLE if c in book.columns]
-    rows, unmatched = [], []
+    rows, unmatched, found = [], [], set()
     for student, per in sorted(data["students"].items()):
         ids = {str((e.get("submission") or {}).get("lms_user_id") or "") for e in per.values()
                if (e.get("submission") or {}).get("lms") == "canvas"} - {""}
@@ -223,6 +238,7 @@ def canvas(data: dict, out: Path | str, gradebook: Path | str | None = None, ass
         if who is None:
             unmatched.append(student)
             continue
+        found.add(id(who))
         row = {c: who.get(c, "") for c in people}
         for nb, entry in per.items():
             row[columns[labs[nb]]] = _fmt(round(_points(entry) * scale[nb], 2))
@@ -234,19 +250,44 @@ def canvas(data: dict, out: Path | str, gradebook: Path | str | None = None, ass
     fields = [*people, *dict.fromkeys(columns[labs[nb]] for nb in notebooks)]
     possible = {"Student": "Points Possible", **{columns[labs[nb]]: book.possible.get(columns[labs[nb]], "")
                                                  or _fmt(ours[nb]) for nb in notebooks}}
-    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), unmatched, notes)
+    # the gradebook's students graded in no lab: a row each, for a 0 or to be named
+    absent = [{c: p.get(c, "") for c in people} for p in book.people if id(p) not in found]
+    missing = _no_submission([*rows, *absent], fields[len(people):], zero_missing)
+    rows += absent if zero_missing else []
+    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), unmatched,
+                        notes + _missing_notes(missing, zero_missing), missing)
 
 
-def _canvas_bare(data: dict, out: Path | str, notebooks: list[str], ours: dict) -> CanvasExport:
+def _canvas_bare(data: dict, out: Path | str, notebooks: list[str], ours: dict, zero_missing: bool) -> CanvasExport:
     """canvas.csv without a gradebook: folder names as the students, a column per lab by its name."""
     rows = []
     for student, per in sorted(data["students"].items()):
         row = {"Student": student, "SIS Login ID": student}
         row.update({lab_name(nb): _fmt(_points(per[nb])) if nb in per else "" for nb in notebooks})
         rows.append(row)
+    missing = _no_submission(rows, [lab_name(nb) for nb in notebooks], zero_missing)
     fields = [*CANVAS_IDENTITY, *(lab_name(nb) for nb in notebooks)]
     possible = {"Student": "Points Possible", **{lab_name(nb): _fmt(ours[nb]) for nb in notebooks}}
-    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), [], [])
+    return CanvasExport(_write_csv(Path(out) / CANVAS_CSV, fields, [possible, *rows]), [],
+                        _missing_notes(missing, zero_missing), missing)
+
+
+def _no_submission(rows: list[dict], labs: list[str], zero: bool) -> list[str]:
+    """Each student with a blank lab cell ("Brown, Ben (4412): Lab 07 (5557)"); with ``zero`` the blanks become 0,
+    since Canvas's import leaves a blank cell as it was, and a student who handed nothing in is not 'not graded'."""
+    missing = []
+    for row in rows:
+        blank = [c for c in labs if not row.get(c)]
+        if blank:
+            missing.append(f"{row['Student']}" + (f" ({row['ID']})" if row.get("ID") else "") + f": {', '.join(blank)}")
+            row.update(dict.fromkeys(blank, "0") if zero else {})
+    return missing
+
+
+def _missing_notes(missing: list[str], zero: bool) -> list[str]:
+    """The notes naming them: given 0, or left blank and how to give them 0."""
+    then = "given 0" if zero else "left blank, which Canvas keeps as it was (--canvas-missing-zero gives 0)"
+    return [f"no submission: {who}: {then}" for who in missing]
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> Path:
@@ -295,11 +336,12 @@ def changes(before: dict, after: dict, allow_other_release: bool = False) -> lis
     """Every exercise whose verdict differs between two grades.json, and those graded in only one of them.
 
     Refuses two runs of different releases (their exercises are not the same) unless ``allow_other_release``."""
-    a, b = before.get("release_sha256"), after.get("release_sha256")
-    if a != b and not allow_other_release:
-        raise ValueError(f"the earlier grades come from another release (release.json sha256 {str(a)[:12]}..., now "
-                         f"{str(b)[:12]}...): their exercises may differ. Regrade against grades of the same release, "
-                         "or pass --regrade-other-release to compare anyway")
+    from .grade import release_differs, release_words
+
+    if (differ := release_differs(before, after)) and not allow_other_release:
+        raise ValueError(f"the earlier grades come from another release ({release_words(differ)} differs): their "
+                         "exercises may differ. Regrade against grades of the same release, or pass "
+                         "--regrade-other-release to compare anyway")
     old, new = _verdicts(before), _verdicts(after)
     rows = []
     for key in sorted(old.keys() | new.keys()):

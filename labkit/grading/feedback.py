@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from ..runner import standalone_exporter, without_injected
+from . import exports
 
 HIDDEN_FAILED = "a hidden check failed"
 
@@ -120,7 +121,7 @@ def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_he
               f"each cell was allowed {data.get('timeout_s', '?')} s; the notebook "
               + (("ran in a sandbox" + (f" with {limits['memory_mb']} MB of memory, {limits['processes']} processes "
                                         f"and {limits['cpu_seconds']} CPU seconds per process" if limits else ""))
-                 if data.get("isolated") else "ran without a sandbox")
+                 if data.get("isolated") else "ran without a sandbox") + f" ({exports.isolation(data)})"
               + ". Below is your notebook as the grader ran it; after each check cell, the grader's verdict."]
     cell = nbformat.v4.new_markdown_cell("\n".join(lines))
     cell.metadata["labkit_feedback"] = True

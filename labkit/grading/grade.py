@@ -32,12 +32,13 @@ from pathlib import Path
 
 from .. import __version__
 from ..check.exercises import EXERCISES
+from ..errors import LabkitError
 from ..labs import NOTEBOOKS
 from ..machine import usable_cores
 from ..progress import progress_bar
 from . import answers as answer_cells
 from . import late, sandbox, scores, workers
-from .assign import CHECK_CALL, RELEASE_FILE, exercises_in, lab_number, lab_of
+from .assign import CHECK_CALL, RELEASE_FILE, entry_lab, exercises_in, lab_number, lab_of, read_release
 from .notebook import ExerciseResult, grade_notebook, rows_of
 from .sandbox import Limits
 
@@ -53,27 +54,17 @@ def load_release(release: Path | str | None) -> tuple[dict | None, str | None]:
         path = path / RELEASE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no release record at {path}: `labkit assign --release DIR` writes DIR/{RELEASE_FILE}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        record = json.loads(text)
-        record["notebooks"].items()
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path} is not a release record written by labkit assign ({e})") from None
-    return record, hashlib.sha256(text.encode()).hexdigest()
+    return read_release(path)
 
 
 def only_labs(record: dict, labs: set[str]) -> dict:
     """The release record with only the notebooks of ``labs`` ("01", "07"); a lab it does not hold is refused."""
-    kept = {name: entry for name, entry in record["notebooks"].items() if _lab_of_entry(name, entry) in labs}
-    missing = sorted(labs - {_lab_of_entry(n, e) for n, e in kept.items()})
+    kept = {name: entry for name, entry in record["notebooks"].items() if entry_lab(name, entry) in labs}
+    missing = sorted(labs - {entry_lab(n, e) for n, e in kept.items()})
     if missing:
-        held = ", ".join(sorted(filter(None, (_lab_of_entry(n, e) for n, e in record["notebooks"].items()))))
+        held = ", ".join(sorted(filter(None, (entry_lab(n, e) for n, e in record["notebooks"].items()))))
         raise ValueError(f"--lab {','.join(missing)}: the release holds no such lab (it holds {held})")
     return {**record, "notebooks": kept}
-
-
-def _lab_of_entry(name: str, entry: dict) -> str | None:
-    return entry.get("lab") or lab_number(name)
 
 
 def submissions(folder: Path) -> list[tuple[str, Path]]:
@@ -113,7 +104,7 @@ def released_name(path: Path, record: dict) -> str | None:
     released notebook whose name it kept; an unreadable file, the release's only lab. None: none of the release's."""
     nb = _read(path)
     lab = lab_of(nb) if nb is not None else None
-    by_lab = {_lab_of_entry(name, entry): name for name, entry in record["notebooks"].items()}
+    by_lab = {entry_lab(name, entry): name for name, entry in record["notebooks"].items()}
     if lab is not None:
         return by_lab.get(lab)
     if nb is not None:
@@ -216,9 +207,9 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     ``jobs`` > 1 grades that many submissions at once (worker processes), each kernel's BLAS and OpenMP threads set
     to its share of the cores; the results are the same, in the same order.
 
-    Each notebook runs in a sandbox of its own under ``limits`` (:mod:`labkit.grading.sandbox`) where one can be made
-    here (``isolate=None``); where none can (or with ``isolate=False``) grading goes on after a warning that the
-    submissions' code runs with the grader's rights.
+    Each notebook runs in a sandbox of its own under ``limits`` (:mod:`labkit.grading.sandbox`): bubblewrap's, else
+    (as root) an unprivileged user of its own. Where neither can be made, grading refuses; ``isolate=False``
+    (``--no-sandbox``) grades with no isolation on purpose, after a warning, and the grades say so.
 
     ``part=(k, n)`` grades only the k-th of n shares of the students (k = 0 .. n-1, every n-th student in name order):
     one share per task of a SLURM array, say, each into its own ``out``, put together by :func:`merge`.
@@ -255,8 +246,10 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
                            hidden_parts)
     run = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "release": _folder(release),
            "part": list(part) if part else None,
-           "limits": asdict(limits or Limits()), "isolated": bool(isolate), "hidden_parts": sorted(hidden_parts),
+           "limits": asdict(limits or Limits()), "isolated": bool(isolate),
+           "isolation": sandbox.kind() if isolate else "none", "hidden_parts": sorted(hidden_parts),
            "labs": sorted(wanted) or None}
+    earlier = _earlier(out)  # read before grading: a grades.json that cannot be read stops the run first
     kept = _Progress(out, run, resume)
     work = [(h, out / "executed" / h.student, record["notebooks"][h.name] if record else None, options) for h in handed]
     results: list[ExerciseResult] = []
@@ -271,11 +264,19 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
     scores.set_points(results, record, hidden_parts)
-    answered = _answers(handed, record, out, everyone, _rubrics(release, full))
+    answered = _answers(handed, record, out, everyone, _rubrics(release, full), set(seconds), full)
     students = _by_student(results, seconds, hashes)
     _add_answers(students, answered)
     _add_late(students, record, times)
+    students = _keep_earlier(earlier.get("students", {}), students, out)
+    # each notebook's release entry, as graded: the kept grades' from their run, this run's for what it graded
+    graded_now = {nb for per in _by_student(results, seconds, hashes).values() for nb in per}
+    run["release_notebooks"] = {**{nb: h for nb, h in (earlier.get("release_notebooks") or {}).items()
+                                   if nb not in graded_now}, **{nb: h for nb, h in notebook_hashes(record).items()
+                                                                 if nb in graded_now or not earlier}}
     meta = {**run, "labkit_version": __version__, "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if run["labs"] and set(run["labs"]) != (held := {e.get("lab") for per in students.values() for e in per.values()}):
+        meta["labs"] = sorted(held - {None})  # every lab the folder's grades hold, those kept from earlier runs too
     csv_path, json_path = _write(out, {**meta, "students": students})
     kept.finish()
     return results, csv_path, json_path
@@ -305,6 +306,7 @@ def _times(folder: Path, submitted: Path | str | None, extensions: Path | str | 
 def _add_late(students: dict, record: dict | None, times: tuple[dict, dict]) -> None:
     """Each lab's submission (time, LMS ids) and late penalty, from the release's deadline and policy; then its total."""
     submitted, extensions = times
+    groups = late.groups(submitted)  # a group hands in once: one deadline, its most generous member's
     for student, per in students.items():
         for nb, entry in per.items():
             lab = lab_number(nb) or ""
@@ -312,7 +314,7 @@ def _add_late(students: dict, record: dict | None, times: tuple[dict, dict]) -> 
             if row:
                 entry["submission"] = {k: row[k] for k in late.SUBMISSIONS_FIELDS if k != "student"}
             released = (record or {}).get("notebooks", {}).get(nb, {})
-            deadline = late.deadline_for(released, student, lab, extensions)
+            deadline = late.deadline_for(released, student, lab, extensions, groups.get((student, lab), ()))
             when = late.parse_time(row["submitted_at"], "submitted_at") if row and row["submitted_at"] else None
             handed_in = any(r["message"] != "notebook not handed in" for r in entry.get("results", []))
             entry["late"] = late.penalty(when if handed_in else None, deadline if handed_in else None,
@@ -321,6 +323,62 @@ def _add_late(students: dict, record: dict | None, times: tuple[dict, dict]) -> 
                 print(f"labkit grade: {student}, {nb}: no submission time (give --submissions, the submissions.csv of "
                       "labkit collect): no late penalty applied", file=sys.stderr)
             scores.total(entry)
+
+
+def _earlier(out: Path) -> dict:
+    """The grades an earlier run left in ``out`` ({} without), read before this run grades anything."""
+    path = out / "grades.json"
+    if not path.is_file():
+        return {}
+    try:
+        return _load_grades(path)
+    except ValueError as e:
+        raise ValueError(f"{e}: move it out of {out}, or grade into another --out") from None
+
+
+def notebook_hashes(record: dict | None) -> dict[str, str]:
+    """Each released notebook's entry's sha256 (its check cells, points, deadline): two runs agree on a lab where its
+    entry is the same, whatever other labs the release record holds by then."""
+    return {name: hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
+            for name, entry in (record or {}).get("notebooks", {}).items()}
+
+
+WHOLE_RELEASE = "release_sha256 (the whole release record)"
+
+
+def release_words(differ: list[str]) -> str:
+    """What :func:`release_differs` found, in words."""
+    return differ[0] if differ == [WHOLE_RELEASE] else f"the release entry of {', '.join(differ)}"
+
+
+def release_differs(a: dict, b: dict) -> list[str]:
+    """The notebooks graded in both grades.json ``a`` and ``b`` whose release entries differ (``b`` without students:
+    a run about to grade, its ``release_notebooks`` those of its record); ["the release"] for grades that hash only
+    the whole record (or none) and differ in it."""
+    ha, hb = a.get("release_notebooks"), b.get("release_notebooks")
+    if not ha or not hb:
+        return [] if a.get("release_sha256") == b.get("release_sha256") else [WHOLE_RELEASE]
+    both = _graded(a) & (_graded(b) if "students" in b else set(hb))
+    return sorted(nb for nb in both if ha.get(nb) != hb.get(nb))
+
+
+def _graded(data: dict) -> set[str]:
+    return {nb for per in data.get("students", {}).values() for nb in per}
+
+
+def _keep_earlier(earlier: dict, students: dict, out: Path) -> dict:
+    """``students`` with the grades an earlier run left in ``out`` of what this run did not grade (another lab, other
+    students) put back, so that a week's labs graded one at a time into one folder all stay; says what it kept."""
+    kept = {(s, nb): entry for s, per in earlier.items() for nb, entry in per.items() if nb not in students.get(s, {})}
+    if not kept:
+        return students
+    for (student, nb), entry in kept.items():
+        students.setdefault(student, {})[nb] = entry
+    labs = sorted({entry.get("lab") or lab_number(nb) or nb for (_, nb), entry in kept.items()})
+    print(f"labkit grade: {out} held earlier grades of lab {', '.join(labs)} ({len({s for s, _ in kept})} student(s)) "
+          "that this run did not grade: kept beside this run's, which replace only what it graded (to start afresh, "
+          "grade into another --out)", file=sys.stderr)
+    return {s: dict(sorted(per.items())) for s, per in sorted(students.items())}
 
 
 PROGRESS = ".progress"
@@ -415,10 +473,11 @@ def _rubrics(release: Path | str | None, record: dict | None) -> dict | None:
 
 
 def _answers(handed: list[Handed], record: dict | None, out: Path, everyone: list[str],
-             rubrics: dict | None = None) -> list[answer_cells.Answer]:
+             rubrics: dict | None = None, graded: set | None = None, full: dict | None = None) -> list[answer_cells.Answer]:
     """Every student's answers to the questions (a blank one scores 0, and says so), with the scores, rubric items and
     comments an earlier run's answers.csv in ``out`` holds for answers unchanged since, written to answers.csv and
-    answers.html beside the release's rubrics."""
+    answers.html beside the release's rubrics (``full``'s, the whole release). The earlier rows of the (student,
+    notebook) pairs this run did not grade (``graded``) are written back as they were; only this run's are returned."""
     answered: list[answer_cells.Answer] = []
     prompts: dict[tuple[str, str], str] = {}
     for h in handed:
@@ -444,16 +503,20 @@ def _answers(handed: list[Handed], record: dict | None, out: Path, everyone: lis
                 if (student, name) not in done:
                     answered += [answer_cells.Answer(student, name, q["id"], q["kind"], int(q["points"]), "", True,
                                                      note="notebook not handed in") for q in entry.get("answers", [])]
-        for name, entry in record["notebooks"].items():
-            prompts.update({(name, q["id"]): q.get("question", "") for q in entry.get("answers", [])})
+    for name, entry in (full or record or {}).get("notebooks", {}).items():
+        prompts.update({(name, q["id"]): q.get("question", "") for q in entry.get("answers", [])})
     for a in answered:
         if a.blank:
             a.score, a.note = 0.0, a.note or scores.BLANK_NOTE
+    this_run = len(answered)
+    if graded is not None:  # another lab's (or student's) answers from an earlier run into this folder stay
+        answered += [a for a in answer_cells.read(out / answer_cells.ANSWERS_CSV)
+                     if (a.student, a.notebook) not in graded]
     for warning in answer_cells.merge_scores(answered, out / answer_cells.ANSWERS_CSV, rubrics):
         print(f"labkit grade: answers.csv: {warning}", file=sys.stderr)
     if answered:
         answer_cells.write(out, answered, prompts, rubrics)
-    return answered
+    return answered[:this_run]
 
 
 def _add_answers(students: dict, answered: list) -> None:
@@ -473,18 +536,23 @@ def _add_answers(students: dict, answered: list) -> None:
         scores.answers_into(entry, rows)
 
 
+class NoSandbox(LabkitError, RuntimeError):
+    """No sandbox can be made here, and grading without one was not asked for."""
+
+
 def _isolation(isolate: bool | None) -> bool:
-    """Whether the notebooks run in sandboxes: where one can be made (None), demanded (True) or not (False); says
-    so on stderr when they are not."""
+    """Whether the notebooks run in sandboxes: always (None, True), where NoSandbox names what is missing and the way
+    out, or not, on purpose (False), said on stderr."""
     if isolate is None or isolate:
         ok, why = sandbox.available()
-        if not ok and isolate:
-            raise RuntimeError(f"labkit grade: cannot isolate the submissions: {why}")
         if not ok:
-            print(f"labkit grade: WARNING: submissions are NOT isolated ({why}): their code runs with your rights and "
-                  "can read and write what you can", file=sys.stderr)
-        return ok
-    print("labkit grade: WARNING: isolation turned off: the submissions' code runs with your rights", file=sys.stderr)
+            raise NoSandbox(f"labkit grade: cannot isolate the submissions: {why}. Grading runs students' code: install "
+                            "bubblewrap, or grade as root (each notebook then runs as an unprivileged user of its own), "
+                            "or give --no-sandbox to grade with no isolation on purpose (the grades say so)")
+        print(f"labkit grade: each notebook isolated by {sandbox.DESCRIBED[sandbox.kind()]}", file=sys.stderr)
+        return True
+    print("labkit grade: WARNING: isolation turned off (--no-sandbox): the submissions' code runs with your rights and "
+          "can read and write what you can; the grades say so", file=sys.stderr)
     return False
 
 
@@ -592,15 +660,21 @@ def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult
     """Put the grades of several runs (their output folders, or grades.json files) into one grades.csv and grades.json
     in ``out``: the ``--part`` shares of one class, or a class and a later run that regrades some of its students,
     whose grade of a lab replaces the earlier one (the later folder, given after). The runs must come from the same
-    release and labkit version; two shares of one split may not both hold a student."""
+    release and labkit version; two shares of one split may not both hold a student. Each kept grade's executed
+    notebook comes with it, and every hand score, rubric item and comment of the runs' answers.csv whose answer has not
+    changed since (a later run's own score wins). An ``out`` that holds other grades than the runs' is refused."""
     loaded = [(path, _load_grades(path)) for path in (_grades_file(p) for p in parts)]
     if not loaded:
         raise ValueError("nothing to merge: give the output folders of the labkit grade runs")
-    for key in ("release_sha256", "labkit_version", "profile", "hidden_parts"):
+    for key in ("labkit_version", "profile", "hidden_parts"):
         values = {json.dumps(d.get(key)) for _, d in loaded}
         if len(values) > 1:
             raise ValueError(f"the runs differ in {key} ({', '.join(sorted(values))}): grade every part with the "
                              "same release, labkit version and options")
+    for path, data in loaded[1:]:
+        if differ := release_differs(loaded[0][1], data):
+            raise ValueError(f"the runs differ in {release_words(differ)} ({loaded[0][0]} and {path}): "
+                             "grade every part with the same release entries, labkit version and options")
     students: dict = {}
     owner: dict = {}
     for path, data in loaded:
@@ -617,13 +691,45 @@ def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult
     first = loaded[0][1]
     meta = {k: first.get(k) for k in ("profile", "timeout_s", "labkit_version", "release_sha256", "release", "limits",
                                       "hidden_parts", "labs")}
+    meta["release_notebooks"] = {nb: h for _, d in loaded for nb, h in (d.get("release_notebooks") or {}).items()}
     meta["isolated"] = all(d.get("isolated") for _, d in loaded)
+    meta["isolation"] = "+".join(sorted({str(d.get("isolation", "bubblewrap" if d.get("isolated") else "none"))
+                                         for _, d in loaded}))
     meta["graded_at"] = max(str(d.get("graded_at", "")) for _, d in loaded)
     meta["parts"] = [{"grades": str(p), "part": d.get("part"), "graded_at": d.get("graded_at")} for p, d in loaded]
     merged = {s: dict(sorted(students[s].items())) for s in sorted(students)}
-    _merge_answers([p.parent for p, _ in loaded], Path(out), owner)
-    csv_path, json_path = _write(Path(out), {**meta, "students": merged})
+    _not_other_grades(Path(out), [p for p, _ in loaded])
+    _copy_executed(owner, Path(out))
+    data = {**meta, "students": merged}
+    rubrics = _rescore_rubrics(None, data)
+    if _merge_answers([p.parent for p, _ in loaded], Path(out), owner, rubrics):
+        for warning in scores.rescore(data, Path(out), rubrics):  # grades.json's answers as answers.csv holds them
+            print(f"labkit grade --merge: {warning}", file=sys.stderr)
+    csv_path, json_path = _write(Path(out), data)
     return _rows(merged), csv_path, json_path
+
+
+class WouldReplace(LabkitError, FileExistsError):
+    """An output folder holds grades that the command would replace."""
+
+
+def _not_other_grades(out: Path, merged: list[Path]) -> None:
+    """Refuse to merge into a folder whose grades.json is none of the runs merged: it would be replaced whole."""
+    there = out / "grades.json"
+    if there.is_file() and there.resolve() not in {p.resolve() for p in merged}:
+        raise WouldReplace(f"{out} already holds grades (grades.json) that are none of the runs merged, and --merge "
+                           f"would replace them: merge them too, first (labkit grade --merge {out} ... --out {out}), "
+                           "or choose another --out")
+
+
+def _copy_executed(owner: dict, out: Path) -> None:
+    """Each kept grade's executed notebook into ``out``/executed, from the run it was kept from: the feedback pages
+    of the merged grades show it."""
+    for (student, nb), (path, _) in owner.items():
+        source, target = path.parent / "executed" / student / nb, out / "executed" / student / nb
+        if source.is_file() and not (target.is_file() and target.samefile(source)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
 
 
 def _grades_file(p: Path | str) -> Path:
@@ -647,25 +753,21 @@ def _shares_of_one_split(a: dict, b: dict) -> bool:
     return bool(a.get("part") and b.get("part") and a["part"][1] == b["part"][1] and a["part"] != b["part"])
 
 
-def _merge_answers(folders: list[Path], out: Path, owner: dict) -> None:
-    """The merged runs' answers.csv into ``out``: each student's lab from the run whose grade was kept."""
-    rows, fields = [], None
-    for folder in folders:
-        path = folder / answer_cells.ANSWERS_CSV
-        if not path.is_file():
-            continue
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            fields = fields or reader.fieldnames
-            rows += [r for r in reader if (kept := owner.get((r.get("student"), r.get("notebook")))) is not None
-                     and kept[0].parent == folder]
-    if fields is None:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / answer_cells.ANSWERS_CSV, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+def _merge_answers(folders: list[Path], out: Path, owner: dict, rubrics: dict | None) -> bool:
+    """The merged runs' answers into ``out`` (answers.csv and answers.html): each student's lab from the run whose
+    grade was kept, with the hand scores, items and comments of every run's answers.csv for an answer unchanged since,
+    a later run's over an earlier's. False when no run has answers."""
+    csvs = [folder / answer_cells.ANSWERS_CSV for folder in folders if (folder / answer_cells.ANSWERS_CSV).is_file()]
+    if not csvs:
+        return False
+    answered = sorted((a for path in csvs for a in answer_cells.read(path)
+                       if (kept := owner.get((a.student, a.notebook))) is not None and kept[0].parent == path.parent),
+                      key=lambda a: (a.student, a.notebook))  # as the grades are, each's questions in their order
+    warnings = [w for path in csvs for w in answer_cells.merge_scores(answered, path, rubrics)]  # in the runs' order
+    for warning in dict.fromkeys(warnings):
+        print(f"labkit grade --merge: answers.csv: {warning}", file=sys.stderr)
+    answer_cells.write(out, answered, None, rubrics)
+    return True
 
 
 def _rows(students: dict) -> list[ExerciseResult]:
@@ -708,4 +810,4 @@ def summary(results: list[ExerciseResult]) -> str:
 
 
 __all__ = ["CHECK_CALL", "ExerciseResult", "GradeOptions", "Handed", "exercises_in", "load_release", "grade_notebook",
-           "submissions", "grade", "merge", "only_labs", "wanted_labs", "place", "rescore", "summary"]
+           "submissions", "grade", "merge", "WouldReplace", "only_labs", "wanted_labs", "place", "rescore", "summary"]

@@ -7,7 +7,9 @@ autograder's image; then, for every submission, it runs ``/autograder/run_autogr
 student's files in ``/autograder/submission`` and their metadata in ``/autograder/submission_metadata.json``, and
 reads ``/autograder/results/results.json``. The zip holds:
 
-- ``setup.sh``: a virtual environment in ``/autograder/venv``, pip and labkit installed from ``wheels/`` alone;
+- ``setup.sh``: a virtual environment in ``/autograder/venv``, pip and labkit installed from ``wheels/`` alone (the
+  wheel holds the handouts, no solution); bubblewrap installed where the image allows, and this folder closed to all
+  but root, as grading falls back to an unprivileged user of its own where bubblewrap cannot run;
 - ``wheels/``: labkit's own wheel, its dependencies (MPI included) and pip, for the Python and platform of Gradescope's
   image (this machine's by default; Gradescope's Ubuntu 22.04 image has Python 3.10 and glibc 2.35), with the
   backports that Python needs (pip evaluates markers for the Python it runs on, so they are added by name);
@@ -55,6 +57,16 @@ pip_wheel="$(ls "$here"/wheels/pip-*.whl | head -n 1)"
 "$root/venv/bin/python" "$pip_wheel/pip" install --quiet --isolated --no-index --find-links "$here/wheels" pip
 "$root/venv/bin/python" -m pip install --quiet --isolated --no-index --find-links "$here/wheels" "labkit[mpi]"
 "$root/venv/bin/python" -c "import labkit, nbclient, matplotlib; print('labkit', labkit.__version__, 'installed')"
+# the sandbox: bubblewrap where the image can have it (a failed install is no error: labkit then grades each notebook
+# as an unprivileged user of its own, which reads what any user may, so this folder, the release and its rubrics
+# included, is closed to all but root)
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  { timeout 300 apt-get install -y -qq --no-install-recommends bubblewrap || { timeout 300 apt-get update -qq &&
+    timeout 300 apt-get install -y -qq --no-install-recommends bubblewrap; }; } >/dev/null 2>&1 ||
+    echo "no bubblewrap: each submission will run as an unprivileged user of its own"
+fi
+chmod -R go-rwx "$here"
+"$root/venv/bin/python" -c "from labkit.grading import sandbox as s; print('sandbox:', s.DESCRIBED[s.kind()], s.available()[1])"
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -224,19 +236,28 @@ def student_of(metadata: dict) -> str:
 
 
 def due_date(metadata: dict) -> str:
-    """The deadline Gradescope sets for this submission: the student's own (an extension), else the assignment's, as
-    ISO 8601; "" where it sets none or none that reads as a time (said on stderr): the release's deadline stands."""
+    """The deadline Gradescope sets for this submission: each member's own (an extension), else the assignment's; of a
+    group's members the most generous, whatever order Gradescope lists them in; as ISO 8601. "" where it sets none or
+    none that reads as a time (said on stderr): the release's deadline stands."""
+    from .late import most_generous
+
+    default = _due(metadata.get("assignment"), "assignment")
+    users = metadata.get("users") or [{}]
+    found = [_due(u.get("assignment"), f"users[{k}].assignment") or default for k, u in enumerate(users)]
+    best = most_generous(d for d in found if d is not None)
+    return best.isoformat() if best else ""
+
+
+def _due(source: dict | None, where: str):
+    """One due_date of the metadata as a time; None where there is none or it does not read as one (said)."""
     from .late import parse_time
 
-    user = (metadata.get("users") or [{}])[0]
-    for where, source in (("users[0].assignment", user.get("assignment")), ("assignment", metadata.get("assignment"))):
-        text = str((source or {}).get("due_date") or "")
-        if text:
-            try:
-                return parse_time(text, f"{where}.due_date").isoformat()
-            except ValueError as e:
-                print(f"submission_metadata.json: {e}", file=sys.stderr)
-    return ""
+    text = str((source or {}).get("due_date") or "")
+    try:
+        return parse_time(text, f"{where}.due_date") if text else None
+    except ValueError as e:
+        print(f"submission_metadata.json: {e}", file=sys.stderr)
+        return None
 
 
 def grade_command(subs: Path, release: Path, out: Path, lab: str, csv_path: Path, timeout: int,

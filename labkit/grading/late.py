@@ -7,13 +7,15 @@ A release's notebook entry holds ``"deadline"`` (ISO 8601 with its timezone, ``2
 deadline) and ``"late": {"percent_per_day": 10, "max_days": 5}``: each day late, or part of one, costs that percent of
 the lab's points; work more than ``max_days`` late scores 0. The submission times come from ``submissions.csv``, the
 file ``labkit collect`` writes (:data:`SUBMISSIONS_FIELDS`); an extension CSV has the columns ``student,lab,deadline``
-(a new deadline) or ``student,lab,days`` (days added), ``lab`` blank for every lab.
+(a new deadline) or ``student,lab,days`` (days added), ``lab`` blank for every lab. A group (the students whose rows
+name one LMS submission, :func:`groups`) has its most generous member's deadline, whatever order the LMS lists them in.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -35,7 +37,8 @@ def parse_time(text: str, what: str) -> datetime:
 
 
 def read_submissions(path: Path | str) -> dict[tuple[str, str], dict]:
-    """The rows of a submissions.csv written by ``labkit collect``, by (student, lab)."""
+    """The rows of a submissions.csv written by ``labkit collect``, by (student, lab); of two rows of one (student, lab)
+    the later, as collect appends a newer download's after those it keeps."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no submissions file at {path}: `labkit collect` writes SUBMISSIONS/submissions.csv")
@@ -80,8 +83,31 @@ def read_extensions(path: Path | str) -> dict[tuple[str, str], datetime | timede
     return found
 
 
-def deadline_for(entry: dict, student: str, lab: str, extensions: dict) -> datetime | None:
-    """The deadline of one student's lab: the release's, moved by their extension (for this lab, else for all)."""
+def groups(submitted: dict[tuple[str, str], dict]) -> dict[tuple[str, str], frozenset[str]]:
+    """Each (student, lab)'s group: the students whose rows name the same LMS submission (a group hands in once, and
+    collect gives each member the work)."""
+    members: dict[tuple[str, str, str], set[str]] = {}
+    for (student, lab), row in submitted.items():
+        if (row.get("lms_submission_id") or "").strip():
+            members.setdefault((row.get("lms") or "", row["lms_submission_id"].strip(), lab), set()).add(student)
+    return {(student, lab): frozenset(m) for (_, _, lab), m in members.items() for student in m}
+
+
+def deadline_for(entry: dict, student: str, lab: str, extensions: dict,
+                 group: Iterable[str] = ()) -> datetime | None:
+    """The deadline of one student's lab: the release's, moved by their extension (for this lab, else for all); with
+    ``group``, the most generous of its members' (one hand-in, one deadline, in whatever order they are listed)."""
+    return most_generous(_own_deadline(entry, s, lab, extensions) for s in sorted({student, *group}))
+
+
+def most_generous(deadlines: Iterable[datetime | None]) -> datetime | None:
+    """The latest of some deadlines; None (no deadline at all) when one of them is None, or there are none."""
+    found = list(deadlines)
+    return None if not found or any(d is None for d in found) else max(found)
+
+
+def _own_deadline(entry: dict, student: str, lab: str, extensions: dict) -> datetime | None:
+    """One student's own deadline: their extension's (a new deadline, or days added), else the release's."""
     given = extensions.get((student, lab), extensions.get((student, "")))
     if isinstance(given, datetime):
         return given

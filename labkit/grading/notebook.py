@@ -182,7 +182,9 @@ class NotebookRun:
         self.isolate = sandbox.available()[0] if isolate is None else isolate
         self.limits = limits or Limits()
         self.private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
-        self.work = Path(tempfile.mkdtemp(prefix="labkit-sandbox-"))  # the notebook's scratch folder
+        # without bubblewrap's namespaces: a user of its own, whose every process is killed when the notebook ends
+        self.uid = sandbox.claim_uid() if self.isolate and sandbox.kind() == "user" else None
+        self.work = Path(tempfile.mkdtemp(prefix="labkit-sandbox-", dir=sandbox.scratch_parent() if self.uid else None))
         self.inbox = self.work / ".labkit-capture"  # where the check cells record, within the notebook's reach
         self.cgroups = sandbox.make_cgroup(self.limits) if self.isolate else []
         self.client = None
@@ -196,6 +198,8 @@ class NotebookRun:
         if cell_index in self.by_cell:  # what earlier cells recorded never counts
             shutil.rmtree(self.inbox, ignore_errors=True)
             self.inbox.mkdir()
+            if self.uid is not None:  # a user of its own records into it
+                os.chown(self.inbox, self.uid, self.uid)
         self.cell, self.t0 = cell_index, time.monotonic()
 
     def cell_executed(self, cell, cell_index, **kw) -> None:
@@ -236,14 +240,15 @@ class NotebookRun:
                        on_cell_executed=self.cell_executed)
         if self.isolate:
             km = _sandboxed_kernel(self.work, self.private, self.limits, self.cgroups,
-                                   sandbox.environment(self.work, env))
+                                   sandbox.environment(self.work, env), self.uid)
             return NotebookClient(self.nb, km=km, resources={"metadata": {"path": str(self.work)}}, **options)
         return NotebookClient(self.nb, kernel_name="python3", resources={"metadata": {"path": str(self.path.parent)}},
                               **options)
 
     def kill(self) -> None:
-        """Kill the kernel and everything it started (its cgroup, else its process group)."""
+        """Kill the kernel and everything it started (its cgroup and its user, else its process group)."""
         sandbox.kill_cgroup(self.cgroups)
+        sandbox.kill_user(self.uid)
         km = self.client.km if self.client is not None else None
         proc = getattr(getattr(km, "provisioner", None), "process", None) if km else None
         if proc is not None and proc.poll() is None:
@@ -259,7 +264,8 @@ class NotebookRun:
         no interrupt reaches; every later cell on them would wait its whole limit. Returns the pids killed."""
         km = self.client.km if self.client is not None else None
         kernel = getattr(getattr(getattr(km, "provisioner", None), "process", None), "pid", None)
-        pids = sandbox.cgroup_pids(self.cgroups) if self.cgroups else _descendants(kernel) if kernel else set()
+        pids = (sandbox.cgroup_pids(self.cgroups) if self.cgroups else sandbox.user_pids(self.uid) if self.uid
+                else _descendants(kernel) if kernel else set())
         killed = []
         for pid in sorted(pids):
             try:
@@ -299,6 +305,7 @@ class NotebookRun:
         finally:
             finished.set()
             guard.join()
+            sandbox.kill_user(self.uid)  # what it left running (a detached writer) ends before anything is written
         if self.killed is not None:
             return (f"not run: cell {self.killed} ran past the {self.timeout} s limit and did not stop when "
                     "interrupted, so the kernel and everything it started were killed")
@@ -359,8 +366,8 @@ class NotebookRun:
         return rows
 
     def close(self) -> None:
-
         sandbox.remove_cgroup(self.cgroups)
+        sandbox.release_uid(self.uid)
         shutil.rmtree(self.private, ignore_errors=True)
         shutil.rmtree(self.work, ignore_errors=True)
 
@@ -479,9 +486,9 @@ def _descendants(pid: int) -> set[int]:
 RECORD_LIMIT = 256 << 20  # bytes: a larger record file is not read (the checks' records are a few MB at most)
 
 
-def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict):
-    """A kernel manager whose kernel starts in the sandbox, talking over Unix sockets in the scratch folder (the
-    sandbox has no network of its own beyond its loopback)."""
+def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict, uid: int | None = None):
+    """A kernel manager whose kernel starts in the sandbox (as user ``uid``, where it is one of its own), talking over
+    Unix sockets in the scratch folder (the sandbox has no network of its own beyond its loopback)."""
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -490,7 +497,7 @@ def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict):
     spec_dir = private / "kernels" / "labkit-sandbox"
     spec_dir.mkdir(parents=True)
     argv = sandbox.command([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], work, limits,
-                           cgroups, env, log=private / "kernel.log")
+                           cgroups, env, log=private / "kernel.log", uid=uid)
     (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "labkit sandbox",
                                                       "language": "python", "interrupt_mode": "message"}))
     ksm = KernelSpecManager(kernel_dirs=[str(private / "kernels")], ensure_native_kernel=False)

@@ -13,8 +13,16 @@ Limits: memory and the number of processes through a cgroup when the grader may 
 v2), else per-process rlimits; CPU seconds per process and file size always through rlimits. The launcher that sets
 them (``python -m labkit.grading.sandbox run``) runs before any of the student's code and then becomes bubblewrap.
 
-Where bubblewrap or user namespaces are missing (macOS, a locked-down host), :func:`available` says why and grading
-runs without isolation, after a warning.
+Where bubblewrap cannot make its namespaces (a container that forbids them, as Gradescope's may) and the grader is
+root, each notebook runs instead as an **unprivileged user of its own** (:func:`kind` is ``"user"``): a user id from
+:data:`USER_IDS` with no name and no files, claimed for one notebook. It owns only its scratch folder, so it cannot
+write the grader, labkit, the release or the results; everything it starts runs as it, and every process of it is
+killed when the notebook ends, before the grader writes anything. It reads what any user of the machine may read, so
+keep the instructor's notebooks and the grades where others cannot (``chmod o-rwx``); the bundle's setup.sh does so.
+It has the machine's network. ``LABKIT_SANDBOX`` chooses (``auto``, ``bubblewrap``, ``user``).
+
+Where neither can be made (macOS, a grader that is not root), :func:`available` says why; ``labkit grade`` then
+refuses unless told ``--no-sandbox``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -51,8 +60,81 @@ class Limits:
     file_mb: int = 2048
 
 
-@functools.lru_cache(maxsize=1)
+DESCRIBED = {"bubblewrap": "bubblewrap's namespaces", "user": "an unprivileged user of its own (no bubblewrap here)",
+             "none": "nothing (--no-sandbox)", "": "nothing"}
+
+
+def kind() -> str:
+    """How a notebook is isolated here: "bubblewrap", "user" (an unprivileged user of its own), or "" (neither can
+    be made: :func:`available` says why)."""
+    wanted = settings.get("LABKIT_SANDBOX")
+    if wanted != "user" and _bubblewrap()[0]:
+        return "bubblewrap"
+    if wanted != "bubblewrap" and _user()[0]:
+        return "user"
+    return ""
+
+
 def available() -> tuple[bool, str]:
+    """(True, "") where a notebook can be isolated here (:func:`kind`), else (False, why)."""
+    if kind():
+        return True, ""
+    wanted = settings.get("LABKIT_SANDBOX")
+    why = [w for name, (ok, w) in (("bubblewrap", _bubblewrap()), ("user", _user())) if wanted in ("auto", name)]
+    return False, "; and ".join(why)
+
+
+def _user() -> tuple[bool, str]:
+    if not sys.platform.startswith("linux"):
+        return False, f"an unprivileged user of its own needs Linux; this is {sys.platform}"
+    if os.geteuid() != 0:
+        return False, ("the fallback without bubblewrap runs each notebook as an unprivileged user of its own, which "
+                       "only root can start (Gradescope's run_autograder runs as root)")
+    closed = [str(p) for p in (Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix),
+                               Path(__file__).resolve().parent.parent) if not _open_to_others(p)]
+    if closed:
+        return False, (f"an unprivileged user could not run this Python: {closed[0]} is not open to other users (a "
+                       "folder above it lacks o+x, as /root does): install Python and labkit where every user may "
+                       "read them, or install bubblewrap")
+    if exposed := exposed_solutions():
+        return False, (f"the instructor's notebooks in {exposed} are open to every user of this machine, so an "
+                       f"unprivileged user of its own would read the solutions: chmod o-rwx {exposed}, or install "
+                       "bubblewrap")
+    return True, ""
+
+
+def exposed_solutions() -> Path | None:
+    """The folder of the instructor's notebooks (a checkout's notebooks/, with the solutions), where any user of the
+    machine may read it; None where it is closed to them, or holds the handouts alone (an installed labkit)."""
+    from ..handout import is_handout
+    from ..labs import NOTEBOOKS
+
+    folder = Path(NOTEBOOKS)
+    found = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    if not found or not _open_to_others(folder) or not os.stat(folder).st_mode & 0o001:
+        return None
+    try:
+        if all(is_handout(json.loads(p.read_text(encoding="utf-8"))) for p in found):
+            return None
+    except (OSError, ValueError):
+        pass
+    return folder
+
+
+def _open_to_others(path: Path) -> bool:
+    """Whether a user who owns nothing can reach ``path`` (o+x on every folder above it) and read it."""
+    import stat
+
+    try:
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return False
+        return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in path.parents)
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _bubblewrap() -> tuple[bool, str]:
     """(True, "") where bubblewrap can make the namespaces here, else (False, why)."""
     if not sys.platform.startswith("linux"):
         return False, f"sandboxing needs Linux namespaces; this is {sys.platform}"
@@ -132,6 +214,72 @@ def bwrap_args(scratch: Path, env: dict) -> list[str]:
             args += ["--ro-bind", str(real), str(seen)]
     args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return args
+
+
+# ---- an unprivileged user of its own -------------------------------------------------------------------------------
+
+USER_IDS = range(61000, 62000)  # ids no account has: each graded notebook runs as one, which owns nothing else
+
+
+def claim_uid() -> int:
+    """A user id of :data:`USER_IDS` that no process runs as, no account names, and no other grading holds (a lock
+    file, removed by :func:`release_uid`)."""
+    import pwd
+    import secrets
+
+    named = {p.pw_uid for p in pwd.getpwall()}
+    for _ in range(200):
+        uid = USER_IDS[secrets.randbelow(len(USER_IDS))]
+        if uid in named or user_pids(uid):
+            continue
+        try:
+            os.close(os.open(_uid_lock(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue
+        return uid
+    raise RuntimeError(f"no free user id in {USER_IDS.start}-{USER_IDS.stop - 1} to grade a notebook as")
+
+
+def scratch_parent() -> str:
+    """Where a user of its own can reach its scratch folder: the temporary folder, else /tmp (a grader's TMPDIR may
+    be a folder of its own, 0700)."""
+    return next((d for d in (tempfile.gettempdir(), "/tmp", "/var/tmp") if _open_to_others(Path(d) / ".")),
+                "/tmp")
+
+
+def _uid_lock(uid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"labkit-grade-uid-{uid}.lock")
+
+
+def user_pids(uid: int) -> set[int]:
+    """Every live process running as ``uid`` (its real or effective id), from /proc; a zombie, already dead and
+    waiting for its parent to read its status, is not counted."""
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            if fields["State"].split()[0] != "Z" and uid in {int(x) for x in fields["Uid"].split()[:2]}:
+                found.add(int(status.parent.name))
+        except (OSError, ValueError, KeyError, IndexError):
+            continue
+    return found
+
+
+def kill_user(uid: int | None) -> None:
+    """SIGKILL every process of ``uid`` until none is left (a process that forks while it is killed included)."""
+    if uid is not None:
+        kill_until_gone(lambda: user_pids(uid), wait=10.0)
+
+
+def release_uid(uid: int | None) -> None:
+    """Kill what ``uid`` still runs, and give the id back."""
+    if uid is None:
+        return
+    kill_user(uid)
+    try:
+        os.unlink(_uid_lock(uid))
+    except FileNotFoundError:
+        pass
 
 
 # ---- cgroups -------------------------------------------------------------------------------------------------------
@@ -252,11 +400,16 @@ def oom_killed(cgroups: list[Path]) -> bool:
 # ---- the launcher --------------------------------------------------------------------------------------------------
 
 def command(argv: list[str], scratch: Path, limits: Limits, cgroups: list[Path], env: dict,
-            log: Path | None = None) -> list[str]:
+            log: Path | None = None, uid: int | None = None) -> list[str]:
     """The command line that runs ``argv`` in the sandbox: the launcher (limits, cgroup, output to ``log``), then
-    bubblewrap."""
+    bubblewrap; with ``uid``, the launcher gives ``scratch`` to that user and becomes it, with ``env``."""
     spec = {"limits": asdict(limits), "cgroups": [str(d) for d in cgroups], "log": str(log) if log else None}
-    return [sys.executable, "-m", "labkit.grading.sandbox", "run", json.dumps(spec), "--", *bwrap_args(scratch, env), "--", *argv]
+    launcher = [sys.executable, "-m", "labkit.grading.sandbox", "run"]
+    if uid is not None:
+        spec.update(uid=uid, scratch=str(scratch), env={**env, "TMPDIR": str(scratch / ".tmp"), "USER": "student",
+                                                         "LOGNAME": "student"})
+        return [*launcher, json.dumps(spec), "--", *argv]
+    return [*launcher, json.dumps(spec), "--", *bwrap_args(scratch, env), "--", *argv]
 
 
 def _owner(proc: Path) -> int | None:
@@ -280,13 +433,35 @@ def _enter(spec: dict) -> None:
               (resource.RLIMIT_CORE, 0)]
     if not spec.get("cgroups"):  # no cgroup: per process, what the cgroup would have bounded for all
         wanted += [(resource.RLIMIT_AS, limits.memory_mb * mb)]
-        if os.getuid() != 0:  # root is exempt from RLIMIT_NPROC; a user's count includes their other processes
+        if os.getuid() != 0 and spec.get("uid") is None:  # root is exempt; a user's count includes their others
             mine = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == os.getuid())
             wanted.append((resource.RLIMIT_NPROC, mine + limits.processes))
+    if spec.get("uid") is not None:  # a user of its own runs nothing else: its count is the notebook's
+        wanted.append((resource.RLIMIT_NPROC, limits.processes))
     for which, value in wanted:
         soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
+    if spec.get("uid") is not None:
+        _become(spec["uid"], Path(spec["scratch"]), spec["env"])
+
+
+def _become(uid: int, scratch: Path, env: dict) -> None:
+    """Give ``scratch`` to ``uid`` and become that user, with ``env`` alone: from here on
+    the notebook writes nothing but its own folder."""
+    (scratch / ".tmp").mkdir(exist_ok=True)
+    for folder, dirs, files in os.walk(scratch):
+        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+            os.lchown(name, uid, uid)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit(f"labkit sandbox: could not become user {uid}")
+    os.umask(0o077)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(scratch)
 
 
 def main(argv=None) -> int:
