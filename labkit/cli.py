@@ -58,11 +58,14 @@ def work_copies(notebooks: Path, work: Path, solutions: bool = False) -> list[st
     """Copy the lab notebooks into ``work`` for ``labkit lab``: their student versions (exercises as stubs, answer
     cells blank), or with ``solutions`` the course's notebooks. A notebook already there is never overwritten.
     Returns one line per notebook copied or kept."""
-    from .runner import find_notebooks
+    from .runner import find_notebooks, with_solutions
 
+    found = find_notebooks(notebooks)
+    if solutions:  # an installed labkit holds the handouts alone: no solution for a graded notebook to read
+        with_solutions(found, "labkit lab --solutions", elsewhere="")
     work.mkdir(parents=True, exist_ok=True)
     lines = []
-    for src in find_notebooks(notebooks):
+    for src in found:
         want, dest = _course_version(src, solutions), work / src.name
         try:
             with open(dest, "xb") as f:  # "x": a file that is there, even one made a moment ago, is never replaced
@@ -253,7 +256,7 @@ def _cmd_grade(a) -> int:
                              "of the same release, or add --regrade-other-release to compare anyway")
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
-        print(grade.summary(results))
+        print(grade.summary(results, json.loads(json_path.read_text())))
         print(f"\nmerged {1 + len(a.more)} run(s) into {csv_path} and {json_path}")
         return _hand_on(a, json_path, before)
     if a.more:
@@ -262,7 +265,7 @@ def _cmd_grade(a) -> int:
         results, csv_path, json_path, warnings = grade.rescore(a.folder, release=given_release)
         for warning in warnings:
             print(f"labkit grade --rescore: {warning}", file=sys.stderr)
-        print(grade.summary(results))
+        print(grade.summary(results, json.loads(json_path.read_text())))
         print(f"\nrescored {csv_path} and {json_path} from {Path(a.folder) / 'answers.csv'}: no notebook was run")
         a.out = a.folder
         return _hand_on(a, json_path, before)
@@ -294,7 +297,7 @@ def _grade_run(a, before: dict | None) -> int:
               f"engines; no grades were written. What was graded is kept in {Path(a.out) / grade.PROGRESS}: run the "
               "same command with --resume to go on from there.", file=sys.stderr)
         return 130
-    print(grade.summary(results))
+    print(grade.summary(results, json.loads(json_path.read_text())))
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     if (Path(a.out) / "answers.csv").is_file():
         print(f"the answers to the questions, to read and score by hand: {Path(a.out) / 'answers.html'} (scores go in "

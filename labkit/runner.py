@@ -60,7 +60,8 @@ class NoSolutions(LabkitError, FileNotFoundError):
     """The notebooks given are the handouts an installed labkit ships, where the worked solutions are needed."""
 
 
-def with_solutions(paths: list[Path], what: str) -> list[Path]:
+def with_solutions(paths: list[Path], what: str, elsewhere: str = ", or give --notebooks DIR with the instructor's "
+                   "notebooks") -> list[Path]:
     """``paths``, the instructor's notebooks; :class:`NoSolutions`, naming ``what`` needs them and where they are,
     where any is a handout (an installed labkit ships the student versions alone, so no graded notebook reads a
     solution from it)."""
@@ -68,8 +69,7 @@ def with_solutions(paths: list[Path], what: str) -> list[Path]:
     if handouts:
         raise NoSolutions(f"{what} needs the instructor's notebooks, with the worked solutions; {handouts[0]} in "
                           f"{paths[0].parent} is the student version an installed labkit ships. Run it from the "
-                          "course's checkout (its notebooks/ folder), or give --notebooks DIR with the instructor's "
-                          "notebooks.")
+                          f"course's checkout (its notebooks/ folder){elsewhere}.")
     return paths
 
 

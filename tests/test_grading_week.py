@@ -107,7 +107,11 @@ def test_a_week_of_two_labs_in_one_set_of_folders_loses_nothing(tmp_path, monkey
     labkit(*assign, "--only", "07_", "--deadline", "07=2026-10-09T23:59:00+02:00")
     _hand_in("ana", "07", True, "Small arrays: the ring pays 2(p-1) latencies.", "2026-10-09T12:00:00+02:00")
     _hand_in("bo", "07", False, "Small ones.", "2026-10-09T13:00:00+02:00")
+    capsys.readouterr()
     labkit("grade", "submissions", "--release", "release", "--lab", "07", "--no-sandbox", "--out", "grades")
+    said = capsys.readouterr()
+    assert "none of the release's labs" not in said.err, "lab 01's notebooks are the release's, only not graded now"
+    assert "ana  07_ring_allreduce.ipynb: 1/1 exercises passed, 1 of 1 points" in said.out, said.out
     assert _facts("grades", "01") == lab01
     _score("grades", "07", {"ana": 2, "bo": 1})
     labkit("grade", "--rescore", "grades")

@@ -224,14 +224,17 @@ def test_an_installed_wheel_ships_the_handouts_and_keeps_data_in_the_cache(tmp_p
             "import labkit.openmp as o\nprint(o.SOURCE.is_file(), o.HELPERS.is_file())\n"
             "import pkgutil\nprint(*sorted(m.name for m in pkgutil.walk_packages(labkit.__path__, 'labkit.')))\n"
             "import json, labkit.handout as h\nprint(all(h.is_handout(json.loads(p.read_text())) for p in nbs))\n"
-            "try:\n    r.run(out='report', fetch=False)\nexcept labkit.runner.NoSolutions as e:\n    print(e)\n")
+            "try:\n    r.run(out='report', fetch=False)\nexcept labkit.runner.NoSolutions as e:\n    print(e)\n"
+            "import labkit.cli as c\ntry:\n    c.work_copies(r.NOTEBOOKS, __import__('pathlib').Path('sol'), True)\n"
+            "except labkit.runner.NoSolutions as e:\n    print(e)\n"
+            "print(len(c.work_copies(r.NOTEBOOKS, __import__('pathlib').Path('work'))))\n")
     env = {**__import__("os").environ, "PYTHONPATH": str(site), "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
     env.pop("LABKIT_CACHE", None)
     env.pop("LABKIT_DATA", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, second, third, fourth, fifth, sixth, seventh = out.stdout.split("\n")[:7]
+    first, second, third, fourth, fifth, sixth, seventh, eighth, ninth = out.stdout.split("\n")[:9]
     where, count, repo_data, default = first.split()
     assert where.startswith(str(site)) and count == str(len(runner.find_notebooks())) and repo_data == "None"
     assert default == str(home / ".cache" / "labkit" / "data") and second == "1"
@@ -244,3 +247,5 @@ def test_an_installed_wheel_ships_the_handouts_and_keeps_data_in_the_cache(tmp_p
     assert sixth == "True", "every notebook in the wheel is a handout"
     assert "labkit report needs the instructor's notebooks" in seventh and "--notebooks DIR" in seventh, seventh
     assert not (tmp_path / "report").exists(), "nothing runs on the handouts"
+    assert "labkit lab --solutions needs the instructor's notebooks" in eighth and not (tmp_path / "sol").exists()
+    assert ninth == count, "labkit lab hands out every lab from the installed handouts"

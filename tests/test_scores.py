@@ -50,6 +50,36 @@ def test_partial_credit_is_the_share_of_the_checks_cases_passed_where_the_releas
     assert (entry["exercise_score"], entry["exercise_points"]) == (2.75, 6.0)
 
 
+def test_the_console_says_what_grades_csv_and_grades_json_hold():
+    """1.5 of 4 points with partial credit, as grades.csv's scores add up, not "1 of 4"; and the lab's total."""
+    rows = [ExerciseResult("ana", NB, "backprop", False, "wrong", points=2, cases=(1, 4)),
+            ExerciseResult("ana", NB, "output_error", True, "passed"),
+            ExerciseResult("ana", NB, "layer_backward", False, "not written yet")]
+    scores.set_points(rows, {"notebooks": {NB: {"partial_credit": True, "exercises": [{"name": "backprop",
+                                                                                         "points": 2}]}}}, set())
+    entry = {"results": [{"points": r.points, "score": r.score, "passed": r.passed} for r in rows],
+             "answers": [{"score": 1.0, "points": 2}, {"score": None, "points": 1}], "answer_points": 3,
+             "answer_score": 1.0, "late": {"percent": 10}}
+    scores.total(entry)
+    line = grade.summary(rows, {"students": {"ana": {NB: entry}}}).splitlines()[0]
+    assert f"{NB}: 1/3 exercises passed, 1.5 of 4 points" in line
+    assert line.endswith("written answers 1 of 3 (1 to score by hand), 10 % off for late work: total 2.25 of 7")
+    assert grade.summary(rows).splitlines()[0].endswith("1.5 of 4 points")
+
+
+def test_another_labs_notebook_is_left_out_without_being_called_a_stranger(tmp_path, capsys):
+    assign.write_student_versions([LAB01, LAB07], tmp_path / "student", release_dir=tmp_path / "release")
+    record, _ = grade.load_release(tmp_path / "release")
+    found = [("ana", tmp_path / "student" / NB), ("ana", tmp_path / "student" / "07_ring_allreduce.ipynb")]
+    handed = grade.place(found, record, {"07"})
+    assert [h.name for h in handed] == ["07_ring_allreduce.ipynb"]
+    assert "none of the release's labs" not in capsys.readouterr().err
+    stranger = tmp_path / "x.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), stranger)
+    grade.place([("ana", stranger)], record, {"07"})
+    assert "x.ipynb: not graded, it is none of the release's labs" in capsys.readouterr().err
+
+
 def test_assign_writes_partial_credit_into_the_release(tmp_path, capsys):
     assert cli.main(["assign", "--only", "01_", "--out", str(tmp_path / "out"), "--release", str(tmp_path / "rel"),
                      "--partial-credit"]) == 0

@@ -35,19 +35,17 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import handout
 from ..labs import NOTEBOOKS
 
 KINDS = ("predict", "explain")
-PLACEHOLDER = "_Your answer here._"
+PLACEHOLDER = handout.PLACEHOLDER
 ANSWERS_CSV, ANSWERS_HTML = "answers.csv", "answers.html"
 RUBRICS_FILE = "rubrics.json"
 BLANK = "blank: 0 points"
 
 
-def meta(cell) -> dict | None:
-    """The answer cell's labkit metadata, or None for any other cell."""
-    m = cell.get("metadata", {}).get("labkit", {})
-    return m if isinstance(m, dict) and "answer" in m else None
+meta = handout.answer_meta  # the answer cell's labkit metadata, or None for any other cell
 
 
 def answer_cells(nb) -> list[tuple[int, dict]]:
@@ -78,32 +76,8 @@ def answer_cells(nb) -> list[tuple[int, dict]]:
     return found
 
 
-def _assignments(source: str, where: str = "the cell") -> list[ast.Assign]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as e:
-        raise ValueError(f"{where}: not valid Python ({e.msg}, line {e.lineno})") from None
-    if not tree.body or not all(isinstance(s, ast.Assign) and all(isinstance(t, ast.Name) for t in s.targets)
-                                for s in tree.body):
-        raise ValueError(f"{where}: a predict cell holds only assignments of names, `predicted_x = 3.5  # comment`")
-    return tree.body
-
-
-def student_source(cell) -> str:
-    """The answer cell as handed out: a predict cell's values replaced by ``...`` (its names and comments kept), an
-    explain cell's text by :data:`PLACEHOLDER`."""
-    m = meta(cell)
-    if m is None:
-        return cell.source
-    if m["kind"] == "explain":
-        return PLACEHOLDER
-    lines = cell.source.splitlines()
-    for stmt in reversed(_assignments(cell.source)):
-        first, last = stmt.lineno - 1, stmt.end_lineno - 1
-        head = lines[first][:stmt.targets[-1].end_col_offset]  # the names, up to the last "="
-        tail = lines[last][stmt.end_col_offset:]  # a comment after the value (its brackets go with it)
-        lines[first:last + 1] = [head + " = ..." + tail]
-    return "\n".join(lines)
+_assignments = handout.assignments
+student_source = handout.blank_answer  # the answer cell as handed out: values ``...``, an explanation PLACEHOLDER
 
 
 def is_blank(cell) -> bool:

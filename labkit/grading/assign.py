@@ -16,60 +16,21 @@ from pathlib import Path
 
 import nbformat
 
-from ..check import KERNEL_TODO
+from .. import handout
 from ..check.exercises import EXERCISES, exercise
 from ..errors import LabkitError
 from . import answers
 
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-SOLUTION = re.compile(r"^([ \t]*)(//[ \t]*)?### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*(?://[ \t]*)?### END SOLUTION[ \t]*$",
-                      re.S | re.M)
-PY_STUB = "raise NotImplementedError"
-C_STUB = f"// {KERNEL_TODO}"
-
-
-def _stub(m: re.Match) -> str:
-    return m.group(1) + (C_STUB if m.group(2) else PY_STUB)
-
-
-def student_source(source: str) -> str:
-    """One cell's source with each solution region replaced by its stub.
-
-    Raises ValueError where the markers do not pair up (a BEGIN without its END, or the reverse), so that no
-    solution can leak into a student version.
-    """
-    inside = False
-    for line_no, line in enumerate(source.splitlines(), 1):
-        if BEGIN in line or END in line:
-            if (BEGIN in line) == inside or (BEGIN in line and END in line):
-                raise ValueError(f"unpaired solution marker on line {line_no} of the cell: each {BEGIN!r} needs its own "
-                                 f"{END!r} after it, each on a line of its own")
-            inside = not inside
-    if inside:
-        raise ValueError(f"unpaired solution marker: the cell ends inside a solution region (no {END!r})")
-    out = SOLUTION.sub(_stub, source)
-    if BEGIN in out or END in out:  # a marker the pattern did not take (text before it on its line, say)
-        raise ValueError(f"unpaired solution marker: put {BEGIN!r} and {END!r} on lines of their own")
-    return out
+BEGIN, END, SOLUTION, PY_STUB, C_STUB = handout.BEGIN, handout.END, handout.SOLUTION, handout.PY_STUB, handout.C_STUB
+student_source = handout.stub_solutions  # one cell's source with each solution region replaced by its stub
 
 
 def student_notebook(nb):
-    """The notebook (nbformat v4) as handed out: solutions stubbed, outputs and execution counts cleared."""
+    """The notebook (nbformat v4) as handed out: solutions stubbed, answers blank, outputs and execution counts
+    cleared (:mod:`labkit.handout`)."""
     nb = nbformat.from_dict(nb)  # a copy; the instructor's version stays as it is
     answers.answer_cells(nb)  # well formed (raises otherwise)
-    for i, cell in enumerate(nb.cells):
-        if answers.meta(cell):
-            cell.source = answers.student_source(cell)  # the model answer out, the names of a prediction kept
-        if cell.cell_type == "code":
-            try:
-                cell.source = student_source(cell.source)
-            except ValueError as e:
-                raise ValueError(f"cell {i} (id {cell.get('id', '?')}): {e}") from None
-            cell.outputs = []
-            cell.execution_count = None
-        elif BEGIN in cell.source:
-            raise ValueError(f"cell {i} (id {cell.get('id', '?')}) is {cell.cell_type}, "
-                             "but solution markers belong in code cells")
+    handout.blank_cells(nb.cells)
     return nb
 
 
@@ -123,19 +84,8 @@ def _only_declared(nb, where) -> None:
 
 
 def lock_given_cells(nb) -> None:
-    """Mark every code cell without a solution region (the checks and the given code) read-only and not deletable,
-    through the cell metadata JupyterLab honours; the parameters cell (PROFILE) and the answer cells stay editable."""
-    for cell in nb.cells:
-        if answers.meta(cell):
-            cell.metadata["editable"] = True
-            cell.metadata["deletable"] = False
-            continue
-        if cell.cell_type != "code" or "parameters" in cell.get("metadata", {}).get("tags", []):
-            continue
-        if C_STUB in cell.source or PY_STUB in cell.source:
-            continue  # an exercise: the student writes here
-        cell.metadata["editable"] = False
-        cell.metadata["deletable"] = False
+    """Mark every code cell without a solution region read-only and not deletable (:func:`handout.lock_given_cells`)."""
+    handout.lock_given_cells(nb.cells)
 
 
 def release_entry(student) -> dict:

@@ -232,7 +232,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     if record is not None and wanted:
         record = only_labs(record, wanted)
     found = _share(submissions(Path(folder)), part)
-    handed = place(found, record, wanted)  # said before anything starts
+    handed = place(found, full, wanted)  # said before anything starts; another lab's notebook is no stranger
     everyone = sorted({student for student, _ in found})  # one whose files are all of other labs hands in nothing
     if not handed:
         raise FileNotFoundError(f"no notebook of lab {', '.join(sorted(wanted))} under {folder}")
@@ -796,17 +796,35 @@ def _rescore_rubrics(release: Path | str | None, data: dict) -> dict | None:
     return answer_cells.load_rubrics(folder)
 
 
-def summary(results: list[ExerciseResult]) -> str:
-    """One line per student and notebook, then each failed exercise with its message."""
+def summary(results: list[ExerciseResult], data: dict | None = None) -> str:
+    """One line per student and notebook, in grades.csv's figures (a row's score with partial credit), with ``data``
+    (the grades.json written) its written answers, late penalty and total; then each failed exercise's message."""
     lines, by = [], {}
     for r in results:
         by.setdefault((r.student, r.notebook), []).append(r)
     for (student, nb_name), rs in by.items():
-        points = sum(r.points for r in rs)
-        lines.append(f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed, "
-                     f"{sum(r.points for r in rs if r.passed):g} of {points:g} points")
+        got = sum(scores.scored({"score": r.score, "points": r.points, "passed": r.passed}) for r in rs)
+        line = (f"{student:>16}  {nb_name}: {sum(r.passed for r in rs)}/{len(rs)} exercises passed, "
+                f"{round(got, 4):g} of {sum(r.points for r in rs):g} points")
+        lines.append(line + _beyond_exercises(((data or {}).get("students", {}).get(student) or {}).get(nb_name)))
         lines += [f"{'':>18}x {r.exercise}: {r.message}" for r in rs if not r.passed]
     return "\n".join(lines)
+
+
+def _beyond_exercises(entry: dict | None) -> str:
+    """A lab's written answers, late penalty and total, as its grades.json entry holds them ("" where it has none)."""
+    if not entry or "total" not in entry:
+        return ""
+    parts = []
+    if entry.get("answer_points"):
+        waiting = sum(1 for a in entry.get("answers", []) if a.get("score") is None)
+        parts.append(f"written answers {float(entry.get('answer_score') or 0):g} of {float(entry['answer_points']):g}"
+                     + (f" ({waiting} to score by hand)" if waiting else ""))
+    if percent := float((entry.get("late") or {}).get("percent", 0)):
+        parts.append(f"{percent:g} % off for late work")
+    if not parts:
+        return ""
+    return f"; {', '.join(parts)}: total {float(entry['total']):g} of {float(entry.get('points_possible', 0)):g}"
 
 
 __all__ = ["CHECK_CALL", "ExerciseResult", "GradeOptions", "Handed", "exercises_in", "load_release", "grade_notebook",
