@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from labkit import check, mlp
-from labkit.check import ExerciseError
+from labkit.check import ExerciseError, common
 
 
 def reference_backprop(params, x, Y):
@@ -420,3 +420,17 @@ def test_row_softmax_replays_with_the_checks_verdict(softmax_solution, tmp_path,
     monkeypatch.setattr(common, "_failed_runs", {})
     got = replay.replay("row_softmax", tmp_path / "wrong", 77)
     assert got[0] is False and got[1].split("\nStep")[0] == plain[1].split("\nStep")[0]
+
+
+@pytest.mark.parametrize("got, said", [(np.array([1.0, 2.0]), r"expected one number, got ndarray of shape \(2,\)"),
+                                       ("1.0", "expected one number, got str"), (True, "expected one number, got bool"),
+                                       ([[1, 2]], r"got list of shape \(1, 2\)"), (None, "got NoneType")])
+def test_one_number_names_what_came_back(got, said):
+    with pytest.raises(check.ExerciseError, match=said):
+        common.one_number("ex", "case 1", got, "expected one number", "return a float")
+
+
+def test_one_number_takes_any_single_value_and_refuses_inf_where_asked():
+    assert [common.one_number("ex", "", v, "x") for v in (2, np.float32(0.5), np.array(3.0), [4.0])] == [2, 0.5, 3, 4]
+    with pytest.raises(check.ExerciseError, match="the value you returned is inf\nHint: divided by zero?"):
+        common.one_number("ex", "", np.inf, "x", not_finite="divided by zero?")

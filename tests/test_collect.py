@@ -211,7 +211,7 @@ def test_a_second_collect_adds_its_rows_and_says_what_it_replaced(tmp_path, rele
     assert late.read_submissions(out / "submissions.csv")[("alvarezana", "01")]["lms_submission_id"] == "90021"
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "submissions.csv").write_text("name,score\nana,3\n")
-    with pytest.raises(ValueError, match="not a submissions.csv of labkit collect .* move it away, or collect into"):
+    with pytest.raises(ValueError, match="lacks the column.* of a submissions.csv .* move it away, or collect into"):
         collect.collect(week, release, tmp_path / "other")
     assert not (tmp_path / "other" / "alvarezana").exists()  # refused before writing anything
 

@@ -650,10 +650,3 @@ def recorded_reference(folder: Path | str, check: str) -> str | None:
     return None
 
 
-def recorded_source(folder: Path | str, check: str):
-    for path in records(folder, check):
-        try:
-            return json.loads(path.read_text()).get("source")
-        except (OSError, ValueError):
-            continue
-    return None

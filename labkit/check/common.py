@@ -330,12 +330,27 @@ def collective_check(comm, ex: str, cases) -> None:
         passed(f"{ex} on 1 to {p} ranks", n_checks)
 
 
+def one_number(ex: str, where: str, got, what: str, fix: str = "", not_finite: str = "") -> float:
+    """A student's answer that must be one number (any single value, a 0-d or one-element array too), as a float;
+    else fail with ``where: what, got <its type> of shape <its shape>`` and ``fix``. With ``not_finite``, an inf or
+    NaN fails too, with that hint."""
+    size = np.size(got) if not isinstance(got, (str, bytes)) else 1
+    shape = f" of shape {np.shape(got)}" if np.ndim(got) and not isinstance(got, (str, bytes)) else ""
+    value = None
+    if got is not None and not isinstance(got, (bool, np.bool_, str, bytes)) and size == 1:
+        try:
+            value = float(np.asarray(got, dtype=float).reshape(()))
+        except (TypeError, ValueError):
+            value = None
+    if value is None:
+        fail(ex, f"{where + ': ' if where else ''}{what}, got {type(got).__name__}{shape}", fix)
+    if not_finite and not np.isfinite(value):
+        fail(ex, f"{where + ': ' if where else ''}the value you returned is {value}", not_finite)
+    return value
+
+
 def as_seconds(ex: str, where: str, got) -> float:
     """A student's answer that must be one number of seconds."""
-    if isinstance(got, (bool, np.bool_, str, bytes)) or np.ndim(got) != 0:
-        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}"
-             f"{'' if np.ndim(got) == 0 else f' of shape {np.shape(got)}'}", "return a single float: the time of it all")
-    try:
-        return float(got)
-    except (TypeError, ValueError):
-        fail(ex, f"{where}: expected one number of seconds, got {type(got).__name__}", "return a float")
+    return one_number(ex, where, got, "expected one number of seconds", "return a single float: the time of it all")
+
+

@@ -13,7 +13,18 @@ import numpy as np
 from ..compression import bytes_per_step as model
 from ..compression import top_k_with_feedback
 from . import capture
-from .common import ExerciseError, call, collective_check, each_case, fail, not_written, on_given_comm, passed, recorded
+from .common import (
+    ExerciseError,
+    call,
+    collective_check,
+    each_case,
+    fail,
+    not_written,
+    on_given_comm,
+    one_number,
+    passed,
+    recorded,
+)
 from .exercises import Exercise
 
 
@@ -99,14 +110,8 @@ def _int8_case(ex, fn, rng, n, dtype, kind) -> None:
 
 
 def _scale(ex, where, scale) -> float:
-    try:
-        a = np.asarray(scale, dtype=np.float64)
-    except (TypeError, ValueError):
-        a = None
-    if a is None or a.size != 1:
-        fail(ex, f"{where}: the scale must be one number for the whole tensor, got {type(scale).__name__}"
-              + ("" if a is None else f" of shape {a.shape}"), "one scale per tensor: a single float")
-    return float(a.reshape(-1)[0])
+    return one_number(ex, where, scale, "the scale must be one number for the whole tensor",
+                      "one scale per tensor: a single float")
 
 
 def _scale_mistake(g, s, peak) -> str:
@@ -672,14 +677,8 @@ def _bytes_cases() -> list[tuple[str, int, int, int]]:
 
 
 def _bytes(ex: str, where: str, v, name: str) -> float:
-    try:
-        x = float(np.asarray(v, dtype=float).reshape(()))
-    except (TypeError, ValueError):
-        fail(ex, f"{where}: {name} should be one number of bytes, got {type(v).__name__}"
-             + (f" of shape {np.shape(v)}" if hasattr(v, "shape") else ""), "return two plain numbers, (dense, topk)")
-    if not np.isfinite(x):
-        fail(ex, f"{where}: your {name} is {x}", "a division by zero? try your function by hand on p = 1")
-    return x
+    return one_number(ex, where, v, f"{name} should be one number of bytes", "return two plain numbers, (dense, topk)",
+                      not_finite="a division by zero? try your function by hand on p = 1")
 
 
 def _close_bytes(a, b) -> bool:

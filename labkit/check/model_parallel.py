@@ -17,7 +17,7 @@ from ..model_parallel import one_f_one_b_schedule, peak_activations
 from ..model_parallel import pipeline_step_time as reference
 from ..shards import shard_bounds
 from . import capture
-from .common import call, each_case, fail, passed, recorded
+from .common import call, each_case, fail, one_number, passed, recorded
 from .exercises import Exercise
 
 
@@ -419,13 +419,7 @@ def _lockstep(f, b, M: int) -> float:
 
 
 def _check_step(ex, where, got, f, b, M, want) -> None:
-    try:
-        value = float(np.asarray(got, dtype=float)) if np.ndim(got) == 0 else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None:
-        fail(ex, f"{where}: expected one number (seconds), got {type(got).__name__}"
-             + (f" of shape {np.shape(got)}" if np.ndim(got) else ""), "return the time the whole step takes")
+    value = one_number(ex, where, got, "expected one number (seconds)", "return the time the whole step takes")
     if np.isclose(value, want, rtol=1e-9, atol=1e-12):
         return
     S = len(f)

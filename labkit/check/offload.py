@@ -14,7 +14,7 @@ from .. import mlp
 from ..errors import LabkitError
 from ..kernels import offload, streams
 from . import capture
-from .common import call, each_case, fail, passed, recorded
+from .common import call, each_case, fail, one_number, passed, recorded
 from .exercises import Exercise
 
 # ---- 1. the backward pass on xp --------------------------------------------------------------------------------------
@@ -333,10 +333,7 @@ def offload_time(fn) -> None:
 
 def _seconds(ex, fn, shape, costs, resident) -> float:
     got = call(ex, fn, shape[0], shape[1], dict(costs), resident)
-    try:
-        return float(got)
-    except (TypeError, ValueError):
-        fail(ex, f"expected a number of seconds, got {type(got).__name__}")
+    return one_number(ex, "", got, "expected a number of seconds")
 
 
 def _copy_term(ex, fn, shapes, resident) -> None:
@@ -591,10 +588,7 @@ def _stream_seconds(ex, where, got) -> float:
     if np.ndim(got) > 0:
         fail(ex, f"{where}: expected one number, the seconds to the last kernel's end; got {type(got).__name__} of "
              f"{np.size(got)} values: return the last kernel's end, not every batch's")
-    try:
-        return float(got)
-    except (TypeError, ValueError):
-        fail(ex, f"{where}: expected a number of seconds, got {type(got).__name__}")
+    return one_number(ex, where, got, "expected a number of seconds")
 
 
 # ---- 4. one step on a whole batch, on xp -----------------------------------------------------------------------------

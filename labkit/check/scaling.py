@@ -13,7 +13,7 @@ import numpy as np
 from .. import bench
 from ..scaling import GRADIENT_BYTES, predicted_step
 from . import capture
-from .common import ExerciseError, call, compare_series, each_case, fail, not_written, passed, recorded
+from .common import ExerciseError, call, compare_series, each_case, fail, not_written, one_number, passed, recorded
 from .exercises import Exercise
 
 # Lab 12's data-parallel step ([784,256,10], one BLAS thread per rank), medians of 3 runs on a machine with 2 cores:
@@ -226,14 +226,8 @@ def _line(x, t) -> tuple[float, float]:
 
 
 def _as_number(ex: str, where: str, v, name: str) -> float:
-    try:
-        x = float(np.asarray(v, dtype=float).reshape(()))
-    except (TypeError, ValueError):
-        fail(ex, f"{where}: {name} should be one number, got {type(v).__name__}"
-             + (f" of shape {np.shape(v)}" if hasattr(v, "shape") else ""), "return two plain numbers, (f, T1)")
-    if not np.isfinite(x):
-        fail(ex, f"{where}: your {name} is {x}", "a division by zero? print the line you fitted")
-    return x
+    return one_number(ex, where, v, f"{name} should be one number", "return two plain numbers, (f, T1)",
+                      not_finite="a division by zero? print the line you fitted")
 
 
 @recorded

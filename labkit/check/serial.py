@@ -23,7 +23,7 @@ import numpy as np
 from .. import mlp
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, compare_grads, each_case, fail, passed, problems, recorded
+from .common import ExerciseError, call, compare_grads, each_case, fail, one_number, passed, problems, recorded
 from .exercises import Exercise
 
 RTOL, ATOL = 1e-9, 1e-12  # float64 throughout: only rounding separates a right answer from labkit's
@@ -852,10 +852,7 @@ def threaded_step(fn) -> None:
             fail(ex, f"{where}: {why}", "each thread takes the samples of its own shard (my_split(n, p)), and only those")
         got_loss, got_grads = got
         _dtype_mistake(ex, where, got_grads, params)
-        try:
-            got_loss = float(got_loss)
-        except (TypeError, ValueError):
-            fail(ex, f"{where}: the loss should be a number, got {type(got_loss).__name__}")
+        got_loss = one_number(ex, where, got_loss, "the loss should be a number")
         try:
             nan = np.isnan(got_loss) or any(np.isnan(np.asarray(a, dtype=float)).any() for pr in got_grads for a in pr)
         except (TypeError, ValueError):

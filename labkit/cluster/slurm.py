@@ -172,11 +172,6 @@ def controller_address(env: dict | None = None) -> str:
     return m.group(2) or m.group(1)
 
 
-def in_allocation() -> bool:
-    """Whether this process runs inside a SLURM job (sbatch, salloc or srun)."""
-    return "SLURM_JOB_ID" in os.environ
-
-
 # -- a real SLURM on namespace hosts, for tests --------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 
+from . import late
 from .assign import lab_number, lab_of
 from .late import SUBMISSIONS_FIELDS, parse_time
 
@@ -382,13 +383,8 @@ def _earlier_rows(path: Path) -> list[dict]:
     """The rows an earlier collect wrote into this folder's submissions.csv ([] where there is none)."""
     if not path.is_file():
         return []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in SUBMISSIONS_FIELDS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path} is not a submissions.csv of labkit collect (it lacks {', '.join(missing)}), and "
-                             "collect adds its rows to the one there: move it away, or collect into another --out")
-        return [{c: row[c] for c in SUBMISSIONS_FIELDS} for row in reader]
+    return late.submission_rows(path, "collect adds its rows to the submissions.csv there: move it away, or collect "
+                                      "into another --out")
 
 
 def _row(s: Submission) -> dict:

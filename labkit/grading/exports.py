@@ -158,11 +158,6 @@ def read_gradebook(path: Path | str) -> Gradebook:
     return Gradebook(path, columns, possible, people)
 
 
-def read_roster(path: Path | str) -> list[dict]:
-    """The students of a gradebook exported from Canvas (CSV)."""
-    return read_gradebook(path).people
-
-
 def canvas_columns(book: Gradebook, labs: list[str], given: dict[str, str] | None = None) -> dict[str, str]:
     """For each lab ("01"), the gradebook's assignment column: the one ``given`` names by its Canvas id, else the one
     whose title holds the lab's number ("Lab 01: ...", "Lab 1 ..."). A lab with none or several is refused, naming

@@ -42,21 +42,27 @@ def read_submissions(path: Path | str) -> dict[tuple[str, str], dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no submissions file at {path}: `labkit collect` writes SUBMISSIONS/submissions.csv")
+    rows = {}
+    for k, row in enumerate(submission_rows(path, "as labkit collect writes them"), 2):
+        lab = lab_number(row["lab"])
+        if lab is None:
+            raise ValueError(f"{path}, line {k}: lab {row['lab']!r} is no lab number (01 ... 12)")
+        if row["submitted_at"].strip():
+            parse_time(row["submitted_at"], f"{path}, line {k}, submitted_at")
+        rows[(row["student"], lab)] = row
+    return rows
+
+
+def submission_rows(path: Path, fix: str) -> list[dict]:
+    """A submissions.csv's rows as written, its columns :data:`SUBMISSIONS_FIELDS` alone; ValueError naming the
+    columns it lacks and ``fix``."""
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in SUBMISSIONS_FIELDS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}: it needs {','.join(SUBMISSIONS_FIELDS)}"
-                             " as labkit collect writes them")
-        rows = {}
-        for k, row in enumerate(reader, 2):
-            lab = lab_number(row["lab"])
-            if lab is None:
-                raise ValueError(f"{path}, line {k}: lab {row['lab']!r} is no lab number (01 ... 12)")
-            if row["submitted_at"].strip():
-                parse_time(row["submitted_at"], f"{path}, line {k}, submitted_at")
-            rows[(row["student"], lab)] = row
-    return rows
+            raise ValueError(f"{path} lacks the column(s) {', '.join(missing)} of a submissions.csv "
+                             f"({','.join(SUBMISSIONS_FIELDS)}): {fix}")
+        return [{c: row[c] for c in SUBMISSIONS_FIELDS} for row in reader]
 
 
 def read_extensions(path: Path | str) -> dict[tuple[str, str], datetime | timedelta]:
