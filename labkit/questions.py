@@ -1,8 +1,12 @@
 """Predict, then measure: the cell after an experiment sets the student's prediction beside what happened.
 
 A lab asks for a prediction in an answer cell above the experiment (``predicted_speedup = ...``); the cell after the
-experiment calls :func:`compare`. It only prints: predictions are read and scored by the instructor (``labkit grade``
-collects them into ``answers.html``), never by the machine, and a prediction left blank is said to be blank.
+experiment calls :func:`compare`. It only shows a line: predictions are read and scored by the instructor (``labkit
+grade`` collects them into ``answers.html``), never by the machine, and a prediction left blank is said to be blank.
+
+In a notebook the line is display data marked :data:`PREDICTION_MIME`, which carries the same line without the
+prediction: the report's published copy of the instructor's run (:func:`labkit.report.published`) shows that one, so
+the model predictions are never published while their measurements are.
 
 :func:`yours_or_labkits` (the function) and :func:`result_of` (its result) let a cell that builds on an exercise run
 before the student has written it.
@@ -18,6 +22,9 @@ import textwrap
 
 import numpy as np
 
+PREDICTION_MIME = "application/vnd.labkit.prediction+json"
+YOURS = "(yours to make)"  # where a published line had the instructor's prediction
+
 
 def blank(value) -> bool:
     """Whether a prediction was left as handed out: ``...``, None or an empty string."""
@@ -25,7 +32,7 @@ def blank(value) -> bool:
 
 
 def compare(predicted, measured, unit: str = "", what: str = "") -> None:
-    """Print the prediction beside the measurement, and how far apart they are (and return nothing, so that a cell
+    """Show the prediction beside the measurement, and how far apart they are (and return nothing, so that a cell
     ending in it shows the line once).
 
     Numbers are compared by their ratio; anything else (a choice such as ``"ring"``) by equality, case and
@@ -33,26 +40,45 @@ def compare(predicted, measured, unit: str = "", what: str = "") -> None:
     """
     label = f"{what}: " if what else ""
     u = f" {unit}" if unit else ""
-    if blank(predicted):
-        line = (f"{label}no prediction: the answer cell above still holds `...`. Write your guess there before you "
-                f"run the experiment; the measurement was {_fmt(measured)}{u}.")
-    elif _number(predicted) and _number(measured):
+    if blank(predicted):  # no prediction to keep from a published copy: a plain line
+        print(f"{label}no prediction: the answer cell above still holds `...`. Write your guess there before you "
+              f"run the experiment; the measurement was {_fmt(measured)}{u}.")
+        return
+    line, measurement = _beside(predicted, measured, u)
+    _show(label + line, {"what": what, "unit": unit, "measurement": measurement,
+                         "published": f"{label}your prediction: {YOURS}; {measurement}."})
+
+
+def _beside(predicted, measured, u: str) -> tuple[str, str]:
+    """The line setting a prediction beside its measurement, and its part that names the measurement alone."""
+    if _number(predicted) and _number(measured):
         p, m = float(predicted), float(measured)
+        measurement = f"measured {_fmt(m)}{u}"
         if m == 0 or p == 0 or not (math.isfinite(p) and math.isfinite(m)):
-            line = f"{label}you predicted {_fmt(p)}{u}; measured {_fmt(m)}{u}."
-        else:
-            ratio = m / p
-            closeness = ("within 10 %" if abs(ratio - 1) <= 0.1 else
-                         f"the measurement is {ratio:.2g}x your prediction" if ratio > 1 else
-                         f"the measurement is {1 / ratio:.2g}x smaller than your prediction")
-            line = f"{label}you predicted {_fmt(p)}{u}; measured {_fmt(m)}{u}: {closeness}."
-    elif isinstance(predicted, str) and isinstance(measured, str):
+            return f"you predicted {_fmt(p)}{u}; {measurement}.", measurement
+        ratio = m / p
+        closeness = ("within 10 %" if abs(ratio - 1) <= 0.1 else
+                     f"the measurement is {ratio:.2g}x your prediction" if ratio > 1 else
+                     f"the measurement is {1 / ratio:.2g}x smaller than your prediction")
+        return f"you predicted {_fmt(p)}{u}; {measurement}: {closeness}.", measurement
+    if isinstance(predicted, str) and isinstance(measured, str):
         same = predicted.strip().lower() == measured.strip().lower()
-        line = f"{label}you predicted {predicted.strip()!r}; it was {measured!r}" + (": right." if same else ".")
-    else:
-        line = (f"{label}your prediction {predicted!r} is a {type(predicted).__name__}, the measurement a "
-                f"{type(measured).__name__} ({_fmt(measured)}{u}): write a {_kind(measured)} in the answer cell.")
-    print(line)
+        measurement = f"it was {measured!r}"
+        return f"you predicted {predicted.strip()!r}; {measurement}" + (": right." if same else "."), measurement
+    return (f"your prediction {predicted!r} is a {type(predicted).__name__}, the measurement a "
+            f"{type(measured).__name__} ({_fmt(measured)}{u}): write a {_kind(measured)} in the answer cell.",
+            f"the measurement was {_fmt(measured)}{u}")
+
+
+def _show(line: str, marked: dict) -> None:
+    """Print ``line``; in a notebook, as display data marked :data:`PREDICTION_MIME` (``marked``: the line without
+    the prediction, and what it measured), which the report's published copy shows in its place."""
+    if _shell() is None:
+        print(line)
+        return
+    from IPython.display import display
+
+    display({PREDICTION_MIME: marked, "text/plain": line}, raw=True)
 
 
 def written(fn) -> bool:
@@ -126,14 +152,18 @@ def _same(a, b) -> bool:
 _said: set = set()
 
 
-def _say(line: str) -> None:
-    """Print ``line`` once per notebook cell run (IPython's execution count), or once outside IPython."""
+def _shell():
+    """IPython's shell this runs in, or None (a script, a test)."""
     try:
         from IPython import get_ipython
-
-        shell = get_ipython()
     except ImportError:
-        shell = None
+        return None
+    return get_ipython()
+
+
+def _say(line: str) -> None:
+    """Print ``line`` once per notebook cell run (IPython's execution count), or once outside IPython."""
+    shell = _shell()
     key = (getattr(shell, "execution_count", None), line)
     if key not in _said:
         _said.add(key)
@@ -155,4 +185,4 @@ def _fmt(x) -> str:
     return repr(x)
 
 
-__all__ = ["blank", "compare", "result_of", "written", "yours_or_labkits"]
+__all__ = ["PREDICTION_MIME", "YOURS", "blank", "compare", "result_of", "written", "yours_or_labkits"]

@@ -7,12 +7,15 @@ A notebook that fails is shown with its error and the others still run.
 
 The report is what instructors publish, so the executed notebooks it writes (``.ipynb`` and ``.html``) show each
 exercise as students get it, its solution region a stub and each written answer blank, above the outputs of the
-instructor's run; ``solutions=True`` (``labkit report --solutions``) keeps the solution code and model answers.
+instructor's run, less the model predictions: a comparison of a prediction with its measurement shows the
+measurement alone (:data:`labkit.questions.PREDICTION_MIME`). ``solutions=True`` (``labkit report --solutions``)
+keeps the solution code, model answers and predictions.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import time
 from pathlib import Path
 
@@ -22,25 +25,42 @@ from .claims import format_metric
 from .data import status as data_status
 from .labs import NOTEBOOKS
 from .progress import progress_bar
+from .questions import PREDICTION_MIME, YOURS
 from .runner import NotebookResult, execute, find_notebooks, with_solutions
 
 
 def published(nb):
     """A copy of an executed notebook as it may be published: each solution region replaced by its stub and each
-    answer cell as handed out (:mod:`labkit.handout`), the outputs of the run kept. Raises ValueError for
-    solution markers that do not pair up."""
+    answer cell as handed out (:mod:`labkit.handout`) with no output, the outputs of the run kept but for its model
+    predictions (:func:`without_prediction`). Raises ValueError for solution markers that do not pair up."""
     import nbformat
 
     nb = nbformat.from_dict(nb)
     for i, cell in enumerate(nb.cells):
         if handout.answer_meta(cell):
             cell.source = handout.blank_answer(cell)
+            if cell.cell_type == "code":
+                cell.outputs = []  # whatever the model prediction's cell showed would show the prediction
         elif cell.cell_type == "code":
             try:
                 cell.source = handout.stub_solutions(cell.source)
             except ValueError as e:
                 raise ValueError(f"{nb.metadata.get('name', 'the notebook')}, cell {i}: {e}") from None
+            cell.outputs = [without_prediction(out) for out in cell.outputs]
     return nb
+
+
+def without_prediction(out):
+    """An output as published: a prediction beside its measurement (display data marked
+    :data:`~labkit.questions.PREDICTION_MIME`) becomes the line that names the measurement alone; any other output
+    is kept as it is."""
+    from nbformat.v4 import new_output
+
+    marked = out.get("data", {}).get(PREDICTION_MIME)
+    if marked is None:
+        return out
+    marked = json.loads(marked) if isinstance(marked, str) else marked
+    return new_output("display_data", data={"text/plain": str(marked.get("published", f"your prediction: {YOURS}"))})
 
 
 def try_fetch_once(progress: bool | None = None, timeout: float = 10.0) -> bool:

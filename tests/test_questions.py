@@ -39,3 +39,33 @@ def test_a_stub_is_not_written_and_labkits_own_runs_in_its_place(capsys):
 def test_compare_says_how_far_the_prediction_was_and_never_raises(predicted, measured, says, capsys):
     assert questions.compare(predicted, measured, "kB") is None  # a cell ending in it shows the line once
     assert says in capsys.readouterr().out
+
+
+@pytest.fixture
+def in_a_notebook(monkeypatch):
+    """compare as a kernel runs it: what it displays, each a mime bundle."""
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(questions, "_shell", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda bundle, raw=False: shown.append(bundle))
+    return shown
+
+
+@pytest.mark.parametrize("predicted, measured, line, published", [
+    (240, 237.0, "sent: you predicted 240 kB; measured 237 kB: within 10 %.",
+     "sent: your prediction: (yours to make); measured 237 kB."),
+    ("ring", "naive", "sent: you predicted 'ring'; it was 'naive'.", "sent: your prediction: (yours to make); it was 'naive'."),
+    ("240", 237.0, "write a number", "sent: your prediction: (yours to make); the measurement was 237 kB."),
+])
+def test_in_a_notebook_the_line_is_marked_with_the_same_line_without_the_prediction(predicted, measured, line,
+                                                                                     published, in_a_notebook, capsys):
+    questions.compare(predicted, measured, "kB", "sent")
+    (bundle,) = in_a_notebook
+    assert line in bundle["text/plain"] and bundle[questions.PREDICTION_MIME]["published"] == published
+    assert str(predicted) not in bundle[questions.PREDICTION_MIME]["published"] and not capsys.readouterr().out
+
+
+def test_a_blank_prediction_is_a_plain_line_in_a_notebook_too(in_a_notebook, capsys):
+    questions.compare(..., 237.0, "kB")  # nothing to keep from a published copy; nbgrader's tests read it as text
+    assert not in_a_notebook and "no prediction" in capsys.readouterr().out

@@ -791,3 +791,65 @@ def test_a_class_of_forty_takes_seconds(released, tmp_path):
     print(f"similarity of 40 students x 3 labs: {seconds:.2f} s")
     assert len(result.pairs) + sum(map(len, result.nothing_written.values())) > 0
     assert seconds < 10
+
+
+# ---- prose: a written answer against the model answer ---------------------------------------------------------
+
+
+def _longest_common(a: list, b: list) -> int:
+    """The textbook dynamic programme, to hold the bit-parallel one to."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        nxt = [0]
+        for j, y in enumerate(b):
+            nxt.append(row[j] + 1 if x == y else max(row[j + 1], nxt[j]))
+        row = nxt
+    return row[-1]
+
+
+def test_words_in_order_are_the_longest_common_subsequence():
+    import random
+
+    draw = random.Random(7)
+    for _ in range(300):
+        a = [draw.choice("abcd") for _ in range(draw.randint(0, 70))]  # past 64 bits: big integers
+        b = [draw.choice("abcd") for _ in range(draw.randint(0, 70))]
+        assert similarity.in_order(a, b) == _longest_common(a, b), (a, b)
+
+
+MODEL = ("Each rank sends its chunk to the next rank and receives one from the previous, so after p - 1 steps every "
+         "rank holds one fully reduced chunk; the allgather then passes those chunks around the ring once more.")
+N = len(similarity.words(MODEL))  # 38: "p - 1" is two words
+
+
+@pytest.mark.parametrize("answer, share", [
+    (MODEL, 1.0),
+    ("  each RANK sends its chunk to the next rank, and receives one from the previous: so after p-1 steps every "
+     "rank holds ONE fully reduced chunk. The allgather then passes those chunks around the ring once more!", 1.0),
+    (MODEL.replace("receives", "gets"), (N - 1) / N),  # one word changed
+    ("I think: " + MODEL.replace("fully ", "") + " That is why it is fast.", (N - 1) / N),  # one dropped, some added
+    ("The ring sends 2(p-1) messages per rank, each of N/p elements, so its bytes stay near 2N whatever p is, while "
+     "the naive allreduce sends (p-1)N from rank 0.", 0.0),  # an honest answer, on the same topic
+    (MODEL[:len(MODEL) // 2], 0.0),  # half of it: not flagged
+    ("", 0.0),
+])
+def test_a_copied_answer_holds_most_of_the_model_answers_words_in_order(answer, share):
+    assert similarity.copied_share(MODEL, answer) == pytest.approx(share)
+
+
+def test_a_short_model_answer_is_flagged_only_when_copied_whole():
+    assert similarity.copied_share("Each chunk goes around twice.", "each chunk goes around... TWICE") == 1.0
+    assert similarity.copied_share("Each chunk goes around twice.", "Each chunk goes around once, I think.") == 0.0
+
+
+def test_no_model_answer_of_the_labs_is_taken_for_a_copy_of_another():
+    from labkit.grading import answers
+
+    models = []
+    for path in runner.find_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        models += [nb.cells[i].source for i, m in answers.answer_cells(nb) if m["kind"] == "explain"]
+    assert len(models) > 20
+    flagged = [(a[:40], b[:40]) for a in models for b in models if a is not b and similarity.copied_share(a, b)]
+    assert not flagged
+    assert all(similarity.copied_share(m, m) == 1.0 for m in models)

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from labkit.grading import answers, selfcheck
+from labkit.grading import answers, selfcheck, similarity
 from labkit.grading.notebook import ExerciseResult
 
 LAB = "96_asked.ipynb"
@@ -164,6 +164,16 @@ def test_the_measured_value_is_the_compare_line_that_names_the_prediction():
     assert answers.measured_beside(nb, "96-why") == "" and answers.measured_beside(nb, "missing") == ""
 
 
+def test_the_measured_value_is_the_comparison_a_notebook_shows_as_display_data():
+    from labkit.questions import PREDICTION_MIME
+
+    line = "you predicted 300 kB; measured 240 kB: the measurement is 1.2x smaller than your prediction."
+    nb = _executed(300, "rank 0 sent 240 kB\n")
+    nb.cells[4].outputs += [new_output("display_data", data={"text/plain": "<Figure size 640x480>", "image/png": "iVBO"}),
+                            new_output("display_data", data={"text/plain": line, PREDICTION_MIME: {"published": "..."}})]
+    assert answers.measured_beside(nb, "96-kB") == f"rank 0 sent 240 kB\n{line}"  # the figure's text is not a measurement
+
+
 def _graded(monkeypatch, tmp_path, nb):
     from labkit.grading import notebook, sandbox
 
@@ -189,3 +199,68 @@ def test_check_submission_names_the_blank_written_answers(tmp_path, monkeypatch)
     del handout.cells[6]  # a deleted answer cell is blank too, where the release lists the question
     assert [a.question for a in answers.blank_answers(handout, {"answers": [{"id": "96-why", "kind": "explain",
                                                                               "points": 2}]})] == ["96-why"]
+
+
+WHY = ("Each rank sends its chunk to the next rank and receives one from the previous, so after p - 1 steps every rank "
+       "holds one fully reduced chunk; the allgather then passes those chunks around the ring once more.")
+CLASS = {  # student -> (their prediction, their explanation)
+    "ann": ("240", "each RANK sends its chunk to the next rank, and receives one from the previous: so after p-1 steps "
+                   "every rank holds ONE fully reduced chunk.\n\nThe allgather then passes those chunks around the ring "
+                   "once more!"),  # word for word
+    "bob": ("240", WHY.replace("receives", "gets")),  # one word changed
+    "cyd": ("240", "Rank 0 sends 2(p-1) messages of N/p elements: about 2N in all, whatever p is, against (p-1)N "
+                   "for the naive one."),  # her own words; the model's prediction, as many will predict
+    "dan": (None, None),  # blank
+}
+
+
+def _copying_class(tmp_path):
+    """The lab's explain question with a model answer of the labs' length, released with its rubrics; a class that
+    answered it."""
+    from labkit.grading import assign
+
+    lab = _instructor()
+    lab.cells[6].source = WHY
+    (tmp_path / "course").mkdir()
+    nbformat.write(lab, tmp_path / "course" / LAB)
+    assign.write_student_versions([tmp_path / "course" / LAB], tmp_path / "handout", release_dir=tmp_path / "release")
+    answers.load_rubrics(tmp_path / "release", instructor=tmp_path / "course")  # rubrics.json, the model answers in it
+    for student, (kB, why) in CLASS.items():
+        nb = nbformat.read(tmp_path / "handout" / LAB, as_version=4)
+        if kB:
+            nb.cells[2].source, nb.cells[6].source = f"predicted_kB = {kB}  # kB", why
+        (tmp_path / "subs" / student).mkdir(parents=True)
+        nbformat.write(nb, tmp_path / "subs" / student / LAB)
+
+
+def test_an_explanation_copied_from_the_model_answer_is_flagged_for_the_instructor_alone(tmp_path, monkeypatch):
+    from labkit.grading import grade
+
+    _copying_class(tmp_path)
+    monkeypatch.setattr(grade, "grade_notebook", lambda path, student, *a, name=None, **k: [
+        ExerciseResult(student, name, "ring_allreduce", True, "")])  # the answers are read, no notebook runs
+    _, _, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, release=tmp_path / "release",
+                                  isolate=False)
+    rows = {(r["student"], r["question"]): r["copied"]
+            for r in csv.DictReader(open(tmp_path / "out" / answers.ANSWERS_CSV))}
+    n = len(similarity.words(WHY))
+    assert rows == {("ann", "96-why"): "copied from the model answer, word for word",
+                    ("bob", "96-why"): f"copied from the model answer ({int((n - 1) / n * 100)} % of its words, in order)",
+                    ("cyd", "96-why"): "", ("dan", "96-why"): "",
+                    **{(s, "96-kB"): "" for s in CLASS}}  # the model's 240 predicted by three: no flag
+    page = (tmp_path / "out" / answers.ANSWERS_HTML).read_text()
+    assert "96-kB (predict, 1 point; 1 of 4 blank)</h2>" in page
+    assert "96-why (explain, 2 points; 1 of 4 blank; 2 copied from the model answer)</h2>" in page
+    assert page.count("<p class='copied'>") == 2 and "97 % of its words, in order" in page
+    assert "from the model answer" not in json_path.read_text()  # grades.json, whence feedback: not the student's
+    rows = list(csv.DictReader(open(tmp_path / "out" / answers.ANSWERS_CSV)))
+    for r in rows:  # the instructor scores in the file; the flag stays through a regrade
+        r["score"] = "0" if r["copied"] else ""
+    with open(tmp_path / "out" / answers.ANSWERS_CSV, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=rows[0].keys())
+        w.writeheader()
+        w.writerows(rows)
+    grade.grade(tmp_path / "subs", tmp_path / "out", progress=False, release=tmp_path / "release", isolate=False)
+    again = {(r["student"], r["question"]): (r["score"], r["copied"])
+             for r in csv.DictReader(open(tmp_path / "out" / answers.ANSWERS_CSV))}
+    assert again[("bob", "96-why")][0] == "0" and again[("bob", "96-why")][1].startswith("copied from the model answer")

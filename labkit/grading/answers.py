@@ -22,6 +22,11 @@ into items, word their criteria and the comments a student reads. In ``answers.c
 writes a ``score`` or lists the ``items`` earned (``a,c``): the score is their points, and their comments join the
 ``comment`` column's on the student's feedback (:func:`hand_score`). ``answers.html`` shows each question's model
 answer and rubric, and per student their answer, and for a prediction what their own run measured beside it.
+
+**Copied answers.** An explanation that is the model answer, word for word or with a few words changed
+(:func:`labkit.grading.similarity.copied_share`), is flagged for the instructor on the page and in the ``copied``
+column of ``answers.csv``; never in what a student reads. Predictions are not: many honest students predict the same
+number.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from pathlib import Path
 
 from .. import handout
 from ..labs import NOTEBOOKS
+from ..questions import PREDICTION_MIME
+from . import similarity
 
 KINDS = ("predict", "explain")
 PLACEHOLDER = handout.PLACEHOLDER
@@ -114,6 +121,7 @@ class Answer:
     comment: str = ""  # the instructor's, and the comments of the rubric items earned
     items: str = ""    # the rubric items earned, "a,c"
     measured: str = ""  # a prediction: what the student's own run printed beside it
+    copied: str = ""   # an explanation copied from the model answer, said how much: the instructor's to read only
 
 
 def collect(nb, student: str, notebook: str) -> list[Answer]:
@@ -159,7 +167,7 @@ def _digest(text: str) -> str:
 
 
 FIELDS = ("student", "notebook", "question", "kind", "points", "blank", "score", "items", "comment", "answer_sha", "answer",
-          "note")
+          "note", "copied")  # readers take columns by name: a new one goes last
 
 
 def merge_scores(answers: list[Answer], previous_csv: Path, rubrics: dict | None = None) -> list[str]:
@@ -287,8 +295,9 @@ def _check_rubric(rubric, where: str) -> None:
 
 
 def measured_beside(executed_nb, answer_id: str) -> str:
-    """What a student's executed notebook printed beside a prediction: the output of each later cell that passes the
-    prediction's names to ``compare(`` (:func:`labkit.questions.compare`), as text; "" when there is none."""
+    """What a student's executed notebook showed beside a prediction: the printed text and the comparison's line of each
+    later cell that passes the prediction's names to ``compare(`` (:func:`labkit.questions.compare`); "" when there is
+    none."""
     at = next((i for i, c in enumerate(executed_nb.cells) if (m := meta(c)) and m["answer"] == answer_id), None)
     if at is None or executed_nb.cells[at].cell_type != "code":
         return ""
@@ -306,8 +315,20 @@ def measured_beside(executed_nb, answer_id: str) -> str:
         except SyntaxError:
             continue
         if used & names:
-            found += [o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"]
+            found += [_shown(o) for o in cell.get("outputs", [])]
     return "".join(found).strip()
+
+
+def _shown(out) -> str:
+    """An output's text as the student saw it: a stream's, or the line :func:`labkit.questions.compare` shows as
+    display data (a figure's or a claim's text is not what was measured beside the prediction)."""
+    if out.get("output_type") == "stream":
+        return out.get("text", "")
+    data = out.get("data", {})
+    if PREDICTION_MIME not in data:
+        return ""
+    text = data.get("text/plain", "")
+    return ("".join(text) if isinstance(text, list) else str(text)).rstrip("\n") + "\n"
 
 
 def _predicted_names(source: str) -> list[str]:
@@ -330,16 +351,31 @@ def _measured(out: Path, a: Answer) -> str:
     return ""
 
 
+def copied_flag(a: Answer, model: str) -> str:
+    """How much of the model answer an explanation copies, as the flag for the instructor ("" when it does not, and
+    for every prediction: many honest students predict the same number)."""
+    if a.kind != "explain" or a.blank or not model:
+        return ""
+    share = similarity.copied_share(model, a.answer)
+    if not share:
+        return ""
+    if similarity.words(a.answer) == similarity.words(model):
+        return "copied from the model answer, word for word"
+    return f"copied from the model answer ({int(share * 100)} % of its words, in order)"  # 99.6 % is not 100 %
+
+
 def write(out: Path, answers: list[Answer], prompts: dict[tuple[str, str], str] | None = None,
           rubrics: dict | None = None) -> tuple[Path, Path]:
     """``answers.csv`` (a row per student and question, score, items and comment columns to fill in) and
     ``answers.html`` (per question its model answer and rubric, then every student's answer, a prediction beside what
-    their run measured, a blank one said to be 0)."""
+    their run measured, a blank one said to be 0, an explanation copied from the model answer flagged)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    rubrics = rubrics if rubrics is not None else _course_rubrics(answers)
     for a in answers:
         if a.kind == "predict" and not a.measured:
             a.measured = _measured(out, a)
+        a.copied = copied_flag(a, str(rubrics.get(a.notebook, {}).get(a.question, {}).get("model_answer") or ""))
     csv_path, html_path = out / ANSWERS_CSV, out / ANSWERS_HTML
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -347,9 +383,8 @@ def write(out: Path, answers: list[Answer], prompts: dict[tuple[str, str], str] 
         for a in answers:
             w.writerow([a.student, a.notebook, a.question, a.kind, a.points, int(a.blank),
                         "" if a.score is None else f"{a.score:g}", a.items, a.comment, _digest(a.answer), a.answer,
-                        a.note])
-    html_path.write_text(_page(answers, prompts or {}, rubrics if rubrics is not None else _course_rubrics(answers)),
-                         encoding="utf-8")
+                        a.note, a.copied])
+    html_path.write_text(_page(answers, prompts or {}, rubrics), encoding="utf-8")
     return csv_path, html_path
 
 
@@ -367,7 +402,7 @@ def _course_rubrics(answers: list[Answer]) -> dict:
 
 _CSS = ("body{font-family:sans-serif;max-width:75em;margin:auto}table{border-collapse:collapse;width:100%}"
         "td,th{border:1px solid #ccc;padding:.4em;vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:0}"
-        ".blank{color:#a00}.model{background:#f3f8f3;padding:.5em}")
+        ".blank{color:#a00}.model{background:#f3f8f3;padding:.5em}.copied{color:#a00;font-weight:bold;margin:0 0 .3em}")
 
 
 def _page(answers: list[Answer], prompts: dict[tuple[str, str], str], rubrics: dict) -> str:
@@ -389,9 +424,10 @@ def _question(notebook: str, qid: str, rows: list[Answer], prompt: str | None, r
     """One question's part of answers.html."""
     esc = html.escape
     predict = rows[0].kind == "predict"
-    blanks = sum(a.blank for a in rows)
+    blanks, copies = sum(a.blank for a in rows), sum(bool(a.copied) for a in rows)
     parts = [f"<h2>{esc(notebook)}: {esc(qid)} ({esc(rows[0].kind)}, {rows[0].points} point"
-             f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank)</h2>"]
+             f"{'s' if rows[0].points != 1 else ''}; {blanks} of {len(rows)} blank"
+             f"{f'; {copies} copied from the model answer' if copies else ''})</h2>"]
     prompt = prompt or rubric.get("question")  # the release's, where no notebook is at hand (a merge)
     if prompt:
         parts.append(f"<blockquote><pre>{esc(prompt)}</pre></blockquote>")
@@ -405,8 +441,9 @@ def _question(notebook: str, qid: str, rows: list[Answer], prompt: str | None, r
     parts.append("<table><tr><th>student</th><th>answer</th>" + ("<th>measured in their run</th>" if predict else "")
                  + "<th>score</th><th>comment</th></tr>")
     for a in rows:
+        flag = f"<p class='copied'>{esc(a.copied)}</p>" if a.copied else ""
         body = (f"<span class='blank'>{BLANK}{': ' + esc(a.note) if a.note and a.note != BLANK else ''}</span>"
-                if a.blank else f"<pre>{esc(a.answer)}</pre>")
+                if a.blank else f"{flag}<pre>{esc(a.answer)}</pre>")
         measured = f"<td><pre>{esc(a.measured) or '(nothing printed)'}</pre></td>" if predict else ""
         parts.append(f"<tr><td>{esc(a.student)}</td><td>{body}</td>{measured}"
                      f"<td>{'' if a.score is None else f'{a.score:g}'}</td><td>{esc(a.comment)}</td></tr>")
@@ -419,6 +456,6 @@ def as_dicts(answers: list[Answer]) -> list[dict]:
 
 
 __all__ = ["ANSWERS_CSV", "ANSWERS_HTML", "Answer", "BLANK", "KINDS", "PLACEHOLDER", "RUBRICS_FILE", "answer_cells",
-           "as_dicts", "blank_answers", "collect", "collect_against", "default_rubrics", "expected", "hand_score",
+           "as_dicts", "blank_answers", "collect", "collect_against", "copied_flag", "default_rubrics", "expected", "hand_score",
            "is_blank", "load_rubrics", "measured_beside", "merge_scores", "meta", "question_text", "read", "student_source",
            "write"]
