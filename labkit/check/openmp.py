@@ -240,7 +240,9 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
 
     call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
     threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
-    n = 1
+    seen = _watch(ex, source, name, (W1, b1, W2, b2, x, Y), threads, race="Give every thread its own accumulators: "
+                  "reduction(+ : cost, gW1[:n], ...) on the parallel region, with every gradient array and its length")
+    n = 2
     for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
         n += runs
@@ -263,17 +265,11 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
         fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)",
              "each thread summed its share, but the shares were not combined: a missing reduction. Name every "
              "gradient array and the cost in reduction(+ : ...) with their lengths (array sections: gW1[:n_hid * n_in])")
-    if _takes_turns(source):
-        many = [p for p in threads if p > 1]
-        most = capture.step("overlap", lambda: _most_inside_at_once(source, name, (W1, b1, W2, b2, x, Y), many, runs))
-        if most <= 1:
-            fail(ex, f"the gradients are right, but in {runs * len(many)} runs at {', '.join(map(str, many))} threads "
-                     "no two threads were ever inside add_sample at the same time: the threads take turns, so the "
-                     "loop over the samples runs serially", "omp critical (or atomic, ordered, a lock) around each "
-                     "sample's work lets one thread in at a time. Let every thread add into gradients of its own, "
-                     "and combine them once at the end")
-        n += 1
-    passed(f"{ex} at {', '.join(map(str, threads))} threads", n)
+    _not_one_at_a_time(ex, seen, "omp critical (or atomic, ordered, a lock) around each sample's work lets one "
+                       "thread in at a time. Let every thread add into gradients of its own, and combine them once at "
+                       "the end" if _takes_turns(source) else "share the loop over the samples out among the threads: "
+                       "#pragma omp parallel for (or omp for inside a parallel region)")
+    passed(f"{ex} at {', '.join(map(str, threads))} threads", n + 1)
 
 
 _TURNS = re.compile(r"#\s*pragma\s+omp\s+(?:critical|atomic|ordered)\b|\bomp_set_lock\s*\(")
@@ -284,23 +280,100 @@ def _takes_turns(source: str) -> bool:
     return bool(_TURNS.search(strip_comments(source)))
 
 
-def _most_inside_at_once(source: str, name: str, arrays, threads: list[int], runs: int) -> int:
-    """The most threads inside labkit's add_sample at the same moment, over ``runs`` calls at each of ``threads``
-    (the student's code built with -DCOUNT_SAMPLE_OVERLAP, which counts them)."""
-    module = hostc.CModule(openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True,
-                           options=("-DCOUNT_SAMPLE_OVERLAP",))
-    fn, overlap = module.get_function(name), module.get_function("labkit_overlap")
+# Compiled before sample.h in the checks' watched build: inside add_sample, how many threads were there at once, and
+# whether two of them added into the same gradient arrays then; and a rendezvous, which makes a team's threads meet
+# there instead of hoping a busy scheduler runs them at the same moment. Once armed, the first thread in waits until
+# a second is inside too, or labkit_wait_ seconds pass: code whose threads run side by side meets within microseconds,
+# and code that lets one thread in at a time (critical, a lock, one thread doing every sample) never does.
+OVERLAP = r"""#line 1 "labkit-overlap.h"
+#include <sched.h>
+#include <time.h>
+#define LABKIT_SLOTS 512
+static int labkit_inside_, labkit_most_, labkit_shared_, labkit_armed_;
+static const void* labkit_acc_[LABKIT_SLOTS];
+static double labkit_wait_ = 2.0;
+static double labkit_now_(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static int labkit_in_(const void* acc)
+{
+    const int now = __atomic_add_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
+    int most = __atomic_load_n(&labkit_most_, __ATOMIC_SEQ_CST), slot = -1;
+    while (now > most && !__atomic_compare_exchange_n(&labkit_most_, &most, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    for (int i = 0; i < LABKIT_SLOTS && slot < 0; ++i) {
+        const void* none = 0;
+        if (__atomic_compare_exchange_n(&labkit_acc_[i], &none, acc, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) slot = i;
+    }
+    for (int i = 0; i < LABKIT_SLOTS; ++i)  /* each sees the other: both stored before they load (sequential order) */
+        if (i != slot && __atomic_load_n(&labkit_acc_[i], __ATOMIC_SEQ_CST) == acc)
+            __atomic_store_n(&labkit_shared_, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_exchange_n(&labkit_armed_, 0, __ATOMIC_SEQ_CST)) {
+        const double end = labkit_now_() + labkit_wait_;
+        while (__atomic_load_n(&labkit_inside_, __ATOMIC_SEQ_CST) < 2 && labkit_now_() < end) sched_yield();
+    }
+    return slot;
+}
+static void labkit_out_(int slot)
+{
+    if (slot >= 0) __atomic_store_n(&labkit_acc_[slot], (const void*)0, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
+}
+#define LABKIT_SAMPLE_IN(accumulators) labkit_in_(accumulators)
+#define LABKIT_SAMPLE_OUT(slot) labkit_out_(slot)
+/* the most threads inside at once and (times 1000) whether two of them shared gradient arrays, since the last call;
+   arm > 0: the next thread in waits up to arm seconds for a second one */
+int labkit_watched(double arm)
+{
+    const int seen = __atomic_exchange_n(&labkit_most_, 0, __ATOMIC_SEQ_CST)
+                     + 1000 * __atomic_exchange_n(&labkit_shared_, 0, __ATOMIC_SEQ_CST);
+    if (arm > 0) { labkit_wait_ = arm; __atomic_store_n(&labkit_armed_, 1, __ATOMIC_SEQ_CST); }
+    return seen;
+}
+"""
+RENDEZVOUS_S = 2.0  # how long a thread waits inside add_sample for a second one: ample beside a busy neighbour
+
+
+def _inside_at_once(ex: str, source: str, name: str, arrays, threads: list[int], runs: int) -> tuple[int, bool]:
+    """(the most threads inside labkit's add_sample at the same moment, whether two of them added into the same
+    gradient arrays then) over ``runs`` calls at each of ``threads``, the student's code built with :data:`OVERLAP`,
+    whose rendezvous makes the threads of a team that run side by side meet there."""
+    module = hostc.CModule(OVERLAP + openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True)
+    fn, watched = module.get_function(name), module.get_function("labkit_watched")
     W1, b1, W2, b2, x, Y = arrays
     B, n_hid, n_out = len(x), len(b1), len(b2)
-    most = 0
-    overlap(np.int32(1))
+    most, shared = 0, False
+    watched(np.float64(0))
     for p in threads:
-        for _ in range(runs):
+        for k in range(runs):
+            if k == 0:
+                watched(np.float64(RENDEZVOUS_S))  # once per team size: a team that takes turns waits it out once
             out = [np.zeros_like(w) for w in (W1, b1, W2, b2)]
-            fn(W1, b1, W2, b2, x, Y, np.int32(B), np.int32(x.shape[1]), np.int32(n_hid), np.int32(n_out), *out,
-               threads=p)
-            most = max(most, int(overlap(np.int32(1))))
-    return most
+            _call(ex, fn, (W1, b1, W2, b2, x, Y, np.int32(B), np.int32(x.shape[1]), np.int32(n_hid), np.int32(n_out),
+                           *out), "each thread needs its own work array, and every index must stay inside its array",
+                  f"with {p} threads: ", threads=p)
+            seen = int(watched(np.float64(0)))
+            most, shared = max(most, seen % 1000), shared or seen >= 1000
+    return most, shared
+
+
+def _watch(ex: str, source: str, name: str, arrays, threads: list[int], race: str) -> tuple[int, str]:
+    """Fail a race (two threads inside add_sample at once, adding into the same gradient arrays: a verdict no
+    scheduler can flip) with the hint ``race``; else (the most threads seen inside at once, the runs it watched)."""
+    many, runs = [p for p in threads if p > 1], 2
+    most, shared = capture.step("overlap", lambda: _inside_at_once(ex, source, name, arrays, many, runs))
+    watched = f"{runs * len(many)} runs at {', '.join(map(str, many))} threads"
+    if shared:
+        fail(ex, f"a race: in {watched}, two threads were inside add_sample at the same moment, adding into the "
+                 "same gradient arrays. It loses an update only when both write one entry at once, so a run may "
+                 "still come out right", race)
+    return most, watched
+
+
+def _not_one_at_a_time(ex: str, seen: tuple[int, str], alone: str) -> None:
+    """Fail samples run one at a time: never two threads inside add_sample, though the check waited for a second."""
+    most, watched = seen
+    if most <= 1:
+        fail(ex, f"in {watched} no two threads were ever inside add_sample at the same time, though the check held "
+                 f"the first one there for {RENDEZVOUS_S:g} s to wait for a second: the samples ran one at a time",
+             alone)
 
 
 # Compiled between sample.h and the student's code in the reduction-by-hand check. The memory their malloc returns is
@@ -390,7 +463,6 @@ _BUILT_IN = ((re.compile(r"#\s*pragma\s+omp\s+(?!simd\b)[^\n]*\breduction\s*\(")
              (re.compile(r"\bomp_(?:init|set|unset|test|destroy)_(?:nest_)?lock\s*\(|\bomp_(?:nest_)?lock_t\b"),
               "an OpenMP lock"))
 _WORKSHARED_LOOP = re.compile(r"#\s*pragma\s+omp\s+(?:parallel\s+)?for\b")
-_ONE_THREAD = re.compile(r"#\s*pragma\s+omp\s+(?:single|master|masked)\b")
 _COST_RACE = re.compile(r"(?<![\w.\]>])cost\s*(?:\+=|=\s*cost\s*\+)\s*add_sample\s*\(")
 _SAMPLES_NOWAIT = re.compile(r"#\s*pragma\s+omp\s+for\b[^\n]*\bnowait\b[^#]*\badd_sample\s*\(")  # no barrier
 _COST_DECLARED = re.compile(r"\bdouble\b[^;(){}]*\bcost\b")
@@ -523,6 +595,13 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
          "however many that is. A buffer of a fixed size (blocks[8], costs[64]) or one sized by the cores overflows "
          "in a larger team", where=f"with a team of {LARGE_TEAM} threads: ")
     n = 1
+    if code is not None and _cost_race(code):  # before any run: a race named by the code, not by a lost update
+        fail(ex, "every thread adds its samples' cost into the one shared cost (cost += add_sample(...)): a race on "
+                 "the cost, which loses an update only now and then", "sum the cost per thread, as the gradients: one "
+                 "double per thread, all of them added into cost after the samples")
+    seen = _watch(ex, source, name, (W1, b1, W2, b2, x, Y), threads, race="two threads add into the same block: does "
+                  "every thread add only into its own block, from t * total, t its omp_get_thread_num()?")
+    n += 1
     for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
         n += runs
@@ -538,22 +617,10 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
                                                          [*threads, LARGE_TEAM]))
     _team_as_asked(ex, rows)
     _freed(ex, rows)
-    n += 2
-    if code is not None and _ONE_THREAD.search(code):
-        many = [p for p in threads if p > 1]
-        most = capture.step("overlap", lambda: _most_inside_at_once(source, name, (W1, b1, W2, b2, x, Y), many, runs))
-        if most <= 1:
-            fail(ex, f"the values are right, but in {runs * len(many)} runs at {', '.join(map(str, many))} threads no "
-                     "two threads were ever inside add_sample at the same time: the samples ran one at a time",
-                 "omp single or master lets one thread do the work its block holds; put the loop over the samples "
-                 "under #pragma omp for, so the threads share it out")
-        n += 1
+    _not_one_at_a_time(ex, seen, "omp single or master lets one thread do the work its block holds; put the loop over "
+                       "the samples under #pragma omp for, so the threads share it out")
+    n += 3
     if code is not None:
-        if _cost_race(code):
-            fail(ex, "the values are right, but every thread adds its samples' cost into the one shared cost "
-                     "(cost += add_sample(...)): a race on the cost, which loses an update only now and then",
-                 "sum the cost per thread, as the gradients: one double per thread, all of them added into cost after "
-                 "the samples")
         if len(_WORKSHARED_LOOP.findall(code)) < 2:
             fail(ex, "the values are right, but your source has one loop shared out with omp for: the combine of "
                      "the blocks runs on one thread (or every thread does all of it)",
