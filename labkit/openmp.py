@@ -184,6 +184,42 @@ def _and(items: list[str]) -> str:
     return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
+# one call of outer_acc (or a function of its signature) on zeroed arrays, through a pointer the compiler cannot see
+# through, so the function is counted as itself and not inlined into main
+OUTER_DRIVER = r"""
+#line 1 "labkit-driver.c"
+void NAME(const float* d, const float* x, float* g, int B, int n_out, int n_in);
+void (*volatile labkit_counted_)(const float*, const float*, float*, int, int, int) = NAME;
+int main(void)
+{
+    const int B = SIZE_B, n_out = SIZE_OUT, n_in = SIZE_IN;
+    float* d = calloc((size_t)B * n_out, sizeof(float));
+    float* x = calloc((size_t)B * n_in, sizeof(float));
+    float* g = calloc((size_t)n_out * n_in, sizeof(float));
+    labkit_counted_(d, x, g, B, n_out, n_in);
+    return g[0] != 0.0f;
+}
+"""
+ROW_OUTER = r"""
+void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n_in)
+{
+    for (int s = 0; s < B; ++s)
+        for (int i = 0; i < n_out; ++i)
+            for (int j = 0; j < n_in; ++j) g[(size_t)i * n_in + j] += d[(size_t)s * n_out + i] * x[(size_t)s * n_in + j];
+}
+"""
+
+
+def outer_counts(source: str, name: str = "outer_acc", B: int = 32, n_out: int = 100, n_in: int = 784,
+                 opt: str = "-O3") -> dict[str, int] | None:
+    """cachegrind's exact counts of one call of ``name`` (outer_acc's signature, from ``source``) on a batch of B
+    samples into g (n_out, n_in): memory instructions (``Dr`` + ``Dw``), first-level misses (``D1mr``) and more
+    (:func:`hostc.cache_counts`); None without Valgrind."""
+    driver = OUTER_DRIVER.replace("NAME", name).replace("SIZE_B", str(B)).replace("SIZE_OUT", str(n_out))
+    head = '#include <stddef.h>\n#include <stdlib.h>\n#line 1 "yours.c"\n'
+    return hostc.cache_counts(head + source + driver.replace("SIZE_IN", str(n_in)), name, opt=opt)
+
+
 def interchange_reading(speedup: float) -> str:
     """What lab 03's run says of the loop interchange alone (``speedup``: naive's time over interchanged's)."""
     chain = ("the row-wise dot product is one long chain of dependent additions that the compiler may not reorder, "

@@ -1,6 +1,7 @@
 """C on the host (labkit.hostc) and network.py's backprop in C (labkit.openmp), against the NumPy reference."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -208,14 +209,52 @@ double my_bp_omp(const float* W1, const float* b1, const float* W2, const float*
 REDUCTION = "reduction(+ : cost, gW1[:nW1], gb1[:n_hid], gW2[:nW2], gb2[:n_out])"
 
 
-@pytest.mark.quiet  # the right order must be timed 1.5x faster: see tests/test_exercises_c.py's CONTRACT
+needs_valgrind = pytest.mark.skipif(shutil.which("valgrind") is None, reason="counting needs Valgrind (apt install "
+                                    "valgrind)")
+
+
+def _order(first: str, second: str, third: str) -> str:
+    """outer_acc with its three loops in the order given (each "i", "j" or "s")."""
+    head = {"i": "for (int i = 0; i < n_out; ++i)", "j": "for (int j = 0; j < n_in; ++j)", "s": "for (int s = 0; s < B; ++s)"}
+    return ("void outer_acc(const float* d, const float* x, float* g, int B, int n_out, int n_in)\n{\n    "
+            f"{head[first]}\n        {head[second]}\n            {head[third]}\n"
+            "                g[(size_t)i * n_in + j] += d[(size_t)s * n_out + i] * x[(size_t)s * n_in + j];\n}\n")
+
+
+@needs_valgrind
+def test_the_loop_interchange_verdict_is_a_count_the_same_however_busy_the_machine(capsys):
+    """Every order of the three loops: those with j innermost pass, the others fail, on cachegrind's exact count of
+    memory instructions; the time is printed beside, and judged nowhere."""
+    from labkit import check
+
+    for order in ("sij", "isj"):
+        check.loop_interchange(_order(*order))
+        assert "counted by cachegrind (exact" in capsys.readouterr().out
+    for order in ("ijs", "jis", "jsi", "sji"):
+        with pytest.raises(check.ExerciseError, match=r"(?s)your loop order runs \d\.\dx the memory instructions of "
+                                                      "the row order.*make j .* the inner loop"):
+            check.loop_interchange(_order(*order))
+
+
+def test_without_valgrind_the_loop_the_source_puts_innermost_is_judged(monkeypatch):
+    from labkit import check
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "valgrind" else real(name, *a, **k))
+    assert openmp.outer_counts(GOOD_OUTER) is None
+    for order, bound in (("jsi", "n_out"), ("ijs", "B")):
+        with pytest.raises(check.ExerciseError, match=f"your innermost loop runs to {bound}, not along a row"):
+            check.loop_interchange(_order(*order))
+
+
+@pytest.mark.quiet  # without Valgrind a right order must also be timed 1.5x faster: see the CONTRACT in test_exercises_c
 def test_the_loop_interchange_check_passes_a_right_order_and_names_mistakes(capsys):
     from labkit import check
 
     check.loop_interchange(GOOD_OUTER)
     assert "loop interchange" in capsys.readouterr().out
     for source, words in ((GOOD_OUTER.replace("j < n_in", "j <= n_in"), "outside an array.*line 9 of yours.c"),
-                          (check.openmp.NAIVE_OUTER, "not clearly faster than the naive one"),
+                          (check.openmp.NAIVE_OUTER, r"runs \d\.\dx the memory instructions|not clearly faster"),
                           (GOOD_OUTER.replace("+= di", "= di"), r"g\[0\]\[0\] is .* expected"),
                           (GOOD_OUTER.replace("{\n    for", "{\n    // " + check.KERNEL_TODO + "\n    for"), "not written yet")):
         with pytest.raises(check.ExerciseError, match=f"(?s){words}"):

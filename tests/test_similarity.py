@@ -15,7 +15,7 @@ import nbformat
 import pytest
 
 from labkit import cli, runner
-from labkit.grading import assign, similarity
+from labkit.grading import assign, prose, similarity
 
 # ---- four honest solutions of each exercise (function bodies, as written under the handed-out header) ----------
 
@@ -814,12 +814,12 @@ def test_words_in_order_are_the_longest_common_subsequence():
     for _ in range(300):
         a = [draw.choice("abcd") for _ in range(draw.randint(0, 70))]  # past 64 bits: big integers
         b = [draw.choice("abcd") for _ in range(draw.randint(0, 70))]
-        assert similarity.in_order(a, b) == _longest_common(a, b), (a, b)
+        assert prose.in_order(a, b) == _longest_common(a, b), (a, b)
 
 
 MODEL = ("Each rank sends its chunk to the next rank and receives one from the previous, so after p - 1 steps every "
          "rank holds one fully reduced chunk; the allgather then passes those chunks around the ring once more.")
-N = len(similarity.words(MODEL))  # 38: "p - 1" is two words
+N = len(prose.words(MODEL))  # 38: "p - 1" is two words
 
 
 @pytest.mark.parametrize("answer, share", [
@@ -834,12 +834,12 @@ N = len(similarity.words(MODEL))  # 38: "p - 1" is two words
     ("", 0.0),
 ])
 def test_a_copied_answer_holds_most_of_the_model_answers_words_in_order(answer, share):
-    assert similarity.copied_share(MODEL, answer) == pytest.approx(share)
+    assert prose.copied_share(MODEL, answer) == pytest.approx(share)
 
 
 def test_a_short_model_answer_is_flagged_only_when_copied_whole():
-    assert similarity.copied_share("Each chunk goes around twice.", "each chunk goes around... TWICE") == 1.0
-    assert similarity.copied_share("Each chunk goes around twice.", "Each chunk goes around once, I think.") == 0.0
+    assert prose.copied_share("Each chunk goes around twice.", "each chunk goes around... TWICE") == 1.0
+    assert prose.copied_share("Each chunk goes around twice.", "Each chunk goes around once, I think.") == 0.0
 
 
 def test_no_model_answer_of_the_labs_is_taken_for_a_copy_of_another():
@@ -850,6 +850,6 @@ def test_no_model_answer_of_the_labs_is_taken_for_a_copy_of_another():
         nb = nbformat.read(path, as_version=4)
         models += [nb.cells[i].source for i, m in answers.answer_cells(nb) if m["kind"] == "explain"]
     assert len(models) > 20
-    flagged = [(a[:40], b[:40]) for a in models for b in models if a is not b and similarity.copied_share(a, b)]
+    flagged = [(a[:40], b[:40]) for a in models for b in models if a is not b and prose.copied_share(a, b)]
     assert not flagged
-    assert all(similarity.copied_share(m, m) == 1.0 for m in models)
+    assert all(prose.copied_share(m, m) == 1.0 for m in models)

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from labkit.grading import answers, selfcheck, similarity
+from labkit.grading import answers, prose, selfcheck
 from labkit.grading.notebook import ExerciseResult
 
 LAB = "96_asked.ipynb"
@@ -243,7 +243,7 @@ def test_an_explanation_copied_from_the_model_answer_is_flagged_for_the_instruct
                                   isolate=False)
     rows = {(r["student"], r["question"]): r["copied"]
             for r in csv.DictReader(open(tmp_path / "out" / answers.ANSWERS_CSV))}
-    n = len(similarity.words(WHY))
+    n = len(prose.words(WHY))
     assert rows == {("ann", "96-why"): "copied from the model answer, word for word",
                     ("bob", "96-why"): f"copied from the model answer ({int((n - 1) / n * 100)} % of its words, in order)",
                     ("cyd", "96-why"): "", ("dan", "96-why"): "",

@@ -146,6 +146,47 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
     passed(ex, n)
 
 
+def _access_counts(source: str, name: str) -> dict | None:
+    """cachegrind's counts of one call of the naive order, the row order and the student's (None without Valgrind)."""
+    found = {k: openmp.outer_counts(src, n) for k, src, n in (("naive", NAIVE_OUTER, "outer_acc"),
+                                                              ("rows", openmp.ROW_OUTER, "outer_acc"),
+                                                              ("yours", source, name))}
+    return None if None in found.values() else found
+
+
+def _judge_counts(ex: str, counts: dict, times: tuple[float, float]) -> None:
+    """Pass a loop order whose memory instructions are within 1.5x the row order's; print the counts, then the time."""
+    mine, rows, naive = (counts[k]["Dr"] + counts[k]["Dw"] for k in ("yours", "rows", "naive"))
+    misses = {k: counts[k]["D1mr"] + counts[k]["D1mw"] for k in counts}
+    print(f"one call on 32 samples into g (100 x 784), counted by cachegrind (exact, the same in every run): memory "
+          f"instructions: naive order {naive:,}, yours {mine:,}, the row order {rows:,}; first-level cache misses "
+          f"{misses['naive']:,}, {misses['yours']:,} and {misses['rows']:,}. Timed beside it (medians, this machine "
+          f"as busy as it is): naive {times[0] * 1e3:.2f} ms, yours {times[1] * 1e3:.2f} ms")
+    if mine > 1.5 * rows:
+        fail(ex, f"your loop order runs {mine / rows:.1f}x the memory instructions of the row order ({mine:,} against "
+                 f"{rows:,}; the naive order's {naive:,}): its inner loop does not walk along a row, so the compiler "
+                 "cannot load and store 4 to 8 neighbouring floats with one instruction",
+             "make j (along a row of g and of x) the inner loop; the other two may come in either order")
+
+
+def _innermost_bound(source: str) -> str | None:
+    """The size the source's innermost for loop runs to ("n_in", "n_out" or "B"), or None where it cannot tell."""
+    code = strip_comments(source) if isinstance(source, str) else ""
+    innermost = None
+    for m in re.finditer(r"\bfor\s*\(", code):
+        close = matching_bracket(code, m.end() - 1, "(", ")")
+        if close < 0:
+            return None
+        header, rest = code[m.end():close], code[close + 1:]
+        body = rest[:matching_bracket(rest, rest.index("{"), "{", "}") + 1] if rest.lstrip().startswith("{") else \
+            rest.split(";", 1)[0]
+        if not re.search(r"\bfor\s*\(", body):
+            innermost = header
+    parts = innermost.split(";") if innermost else []
+    bounds = [b for b in ("n_in", "n_out", "B") if len(parts) == 3 and re.search(rf"\b{b}\b", parts[1])]
+    return bounds[0] if len(bounds) == 1 else None
+
+
 @recorded
 def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> None:
     """Lab 03: ``outer_acc(d, x, g, B, n_out, n_in)`` adds sum_s d_s x_s^T into g (n_out, n_in), with loops in an order
@@ -173,6 +214,10 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     # timed at -O3: -O2's cheap vectoriser leaves the row loop scalar, and the two orders then differ by 0.95-2.2x from
     # round to round; at -O3 the row order measured 3.5-6.8x faster in every round, the formula's order 1.0x
     yours = _compile(ex, source, name, helpers=False, label="O3", opt="-O3")
+    # the verdict: cachegrind's exact count of memory instructions, the same in every run however busy the machine;
+    # without Valgrind, the loop the source puts innermost, and the time
+    counts = capture.step("counts", lambda: _access_counts(source, name))
+    attempts = 1 if counts else 3
 
     def timed():  # the student's process measures; the grader reads the two medians
         naive = hostc.load(NAIVE_OUTER, opt="-O3").get_function("outer_acc")
@@ -182,8 +227,8 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
         g = np.zeros((n_out, n_in), np.float32)
         args = (d, x, g, np.int32(B), np.int32(n_out), np.int32(n_in))
         best = None
-        for _attempt in range(3):  # a busy moment (a neighbour's vector work on the other core) can slow the row
-            # order alone for a whole measurement (seen: 0.74 ms against its usual 0.23); measured again, the best
+        for _attempt in range(attempts):  # a busy moment (a neighbour's vector work on the other core) can slow the
+            # row order alone for a whole measurement (seen: 0.74 ms against its usual 0.23); measured again, the best
             # kept. The naive order stays about 1.0x in every attempt, so a wrong order does not pass by luck.
             t = interleaved({k: (lambda f=f: measure(lambda: f(*args), repeat=repeat).median)
                              for k, f in (("naive", naive), ("yours", mine))}, rounds=3)
@@ -196,7 +241,18 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
 
     t_naive, t_yours = capture.step("timing", timed)
     speedup = t_naive / t_yours
+    if counts:
+        _judge_counts(ex, counts, (t_naive, t_yours))
+        passed(f"{ex} ({counts['yours']['Dr'] + counts['yours']['Dw']:,} memory instructions, "
+               f"{speedup:.1f}x faster than the naive order)", n + 1)
+        return
     print(f"naive order {t_naive * 1e3:.2f} ms, yours {t_yours * 1e3:.2f} ms: {speedup:.2f}x")
+    inner = _innermost_bound(source)
+    if inner in ("n_out", "B"):
+        fail(ex, f"your innermost loop runs to {inner}, not along a row: each step of it jumps a whole row of "
+                 f"{'g' if inner == 'n_out' else 'x'} (n_in floats) ahead, so no two of its accesses share a cache "
+                 "line and the compiler cannot load 8 floats at once", "make j (along a row of g and of x) the inner "
+                 "loop; the other two may come in either order")
     if speedup < 1.5:  # clearly faster
         fail(ex, f"your loop order is not clearly faster than the naive one ({speedup:.2f}x; at least 1.5x expected)",
              "make j (along a row of g and of x) the inner loop, and keep d[s][i] and the row pointers in local "
@@ -288,9 +344,9 @@ def _takes_turns(source: str) -> bool:
 OVERLAP = r"""#line 1 "labkit-overlap.h"
 #include <sched.h>
 #include <time.h>
-#define LABKIT_SLOTS 512
+#define WATCH_SLOTS 512
 static int labkit_inside_, labkit_most_, labkit_shared_, labkit_armed_;
-static const void* labkit_acc_[LABKIT_SLOTS];
+static const void* labkit_acc_[WATCH_SLOTS];
 static double labkit_wait_ = 2.0;
 static double labkit_now_(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static int labkit_in_(const void* acc)
@@ -298,11 +354,11 @@ static int labkit_in_(const void* acc)
     const int now = __atomic_add_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
     int most = __atomic_load_n(&labkit_most_, __ATOMIC_SEQ_CST), slot = -1;
     while (now > most && !__atomic_compare_exchange_n(&labkit_most_, &most, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
-    for (int i = 0; i < LABKIT_SLOTS && slot < 0; ++i) {
+    for (int i = 0; i < WATCH_SLOTS && slot < 0; ++i) {
         const void* none = 0;
         if (__atomic_compare_exchange_n(&labkit_acc_[i], &none, acc, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) slot = i;
     }
-    for (int i = 0; i < LABKIT_SLOTS; ++i)  /* each sees the other: both stored before they load (sequential order) */
+    for (int i = 0; i < WATCH_SLOTS; ++i)  /* each sees the other: both stored before they load (sequential order) */
         if (i != slot && __atomic_load_n(&labkit_acc_[i], __ATOMIC_SEQ_CST) == acc)
             __atomic_store_n(&labkit_shared_, 1, __ATOMIC_SEQ_CST);
     if (__atomic_exchange_n(&labkit_armed_, 0, __ATOMIC_SEQ_CST)) {
@@ -316,8 +372,8 @@ static void labkit_out_(int slot)
     if (slot >= 0) __atomic_store_n(&labkit_acc_[slot], (const void*)0, __ATOMIC_SEQ_CST);
     __atomic_sub_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
 }
-#define LABKIT_SAMPLE_IN(accumulators) labkit_in_(accumulators)
-#define LABKIT_SAMPLE_OUT(slot) labkit_out_(slot)
+#define SAMPLE_WATCH_IN(accumulators) labkit_in_(accumulators)
+#define SAMPLE_WATCH_OUT(slot) labkit_out_(slot)
 /* the most threads inside at once and (times 1000) whether two of them shared gradient arrays, since the last call;
    arm > 0: the next thread in waits up to arm seconds for a second one */
 int labkit_watched(double arm)

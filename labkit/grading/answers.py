@@ -24,7 +24,7 @@ writes a ``score`` or lists the ``items`` earned (``a,c``): the score is their p
 answer and rubric, and per student their answer, and for a prediction what their own run measured beside it.
 
 **Copied answers.** An explanation that is the model answer, word for word or with a few words changed
-(:func:`labkit.grading.similarity.copied_share`), is flagged for the instructor on the page and in the ``copied``
+(:func:`labkit.grading.prose.copied_share`), is flagged for the instructor on the page and in the ``copied``
 column of ``answers.csv``; never in what a student reads. Predictions are not: many honest students predict the same
 number.
 """
@@ -43,7 +43,7 @@ from pathlib import Path
 from .. import handout
 from ..labs import NOTEBOOKS
 from ..questions import PREDICTION_MIME
-from . import similarity
+from . import prose
 
 KINDS = ("predict", "explain")
 PLACEHOLDER = handout.PLACEHOLDER
@@ -356,10 +356,10 @@ def copied_flag(a: Answer, model: str) -> str:
     for every prediction: many honest students predict the same number)."""
     if a.kind != "explain" or a.blank or not model:
         return ""
-    share = similarity.copied_share(model, a.answer)
+    share = prose.copied_share(model, a.answer)
     if not share:
         return ""
-    if similarity.words(a.answer) == similarity.words(model):
+    if prose.words(a.answer) == prose.words(model):
         return "copied from the model answer, word for word"
     return f"copied from the model answer ({int(share * 100)} % of its words, in order)"  # 99.6 % is not 100 %
 

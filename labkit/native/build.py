@@ -70,15 +70,15 @@ def cache_dir() -> Path:
 
 
 def shared_library(compiler: tuple[str, str], text: str, filename: str, flags: Sequence[str], *,
-                   libs: Sequence[str] = (), stamp: Sequence[str] = ()) -> Path:
+                   libs: Sequence[str] = (), stamp: Sequence[str] = (), suffix: str = ".so") -> Path:
     """The shared library compiled from ``text`` (as the file ``filename``) by ``compiler`` (path, version) with
-    ``flags`` (``-shared`` among them) and linked with ``libs``: from the cache, else compiled into it now. ``stamp``
-    is what else the library depends on (a header's text), so that a change to it compiles anew. Raises
-    :class:`BuildFailed` with the compiler's words."""
+    ``flags`` (``-shared`` among them; without it, a program, ``suffix`` "") and linked with ``libs``: from the
+    cache, else compiled into it now. ``stamp`` is what else the library depends on (a header's text), so that a
+    change to it compiles anew. Raises :class:`BuildFailed` with the compiler's words."""
     cc, version = compiler
     key = hashlib.sha256("\0".join([text, cc, version, *flags, *libs, *stamp]).encode()).hexdigest()[:24]
     folder = cache_dir()
-    library = folder / f"{Path(filename).stem}-{key}.so"
+    library = folder / f"{Path(filename).stem}-{key}{suffix}"
     if not library.exists():
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             src = Path(tmp) / Path(filename).name
