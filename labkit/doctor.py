@@ -72,7 +72,7 @@ def check_gpu() -> list[Finding]:
 
 def check_gpu_compile() -> Finding:
     """The compiler the kernel checks give every student kernel (labkit.kernels.tools: NVRTC from its wheel, a
-    toolkit or CuPy, else nvcc), shown by compiling a test kernel for sm_80 and sm_90; no GPU needed."""
+    toolkit or CuPy, else nvcc), shown by compiling a test kernel for every modelled GPU's architecture; no GPU needed."""
     tool = tools.compiler_for_check()
     if tool is None:
         return Finding("kernel checks' GPU compiler", MISSING, tools.NO_COMPILER)

@@ -56,6 +56,20 @@ def test_the_gpu_table_cites_its_figures_and_selects_by_device_name():
         S.gpu("RTX 4090")
 
 
+def test_a_gpu_is_one_record_that_every_place_reads(monkeypatch):
+    """The name's pattern, the architecture kernels compile for, shared memory and the rates: one entry each."""
+    from dataclasses import replace
+
+    from labkit.kernels import gpus, loader, tools
+
+    assert set(tools.ARCHS) == {g.arch for g in gpus.GPUS.values()} == {"sm_75", "sm_80", "sm_90"}
+    assert loader.SHARED_DEVICE_MAX_EMULATED == gpus.GPUS[gpus.DEFAULT].shared_per_block == 227 << 10
+    ada = replace(gpus.GPUS["T4"], name="RTX 4090", pattern=r"RTX 4090", arch="sm_89")
+    monkeypatch.setitem(gpus.GPUS, "RTX 4090", ada)
+    assert S.gpu_named("NVIDIA GeForce RTX 4090") is ada and S.gpu("RTX 4090") is ada
+    assert S.model(launch(load_sectors=100, flops=1.0), "RTX 4090").gpu is ada
+
+
 def test_without_a_gpu_the_default_is_named(monkeypatch):
     monkeypatch.setattr("labkit.kernels.loader.backend", lambda: "emulator")
     g, why = S.in_use()

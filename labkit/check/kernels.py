@@ -62,8 +62,8 @@ GPU_HINT = ("the emulator compiles your kernel with this computer's C++ compiler
 
 
 def compiles_for_gpus(ex: str, source: str) -> None:
-    """Fail a kernel that the emulator runs but a GPU's compiler refuses (NVRTC or nvcc, for sm_80 and sm_90). Without
-    a CUDA compiler here, say so and go on: the emulator alone cannot tell."""
+    """Fail a kernel that the emulator runs but a GPU's compiler refuses (NVRTC or nvcc, for every modelled GPU's
+    architecture). Without a CUDA compiler here, say so and go on: the emulator alone cannot tell."""
     try:
         tools.compile_for_gpus(source)
     except tools.KernelCompileError as e:

@@ -24,6 +24,7 @@ from ..device import gpu_status
 from ..native.csource import Param, UnbalancedBracket, check_args, matching_bracket, strip_comments
 from . import emulator, tools
 from .emulator import EmulatorUnavailable, KernelError
+from .gpus import DEFAULT, GPUS
 from .source import KERNEL_DIR, KernelCompileError, KernelDecl, UnsupportedFeature, find_constants, find_kernels, read_source
 
 __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorUnavailable", "backend", "load", "load_file",
@@ -32,9 +33,9 @@ __all__ = ["KernelCompileError", "KernelError", "UnsupportedFeature", "EmulatorU
 BACKENDS = ("cupy", "emulator")
 MAX_THREADS_PER_BLOCK = 1024
 # Shared memory per block, as a GPU allows it: 48 KB unless a kernel opts in (CuPy's max_dynamic_shared_size_bytes),
-# and with the opt-in at most what the device has (the emulator takes an H100's 227 KB).
+# and with the opt-in at most what the device has (the emulator takes the default GPU's: an H100's 227 KB).
 SHARED_DEFAULT_LIMIT = 48 * 1024
-SHARED_DEVICE_MAX_EMULATED = 227 * 1024
+SHARED_DEVICE_MAX_EMULATED = GPUS[DEFAULT].shared_per_block
 
 
 def backend() -> str:

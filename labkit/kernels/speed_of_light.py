@@ -21,13 +21,13 @@ limit (every SM that has a block runs at its peak), no overlap lost, and caches 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from . import loader
 from .counts import matmul_launch, traffic
+from .gpus import DEFAULT, GPU, GPUS, named
 from .matmul import BM, TILE
 from .source import define
 
@@ -35,49 +35,7 @@ SECTOR = 32  # bytes a global-memory sector holds
 UNITS = ("DRAM", "L2", "shared memory", "FP32", "atomics (one address)")
 
 
-@dataclass(frozen=True)
-class GPU:
-    """A GPU's published figures and where each comes from."""
-
-    name: str
-    dram_bytes_s: float
-    l2_bytes: int
-    sms: int
-    clock_hz: float
-    fp32_flops_s: float
-    l2_bytes_s: float
-    sources: str
-
-    @property
-    def shared_wavefronts_s(self) -> float:
-        """Wavefronts per second, all SMs: one 128-byte wavefront per clock per SM."""
-        return self.sms * self.clock_hz
-
-
-_L2_RATIO = 5120 * 1.41e9 / 2.039e12  # A100: L2 read bandwidth (5,120 B/clk at 1.41 GHz) over its HBM2e bandwidth
-GPUS = {
-    "H100 SXM": GPU("H100 SXM", 3.35e12, 50 << 20, 132, 1.98e9, 66.9e12, 3.35e12 * _L2_RATIO,
-                    "NVIDIA H100 Tensor Core GPU datasheet (3.35 TB/s HBM3, 67 TFLOPS FP32); NVIDIA H100 Tensor Core GPU "
-                    "Architecture whitepaper (132 SMs, 1.98 GHz boost, 50 MB L2); L2 bandwidth not published: "
-                    "assumed the A100's L2/DRAM ratio"),
-    "A100 SXM": GPU("A100 SXM", 2.039e12, 40 << 20, 108, 1.41e9, 19.5e12, 5120 * 1.41e9,
-                    "NVIDIA A100 Tensor Core GPU datasheet (80 GB SXM: 2,039 GB/s HBM2e, 19.5 TFLOPS FP32); NVIDIA A100 "
-                    "Tensor Core GPU Architecture whitepaper (108 SMs, 1.41 GHz, 40 MB L2, L2 read 5,120 B/clk)"),
-    "T4": GPU("T4", 320e9, 4 << 20, 40, 1.59e9, 8.1e12, 320e9 * _L2_RATIO,
-              "NVIDIA T4 Tensor Core GPU datasheet (320 GB/s GDDR6, 8.1 TFLOPS FP32); NVIDIA Turing GPU Architecture "
-              "whitepaper (40 SMs, 1.59 GHz boost, 4 MB L2); L2 bandwidth not published: assumed the A100's L2/DRAM "
-              "ratio"),
-}
-DEFAULT = "H100 SXM"
-
-
-def gpu_named(name: str | None) -> GPU | None:
-    """The table's GPU whose name a device name contains ("NVIDIA H100 80GB HBM3" is the H100 SXM), or None."""
-    text = (name or "").upper()
-    for key, pattern in (("H100 SXM", r"H100"), ("A100 SXM", r"A100"), ("T4", r"\bT4\b")):
-        if re.search(pattern, text):
-            return GPUS[key]
-    return None
+gpu_named = named  # the table's GPU a device name names (:func:`labkit.kernels.gpus.named`)
 
 
 def gpu(name: str | GPU | None = None) -> GPU:

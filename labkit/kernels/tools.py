@@ -6,7 +6,7 @@ a CUDA toolkit's libnvrtc, or CuPy's. Else ``nvcc``. A kernel the emulator runs 
 compiles with the host's C++ compiler, which knows ``std::max``, ``strlen`` and ``rand()``; a GPU does not.
 
     compile_check(source, "sm_90")        # raises KernelCompileError with the compiler's message
-    compile_for_gpus(source)              # for sm_80 and sm_90, remembered per source in labkit's cache
+    compile_for_gpus(source)              # for every modelled GPU's arch, remembered per source in labkit's cache
     resource_usage("matmul")              # {kernel: {"registers", "shared_bytes", ...}} from ptxas -v
 """
 
@@ -28,9 +28,10 @@ from pathlib import Path
 from .. import settings
 from ..device import gpu_status
 from ..native.csource import strip_comments
+from .gpus import GPUS
 from .source import KernelCompileError, find_kernels, read_source
 
-ARCHS = ("sm_80", "sm_90")
+ARCHS = tuple(sorted({g.arch for g in GPUS.values()}))  # every GPU the course models (labkit.kernels.gpus)
 NO_COMPILER = ("no CUDA compiler here to check that the kernel compiles for a GPU: pip install nvidia-cuda-nvrtc-cu12 "
                "(NVRTC, about 90 MB, no GPU needed), or install the CUDA toolkit (nvcc)")
 
@@ -170,7 +171,7 @@ def compile_check(source: str | Path, arch: str = "sm_90") -> str:
 
 
 def compile_for_gpus(source: str | Path, archs: tuple[str, ...] = ARCHS) -> str:
-    """Compile for each of ``archs`` (sm_80 and sm_90) and return the tool; a source that compiled once is remembered
+    """Compile for each of ``archs`` (every modelled GPU's) and return the tool; a source that compiled once is remembered
     in labkit's cache, so a check run again does not compile again. Raises KernelCompileError naming the first
     architecture that fails, RuntimeError where there is no compiler."""
     text, name = read_source(source)
