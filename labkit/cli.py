@@ -256,7 +256,7 @@ def _cmd_grade(a) -> int:
                              "of the same release, or add --regrade-other-release to compare anyway")
     if a.merge:
         results, csv_path, json_path = grade.merge([a.folder, *a.more], a.out)
-        print(grade.summary(results, json.loads(json_path.read_text())))
+        _print_grades(results, json_path)
         print(f"\nmerged {1 + len(a.more)} run(s) into {csv_path} and {json_path}")
         return _hand_on(a, json_path, before)
     if a.more:
@@ -265,7 +265,7 @@ def _cmd_grade(a) -> int:
         results, csv_path, json_path, warnings = grade.rescore(a.folder, release=given_release)
         for warning in warnings:
             print(f"labkit grade --rescore: {warning}", file=sys.stderr)
-        print(grade.summary(results, json.loads(json_path.read_text())))
+        _print_grades(results, json_path)
         print(f"\nrescored {csv_path} and {json_path} from {Path(a.folder) / 'answers.csv'}: no notebook was run")
         a.out = a.folder
         return _hand_on(a, json_path, before)
@@ -297,12 +297,22 @@ def _grade_run(a, before: dict | None) -> int:
               f"engines; no grades were written. What was graded is kept in {Path(a.out) / grade.PROGRESS}: run the "
               "same command with --resume to go on from there.", file=sys.stderr)
         return 130
-    print(grade.summary(results, json.loads(json_path.read_text())))
+    _print_grades(results, json_path)
     print(f"\nwrote {csv_path} and {json_path}; the executed notebooks are in {Path(a.out) / 'executed'}")
     if (Path(a.out) / "answers.csv").is_file():
         print(f"the answers to the questions, to read and score by hand: {Path(a.out) / 'answers.html'} (scores go in "
               f"the score column of {Path(a.out) / 'answers.csv'}; then labkit grade --rescore {a.out} totals them)")
     return _hand_on(a, json_path, before)
+
+
+def _print_grades(results, json_path: Path) -> None:
+    """The console's grades: a line per student and lab, then the students whose sandbox contained escape attempts."""
+    from .grading import grade
+
+    data = json.loads(json_path.read_text())
+    print(grade.summary(results, data))
+    if escapes := grade.escape_summary(data):
+        print(f"\n{escapes}")
 
 
 def _hand_on(a, json_path: Path, before: dict | None) -> int:

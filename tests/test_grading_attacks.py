@@ -8,6 +8,7 @@ in a few minutes. Each attack is one student's notebook; one ``labkit grade`` ru
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -75,6 +76,22 @@ def _grade(tmp: Path, lab: Path, students: dict, **kw):
     for r in results:
         first.setdefault(r.student, (r.passed, r.message))
     return first, results, json_path
+
+
+def _escapes(json_path: Path) -> dict[str, list[tuple[str, str]]]:
+    """{student: [(kind, target)]}: the escape attempts grades.json lists for each student, over their notebooks."""
+    data = json.loads(Path(json_path).read_text())
+    return {s: [(e["kind"], e["target"]) for entry in per.values() for e in entry["escapes"]]
+            for s, per in data["students"].items()}
+
+
+def _escape_cell(write: str, read: str) -> str:
+    """A cell that tries to write ``write``, read ``read``, connect beyond loopback and signal pid 1; it says nothing."""
+    return ("import os, signal, socket\n"
+            f"for attempt in (lambda: open({write!r}, 'w'), lambda: open({read!r}).read(1),\n"
+            "                lambda: socket.create_connection(('192.0.2.1', 80), timeout=2),\n"
+            "                lambda: os.kill(1, signal.SIGCONT)):\n"
+            "    try:\n        attempt()\n    except OSError:\n        pass")
 
 
 def _no_process_mentions(marker: str) -> list[str]:
@@ -149,6 +166,8 @@ def lab01(tmp_path_factory):
         "alias_reference": lambda nb: solve(nb, "my_backprop = mlp.backprop"),
         "call_reference": lambda nb: solve(nb, "def my_backprop(params, x, Y):\n    return mlp.backprop(params, x, Y)"),
         "probe": probe,
+        "escape": lambda nb: (solve(nb), _before(nb, "c12", _escape_cell(ESCAPE_WRITE, str(tmp / "release" /
+                                                                                             "release.json")))),
         "search": lambda nb: (solve(nb), _before(nb, "c12", solutions.search_cell(["/"]))),
         "exec_source": lambda nb: solve(nb, "import inspect\nspace = dict(vars(mlp))\n"
                                             "exec(inspect.getsource(mlp.backprop).replace('def backprop(', "
@@ -164,7 +183,11 @@ def lab01(tmp_path_factory):
     finally:
         server.close()
     time.sleep(1.0)  # a detached writer, had it survived, would have rewritten grades.json by now
-    return {"first": first, "results": results, "json": json_path, "tmp": tmp, "lab": lab}
+    return {"first": first, "results": results, "json": json_path, "tmp": tmp, "lab": lab,
+            "escapes": _escapes(json_path)}
+
+
+ESCAPE_WRITE = "/usr/lib/labkit-escape-attempt"
 
 
 @needs_sandbox
@@ -232,6 +255,27 @@ def test_no_line_of_a_worked_solution_or_model_answer_is_readable_from_a_graded_
 
 
 @needs_sandbox
+def test_contained_escape_attempts_are_listed_for_the_student_who_made_them(lab01):
+    escapes, release = lab01["escapes"], str(lab01["tmp"] / "release" / "release.json")
+    assert lab01["first"]["escape"] == (True, "passed"), "an attempt the sandbox contains costs no exercise"
+    assert escapes["escape"] == [("write", ESCAPE_WRITE), ("read", release), ("connect", "192.0.2.1:80"),
+                                 ("kill", "pid 1")], escapes["escape"]
+    tried = {s for s, found in escapes.items() if found}
+    assert tried == {"escape", "probe"}, {s: escapes[s] for s in tried}  # no one else tried anything
+    honest_or_blank = ("honest", "wrong", "blank", "unbalanced", "renamed", "saved_mid_run")
+    assert all(escapes[s] == [] for s in honest_or_blank)
+    # the probe tried to read the others' files and write beside another submission; the grader's port is loopback
+    other = lab01["tmp"] / "subs" / "honest"
+    assert set(escapes["probe"]) == {("read", str(other / lab01["lab"].name)), ("read", str(lab01["lab"])),
+                                     ("read", release), ("read", str(runner.find_notebooks(only="01_")[0])),
+                                     ("write", str(other / "x.txt"))}, escapes["probe"]
+    rows = list(csv.DictReader(open(lab01["tmp"] / "out" / grade.ESCAPES_CSV)))
+    assert {(r["kind"], r["target"]) for r in rows if r["student"] == "escape"} == set(escapes["escape"])
+    assert grade.escape_summary(json.loads(lab01["json"].read_text())).startswith("contained escape attempts: escape (4: "
+                                                                                 f"wrote {ESCAPE_WRITE}")
+
+
+@needs_sandbox
 def test_a_detached_process_does_not_outlive_its_notebook(lab01):
     assert lab01["first"]["write_grades"] == (True, "passed")
     assert not _no_process_mentions("labkit-detached-marker")
@@ -277,6 +321,7 @@ def lab01_user(tmp_path_factory):
             "while True:\\n    try:\\n        open(p, \"w\").write(\"{}\")\\n    except OSError:\\n        pass\\n"
             "    time.sleep(0.2)', 'labkit-user-detached-marker'], start_new_session=True)"))),
         "search": lambda nb: (solve(nb), _before(nb, "c12", solutions.search_cell(roots))),
+        "escape": lambda nb: (solve(nb), _before(nb, "c12", _escape_cell(ESCAPE_WRITE, readable["repo_notebooks"]))),
         "exec_source": lambda nb: solve(nb, "import inspect\nspace = dict(vars(mlp))\n"
                                             "exec(inspect.getsource(mlp.backprop).replace('def backprop(', "
                                             "'def my_backprop('), space)\nmy_backprop = space['my_backprop']"),
@@ -286,7 +331,7 @@ def lab01_user(tmp_path_factory):
         first, results, json_path = _grade(tmp, lab, students, timeout=60)
     time.sleep(1.0)  # a detached writer, had it survived, would have rewritten grades.json by now
     return {"first": first, "json": json_path, "tmp": tmp, "lab": lab, "grader_unchanged": grader.read_bytes() == before,
-            "results": results}
+            "results": results, "escapes": _escapes(json_path), "targets": targets, "readable": readable}
 
 
 def _printed(lab01_user, student: str, tag: str) -> dict:
@@ -321,6 +366,18 @@ def test_without_bubblewrap_no_process_of_a_submission_outlives_it_and_the_grade
     assert not [uid for uid in sandbox.USER_IDS if sandbox.user_pids(uid)], "every user of its own is gone"
     data = json.loads(lab01_user["json"].read_text())
     assert data["isolated"] is True and "honest" in data["students"]
+
+
+@needs_root
+def test_without_bubblewrap_escape_attempts_are_listed_too(lab01_user):
+    escapes, notebooks = lab01_user["escapes"], lab01_user["readable"]["repo_notebooks"]
+    assert lab01_user["first"]["escape"] == (True, "passed")
+    assert escapes["escape"] == [("write", ESCAPE_WRITE), ("read", notebooks), ("connect", "192.0.2.1:80"),
+                                 ("kill", "pid 1")], escapes["escape"]
+    assert escapes["patch_grader"] == [*(("write", str(Path(p).resolve())) for p in lab01_user["targets"].values()),
+                                       ("read", notebooks)], escapes["patch_grader"]
+    assert escapes["honest"] == [] and escapes["blank"] == [] and escapes["exec_source"] == []
+    assert {kind for kind, _ in escapes["search"]} <= {"read"}, escapes["search"]
 
 
 @needs_root
@@ -381,9 +438,11 @@ def test_endless_loops_bombs_and_ignored_interrupts_cost_one_submission(tmp_path
         "honest": solve,
     }
     t0 = time.monotonic()
-    first, results, _ = _grade(tmp_path, lab, students, timeout=8, limits=sandbox.Limits(memory_mb=600, processes=64))
+    first, results, json_path = _grade(tmp_path, lab, students, timeout=8,
+                                       limits=sandbox.Limits(memory_mb=600, processes=64))
     took = time.monotonic() - t0
     assert first["honest"] == (True, "passed")
+    assert _escapes(json_path)["honest"] == []
     assert not first["loop"][0] and "8 s limit" in first["loop"][1]
     assert not first["deaf"][0] and "killed" in first["deaf"][1], first["deaf"]
     assert not first["memory"][0] and ("memory" in first["memory"][1] or "MemoryError" in first["memory"][1]), first["memory"]
@@ -422,9 +481,10 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
                                                               "    return out"),
     }
     t0 = time.monotonic()
-    first, results, _ = _grade(tmp_path, lab, students, timeout=20)
+    first, results, json_path = _grade(tmp_path, lab, students, timeout=20)
     took = time.monotonic() - t0
     assert first["honest"] == (True, "passed")
+    assert not any(_escapes(json_path).values()), "none of them tried to leave the sandbox, the MPI engines included"
     assert not first["library"][0] and "uses labkit's reference (labkit.collectives.ring_allreduce)" in first["library"][1]
     assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]
     assert not first["raises"][0] and "your function raised ValueError: chunk sizes differ" in first["raises"][1]
@@ -461,8 +521,9 @@ def test_cuda_exercise_attacks_fail(tmp_path):
         "patch_numpy": lambda nb: (_cell(nb, "c06").__setitem__("source", wrong),
                                    _before(nb, "c07", "np.isclose = lambda a, b, **k: np.ones(np.shape(a), bool)")),
     }
-    first, results, _ = _grade(tmp_path, lab, students, timeout=60)
+    first, results, json_path = _grade(tmp_path, lab, students, timeout=60)
     assert first["honest"] == (True, "passed")
+    assert not any(_escapes(json_path).values()), "none of them tried to leave the sandbox (the emulator compiles)"
     assert not first["wrong"][0] and "(spec)" in first["wrong"][1]
     assert not first["library_source"][0] and "uses labkit's reference (labkit/kernels/matmul.cu" in first["library_source"][1]
     assert not first["patch_check"][0] and "recorded nothing" in first["patch_check"][1]

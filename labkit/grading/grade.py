@@ -13,7 +13,9 @@ its verdict is the check's, replayed by the grader on what the student's functio
 success). Results go to ``grades.csv`` (one row per exercise, with its points and the lab's late penalty) and
 ``grades.json`` (with each lab's points, :mod:`.scores`), and the executed notebooks beside them. The answers to the
 labs' questions (:mod:`.answers`) go to ``answers.html`` and ``answers.csv``, whose ``score`` column the instructor
-fills in; ``labkit grade --rescore OUT`` then totals them without running a notebook again.
+fills in; ``labkit grade --rescore OUT`` then totals them without running a notebook again. What a sandbox contained
+(a write outside the notebook's folder, a connection beyond loopback...: :mod:`.audit`) is each lab's ``escapes`` in
+``grades.json``, and ``escapes.csv`` when there is any.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..labs import NOTEBOOKS
 from ..machine import usable_cores
 from ..progress import progress_bar
 from . import answers as answer_cells
-from . import late, sandbox, scores, workers
+from . import audit, late, sandbox, scores, workers
 from .assign import CHECK_CALL, RELEASE_FILE, entry_lab, exercises_in, lab_number, lab_of, read_release
 from .notebook import ExerciseResult, grade_notebook, rows_of
 from .sandbox import Limits
@@ -178,13 +180,15 @@ class GradeOptions:
     hidden_parts: frozenset[str] = field(default_factory=frozenset)
 
 
-def _grade_one(work: tuple[Handed, Path, dict | None, GradeOptions]) -> tuple[list[ExerciseResult], float, str]:
-    """One submission (in a worker process with --jobs): its results, its seconds and the file's sha256."""
+def _grade_one(work: tuple[Handed, Path, dict | None, GradeOptions]) -> tuple[list[ExerciseResult], float, str, list]:
+    """One submission (in a worker process with --jobs): its results, its seconds, the file's sha256 and the escape
+    attempts its sandbox contained."""
     handed, out_dir, released, o = work
     t0 = time.perf_counter()
+    escapes: list[dict] = []
     results = grade_notebook(handed.path, handed.student, out_dir, o.timeout, o.profile, released, o.threads, o.isolate,
-                             o.limits, o.hidden_parts, name=handed.name)
-    return results, time.perf_counter() - t0, hashlib.sha256(Path(handed.path).read_bytes()).hexdigest()
+                             o.limits, o.hidden_parts, name=handed.name, escapes=escapes)
+    return results, time.perf_counter() - t0, hashlib.sha256(Path(handed.path).read_bytes()).hexdigest(), escapes
 
 
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
@@ -253,19 +257,19 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     kept = _Progress(out, run, resume)
     work = [(h, out / "executed" / h.student, record["notebooks"][h.name] if record else None, options) for h in handed]
     results: list[ExerciseResult] = []
-    seconds, hashes = {}, {}
+    seconds, hashes, escapes = {}, {}, {}
     with _sigterm_as_interrupt():
         graded = _grade_all(work, jobs, progress, kept)
-    for h, (mine, secs, digest) in zip(handed, graded):
+    for h, (mine, secs, digest, tried) in zip(handed, graded):
         results += mine
-        seconds[(h.student, h.name)], hashes[(h.student, h.name)] = secs, digest
+        seconds[(h.student, h.name)], hashes[(h.student, h.name)], escapes[(h.student, h.name)] = secs, digest, tried
     if record:
         missing = _not_handed_in(handed, record, hidden_parts, everyone)
         results += missing
         seconds.update({(r.student, r.notebook): 0.0 for r in missing})
     scores.set_points(results, record, hidden_parts)
     answered = _answers(handed, record, out, everyone, _rubrics(release, full), set(seconds), full)
-    students = _by_student(results, seconds, hashes)
+    students = _by_student(results, seconds, hashes, escapes)
     _add_answers(students, answered)
     _add_late(students, record, times)
     students = _keep_earlier(earlier.get("students", {}), students, out)
@@ -409,23 +413,24 @@ class _Progress:
     def _file(self, student: str, path: Path) -> Path:
         return self.folder / (hashlib.sha256(f"{student}\0{Path(path).name}".encode()).hexdigest()[:24] + ".json")
 
-    def get(self, student: str, path: Path) -> tuple[list[ExerciseResult], float, str] | None:
-        """The results kept for this notebook, if it is unchanged since it was graded."""
+    def get(self, student: str, path: Path) -> tuple[list[ExerciseResult], float, str, list] | None:
+        """The results kept for this notebook (with its escape attempts), if it is unchanged since it was graded."""
         f = self._file(student, path)
         try:
             kept = json.loads(f.read_text())
             if kept["sha256"] != hashlib.sha256(Path(path).read_bytes()).hexdigest():
                 return None
-            return [ExerciseResult(**r) for r in kept["results"]], float(kept["seconds"]), kept["sha256"]
+            return ([ExerciseResult(**r) for r in kept["results"]], float(kept["seconds"]), kept["sha256"],
+                    list(kept.get("escapes", [])))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def put(self, student: str, path: Path, item: tuple[list[ExerciseResult], float, str]) -> None:
-        mine, secs, digest = item
+    def put(self, student: str, path: Path, item: tuple[list[ExerciseResult], float, str, list]) -> None:
+        mine, secs, digest, escapes = item
         f = self._file(student, path)
         tmp = f.with_suffix(".part")
         tmp.write_text(json.dumps({"student": student, "notebook": Path(path).name, "sha256": digest, "seconds": secs,
-                                   "results": [asdict(r) for r in mine]}))
+                                   "results": [asdict(r) for r in mine], "escapes": escapes}))
         tmp.replace(f)
 
     def finish(self) -> None:
@@ -532,7 +537,8 @@ def _add_answers(students: dict, answered: list) -> None:
             row["comment"] = a.comment
         by.setdefault((a.student, a.notebook), []).append(row)
     for (student, nb), rows in by.items():
-        entry = students.setdefault(student, {}).setdefault(nb, {"passed": 0, "exercises": 0, "results": []})
+        entry = students.setdefault(student, {}).setdefault(nb, {"passed": 0, "exercises": 0, "results": [],
+                                                                 "escapes": []})
         scores.answers_into(entry, rows)
 
 
@@ -568,7 +574,7 @@ def _share(found: list[tuple[str, Path]], part: tuple[int, int] | None) -> list[
 
 
 def _grade_all(work: list[tuple], jobs: int, progress: bool | None,
-               kept: _Progress | None = None) -> list[tuple[list[ExerciseResult], float, str]]:
+               kept: _Progress | None = None) -> list[tuple[list[ExerciseResult], float, str, list]]:
     """:func:`_grade_one` of every submission, in their order: here, or in ``jobs`` worker processes. What ``kept``
     holds of an interrupted run is not graded again; what is graded is kept as soon as it is."""
     done: dict[int, tuple] = {}
@@ -616,14 +622,16 @@ def _hidden_parts(names: Iterable[str]) -> frozenset[str]:
     return wanted
 
 
-def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict) -> dict:
-    """grades.json's students: per student and notebook, the lab, what passed, the seconds, the file's sha256, rows."""
+def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict, escapes: dict | None = None) -> dict:
+    """grades.json's students: per student and notebook, the lab, what passed, the seconds, the file's sha256, rows,
+    and the escape attempts its sandbox contained (:mod:`.audit`)."""
     summary: dict = {}
     for (student, nb_name), secs in sorted(seconds.items()):
         mine = [r for r in results if r.student == student and r.notebook == nb_name]
         summary.setdefault(student, {})[nb_name] = {
             "lab": lab_number(nb_name), "passed": sum(r.passed for r in mine), "exercises": len(mine),
-            "seconds": round(secs, 1), "results": [asdict(r) for r in mine]}
+            "seconds": round(secs, 1), "results": [asdict(r) for r in mine],
+            "escapes": list((escapes or {}).get((student, nb_name), []))}
     for (student, nb_name), digest in hashes.items():
         summary[student][nb_name]["sha256"] = digest
     return summary
@@ -651,9 +659,46 @@ def _write(out: Path, data: dict) -> tuple[Path, Path]:
                                 f"{scores.scored(r):g}", entry.get("lab") or lab_number(nb) or "", when,
                                 penalty.get("days_late", 0), f"{float(penalty.get('percent', 0)):g}"])
     csv_path.with_suffix(".csv.part").replace(csv_path)
+    _write_escapes(out, data)
     json_path.with_suffix(".json.part").write_text(json.dumps(data, indent=2) + "\n")
     json_path.with_suffix(".json.part").replace(json_path)
     return csv_path, json_path
+
+
+ESCAPES_CSV = "escapes.csv"
+ESCAPE_FIELDS = ("student", "notebook", "kind", "target", "count")
+
+
+def _write_escapes(out: Path, data: dict) -> None:
+    """escapes.csv, a row per escape attempt that a sandbox contained, when the grades hold any; an earlier one that
+    they no longer hold is removed (the file says what grades.json says)."""
+    rows = [(student, nb, e.get("kind", ""), e.get("target", ""), e.get("count", 1))
+            for student, per in data["students"].items() for nb, entry in per.items()
+            for e in entry.get("escapes") or []]
+    path = out / ESCAPES_CSV
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    with open(path.with_suffix(".csv.part"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(ESCAPE_FIELDS)
+        w.writerows(rows)
+    path.with_suffix(".csv.part").replace(path)
+
+
+def escape_summary(data: dict, shown: int = 3) -> str:
+    """One line naming each student whose sandbox contained escape attempts, with the first ``shown`` of them; ""
+    where none did."""
+    named = []
+    for student, per in data.get("students", {}).items():
+        tried = [e for entry in per.values() for e in entry.get("escapes") or []]
+        if tried:
+            words = [audit.describe(e) for e in tried[:shown]] + (["..."] if len(tried) > shown else [])
+            named.append(f"{student} ({len(tried)}: {', '.join(words)})")
+    if not named:
+        return ""
+    return (f"contained escape attempts: {'; '.join(named)} (every one in {ESCAPES_CSV}: a lead for you to read, "
+            "not a verdict)")
 
 
 def merge(parts: list[Path | str], out: Path | str) -> tuple[list[ExerciseResult], Path, Path]:
@@ -828,4 +873,5 @@ def _beyond_exercises(entry: dict | None) -> str:
 
 
 __all__ = ["CHECK_CALL", "ExerciseResult", "GradeOptions", "Handed", "exercises_in", "load_release", "grade_notebook",
-           "submissions", "grade", "merge", "WouldReplace", "only_labs", "wanted_labs", "place", "rescore", "summary"]
+           "submissions", "grade", "merge", "WouldReplace", "only_labs", "wanted_labs", "place", "rescore", "summary",
+           "escape_summary"]

@@ -16,7 +16,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,7 +27,7 @@ from ..check.capture import HIDDEN
 from ..check.exercises import exercise
 from ..cluster import run_mpi
 from ..runner import ANSI_ESCAPES, inject_parameters
-from . import replay, sandbox
+from . import audit, replay, sandbox
 from .assign import exercises_in
 from .sandbox import Limits
 
@@ -159,8 +158,8 @@ class NotebookRun:
 
     :meth:`execute` runs it; the two cell hooks move what each check cell recorded out of the notebook's reach as
     soon as the cell ends; a watchdog kills the kernel of a cell that ignores the interrupt; :meth:`verdicts`
-    replays each check on its record; :meth:`results` gives every exercise its row; :meth:`close` removes the
-    sandbox's cgroup and folders."""
+    replays each check on its record; :meth:`results` gives every exercise its row; :meth:`escapes` lists what its
+    sandbox contained (:mod:`.audit`); :meth:`close` removes the sandbox's cgroup and folders."""
 
     def __init__(self, path: Path, timeout: int = 60, profile: str = "quick", released: dict | None = None,
                  threads: int | None = None, isolate: bool | None = None, limits: Limits | None = None,
@@ -365,6 +364,11 @@ class NotebookRun:
                                            cases=None if name in self.problems else self.cases.get(row)))
         return rows
 
+    def escapes(self) -> list[dict]:
+        """The escape attempts its kernel's audit hook noted (:mod:`.audit`): each kind and target once, with its
+        count; none without a sandbox, where no hook runs."""
+        return audit.read(self.private / KERNEL_LOG) if self.isolate else []
+
     def close(self) -> None:
         sandbox.remove_cgroup(self.cgroups)
         sandbox.release_uid(self.uid)
@@ -397,7 +401,7 @@ def shown_name(row: str) -> str:
 def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, profile: str = "quick",
                    released: dict | None = None, threads: int | None = None, isolate: bool | None = None,
                    limits: Limits | None = None, hidden_parts: frozenset[str] = frozenset(),
-                   name: str | None = None) -> list[ExerciseResult]:
+                   name: str | None = None, escapes: list | None = None) -> list[ExerciseResult]:
     """Execute one student's notebook into ``out_dir`` and return one result per exercise (never raises for the
     student's errors). ``name`` is the lab notebook it is (found by its content), which names its rows and the
     executed copy; the file's own name without it.
@@ -409,7 +413,10 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
     stop within :data:`GRACE` more seconds has its kernel killed with everything it started.
 
     ``hidden_parts`` (exercise names, or "all"): those checks run a second time, silently, on inputs drawn apart, and
-    each gets a second row, ``<name>~hidden``, its hidden part (:mod:`labkit.check.capture`)."""
+    each gets a second row, ``<name>~hidden``, its hidden part (:mod:`labkit.check.capture`).
+
+    ``escapes``, a list, receives the escape attempts the sandbox contained, as the kernel's audit hook noted them
+    (:mod:`.audit`): {"kind", "target", "count"} each."""
     import nbformat
 
     why = unreadable(path)
@@ -423,6 +430,8 @@ def grade_notebook(path: Path, student: str, out_dir: Path, timeout: int = 60, p
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         nbformat.write(run.nb, Path(out_dir) / (name or Path(path).name))
         outcomes = run.verdicts(stopped)
+        if escapes is not None:
+            escapes += run.escapes()
     finally:
         run.close()
     return run.results(student, outcomes, name)
@@ -483,7 +492,11 @@ def _descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
 RECORD_LIMIT = 256 << 20  # bytes: a larger record file is not read (the checks' records are a few MB at most)
+KERNEL_LOG = "kernel.log"  # in the grader's private folder: what the kernel printed outside the notebook, and its
+                           # audit hook's notes
 
 
 def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict, uid: int | None = None):
@@ -496,8 +509,9 @@ def _sandboxed_kernel(work: Path, private: Path, limits, cgroups, env: dict, uid
     ipc.mkdir()
     spec_dir = private / "kernels" / "labkit-sandbox"
     spec_dir.mkdir(parents=True)
-    argv = sandbox.command([sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], work, limits,
-                           cgroups, env, log=private / "kernel.log", uid=uid)
+    # the kernel starts under the audit hook, which notes its escape attempts in the grader's kernel.log
+    argv = sandbox.command(audit.kernel_argv(**sandbox.audited(work, uid is not None)), work, limits, cgroups, env,
+                           log=private / KERNEL_LOG, uid=uid)
     (spec_dir / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "labkit sandbox",
                                                       "language": "python", "interrupt_mode": "message"}))
     ksm = KernelSpecManager(kernel_dirs=[str(private / "kernels")], ensure_native_kernel=False)

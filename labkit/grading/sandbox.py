@@ -23,6 +23,9 @@ It has the machine's network. ``LABKIT_SANDBOX`` chooses (``auto``, ``bubblewrap
 
 Where neither can be made (macOS, a grader that is not root), :func:`available` says why; ``labkit grade`` then
 refuses unless told ``--no-sandbox``.
+
+Either way the kernel starts under an audit hook (:mod:`.audit`; :func:`audited` says which folders are the
+notebook's), which notes what it tries beyond them, so that the grader can list who tried.
 """
 
 from __future__ import annotations
@@ -171,6 +174,16 @@ def _readable() -> list[tuple[Path, Path]]:
             if seen != Path("/") and (real, seen) not in out:
                 out.append((real, seen))
     return sorted(out, key=lambda pair: len(pair[1].parts))  # parents before children
+
+
+def audited(scratch: Path, user: bool) -> dict[str, list[str]]:
+    """The folders the kernel's audit hook (:mod:`.audit`) counts as the notebook's: ``own`` (read and written), its
+    private temporary folders ``temp`` (written), and ``system``, what it reads besides the system's (Python, this
+    environment, labkit, the data)."""
+    # bubblewrap's /tmp and /dev/shm are the notebook's alone; a user of its own shares the machine's /tmp (its TMPDIR
+    # is in its folder), and /dev/shm, where multiprocessing keeps its shared arrays
+    temp = ["/dev/shm"] if user else ["/tmp", "/dev/shm"]
+    return {"own": [str(scratch)], "temp": temp, "system": sorted({str(p) for pair in _readable() for p in pair})}
 
 
 def environment(scratch: Path, env: dict | None = None) -> dict:
