@@ -373,16 +373,6 @@ def remove_cgroup(cgroups: list[Path]) -> None:
             pass
 
 
-def peak_memory_mb(cgroups: list[Path]) -> float | None:
-    for d in cgroups:
-        for f in ("memory.peak", "memory.max_usage_in_bytes"):
-            try:
-                return int((d / f).read_text()) / 2**20
-            except (OSError, ValueError):
-                continue
-    return None
-
-
 def hit_process_limit(cgroups: list[Path]) -> bool:
     """Whether a fork or a new thread of the notebook was refused by its process limit."""
     for d in cgroups:
