@@ -274,7 +274,7 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
     _add_late(students, record, times)
     students = _keep_earlier(earlier.get("students", {}), students, out)
     # each notebook's release entry, as graded: the kept grades' from their run, this run's for what it graded
-    graded_now = {nb for per in _by_student(results, seconds, hashes).values() for nb in per}
+    graded_now = {nb for _, nb in seconds}  # every (student, notebook) this run graded, handed in or not
     run["release_notebooks"] = {**{nb: h for nb, h in (earlier.get("release_notebooks") or {}).items()
                                    if nb not in graded_now}, **{nb: h for nb, h in notebook_hashes(record).items()
                                                                  if nb in graded_now or not earlier}}
