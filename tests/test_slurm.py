@@ -300,6 +300,20 @@ def test_a_cancelled_engines_job_ends_the_cell_with_slurms_word(cluster):
 
 
 @needs_slurm
+def test_engines_that_die_with_their_job_end_the_cell_with_slurms_word_not_died(cluster):
+    """Every engine exits mid-cell (their job's mpiexec then ends): ipyparallel's controller notices the engines gone
+    before SLURM has said the job ended, which under load is the usual order. The cell still ends with the job's
+    state in SLURM's words."""
+    from labkit.cluster import ClusterError, MPICluster
+
+    with MPICluster(2, launcher="slurm", slurm_options=["--nodes=2"], start_timeout=120) as engines:
+        job = engines.slurm_job
+        with pytest.raises(ClusterError, match=rf"SLURM job {job} ended (FAILED|COMPLETED|CANCELLED)"):
+            engines.px("import os, time\ntime.sleep(0.5)\nos._exit(3)", timeout=120)
+    _nothing_left(cluster, job)
+
+
+@needs_slurm
 def test_a_killed_notebook_kernel_does_not_keep_its_engines_job(cluster, tmp_path):
     """The process that started MPICluster(launcher="slurm") is SIGKILLed (a kernel killed for memory): its
     watchdog cancels the engines' job, so it does not hold the nodes until its time limit."""

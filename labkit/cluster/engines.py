@@ -262,6 +262,17 @@ class MPICluster:
                 if time.monotonic() > deadline:
                     break
             return result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except ipp.error.CompositeError as e:  # engines that died as their job ended: SLURM's word, not "died"
+            if self.launcher == "slurm" and all(name == "EngineError" for name, *_ in e.elist):
+                info = self._slurm_job_info()
+                until = time.monotonic() + 30  # the controller may notice the engines gone before SLURM says why
+                while info is not None and not info.ended and time.monotonic() < until:
+                    time.sleep(0.5)
+                    info = self._slurm_job_info()
+                if info is not None and info.ended:
+                    raise ClusterError(f"the engines' {info.describe()}; cluster.stop() ends what is left of "
+                                       "it") from None
+            raise
         except ipp.error.TimeoutError:
             pending = [rank for rank, mid in enumerate(result.msg_ids) if mid in self.client.outstanding]
             where = ""

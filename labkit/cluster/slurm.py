@@ -84,7 +84,8 @@ class Job:
             return (f"SLURM job {self.id} will not start: it is PENDING for {self.reason}, {NEVER_STARTS[self.reason]} "
                     "(compare its options with `sinfo` and `scontrol show partition`)")
         if not self.ended:
-            return f"SLURM job {self.id} is {self.state} (reason: {self.reason}, nodes {self.nodes})"
+            down = f"; {nodes_out()}" if any(w in self.reason for w in ("DOWN", "DRAIN")) else ""
+            return f"SLURM job {self.id} is {self.state} (reason: {self.reason}, nodes {self.nodes}){down}"
         why = WHY.get(self.state, "")
         return (f"SLURM job {self.id} ended {self.state}" + (f": {why}" if why else "") +
                 f" (exit code {self.exit_code}, time limit {self.time_limit}, nodes {self.nodes})")
@@ -159,6 +160,17 @@ def wait(job_id: int, timeout: float, env: dict | None = None, poll: float = 0.2
         time.sleep(poll)
 
 
+def nodes_out(env: dict | None = None) -> str:
+    """The nodes SLURM holds out of service (down, drained, failing) with its reason for each, as one line; where
+    ``sinfo`` does not answer, the command to run instead."""
+    try:
+        out = _command(["sinfo", "-h", "-R", "-o", "%N %T: %E"], env, timeout=10)
+    except (SlurmError, SlurmUnavailable):
+        return "see `sinfo -R` for the nodes out of service"
+    lines = [" ".join(line.split()) for line in out.splitlines() if line.strip()]
+    return ("nodes out of service: " + "; ".join(lines)) if lines else "no node is out of service now"
+
+
 def cancel(job_id: int, env: dict | None = None) -> None:
     _command(["scancel", str(job_id)], env)
 
@@ -215,7 +227,8 @@ ReturnToService=2
 MailProg=/bin/true
 KillWait=2
 MessageTimeout=5
-SlurmdTimeout=30
+SlurmdTimeout=300
+UnkillableStepTimeout=180
 InactiveLimit=0
 MinJobAge=600
 {nodes}
