@@ -58,11 +58,12 @@ def hints_start_over(monkeypatch):
 
 def edited(answer, k: int):
     """The same wrong answer as a student's k-th try at it, edited: for a hint to advance the answer must change
-    (:func:`labkit.check.common.next_hint`). A source gets a comment; a function is wrapped in one that closes over k."""
+    (:func:`labkit.check.common.next_hint`). A source gets a macro of value k; a function is wrapped in one that
+    closes over k."""
     import inspect
 
-    if isinstance(answer, str):
-        return f"{answer}\n// try {k}\n"
+    if isinstance(answer, str):  # a comment would not do: comments, spaces and renames are the same answer
+        return f"{answer}\n#define LABKIT_TRY {k}\n"
 
     def tried(*args, **kwargs):
         assert k is not None  # the closure over k makes each try another answer
@@ -106,6 +107,18 @@ class Wrong:
     and as recorded) and the marks of the tests that run it (``needs_cc`` where it is compiled)."""
     answer: object
     says: str = ""
+    marks: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistake:
+    """A mistake an exercise's check names, in its family's ``MISTAKES`` table (exercise -> mistakes), which
+    tests/test_contract.py walks: the answer that makes it, a pattern of what the diagnosis says of it, and a pattern
+    of what its own hint speaks of (that mistake, not another), and the marks of the test that runs it. The check
+    must give that hint alone, no step of the derivation."""
+    answer: object
+    says: str
+    hint: str
     marks: tuple = ()
 
 

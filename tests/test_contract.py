@@ -3,8 +3,10 @@
 1. the right answer passes, printing its ✔ line;
 2. a blank answer (a function raising NotImplementedError, or the family's blank form: a C or CUDA C stub) fails as
    "not written yet", with no hint, and spends none;
-3. each failed run of a changed wrong answer shows one more hint (the last one repeating), the same answer run again
-   the same hint, and only the hint reached;
+3. a mistake the check names carries its own hint, which speaks of that mistake, and spends no step of the
+   derivation (the contract's wrong answer where it is named, and every entry of the family's ``MISTAKES`` table);
+   a failure nothing names shows one more step after each failed run of a changed answer (the last one repeating),
+   the same answer run again, or only re-spaced, re-commented or renamed, the same step, and only the step reached;
 4. the grader's replay of a recorded run agrees with the check's verdict and message (without the hint), and counts
    the check's cases (all of them passed by the right answer, fewer by the wrong one: partial credit); a replay on
    inputs of another draw says "was not recorded" (where the check draws its inputs: ``Answers.drawn``);
@@ -24,10 +26,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import Answers, Reference, edited, record_check
+from conftest import Answers, Mistake, Reference, edited, record_check
 
 from labkit import check
 from labkit.check import ExerciseError
+from labkit.check.common import DIAGNOSED
 from labkit.check.exercises import EXERCISES, exercise
 from labkit.grading import replay
 
@@ -48,6 +51,7 @@ def _tables(attribute: str) -> tuple[dict, dict]:
 
 CONTRACT, GIVEN_BY = _tables("CONTRACT")
 MPIEXEC, LISTED_BY = _tables("MPIEXEC")
+MISTAKES, MISTAKES_BY = _tables("MISTAKES")
 
 
 def _params(names, marks_of=lambda a: a.marks) -> list:
@@ -96,26 +100,60 @@ def test_a_blank_answer_is_not_written_yet_and_gets_no_hint(name):
         assert "not written yet" in message and "Step" not in message, message
 
 
+def _named(message: str) -> bool:
+    """Whether the failure named its mistake: a hint of its own, before any step of the derivation."""
+    return DIAGNOSED in message.split("\nStep ")[0]
+
+
 @pytest.mark.parametrize("name", _params(sorted(CONTRACT), lambda a: a.wrong_one().marks))
-def test_each_failed_run_shows_one_more_hint_and_only_that_one(name):
+def test_a_named_mistake_has_its_own_hint_and_anything_else_one_more_step(name):
     a, wrong = CONTRACT[name], CONTRACT[name].wrong_one()
     hints = exercise(name).hints
     n = len(hints)
     assert n >= 3, "the derivation, a step at a time"
     assert "Step" not in _fails(name, a.blank, a)  # blank before the first failure: no step spent
+    first = _fails(name, wrong.answer, a)
+    _says(wrong.says, first)
+    if _named(first):  # the diagnosis's hint, however often it is changed: the steps are for what nothing names
+        for k in range(1, 3):
+            message = _fails(name, edited(wrong.answer, k), a)
+            assert _named(message) and "\nStep " not in message, message
+        return
     for k in range(1, n + 2):
         answer = edited(wrong.answer, k)  # a changed answer: the hint advances
         message = _fails(name, answer, a)
-        shown = min(k, n)  # the last one repeats
+        shown = min(k + 1, n)  # the last one repeats
         assert f"Step {shown} of {n}" in message and hints[shown - 1] in message, message
         assert ("run the check again" in message) == (shown < n), message
         assert [h for i, h in enumerate(hints) if i != shown - 1 and h in message] == [], "only the step reached"
         _says(wrong.says, message)
         if k == 1:
-            assert f"Step 1 of {n}" in _fails(name, answer, a), "the same answer run again: the same step"
+            assert f"Step 2 of {n}" in _fails(name, answer, a), "the same answer run again: the same step"
             blank = _fails(name, a.blank, a)
             assert "not written yet" in blank and "Step" not in blank, "a blank run in between: no step, none spent"
     assert "Step" not in _fails(name, a.blank, a)  # past the last step too
+
+
+def _mistakes() -> list:
+    return [pytest.param(name, i, id=f"{name}-{i}", marks=m.marks) for name in sorted(MISTAKES)
+            for i, m in enumerate(MISTAKES[name])]
+
+
+@pytest.mark.parametrize("name, i", _mistakes())
+def test_each_named_mistake_gets_the_hint_of_that_mistake_and_no_step(name, i):
+    m, a = MISTAKES[name][i], CONTRACT[name]
+    assert isinstance(m, Mistake) and m.says and m.hint, f"{MISTAKES_BY[name]}: {m}"
+    for k in range(2):  # and changed again: still its own hint, no step spent
+        message = _fails(name, m.answer if k == 0 else edited(m.answer, k), a)
+        said, _, hint = message.partition(DIAGNOSED)
+        assert hint, f"not named: no hint of its own in\n{message}"
+        assert "\nStep " not in message, message
+        _says(m.says, said)
+        _says(m.hint, hint)
+
+
+def test_every_mistake_table_is_of_exercises_with_contract_answers():
+    assert not set(MISTAKES) - set(CONTRACT), "a mistake of an exercise checked under mpiexec: give it in its case file"
 
 
 @pytest.mark.parametrize("name", _params(sorted(CONTRACT), lambda a: (*a.marks, *a.wrong_one(replayed=True).marks)))
@@ -126,10 +164,10 @@ def test_the_replay_gives_the_checks_verdict_and_message(name, tmp_path, monkeyp
     passed, _, cases = replay.counted(name, tmp_path / "right", SEED, **on)
     assert passed is True and cases and cases[0] == cases[1] >= 1, cases  # every case counted, and passed
     passed, saw = record_check(monkeypatch, tmp_path / "wrong", name, wrong.answer, SEED, **on)
-    assert not passed and "\nStep 1 of " in saw, saw  # the student saw the mistake and the first step...
-    _says(wrong.says, saw)
+    assert not passed and (_named(saw) != ("\nStep 1 of " in saw)), saw  # the student saw the mistake and its
+    _says(wrong.says, saw)  # hint, or the first step...
     *verdict, counted = replay.counted(name, tmp_path / "wrong", SEED, **on)
-    assert tuple(verdict) == (False, saw.split("\nStep 1 of ")[0])  # ...the grader
+    assert tuple(verdict) == (False, saw.split("\nStep 1 of ")[0])  # ...the grader the mistake alone
     # the cases passed before the failure (none counted where it failed before its first case: 0 points)
     assert counted is None or 0 <= counted[0] < counted[1] == cases[1], (counted, cases)
     passed, message = replay.replay(name, tmp_path / "right", SEED + 1, **on)  # the grader's own draw of the inputs

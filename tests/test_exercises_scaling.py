@@ -156,7 +156,7 @@ def _gustafson(speedup=lambda t1, tp: t1 / tp, fraction=None):
     (_gustafson(lambda t1, tp: t1 / tp / np.arange(1, len(t1) + 1)), "that is the efficiency"),
     (_gustafson(lambda t1, tp: np.arange(1, len(t1) + 1) * t1[0] / tp), "grows exactly p-fold"),
     (_gustafson(lambda t1, tp: tp[0] / tp), "weak-scaling efficiency"),  # = t1[0] / tp: at p = 1 both are one problem
-    (_gustafson(lambda t1, tp: t1 / tp + 0.1), "(?s)yours.*expected.*which one is the slow one"),
+    (_gustafson(lambda t1, tp: t1 / tp + 0.1), "(?s)yours.*expected.*\nStep 1 of"),  # named by nothing: a step
     (_gustafson(fraction=lambda p, s: np.mean((p[1:] - s[1:]) / (p[1:] - 1))), "mean of each row's own f"),
     (_gustafson(fraction=lambda p, s: (p[-1] - s[-1]) / (p[-1] - 1)), "last row alone"),
     (_gustafson(fraction=lambda p, s: np.polyfit(p - 1, p - s, 1)[0]), "line with an intercept"),

@@ -3,11 +3,14 @@ and comparing gradients with a message that names the first wrong layer."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
 import inspect
 import io
+import re
+import textwrap
 
 import numpy as np
 
@@ -135,7 +138,8 @@ def recorded(check):
                 tally.of = tally.done + 1
             if capture.replaying():  # the grader's verdict: the mistake, without the steps
                 raise
-            hint = next_hint(check.__name__, str(e), answer_of(args, kwargs))
+            # a diagnosis carries its own hint: the derivation's steps are for the failures nothing named
+            hint = "" if DIAGNOSED in str(e) else next_hint(check.__name__, str(e), answer_of(args, kwargs))
             if hint:
                 raise ExerciseError(f"{e}\n{hint}") from None
             raise
@@ -163,13 +167,15 @@ def _hidden_part(check, args, kwargs) -> None:
             pass
 
 
+DIAGNOSED = "\nHint: "  # what a failure that named its mistake carries (:func:`fail` with a hint)
 _failed_runs: dict[str, tuple[int, str]] = {}  # per exercise, this process's hint step and the answer that last failed
 
 
 def next_hint(exercise: str, message: str, answer: str = "") -> str:
-    """The next step of the exercise's derivation: one more after each failed run of a changed answer (``answer`` is
-    its :func:`fingerprint`), the same one again for the same answer run again, the last one repeating; nothing for a
-    function not written yet, or an exercise without hints."""
+    """The next step of the exercise's derivation, for a failure no diagnosis explains: one more after each failed
+    run of an answer that changed (``answer`` is its :func:`fingerprint`: comments, spaces and renames change
+    nothing), the same one again for the same answer, the last one repeating; nothing for a function not written
+    yet, or an exercise without hints."""
     ex = declared(exercise)
     if ex is None or not ex.hints or "not written yet" in message:
         return ""
@@ -188,21 +194,21 @@ def answer_of(args, kwargs) -> str:
 
 
 def fingerprint(answer, _seen=None) -> str:
-    """What identifies a student's answer across runs of its cell: a source text itself; a function's source (or, where
-    it cannot be read, its code), with the functions of its own module that it names and the values it closes over.
-    Running the same cell again gives the same fingerprint; editing the function or a helper it calls changes it."""
+    """What identifies a student's answer by what it does, across runs and edits of its cell: a function's syntax tree
+    (:func:`python_shape`), with the functions of its own module that it names and the values it closes over; a C or
+    CUDA C source's tokens (:func:`c_shape`). Comments, docstrings, spaces and renamed variables leave it as it was;
+    any other edit of the function, of a helper it calls, or of the source changes it."""
     seen = set() if _seen is None else _seen
-    if isinstance(answer, str) or not callable(answer):
+    if isinstance(answer, str):
+        return hashlib.sha256(c_shape(answer).encode()).hexdigest()[:16]
+    if not callable(answer):
         return hashlib.sha256(repr(answer).encode()).hexdigest()[:16]
     fn = getattr(answer, "func", answer)  # a functools.partial: its function
     if id(fn) in seen:
         return ""
     seen.add(id(fn))
     code = getattr(fn, "__code__", None)
-    try:
-        parts = [inspect.getsource(fn)]
-    except (OSError, TypeError):
-        parts = [repr((code.co_code, code.co_consts, code.co_names)) if code else repr(fn)]
+    parts = [python_shape(fn)]
     if code is not None:
         scope = getattr(fn, "__globals__", {})
         parts += [fingerprint(scope[n], seen) for n in code.co_names
@@ -214,6 +220,86 @@ def fingerprint(answer, _seen=None) -> str:
                 continue
             parts.append(fingerprint(value, seen) if callable(value) else repr(value)[:200])
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+class _Renamed(ast.NodeTransformer):
+    """Every name a function binds or reads, numbered in order of first appearance (attributes and keywords kept:
+    ``np.sum`` and ``np.mean`` differ); docstrings dropped."""
+
+    def __init__(self):
+        self.names: dict[str, str] = {}
+
+    def _name(self, name: str) -> str:
+        return self.names.setdefault(name, f"_{len(self.names)}")
+
+    def visit_Name(self, node):
+        node.id = self._name(node.id)
+        return node
+
+    def visit_arg(self, node):
+        node.arg, node.annotation = self._name(node.arg), None
+        return node
+
+    def _body(self, node):
+        if node.body and isinstance(node.body[0], ast.Expr) and isinstance(getattr(node.body[0], "value", None),
+                                                                         ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
+        if hasattr(node, "name"):
+            node.name = self._name(node.name)
+        self.generic_visit(node)
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _body
+
+    def visit_Global(self, node):
+        node.names = [self._name(n) for n in node.names]
+        return node
+
+    visit_Nonlocal = visit_Global
+
+
+def python_shape(fn) -> str:
+    """A function's syntax tree with its names numbered (:class:`_Renamed`), as text; where its source cannot be read
+    or parsed alone (a lambda inside a longer line, say), its bytecode, constants and global names."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        return ast.dump(_Renamed().visit(tree), annotate_fields=False, include_attributes=False)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        code = getattr(fn, "__code__", None)
+        return repr(_code_shape(code)) if code is not None else repr(fn)
+
+
+def _code_shape(code) -> tuple:
+    consts = tuple(_code_shape(c) if inspect.iscode(c) else c for c in code.co_consts)
+    return code.co_code, consts, code.co_names
+
+
+_C_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*(?:[eE][+-]?\d+)?[fFuUlL]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\S")
+_C_TYPES = frozenset("void char short int long float double signed unsigned bool size_t auto const volatile "
+                     "__shared__ __restrict__ restrict register static extern float2 float4 int2 int4 dim3".split())
+
+
+def c_shape(source: str) -> str:
+    """A C or CUDA C source as its tokens, comments and spaces gone, and every name it declares (a name right after a
+    type, a ``*`` or a ``,`` of a declaration) numbered in order of first appearance: the rest, CUDA's and C's own
+    names and the members after ``.`` or ``->``, kept."""
+    from ..native.csource import strip_comments
+
+    tokens = _C_TOKEN.findall(strip_comments(source))
+    declared, kind, current = {}, None, None  # the type before the next name; the declaration's, for a "," after
+    for t in tokens:
+        if t in _C_TYPES:
+            kind = current = t
+        elif kind is not None and (t[0].isalpha() or t[0] == "_"):
+            declared.setdefault(t, f"_{len(declared)}")
+            kind = None
+        elif t == "," and current is not None:
+            kind = current
+        elif t not in ("*", "&", "[", "]") and not t[0].isdigit():
+            kind = current = None if t in (";", "{", "}", "=", "(", ")") else current
+    member = {i for i, t in enumerate(tokens) if i and (tokens[i - 1] == "." or tokens[i - 2:i] == ["-", ">"])}
+    return " ".join(t if i in member else declared.get(t, t) for i, t in enumerate(tokens))
 
 
 def fail(exercise: str, what: str, hint: str = "") -> None:
@@ -284,22 +370,26 @@ def compare_grads(exercise: str, got, want, batch: int, where: str) -> None:
                   f"  expected, first values: {np.array2string(b.ravel()[:4], precision=5)}", hint)
 
 
-def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray, str]], hint: str) -> None:
+OFF_BY_ONE = {-1: "yours is one value short: a series holds its first value (index 0) as well as the last",
+              1: "yours has one value too many: count the values from index 0 to the last one asked for"}
+
+
+def compare_series(ex: str, where: str, got, want, hints: list[tuple[np.ndarray, str]]) -> None:
     """``got`` must equal ``want`` (1-D, same length); if it equals one of the ``hints``' arrays, say that hint (a hint
-    whose array is None does not apply to this case)."""
+    whose array is None does not apply to this case), if it is one value short or long, say so; anything else fails
+    without a hint of its own (the exercise's derivation gives the next step)."""
     try:
         a = np.asarray(got, dtype=float)
     except (TypeError, ValueError):
         a = None
     if a is None or a.shape != want.shape:
+        off = a.size - want.size if a is not None and a.ndim == want.ndim == 1 else None
         fail(ex, f"{where}: expected an array of shape {want.shape}, got "
-              f"{type(got).__name__}{'' if a is None else f' of shape {a.shape}'}", "compute with NumPy on the whole arrays")
+              f"{type(got).__name__}{'' if a is None else f' of shape {a.shape}'}", OFF_BY_ONE.get(off, ""))
     if np.allclose(a, want, rtol=1e-9, atol=1e-12, equal_nan=True):
         return
-    for wrong, why in hints:
-        if wrong is not None and np.allclose(a, wrong, rtol=1e-9, atol=1e-12, equal_nan=True):
-            hint = why
-            break
+    hint = next((why for wrong, why in hints
+                 if wrong is not None and np.allclose(a, wrong, rtol=1e-9, atol=1e-12, equal_nan=True)), "")
     fail(ex, f"{where}:\n  yours:    {np.array2string(a, precision=4)}\n  expected: {np.array2string(want, precision=4)}", hint)
 
 

@@ -597,7 +597,8 @@ EXERCISES = (
     Exercise("overlapped_step", "08", "data_parallel", mpi=True,
              references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
                          "labkit.data_parallel:mean_of_shards"), hints=(
-        "Allocate the gradients first, grads = mlp.zeros_like(params), and pass them as out=grads: backprop then "
+        "Allocate zeroed gradients of the parameters' shapes first (mlp has a helper for it) and pass them as out=: "
+        "backprop then "
         "writes into arrays you already hold, and a rank with no rows simply keeps its zeros.",
         "Each rank's share of the mean over the whole batch is its rows' sum divided by the whole batch, len(x): "
         "pass that as scale. Then the allreduce's plain sum over the ranks is the mean, with no second step.",

@@ -588,7 +588,7 @@ EXERCISES = (
     )),
     Exercise("ring_reduce_scatter", "07", "ring", mpi=True,
              references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES), hints=(
-        "Work on a copy, out = x.copy(), cut into p chunks with shard_bounds(len(x), p). Each step is one "
+        "Work on a copy of x, cut into p chunks with shard_bounds(len(x), p). Each step is one "
         "comm.Sendrecv: the chunk your my_ring_chunks says to send goes to the right-hand neighbour, the one it says to "
         "receive comes from the left-hand one, into a new buffer of that chunk's size.",
         "The chunk that arrives is a partial result, and so is your copy of it: combine them in place with op's "
@@ -598,7 +598,7 @@ EXERCISES = (
     )),
     Exercise("ring_allreduce", "07", "ring", references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES),
              mpi=True, hints=(
-        "Start as your reduce-scatter does, on out = x.copy(), but keep the whole of out: afterwards every rank holds "
+        "Start as your reduce-scatter does, on a copy of x, but keep the whole copy: afterwards every rank holds "
         "one chunk of it finished. The allgather passes the finished chunks around the same ring, in p - 1 more "
         "steps, to the right again.",
         "What arrives in the allgather is already the total: store it into out (Sendrecv can receive straight into "

@@ -89,14 +89,14 @@ def speedup_efficiency(fn) -> None:
             (t.max() / t, "your baseline is the slowest time; the baseline is the one-worker row, even when more "
                           "workers were slower"),
             (t.min() / t, "your baseline is the fastest time; the baseline is the one-worker row"),
-        ], "print the one-worker time you divide by, and check it is the row where p is 1")
+        ])
         compare_series(ex, where + "; efficiency E", e, want_e, [
             (want_s, "your efficiency equals the speedup: efficiency divides the speedup by p"),
             (want_s * p, "efficiency divides the speedup by p; yours multiplies by it"),
             (want_s / np.arange(1, p.size + 1), "you divided by the row number, not by that row's p"),
             (np.minimum(want_e, 1.0), "you clipped the efficiency at 1: a measured efficiency above 1 (faster than "
                                       "linear: caches, or noise) is a reading; keep it"),
-        ], "efficiency says how much of each worker the run used: 1 = all of every worker")
+        ])
     where = "a table without a one-worker row, p = [2, 4, 8]"
     _expect_value_error(ex, fn, where, "with no row where p is 1 there is no baseline (do not guess one)",
                         np.array([2, 4, 8]), np.array([0.6, 0.35, 0.2]))
@@ -134,7 +134,7 @@ def gustafson_fit(fn) -> None:
             (want_s / p, "that is the efficiency; the scaled speedup is not divided by p"),
             (p * t1[0] / tp, "that assumes one rank's time grows exactly p-fold with the problem; it was measured: "
                              "use the measured one-rank time of each row"),
-        ], "row i holds two times of the same grown problem: which one is the slow one?")
+        ])
         _compare_gustafson(ex, where, p, want_s, _as_number(ex, where, f, "f"), want_f)
     where = "one rank count only: t_one_rank = [0.5], t_p_ranks = [0.5]"
     _expect_value_error(ex, fn, where, "one row, p = 1, fixes no serial fraction (every f fits it)",
@@ -200,7 +200,7 @@ def karp_flatt(fn) -> None:
             ]
         _wrong_only_at_one_worker(ex, where, got, want, p, "one worker shows nothing of a serial part (every e fits "
                                   "S = 1 there): e is undefined at p = 1; return NaN in those rows")
-        compare_series(ex, where, got, want, wrong, "solve Amdahl's law for the serial fraction, with S and p known")
+        compare_series(ex, where, got, want, wrong)
     passed(ex, len(cases))
 
 
@@ -500,7 +500,7 @@ def wire_step(fn) -> None:
         ]
         _wrong_only_at_one_worker(ex, where, got, want, p, "one rank has no one to send to: no allreduce at p = 1, "
                                   "only t1")
-        compare_series(ex, where, got, want, wrong, "compute shared out, plus 2(p - 1) messages of nbytes / p")
+        compare_series(ex, where, got, want, wrong)
     passed(ex, len(cases))
 
 

@@ -42,23 +42,23 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
-def _compare(ex: str, where: str, name: str, got, want: np.ndarray, mistakes, hint: str = "") -> None:
-    """``got`` must equal ``want`` to RTOL; where it equals one of ``mistakes`` ((array, message) pairs), say that
-    message; else show both."""
+def _compare(ex: str, where: str, name: str, got, want: np.ndarray, mistakes, shape_hint: str = "") -> None:
+    """``got`` must equal ``want`` to RTOL; where it equals one of ``mistakes`` ((array, why) pairs), that mistake is
+    named, its why the hint; a wrong shape gets ``shape_hint``; anything else shows both, and the exercise's next step."""
     a = _array(ex, where, name, got)
     if _same(a, want):
         return
     if np.isnan(a).any() and not np.isnan(want).any():
-        fail(ex, f"{where}: {name} holds NaN", hint)
+        fail(ex, f"{where}: {name} holds NaN")
     for wrong, why in mistakes:
         if wrong is not None and _same(a, np.asarray(wrong, dtype=float)):
-            fail(ex, f"{where}: {name} is wrong: {why}")
+            fail(ex, f"{where}: {name} is wrong", why)
     if a.shape != want.shape:
-        fail(ex, f"{where}: {name} has shape {a.shape}, expected {want.shape}", hint)
+        fail(ex, f"{where}: {name} has shape {a.shape}, expected {want.shape}", shape_hint)
     err = float(np.nanmax(np.abs(a - want)))
     fail(ex, f"{where}: {name} differs from labkit's by up to {err:.3g}\n"
               f"  yours, first values:    {np.array2string(a.ravel()[:4], precision=5)}\n"
-              f"  expected, first values: {np.array2string(want.ravel()[:4], precision=5)}", hint)
+              f"  expected, first values: {np.array2string(want.ravel()[:4], precision=5)}")
 
 
 def _unchanged(ex: str, where: str, before, after, what: str) -> None:
