@@ -449,8 +449,37 @@ def _one_loss_total(params, x, Y, p, lock=None):
     return total[0] / n, [(sum(a[i][0] for a in accs) / n, sum(a[i][1] for a in accs) / n) for i in range(len(params))]
 
 
+def _totals_in_threads(params, x, Y, p, lock=None):
+    """Each thread sums into accumulators of its own, then, as it finishes, adds them into one shared total itself
+    (without a lock, or with one): the values come out right, since the GIL almost always keeps the sums."""
+    n = x.shape[0]
+    total, losses = [[np.zeros_like(W), np.zeros_like(b)] for W, b in params], [0.0] * p
+
+    def work(i, lo, hi):
+        acc = [[np.zeros_like(W), np.zeros_like(b)] for W, b in params]
+        for k in range(lo, hi):
+            loss, g = mlp.loss_and_grads_per_sample(params, x[k:k + 1], Y[k:k + 1])
+            losses[i] += loss
+            for a, (dW, db) in zip(acc, g):
+                a[0] += dW
+                a[1] += db
+        with lock or contextlib.nullcontext():
+            for t, a in zip(total, acc):
+                t[0] += a[0]
+                t[1] += a[1]
+
+    threads = [threading.Thread(target=work, args=(i, lo, hi)) for i, (lo, hi) in enumerate(right_split(n, p))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(losses) / n, [(W / n, b / n) for W, b in total]
+
+
 @pytest.mark.parametrize("wrong, match", [
     (_one_loss_total, r"several threads added their losses into one shared total \(\d+ additions"),
+    (_totals_in_threads, r"p = 2 threads: several threads added their accumulators into one shared total"),
+    (lambda params, x, Y, p: _totals_in_threads(params, x, Y, p, threading.Lock()), "with one they take turns"),
     (lambda params, x, Y, p: _one_loss_total(params, x, Y, p, threading.Lock()), "with one the threads wait"),
     (_whole_batch, r"p = 2 threads: each of your 2 threads computed the gradients of all 8 samples: every thread worked "
                    "on the whole batch"),

@@ -473,24 +473,35 @@ def combine_shards(fn) -> None:
 class _Tracked(np.ndarray):
     """A gradient array handed to the student's code by :class:`_Threads`: an operation that takes it as an input tells
     the watch which thread wrote into which array (``acc_W += dW``), read which other array beside it (``total + dW``)
-    and made which new one. Arithmetic on it gives plain arrays; what keeps its type (a copy, ``np.zeros_like``)
-    reports nothing: only the arrays the wrapper returned do."""
+    and made which new one. An accumulator a gradient was added into comes back from that addition as a tracked view
+    of itself (``acc``, marked ``_acc``), so that adding it on into a total (``total += acc``) tells the watch too.
+    Other arithmetic on it gives plain arrays; what keeps its type (a copy, ``np.zeros_like``) reports nothing."""
 
     _watch = None
+    _acc = False
 
     def __array_finalize__(self, obj):
-        self._watch = None  # only the arrays the wrapper returned report: not what is derived from them
+        self._watch, self._acc = None, False  # only the arrays the wrapper returned report: not what is derived
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
-        watch = next((a._watch for a in inputs if isinstance(a, _Tracked) and a._watch is not None), None)
+        tracked = [a for a in inputs if isinstance(a, _Tracked) and a._watch is not None]
+        watch = tracked[0]._watch if tracked else None
         plain = [np.asarray(a) if isinstance(a, _Tracked) else a for a in inputs]
         if watch is not None:  # a total that threads share is read, or written, beside their gradients
-            watch.wrote([a for a in inputs if not isinstance(a, _Tracked)] + list(out or ()))
+            others = [a for a in inputs if not isinstance(a, _Tracked)] + list(out or ())
+            written = {o.__array_interface__["data"][0] for o in out or () if isinstance(o, np.ndarray)}
+            sources = [a for a in tracked if a.__array_interface__["data"][0] not in written]
+            # an accumulator added on into another array (total += acc): that array is a total
+            watch.wrote(others, totals=bool(sources) and all(a._acc for a in sources))
         if out is not None:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _Tracked) else o for o in out)
         result = getattr(ufunc, method)(*plain, **kwargs)
         if out is not None:
-            return out[0] if len(out) == 1 else out
+            if watch is None or len(out) != 1 or not watch.open:
+                return out[0] if len(out) == 1 else out
+            view = np.asarray(out[0]).view(_Tracked)  # acc += dW: the name acc now holds a view that reports
+            view._watch, view._acc = watch, True
+            return view
         if watch is not None:
             watch.wrote([result])  # a new total: another thread that adds to it shares it
         return result
@@ -547,6 +558,7 @@ class _Threads:
         self.returned = False
         self.last = 0.0
         self.targets: dict = {}  # memory written -> (the array, the threads that wrote into it)
+        self.totals: dict = {}  # memory an accumulator was added into -> (the array, the threads that added)
         self.errors: list[str] = []
         self.shared_loss = 0  # additions by a worker into a total holding another worker's loss
         self.saved: dict = {}
@@ -570,18 +582,19 @@ class _Threads:
         if args.exc_type is not SystemExit:
             self.errors.append(f"{args.exc_type.__name__}: {args.exc_value}")
 
-    def wrote(self, arrays) -> None:
-        """Note the arrays this thread wrote, read or made beside a gradient (each kept, so that its memory is not
-        reused for another array while the function runs)."""
+    def wrote(self, arrays, totals: bool = False) -> None:
+        """Note the arrays this thread wrote, read or made beside a gradient, or (``totals``) beside an accumulator
+        (each kept, so that its memory is not reused for another array while the function runs)."""
         if not self.open:
             return
         me = threading.current_thread()
+        into = self.totals if totals else self.targets
         with self.cond:
             for o in arrays:
                 if isinstance(o, np.ndarray) and o.ndim:
                     key = o.__array_interface__["data"][0]
                     if key not in self.inputs:
-                        self.targets.setdefault(key, (o, set()))[1].add(me)
+                        into.setdefault(key, (o, set()))[1].add(me)
 
     @staticmethod
     def _row_key(row) -> bytes:
@@ -645,7 +658,8 @@ class _Threads:
     def summary(self) -> tuple:
         """(threads that computed gradients, whether the calling thread did, the most of them at work at once,
         gradients finished after the function returned, arrays written by more than one thread, what the threads
-        raised, the rows of x each thread computed in the order they began, the rows not x's): plain numbers, lists
+        raised, the rows of x each thread computed in the order they began, the rows not x's, the losses added into a total
+        another worker had added to, the totals more than one thread added its accumulator into): plain numbers, lists
         and text, recorded when graded. Waits first for threads still at work."""
         deadline = time.perf_counter() + 2.0
         while time.perf_counter() < deadline:
@@ -657,10 +671,11 @@ class _Threads:
             spans = sorted(self.spans.values())
             at_once = max((sum(1 for s in spans if s[0] <= t <= s[1]) for t, _ in spans), default=0)
             shared = sum(1 for _, threads in self.targets.values() if len(threads) > 1)
+            shared_totals = sum(1 for _, threads in self.totals.values() if len(threads) > 1)
             order = sorted(self.spans, key=lambda t: self.spans[t][0])
             rows = [sorted(self.rows.get(t, [])) for t in order]
             return (len(self.spans), self.caller in self.spans, at_once, self.late, shared, list(self.errors), rows,
-                    self.unknown, self.shared_loss)
+                    self.unknown, self.shared_loss, shared_totals)
 
 
 def _threaded_cases(seed: int):
@@ -815,7 +830,7 @@ def threaded_step(fn) -> None:
                            hint=empty if p > n else "run it on a small batch by hand and print the shapes of every array")
             finally:
                 watch.returned = True
-            threads, caller, at_once, late, shared, errors, rows, unknown, shared_loss = capture.step(
+            threads, caller, at_once, late, shared, errors, rows, unknown, shared_loss, shared_totals = capture.step(
                 "threads", watch.summary, key=capture.digest((params, x, Y, p), {}))
         _unchanged(ex, where, before, (x, Y, *(v for pair in params for v in pair)), "params, x or Y")
         if errors:
@@ -836,6 +851,12 @@ def threaded_step(fn) -> None:
                       "the threads wait for each other at every addition",
                  "give every thread an accumulator of its own, made before the threads start ([...] * p repeats one "
                  "accumulator p times)")
+        if shared_totals:
+            fail(ex, f"{where}: several threads added their accumulators into one shared total ({shared_totals} "
+                      "arrays), each thread as it finished: `total += acc` reads, adds and stores, so without a lock "
+                      "two threads can interleave and one shard's gradients are lost, and with one they take turns",
+                 "keep each thread's accumulator apart until every thread is joined, then add them in the calling "
+                 "thread alone")
         if shared_loss:
             fail(ex, f"{where}: several threads added their losses into one shared total ({shared_loss} additions "
                       "into a total that held another thread's loss): `total += loss` reads, adds and stores in three "
