@@ -38,6 +38,7 @@ _ALLOWED = {"Get_rank", "Get_size", "rank", "size", "log", "timeout", "rounds"}
 _NONBLOCKING = {"Isend", "Irecv", "Issend", "Ibsend", "Irsend", "Bsend", "Ssend", "Rsend", "Sendrecv_replace",
                 "Send_init", "Recv_init", "Probe", "Iprobe", "Mprobe", "Improbe"}
 _ONLY = "comm.Send, comm.Recv and comm.Sendrecv"
+OUT_OF_RANGE = "\nHint: find the line that computed that rank: every rank your function names lies in 0 to p - 1"
 
 
 class MessageMistake(LabkitError):
@@ -163,10 +164,11 @@ def _p2p_class():
                 return False
             if not isinstance(other, (int, np.integer)) or isinstance(other, bool) or not 0 <= other < self._p:
                 raise MessageMistake(f"rank {self._r} {verb} rank {other}, but this communicator has {self._p} "
-                                     f"rank{'s' if self._p > 1 else ''}, 0 to {self._p - 1}")
+                                     f"rank{'s' if self._p > 1 else ''}, 0 to {self._p - 1}{OUT_OF_RANGE}")
             if other == self._r:
                 raise MessageMistake(f"rank {self._r} {verb} itself: a rank already holds its own data, and a "
-                                     "message to itself only waits")
+                                     "message to itself only waits\nHint: leave the rank itself out of the ranks "
+                                     f"it {'sends to' if verb == 'sent to' else 'receives from'}")
             return False
 
         def _wait(self, reqs, rows, what, statuses=None):
@@ -200,20 +202,20 @@ def _p2p_class():
         def _forbidden(self, name: str) -> MessageMistake:
             own = _labkit_caller()
             if own:
-                return MessageMistake(f"your function called labkit's own collectives.{own}: the exercise is to write "
-                                      f"it yourself, from {_ONLY}")
+                return MessageMistake(f"your function called labkit's own collectives.{own}\nHint: the exercise is "
+                                      f"to write it yourself, from {_ONLY}")
             if name.islower() and name.capitalize() in ("Send", "Recv", "Sendrecv", "Isend", "Irecv"):
                 return MessageMistake(f"your function called comm.{name}, the lowercase method: it pickles Python "
-                                      f"objects, and the check cannot see its messages. Use the buffer methods "
-                                      f"{_ONLY} on NumPy arrays")
+                                      f"objects, and the check cannot see its messages\nHint: use the buffer "
+                                      f"methods {_ONLY} on NumPy arrays")
             if name in _NONBLOCKING:
-                return MessageMistake(f"your function called comm.{name}: these exercises use only the blocking "
-                                      f"{_ONLY} (the check counts rounds from them)")
+                return MessageMistake(f"your function called comm.{name}\nHint: these exercises use only the "
+                                      f"blocking {_ONLY} (the check counts rounds from them)")
             if name[:1].isupper() or name in ("bcast", "reduce", "allreduce", "gather", "scatter", "allgather",
                                               "alltoall", "barrier", "scan", "exscan"):
-                return MessageMistake(f"your function called comm.{name}, which the exercise does not allow: build "
-                                      f"the collective from {_ONLY} alone (point-to-point messages)")
-            return MessageMistake(f"your function used comm.{name}; this exercise needs only comm.Get_rank(), "
+                return MessageMistake(f"your function called comm.{name}, which the exercise does not allow\nHint: "
+                                      f"build the collective from {_ONLY} alone (point-to-point messages)")
+            return MessageMistake(f"your function used comm.{name}\nHint: this exercise needs only comm.Get_rank(), "
                                   f"comm.Get_size() and {_ONLY}")
 
         def alarm_others(self) -> None:
@@ -244,6 +246,21 @@ def _call(fn, tc, args, where: str, ex: str):
         return None, error
 
 
+OUTSIDE = {  # per exercise, what a rank outside 0 .. p - 1 most likely comes from
+    "linear reduce": "the root is the rank given as root, and the others are 0 to p - 1 but the root: find the line "
+                     "that computed that rank",
+    "tree broadcast": "that rank does not exist. Either a rank counted from the root was not turned back into a real "
+                      "rank (counting on past p - 1 wraps around to 0), or that holder has nobody left to send to in "
+                      "that round: in the last round of a tree, which holders have no rank left to reach?",
+    "recursive doubling": "that rank does not exist: a partner computed for a power of two larger than p. When p is "
+                          "not a power of two, some ranks have no partner in the rounds: how can they still take part, "
+                          "and with which ranks?",
+    "recursive doubling, p a power of two": "that rank does not exist: when p is a power of two, every rank's "
+                                            "partner in every round lies in 0 to p - 1. Write out your partners for "
+                                            "4 ranks: which one falls outside?",
+}
+
+
 def _raised(e: Exception, where: str, ex: str, MPI) -> str:
     if isinstance(e, NotImplementedError):
         return not_written(ex)
@@ -251,8 +268,17 @@ def _raised(e: Exception, where: str, ex: str, MPI) -> str:
         return TIMED_OUT + str(e)
     if _mistake_name(e) == "PeerFailed":
         return STOPPED + str(e)
+    if type(e).__name__ == "WorldUsed" and "\nHint: " not in str(e):  # its advice, as the hint of the mistake
+        head, _, fix = str(e).partition(". Use the communicator")
+        head = f"{ex} ({where}): {head[len(ex) + 2:]}" if head.startswith(f"{ex}: ") else f"{head} ({where})"
+        return head + (f"\nHint: use the communicator{fix}" if fix else "")
     if _mistake_name(e) == "MessageMistake":
-        return f"{ex} ({where}): {e}"
+        said = str(e)
+        if said.endswith(OUT_OF_RANGE):  # the exercise knows more of where that rank came from
+            p = int(where.split()[0])
+            key = f"{ex}, p a power of two" if p & (p - 1) == 0 and f"{ex}, p a power of two" in OUTSIDE else ex
+            said = said[:-len(OUT_OF_RANGE)] + f"\nHint: {OUTSIDE.get(key, OUT_OF_RANGE.split(': ', 1)[1])}"
+        return f"{ex} ({where}): {said}"
     if isinstance(e, (ExerciseError, capture.NotRecorded)):
         return f"{e} ({where})"
     if isinstance(e, MPI.Exception):
@@ -261,23 +287,48 @@ def _raised(e: Exception, where: str, ex: str, MPI) -> str:
     return f"{ex} ({where}): your function raised {type(e).__name__}: {e}"
 
 
+def _noting_alias(fn):
+    """The student's ``fn(comm, x, ...)``, returning (its result, 1 if that is x itself, 2 if a view of x, else 0): the
+    record of a graded run keeps what the result was made of, where the grader's replay could not see it."""
+
+    @functools.wraps(fn)
+    def noted(comm, x, *rest):
+        got = fn(comm, x, *rest)
+        shared = isinstance(got, np.ndarray) and isinstance(x, np.ndarray) and np.shares_memory(got, x)
+        return got, (1 if got is x else 2) if shared else 0
+
+    return noted
+
+
 def _run(fn, sub, args, where: str, ex: str, timeout: float):
-    """Run the student's function on a fresh duplicate of ``sub``; every rank gets every rank's (error, log)."""
+    """Run the student's function (:func:`_noting_alias`) on a fresh duplicate of ``sub``: (what this rank's returned,
+    whether that is its x (1) or a view of it (2), every rank's error, every rank's log)."""
     work = sub.Dup()  # the student's messages stay apart from the check's own, even if some are abandoned
     alarm = sub.Dup()
     tc = _p2p_comm(work, alarm, timeout)
-    got, error = _call(fn, tc, args, where, ex)
+    out, error = _call(fn, tc, args, where, ex)
+    got, aliased = out if isinstance(out, tuple) and len(out) == 2 else (None, 0)
     everyone = sub.allgather((error, [tuple(int(v) for v in row) for row in tc.log]))
     errors, logs = [e for e, _ in everyone], [log for _, log in everyone]
     if not any(errors):  # else not freed: a rank may have abandoned an operation on them
         work.Free()
         alarm.Free()
-    return got, errors, logs
+    return got, aliased, errors, logs
 
 
-def _error_verdict(errors, logs, where: str, ex: str, timeout: float, hint: str) -> str | None:
+def _aliased(aliased: int, r: int, ex: str, where: str, hint: str) -> str | None:
+    """The failure of a right result that is the caller's x itself (or a view of it), if it is."""
+    if not aliased:
+        return None
+    return (f"{ex} ({where}): rank {r} returned {'its x itself' if aliased == 1 else 'a view of its x'}, not a new "
+            "array. The values are right, but the result is x's memory: when the caller later changes x, the result "
+            f"changes too\nHint: {hint}")
+
+
+def _error_verdict(errors, logs, where: str, ex: str, timeout: float, root: int | None = None) -> str | None:
     """The one message for a case where some rank raised: the first real cause in rank order; else, when every
-    failure is a timeout, which ranks waited for what (from everyone's logs)."""
+    failure is a timeout, which ranks waited for what (from everyone's logs), with the hint of the mistake that
+    leaves ranks waiting so (:func:`stuck_hint`), if the logs show one."""
     causes = [e for e in errors if e and not e.startswith((TIMED_OUT, STOPPED))]
     if causes:
         return causes[0]
@@ -286,7 +337,79 @@ def _error_verdict(errors, logs, where: str, ex: str, timeout: float, hint: str)
     said = next((e[len(TIMED_OUT):] for e in errors if e and e.startswith(TIMED_OUT)), "a rank stopped waiting")
     waited = re.search(r"waited ([0-9.]+) s", said)  # the student's run's timeout (the grader's replay has its own)
     waited = float(waited.group(1)) if waited else timeout
-    return f"{ex} ({where}): {deadlock(logs, waited) or said}" + (f"\nHint: {hint}" if hint else "")
+    what, hint = stuck_hint(logs, ex, waited, root)
+    return f"{ex} ({where}): {what or deadlock(logs, waited) or said}" + (f"\nHint: {hint}" if hint else "")
+
+
+def _waiting(logs) -> dict[int, list[tuple[int, int]]]:
+    """Per rank that was stuck, what in: [(STUCK_SEND, dest) or (STUCK_RECV, source)]."""
+    stuck = {r: [(c, d if c == STUCK_SEND else s) for s, d, _, c in log if c in (STUCK_SEND, STUCK_RECV)]
+             for r, log in enumerate(logs)}
+    return {r: w for r, w in stuck.items() if w}
+
+
+def _exchanging(waits) -> int | None:
+    """The rank a rank is stuck exchanging with (sending to and receiving from it at once), if it is."""
+    sends = {peer for c, peer in waits if c == STUCK_SEND}
+    recvs = {peer for c, peer in waits if c == STUCK_RECV}
+    both = sends & recvs
+    return min(both) if len(both) == 1 and len(sends) == len(recvs) == 1 else None
+
+
+_FLOW = {"linear reduce": "In a reduce the data flows one way, to the root: the root only receives, and no other rank "
+                          "receives at all",
+         "tree broadcast": "In a broadcast the data flows one way, away from the root: a rank receives once, from a "
+                           "rank that already holds the data, and only then sends"}
+
+
+def stuck_hint(logs, ex: str, timeout: float, root: int | None = None) -> tuple[str | None, str]:
+    """(what happened, when the deadlock's own words would not say it; the hint of the mistake) for ranks that waited
+    for each other for ever, from their logs (``root``: a broadcast's); ``(None, "")`` when no known mistake leaves
+    them waiting so."""
+    waiting = _waiting(logs)
+    doubling = ex == "recursive doubling"
+    for a, b in combinations(sorted(waiting), 2):
+        if (STUCK_SEND, b) in waiting[a] and (STUCK_SEND, a) in waiting[b]:
+            return None, ("both ranks call Send first, and here a Send waits until its receive is posted: an exchange "
+                          "must send and receive at once, which comm.Sendrecv does" if doubling else
+                          f"no two ranks send to each other here. {_FLOW.get(ex, '')}")
+        if (STUCK_RECV, b) in waiting[a] and (STUCK_RECV, a) in waiting[b]:
+            return None, ("both ranks wait to receive before they send: an exchange must send and receive at once, "
+                          "which comm.Sendrecv does" if doubling else
+                          f"both ranks wait for a message the other never sends. {_FLOW.get(ex, '')}")
+    if doubling:
+        partners = {a: _exchanging(w) for a, w in waiting.items()}
+        one_sided = {a: b for a, b in partners.items() if b is not None and partners.get(b) != a}
+        if one_sided:
+            pairs = ", ".join(f"{a} with {b}" for a, b in sorted(partners.items()) if b is not None)
+            a = min(one_sided)
+            b = one_sided[a]
+            theirs = f"waits to exchange with rank {partners[b]}" if partners.get(b) is not None else \
+                "does not exchange with it"
+            return (f"your partners are not mutual: rank {a} waits to exchange with rank {b}, but rank {b} {theirs}, "
+                    f"so neither exchange completes (waiting to exchange: {pairs}; they waited {timeout:g} s)",
+                    "in a round the ranks pair off: if rank a's partner is b, then b's partner is a, in the same round. "
+                    "Write out the partner your rule gives each of 4 ranks in the first round, then check each pair "
+                    "both ways: which operation on the rank's bits gives a pairing that undoes itself?")
+        for a, w in sorted(waiting.items()):
+            b = w[0][1]
+            handed = any(c in (SEND, SR_SEND) and d == b for _, d, _, c in logs[a])
+            if w == [(STUCK_RECV, b)] and b not in waiting and handed and 0 <= b < len(logs):
+                return None, (f"rank {b} took in rank {a}'s x and returned without sending rank {a} the result: "
+                              f"rank {a} waits for it for ever. What does rank {b} hold once its rounds are done, "
+                              f"and who still needs it?")
+    for a, w in sorted(waiting.items()):
+        kind, b = w[0]
+        if kind != STUCK_SEND or b < 0 or b >= len(logs):
+            continue
+        if b == root and b not in waiting:
+            return None, (f"rank {b} is the root: it holds the data from the start and receives nothing. Which rank "
+                          f"did rank {a} mean to reach in that round, and does that rank exist?")
+        theirs = [peer for c, peer in waiting.get(b, []) if c == STUCK_RECV]
+        if theirs and a not in theirs and theirs[0] >= 0:
+            return None, (f"rank {a} sends to rank {b}, but rank {b} waits for rank {theirs[0]}: a rank must receive "
+                          f"from the rank that sends to it, in the same round. Which rank sends to rank {b} in yours?")
+    return None, ""
 
 
 def deadlock(logs, timeout: float) -> str | None:
@@ -431,8 +554,8 @@ def _shape_error(got, want, ex, where) -> str | None:
 
 def _untouched(x, before, r, ex, where) -> str | None:
     if not np.array_equal(x, before):
-        return (f"{ex} ({where}): rank {r}'s x was modified\nHint: leave x as it is: work on a copy (out = x.copy()), "
-                "receive into new arrays (np.empty_like(x)), and return the result")
+        return (f"{ex} ({where}): rank {r}'s x was modified\nHint: leave x as it is: build the result in an array "
+                "of your own, receive into arrays of your own, and return the result")
     return None
 
 
@@ -523,7 +646,7 @@ def linear_reduce(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "linear reduce"
-    fn = on_given_comm(capture.student(fn, ex=ex), ex)
+    fn = on_given_comm(capture.student(_noting_alias(fn), ex=ex), ex)
 
     def run(sub, k):
         for root in range(k):
@@ -542,12 +665,15 @@ def reduce_case(fn, sub, k, n, dtype, op, root, case, timeout, ex) -> str | None
     x = xs[r].copy()
     want = np.empty_like(x) if r == root else None
     sub.Reduce(x, want, op=op, root=root)
-    got, errors, logs = _run(fn, sub, (x, op, root), where, ex, timeout)
-    verdict = _error_verdict(errors, logs, where, ex, timeout,
-                             "every rank other than the root sends once; the root receives from each of them")
+    got, aliased, errors, logs = _run(fn, sub, (x, op, root), where, ex, timeout)
+    verdict = _error_verdict(errors, logs, where, ex, timeout)
     if verdict:
         return verdict
-    verdict = _first_local(sub, _reduce_result_error(got, x, xs[r], want, xs, op, r, root, where, ex), prefer=root)
+    error = _reduce_result_error(got, x, xs[r], want, xs, op, r, root, where, ex)
+    if error is None and r == root:
+        error = _aliased(aliased, r, ex, where, "the root returns an array of its own, also where it has nothing to "
+                         "combine (on 1 rank): its x's values in new memory, never x")
+    verdict = _first_local(sub, error, prefer=root)
     if verdict is None and k > 1 and n > 0:
         verdict = _reduce_traffic_error(logs, x.nbytes, k, root, where, ex)
     return verdict
@@ -602,8 +728,8 @@ def _reduce_traffic_error(logs, nbytes, k, root, where, ex) -> str | None:
             if root != 0 and 0 in dests:
                 return (f"{ex} ({where}): rank {j} sent to rank 0, but the root is rank {root}: your reduce works for "
                         "root 0 only\nHint: send to the rank given as root")
-            return (f"{ex} ({where}): rank {j} sent to {_ranks(dests) if dests else 'nobody'}; it must send to the root, "
-                    f"rank {root}")
+            return (f"{ex} ({where}): rank {j} sent to {_ranks(dests) if dests else 'nobody'}, not to the root, rank "
+                    f"{root}\nHint: in this reduce each rank but the root sends its x to the root, and to no one else")
         if len(sent[j]) != 1:
             return (f"{ex} ({where}): rank {j} sent {len(sent[j])} messages to the root\nHint: each rank sends its x "
                     "once")
@@ -631,7 +757,7 @@ def tree_broadcast(fn, comm=None, timeout: float = 10.0) -> None:
 
     comm = comm or MPI.COMM_WORLD
     ex = "tree broadcast"
-    fn = on_given_comm(capture.student(fn, ex=ex), ex)
+    fn = on_given_comm(capture.student(_noting_alias(fn), ex=ex), ex)
 
     def run(sub, k):
         for root in range(k):
@@ -652,13 +778,14 @@ def broadcast_case(fn, sub, k, n, dtype, root, case, timeout, ex) -> str | None:
     x = xs[r].copy()
     want = x.copy()
     sub.Bcast(want, root=root)
-    got, errors, logs = _run(fn, sub, (x, root), where, ex, timeout)
-    verdict = _error_verdict(errors, logs, where, ex, timeout,
-                             "each rank but the root receives once, from a rank that already has the data")
+    got, aliased, errors, logs = _run(fn, sub, (x, root), where, ex, timeout)
+    verdict = _error_verdict(errors, logs, where, ex, timeout, root)
     if verdict:
         return verdict
     _, received = _sent(logs)
-    error = _broadcast_result_error(got, x, xs, want, received[r], k, r, root, where, ex)
+    error = _broadcast_result_error(got, x, xs, want, received[r], k, r, root, where, ex) or _aliased(
+        aliased, r, ex, where, "every rank returns an array of its own, the root too: the root already holds the "
+        "values, but it must return them in new memory, not the x it was given")
     holds = next((j for j in range(k) if isinstance(got, np.ndarray) and got.shape == xs[j].shape
                   and np.array_equal(got, xs[j])), None)
     said = sub.allgather((error, holds))
@@ -681,13 +808,17 @@ def _broadcast_result_error(got, x, xs, want, received, k, r, root, where, ex) -
     odd = "" if k & (k - 1) == 0 else f" ({k} is not a power of two: the rounds must reach every rank up to {k - 1})"
     if np.array_equal(got, xs[r]):
         if not received:
-            return f"{ex} ({where}): rank {r} never received the data: it still holds its own x{odd}"
+            hint = (f"the rounds stop before they reach rank {r}: on {k} ranks, how many rounds does doubling the "
+                    "holders take, and does your count of rounds round down?" if odd else
+                    f"which rank should send to rank {r}, and in which round? Check that it does")
+            return f"{ex} ({where}): rank {r} never received the data: it still holds its own x{odd}\nHint: {hint}"
         return (f"{ex} ({where}): rank {r} received the data but returned its own x\nHint: receive into the array you "
                 "return")
     source = next((j for j in range(k) if j not in (r, root) and np.array_equal(got, xs[j])), None)
     if source is not None:
-        return (f"{ex} ({where}): rank {r} holds rank {source}'s own x, not the root's: rank {source} passed its data "
-                "on before it had received the root's")
+        return (f"{ex} ({where}): rank {r} holds rank {source}'s own x, not the root's\nHint: rank {source} passed "
+                "its data on before it had received the root's: a rank sends only in the rounds after the one it "
+                "receives in")
     return head
 
 
@@ -697,12 +828,14 @@ def _broadcast_traffic_error(logs, nbytes, k, root, where, ex) -> str | None:
     want_rounds = ceil_log2(k)
     shown = f"\n  your messages: {_show_schedule(arrived)}"
     if received[root]:
-        return (f"{ex} ({where}): the root, rank {root}, received a message from rank {received[root][0]}: nobody has "
-                f"anything to send it{shown}")
+        return (f"{ex} ({where}): the root, rank {root}, received a message from rank {received[root][0]}{shown}"
+                f"\nHint: the root holds the data from the start, so nobody has anything to send it. Which rank did "
+                f"rank {received[root][0]} mean to reach, and does it exist?")
     twice = next((j for j in range(k) if len(received[j]) > 1), None)
     if twice is not None:
-        return (f"{ex} ({where}): rank {twice} received {len(received[twice])} messages (from {_ranks(received[twice])}); "
-                f"each rank needs the data once, so a broadcast sends p - 1 = {k - 1} messages in all{shown}")
+        return (f"{ex} ({where}): rank {twice} received {len(received[twice])} messages (from "
+                f"{_ranks(received[twice])}){shown}\nHint: each rank needs the data once, so a broadcast sends "
+                f"p - 1 = {k - 1} messages in all: in each round, send only to a rank that does not hold it yet")
     wrong_size = next(((j, d, b) for j in range(k) for d, b in sent[j] if b != nbytes), None)
     if wrong_size:
         j, d, b = wrong_size
@@ -712,8 +845,8 @@ def _broadcast_traffic_error(logs, nbytes, k, root, where, ex) -> str | None:
         from_root = all(s == root for _, s, _ in arrived)
         if from_root:
             return (f"{ex} ({where}): every message comes from the root: that is the linear broadcast, p - 1 = {k - 1} "
-                    f"rounds. A binomial tree takes ceil(log2 p) = {want_rounds}: a rank that already has the data "
-                    f"passes it on too{shown}")
+                    f"rounds. A binomial tree takes ceil(log2 p) = {want_rounds}{shown}\nHint: a rank that already "
+                    "has the data can pass it on too, in the same rounds as the root")
         return (f"{ex} ({where}): your broadcast took {rounds} rounds on {k} ranks; a binomial tree takes ceil(log2 p) "
                 f"= {want_rounds} (a rank sends at most one message a round){shown}\nHint: in every round each rank that "
                 "already has the data should send it to one that does not, so the number of ranks holding it doubles")
@@ -733,14 +866,14 @@ def recursive_doubling(fn, comm=None, timeout: float = 10.0) -> None:
     Runs ``fn`` on sub-communicators of 1, 2, ..., p ranks (powers of two and not), with lengths 0, 1 and more,
     several dtypes and ops; every rank's result must equal ``MPI_Allreduce``'s, and x must be untouched. The traffic:
     whole arrays only, log2 p rounds when p is a power of two, and with p2 the largest power of two below p, at most
-    log2 p2 + 2 rounds and p2 log2 p2 + 2 (p - p2) messages otherwise. Every rank raises the same ExerciseError on
-    failure.
+    log2 p2 + 2 rounds otherwise; never more messages than recursive doubling needs. Every rank raises the same
+    ExerciseError on failure.
     """
     from mpi4py import MPI
 
     comm = comm or MPI.COMM_WORLD
     ex = "recursive doubling"
-    fn = on_given_comm(capture.student(fn, ex=ex), ex)
+    fn = on_given_comm(capture.student(_noting_alias(fn), ex=ex), ex)
 
     def run(sub, k):
         for i, (n, dtype, op) in enumerate(_ALLREDUCE_CASES):
@@ -758,9 +891,8 @@ def allreduce_case(fn, sub, k, n, dtype, op, case, timeout, ex) -> str | None:
     x = xs[r].copy()
     want = np.empty_like(x)
     sub.Allreduce(x, want, op=op)
-    got, errors, logs = _run(fn, sub, (x, op), where, ex, timeout)
-    verdict = _error_verdict(errors, logs, where, ex, timeout,
-                             "partners exchange with comm.Sendrecv, which sends and receives at once")
+    got, aliased, errors, logs = _run(fn, sub, (x, op), where, ex, timeout)
+    verdict = _error_verdict(errors, logs, where, ex, timeout)
     if verdict:
         return verdict
     mine = _untouched(x, xs[r], r, ex, where) or _shape_error(got, want, ex, where)
@@ -768,9 +900,16 @@ def allreduce_case(fn, sub, k, n, dtype, op, case, timeout, ex) -> str | None:
     bad = [j for j, w in enumerate(sub.allgather(wrong)) if w]
     if mine is None and wrong:
         hint = _combination_hint(got, xs, op, r, tuple(range(k)))
+        if k & (k - 1) and not _sent(logs)[1][r] and np.array_equal(got, xs[r]):
+            hint = (f"rank {r} received nothing, so it returned its own x. Every rank needs the result, also one "
+                    f"that has no partner in the rounds: which rank could hand it to rank {r}, and when does that "
+                    "rank have it?")
         odd = (f"on {k} ranks, which is not a power of two (it passed on {_and(range(1, k))} ranks), "
                + (f"{_ranks(bad)} have wrong values; " if len(bad) > 1 else "")) if k & (k - 1) else ""
         mine = f"{ex} ({where}): {odd}rank {r} has {_first_difference(got, want)}" + (f"\nHint: {hint}" if hint else "")
+    if mine is None:
+        mine = _aliased(aliased, r, ex, where, "return an array of your own, also where there is nothing to combine "
+                        "(on 1 rank): the values of x in new memory, never x")
     verdict = _first_local(sub, mine)
     if verdict is None and k > 1 and n > 0:
         verdict = _allreduce_traffic_error(logs, x.nbytes, k, where, ex)
@@ -793,8 +932,8 @@ def _allreduce_traffic_error(logs, nbytes, k, where, ex) -> str | None:
                 "doubling exchanges whole partial results (a ring or recursive halving sends pieces)")
     if k > 2 and all(len(s) == k - 1 and len({d for d, _ in s}) == k - 1 for s in sent):
         return (f"{ex} ({where}): every rank sent its x to each of the p - 1 = {k - 1} others: that is the naive "
-                f"allreduce, {messages} messages in {rounds} rounds. Recursive doubling sends {want_messages} in "
-                f"{want_rounds}{shown}")
+                f"allreduce, {messages} messages in {rounds} rounds{shown}\nHint: in recursive doubling a rank "
+                "exchanges with one partner a round, and what it sends holds everything it has combined so far")
     if messages == 2 * (k - 1) != want_messages and rounds > want_rounds:
         return (f"{ex} ({where}): {rounds} rounds and {messages} messages: a reduce to one rank followed by a broadcast. "
                 f"In recursive doubling every rank exchanges with a partner in every round, and all finish together "
@@ -804,12 +943,12 @@ def _allreduce_traffic_error(logs, nbytes, k, where, ex) -> str | None:
         hint = ("\nHint: a Send and then a Recv (or a reduce followed by a broadcast) take two rounds; comm.Sendrecv "
                 "sends and receives in one" if not sendrecv else "")
         return (f"{ex} ({where}): your allreduce took {rounds} rounds on {k} ranks; recursive doubling takes "
-                + (f"log2 p = {want_rounds}" if k == p2 else f"log2 {p2} + 2 = {want_rounds} ({k} is not a power of "
-                   "two: one round to fold the extra ranks in, one to hand them the result)") + f"{shown}{hint}")
-    if messages != want_messages:
-        return (f"{ex} ({where}): {messages} messages in all; recursive doubling on {k} ranks sends "
-                + (f"p log2 p = {want_messages}" if k == p2 else f"{p2} x {steps} among the first {p2} ranks and "
-                   f"2 x {k - p2} for the extra ranks = {want_messages}") + shown)
+                + (f"log2 p = {want_rounds}" if k == p2 else f"at most {want_rounds} ({k} is not a power of two: the "
+                   f"log2 {p2} = {steps} rounds of {p2} ranks, and two more)") + f"{shown}{hint}")
+    if messages > want_messages:
+        most = max(range(k), key=lambda j: len(sent[j]))
+        return (f"{ex} ({where}): {messages} messages in all, more than recursive doubling needs on {k} ranks "
+                f"({want_messages}); rank {most} sent the most, {len(sent[most])}{shown}")
     return None
 
 
@@ -820,29 +959,34 @@ _ALLREDUCES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce"
 
 EXERCISES = (
     Exercise("linear_reduce", "06", "collectives", mpi=True, references=("labkit.collectives:reduce",), hints=(
-        "Every rank other than the root sends its whole x to the root, once (comm.Send), and returns None.",
-        "The root starts its result from a copy of its own x, then receives from each other rank in turn into a new "
-        "array (np.empty_like(x)) and combines it into the result.",
-        "Combine with the op you were given: COMBINE[C.op_name(op)](result, incoming, out=result). The root is the "
-        "rank passed as root, which need not be 0: loop over every rank but it.",
+        "Which ranks send, and which receive? In a reduce the data flows one way, to the root, and nothing travels on "
+        "from there. Decide what each rank other than the root sends, how many times, and what it returns.",
+        "The root needs arrays of its own: one to build the result in, and one for each message to land in. Why not "
+        "receive straight into the result? And how does the root's own x get into the result, without a message?",
+        "Work it by hand: 3 ranks, root 2, op MPI.MAX, x = [1, 9] on rank 0, [5, 2] on rank 1 and [3, 3] on rank 2. "
+        "Which messages reach rank 2, and what does its result hold after each one? Would the other order of "
+        "arrival change it?",
     )),
     Exercise("tree_broadcast", "06", "collectives", mpi=True, references=("labkit.collectives:broadcast",), hints=(
-        "Number the ranks relative to the root, v = (rank - root) % p, so that the root is v = 0 (and a relative "
-        "number w is the real rank (w + root) % p). Solve it for root 0 first.",
-        "Rounds t = 0, 1, 2, ...: before round t the ranks v < 2**t hold the data (one rank before round 0, two "
-        "before round 1, ...). In round t each of them sends to the rank 2**t further on, if that rank exists.",
-        "So rank v > 0 receives once, in the round t where 2**t <= v < 2**(t+1), from v - 2**t; in each later round "
-        "t' it sends to v + 2**t' if that is below p. Loop over the rounds while 2**t < p: ceil(log2 p) of them.",
+        "Solve it for root 0 first. Before round 0 one rank holds the data. If in every round each holder sends to "
+        "one rank that lacks it, how many hold it before round 1? Before round t?",
+        "Say the holders before round t are the ranks 0 to 2**t - 1. To which rank should each one send, so that "
+        "the holders before round t + 1 are 0 to 2**(t+1) - 1? What if that rank would be p or more?",
+        "Any root: number the ranks counting from the root, so that the root is number 0 and the count wraps around "
+        "past the last rank. Draw 6 ranks with root 4: what is each rank's number? Round by round, who sends to "
+        "whom? In which round does rank 3 receive, and from which rank?",
     )),
     Exercise("recursive_doubling", "06", "collectives", mpi=True,
              references=tuple(f"labkit.collectives:{f}" for f in _ALLREDUCES), hints=(
-        "Start with p a power of two (2 or 4 ranks). In round t, at distance d = 2**t, each rank pairs with the rank "
-        "whose number differs from its own in bit t: partner = rank ^ d. Both send their partial result and combine "
-        "what they receive.",
-        "Exchange with comm.Sendrecv(result, dest=partner, recvbuf=incoming, source=partner): two ranks that both "
-        "Send first wait for each other for ever. After log2 p rounds every rank holds everything.",
-        "When p is not a power of two: let p2 be the largest power of two <= p and rem = p - p2. First, rank p2 + i "
-        "(i < rem) sends its x to rank i, which combines it. The first p2 ranks then double among themselves. Last, "
-        "rank i sends the result to rank p2 + i.",
+        "Start with p a power of two. In every round each rank pairs with one other: both send their partial result "
+        "and combine what they receive. On 2 ranks one round does it. On 4, which pairs in the first round, and "
+        "which in the second, leave every rank with all 4 arrays combined?",
+        "Partners exchange at once (comm.Sendrecv): two ranks that both Send first wait for each other for ever. "
+        "Write the ranks 0 to 7 in binary, with your pairs for 8 ranks round by round. In how many bits do two "
+        "partners differ, and which bit is it in round t? A pairing must be mutual (a's partner is b, b's is a): "
+        "which operation on bits does that?",
+        "When p is not a power of two, some ranks have no partner. Draw 6 ranks: four can double among themselves. "
+        "Which two are left over, and into which of the four can each fold its x before the rounds? After the "
+        "rounds, who still lacks the result, and who holds it?",
     )),
 )
