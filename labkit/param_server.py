@@ -14,10 +14,14 @@ from every other active worker (``"sync"``), or applied at once but answered onl
 most ``staleness_bound`` = s steps ahead of the slowest active worker (``"ssp"``, stale-synchronous): then
 no update is staler than (2 s + 1)(W - 1) for W workers, where ``"async"`` has no bound at all.
 Each master records the staleness of every update it applies (its version now minus the version the
-gradient was computed on), how many updates it applied, and how many of them came before the first worker was done:
-while every worker runs, an asynchronous master's updates are W - 1 old on average, whatever order they arrive in
-(each has one gradient in flight, and every update counts once in each other worker's next staleness); the workers
-still running after the first is done are fewer, and their updates less stale.
+gradient was computed on), how many updates it applied, and how many of them came before the first worker was done.
+
+A run's **mean staleness**, wherever lab 09 reports one (:attr:`PSResult.steady_staleness`, :func:`accuracy_table`,
+:func:`remedies`), is the mean over the updates applied while every worker still runs. Then an asynchronous master's
+updates are W - 1 old on average, whatever order they arrive in (each worker has one gradient in flight, and every
+update counts once in each other worker's next staleness). The workers still running after the first is done are
+fewer and their updates less stale, so a mean over all updates would mix in a tail that depends on how unevenly the
+workers finish.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class PSResult:
 
     params: mlp.Params | None
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # one entry per applied update
-    # the staleness of the updates each master applied before its first DONE came, while every worker still ran
+    # the staleness of the updates each master applied before its first DONE came, while every worker still ran:
+    # what the lab's mean staleness is the mean of (the module's text)
     steady_staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     master_updates: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # updates per master
     worker_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # steps per worker
@@ -447,6 +452,16 @@ def stable_step_formula(delay: int) -> float:
     return 2 * math.sin(math.pi / (4 * delay + 2))
 
 
+def stable_steps(descent=delayed_descent, delays=range(6)) -> tuple[dict, dict]:
+    """The largest stable eta h at each of ``delays``: ({label: found by bisection on ``descent``}, {label: given by
+    the closed form}), each keyed by the label its line takes in a plot (:func:`largest_stable_step`,
+    :func:`stable_step_formula`). Lab 09 calls this after its students predict the value at delay 2, so that its
+    notebook shows no formula that would give the value away before the run."""
+    delays = list(delays)
+    return ({"found by bisection": [largest_stable_step(d, descent) for d in delays]},
+            {"2 sin(pi / (4 delay + 2))": [stable_step_formula(d) for d in delays]})
+
+
 # -- lab 09's experiments, each one call on every rank ----------------------------------------------------------------
 
 def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1, 0.6), masters=(1, 2)) -> list:
@@ -471,7 +486,8 @@ def accuracy_table(comm, sizes, train_data, test_data, epochs: int = 1, lrs=(0.1
 
 def remedies(comm, sizes, train_data, test_data, epochs: int = 1, lr: float = 0.6) -> tuple[dict, dict]:
     """Every rank but one a worker, one master, at the high ``lr``: asynchronous, bounded staleness (s = 0), each with
-    lr and with lr / W, and synchronous. On rank 0 ({name: test accuracy}, {name: staleness of every update})."""
+    lr and with lr / W, and synchronous. On rank 0 ({name: test accuracy}, {name: staleness of each update applied
+    while every worker ran}), the updates the lab's mean staleness counts, as :func:`accuracy_table`'s."""
     x_test, y_test = test_data
     workers = comm.Get_size() - 1
     runs = {f"asynchronous, lr {lr}": dict(mode="async", lr=lr),
@@ -484,6 +500,6 @@ def remedies(comm, sizes, train_data, test_data, epochs: int = 1, lr: float = 0.
         r = train(comm, sizes, train_data, masters=1, epochs=epochs, **kw)
         if comm.Get_rank() == 0:
             accuracy[name] = mlp.accuracy(r.params, x_test, y_test, "relu", "cross_entropy")
-            staleness[name] = r.staleness
+            staleness[name] = r.steady_staleness
     return accuracy, staleness
 

@@ -4,30 +4,49 @@ functions), and the asynchronous worker of a sharded parameter server, run among
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .. import mlp, param_server
 from ..shards import shard_bounds
 from . import capture
-from .common import ExerciseError, call, collective_check, compare_series, each_case, not_written, passed, recorded
+from .common import (
+    DIAGNOSED,
+    ExerciseError,
+    call,
+    collective_check,
+    compare_series,
+    each_case,
+    fail,
+    not_written,
+    passed,
+    recorded,
+)
 from .exercises import Exercise
 
 _PS_SIZES, _PS_LR, _PS_BATCH, _PS_EPOCHS = [6, 5, 3], 0.1, 5, 2
 
-# the hint for a failed run, by a phrase of the parameter server's error message (the first that matches)
+# the hint for a failed run, by a phrase of the parameter server's error message (the first that matches); a
+# master's timeout is told apart first (:func:`_silent_workers_hint`)
 _PS_HINTS = {
-    "values with tag": "each message to master m is g[lo:hi] followed by one number, the version: "
-                       "np.append(g[lo:hi], versions[m]), length hi - lo + 1; the reply has the same layout",
-    "never sent DONE": "after the last batch tell every master you are done: "
-                       "comm.Send(np.empty(0, flat.dtype), dest=m, tag=param_server.DONE)",
-    "is it receiving": "post comm.Irecv(reply, source=m, tag=param_server.WEIGHTS) for every master at every step, "
-                       "and wait for all requests before the next batch",
-    "was computed on version": "send back the version that came with the weights: the reply's last entry",
-    "a mismatch of dtype": "np.append of a float32 slice and a float64 version gives float64: send the message "
-                           "as flat's dtype (.astype(flat.dtype)), the dtype the masters receive",
+    "values with tag": "each message to master m is its slice of the gradient followed by one number, the version of "
+                       "that slice you computed on: hi - lo + 1 values in all; its reply has the same layout",
+    "is it receiving": "a master answers every gradient with its new slice and waits until that reply is received: at "
+                       "every batch, receive (tag WEIGHTS) from every master before the next grad(x, Y)",
+    "was computed on version": "the version you send with a slice is the one that came with the weights you computed "
+                               "on: the reply's last entry, not a count of your own",
+    "a mismatch of dtype": "NumPy gives a float32 slice with a float64 number appended the wider dtype, float64: make "
+                           "each message of flat's dtype, the dtype the masters receive",
     "unexpected message": "masters are ranks 0 .. len(bounds) - 1; gradients go there with tag param_server.GRAD",
     "waited": "every Isend and Irecv must be matched: one gradient to and one reply from each master per batch",
 }
+_DEADLOCK = ("a master sends weights only in answer to a gradient. Your worker waited for weights before it had sent "
+             "its gradient, while the master waited for that gradient: a deadlock. What must each master have from "
+             "you before it can answer?")
+_NO_DONE = ("every gradient arrived, and then the masters waited: a master stops only once every worker has sent it an "
+            "empty message with tag DONE, after its last batch")
+_SILENT = re.compile(r"no message from workers \[([\d, ]*)\].*?they sent \[([\d, ]*)\] gradients")
 
 
 @recorded
@@ -64,27 +83,46 @@ def async_worker_case(fn, sub, k, masters, data, timeout, ex, dtype=np.float64) 
     workers = k - masters
     dtype = np.dtype(dtype)
     where = f"{masters} master{'s' if masters > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}, {dtype}"
+    steps_each = [_PS_EPOCHS * -(-(hi - lo) // _PS_BATCH) for lo, hi in shard_bounds(len(data[0]), workers)]
     try:
         res = capture.step("train", lambda: param_server.train(
             sub, _PS_SIZES, data, masters=masters, mode="async", epochs=_PS_EPOCHS, batch_size=_PS_BATCH, lr=_PS_LR,
             seed=capture.seed(k), timeout=timeout, dtype=dtype, worker=fn), key=f"{k},{masters},{dtype}")
     except param_server.ParameterServerError as e:
-        return _failed_run_error(str(e), where, ex)
+        return _failed_run_error(str(e), where, ex, masters, steps_each)
     if sub.Get_rank() != 0:
         return None
-    steps_each = [_PS_EPOCHS * -(-(hi - lo) // _PS_BATCH) for lo, hi in shard_bounds(len(data[0]), workers)]
     error = _update_counts_error(res, steps_each, where, ex)
     if error is None and workers == 1:
         error = _not_serial_error(res, data, capture.seed(k), steps_each[0], where, ex, dtype)
     return error
 
 
-def _failed_run_error(msg, where, ex) -> str:
+def _failed_run_error(msg, where, ex, masters=1, steps_each=()) -> str:
     """The message for a training run that failed, with the hint its error calls for."""
     if "NotImplementedError" in msg:
         return not_written(ex)
-    hint = next((h for key, h in _PS_HINTS.items() if key in msg), "")
+    hint = _silent_workers_hint(msg, masters, steps_each) or next((h for key, h in _PS_HINTS.items() if key in msg), "")
     return f"{ex} ({where}): {msg}" + (f"\nHint: {hint}" if hint else "")
+
+
+def _silent_workers_hint(msg, masters, steps_each) -> str:
+    """A master that heard nothing for its timeout: the workers sent every gradient but no DONE, or they stopped
+    short of their batches (none sent at all: waiting for weights before sending, a deadlock); "" for anything else."""
+    m = _SILENT.search(msg)
+    if m is None:
+        return ""
+    ranks, sent = ([int(v) for v in g.split(",") if v.strip()] for g in m.groups())
+    if not ranks or len(ranks) != len(sent) or any(not 0 <= r - masters < len(steps_each) for r in ranks):
+        return ""
+    if all(n >= steps_each[r - masters] for r, n in zip(ranks, sent)):
+        return _NO_DONE
+    if any(n == 0 for n in sent):
+        return _DEADLOCK
+    r, n = next((r, n) for r, n in zip(ranks, sent) if n < steps_each[r - masters])
+    return (f"worker {r} sent {n} of its {steps_each[r - masters]} gradients and then went silent: it waits for "
+            "something no master sends (a master sends only in answer to a gradient), or its loop ended early "
+            "without DONE")
 
 
 def _update_counts_error(res, steps_each, where, ex) -> str | None:
@@ -108,9 +146,10 @@ def _not_serial_error(res, data, seed, steps, where, ex, dtype=np.float64) -> st
     for i, ((a, b), (c, d)) in enumerate(zip(res.params, want)):
         if not (np.allclose(a, c, **tol) and np.allclose(b, d, **tol)):
             return (f"{ex} ({where}): after {steps} steps the weights of layer {i} differ from serial "
-                    f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: copy each reply "
-                    "into flat in place (flat[lo:hi] = reply[:-1]) before the next grad(x, Y): the gradient "
-                    "must be computed on the weights the masters sent")
+                    f"SGD over the same batches by up to {np.abs(a - c).max():.3g}\nHint: the network's arrays "
+                    "are views into flat, so grad(x, Y) sees only what is written into that very array: put each "
+                    "reply's slice into flat in place before the next grad(x, Y) (a new array bound to the name "
+                    "flat leaves the network on its old weights)")
     return None
 
 
@@ -134,18 +173,22 @@ def round_robin_staleness(fn) -> None:
     fn = capture.student(fn, "fn", ex)
     rng = np.random.default_rng(capture.seed(130))
     drawn = int(rng.integers(2, 10))
-    cases = [(w, u) for w in range(1, 7) for u in sorted({0, 1, w, 3 * w + 2})]
+    # one worker last: there the master's version and the version a gradient was computed on are equal, so a slip
+    # that returns either one could not be told from the other
+    cases = [(w, u) for w in (*range(2, 7), 1) for u in sorted({0, 1, w, 3 * w + 2})]
     cases.append((drawn, int(rng.integers(4 * drawn + 4))))
     n = 0
     for workers, updates in each_case(cases):
         want = param_server.round_robin_staleness(workers, updates).astype(float)
-        got = call(ex, fn, workers, updates)
+        got = call(ex, fn, workers, updates, hint="")  # what it raised, then the derivation's next step
         k = np.arange(updates)
         compare_series(ex, f"{workers} workers, {updates} updates", got, want, [
             (np.full(updates, workers - 1.0), "the first round is different: the k-th of the first W updates was "
                                               "computed on version 0, so its staleness is k"),
             (np.minimum(k, workers).astype(float), "one too many: a worker receives the weights *after* its own "
                                                    "update, so its own update is not stale"),
+            (k.astype(float), "that is the master's version alone: the staleness is it minus the version the "
+                              "gradient was computed on"),
             (np.where(k < workers, 0.0, k - workers + 1.0), "that is the version the gradient was computed on; "
                                                              "the staleness is the master's version minus it"),
         ])
@@ -155,65 +198,121 @@ def round_robin_staleness(fn) -> None:
 
 @recorded
 def delayed_descent(fn) -> None:
-    """Lab 09: ``fn(step, delay, iterations)``, w_{t+1} = w_t - step * w_{t-delay} from w = 1 for every t <= 0,
-    returning w_0 .. w_iterations. Checked for delays 0 to 4 and steps on both sides of the stable limit, and one case
-    drawn afresh, to 1e-9."""
+    """Lab 09: ``fn(step, delay, iterations)``, the weights w_0 .. w_iterations of gradient descent on f(w) = h w^2 / 2
+    (``step`` = eta h) whose every gradient is ``delay`` updates old, from w_0 = 1 (the weights before t = 0 were 1
+    too). Checked for delays 0 to 4 and steps on both sides of the stable limit, a delay longer than the whole run, and
+    one case drawn afresh, to 1e-9."""
     ex = "delayed gradient descent"
     fn = capture.student(fn, "fn", ex)
     rng = np.random.default_rng(capture.seed(131))
-    cases = [(d, step, it) for d in range(5) for step, it in ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25))]
+    runs = ((0.3, 12), (1.5, 6), (0.05, 0), (0.9, 25))
+    cases = [(0, step, it) for step, it in runs]
+    cases.append((4, 0.5, 2))  # a delay longer than the run: every gradient it applies was computed before t = 0
+    cases += [(d, step, it) for d in range(1, 5) for step, it in runs]
     cases.append((int(rng.integers(7)), round(float(rng.uniform(0.05, 1.6)), 3), int(rng.integers(1, 31))))
     n = 0
     for delay, step, iterations in each_case(cases):
+        where = f"step {step}, delay {delay}, {iterations} iterations"
         want = param_server.delayed_descent(step, delay, iterations)
-        got = call(ex, fn, step, delay, iterations)
-        hints = [(_wrapped(step, delay, iterations), "for t < delay you read w[t - delay] with a negative index: "
-                                                      "Python wraps around to the end of the array; before t = 0, "
-                                                      "w is 1"),
-                 (param_server.delayed_descent(step, 0, iterations), "no delay at all: the gradient uses w_t, "
-                                                                      "not w_(t - delay)")]
+        got = _descent_of(ex, fn, where, step, delay, iterations)
+        _one_value_short(ex, where, got, want)
+        hints = [(_zero_before(step, delay, iterations),
+                  "your first steps, whose gradients were computed before t = 0, did not move w: you took the weights "
+                  "there as 0. Before the start they were 1 (nothing had moved them yet), so each of those steps "
+                  "subtracts step times 1"),
+                 (param_server.delayed_descent(step, 0, iterations), "no delay at all: each of your steps used the "
+                                                                      "gradient of the newest w, not one delay updates old")]
         if delay < 4:
             hints.append((param_server.delayed_descent(step, delay + 1, iterations),
-                          "one step too old: w_(t+1) uses w_(t - delay), which for delay 0 is w_t itself"))
-        compare_series(ex, f"step {step}, delay {delay}, {iterations} iterations", got, want, hints)
+                          "one step too old: with delay 0 a step uses the gradient of the newest w, with delay 1 the "
+                          "one before it; count the delay from there"))
+        compare_series(ex, where, got, want, hints)
         n += 1
     passed(ex, n)
 
 
-def _wrapped(step, delay, iterations):
-    """Delayed descent with the usual slip: w[t - delay] read before t = delay wraps to the array's end (zeros); None
-    where a delay longer than the array makes that read fall before its start (the slip raises IndexError there,
-    which the check names as it is)."""
-    if iterations > 0 and delay > iterations + 1:
-        return None
-    w = np.zeros(iterations + 1)
-    w[0] = 1.0
+_NEGATIVE_INDEX = ("for t < delay, t - delay is negative, and a negative index counts from the end of a sequence "
+                   "(before its start it raises IndexError): the weights before t = 0 are in no entry of your array. "
+                   "They were 1")
+_PAST_THE_END = "the series w_0 .. w_iterations holds iterations + 1 values: is your array that long?"
+
+
+def _descent_of(ex, fn, where, step, delay, iterations):
+    """The student's series; an IndexError named by the index it reports: a negative one (t - delay read before
+    t = delay), or one past the end of a series too short."""
+    try:
+        return call(ex, fn, step, delay, iterations, where=where, hint="")
+    except ExerciseError as e:
+        said = str(e)
+        m = re.search(r"raised IndexError: (.*)", said)
+        if m is None or DIAGNOSED in said:
+            raise
+        index = re.search(r"index (-?\d+) is out of bounds", m.group(1))
+        hint = _NEGATIVE_INDEX if index is None or int(index.group(1)) < 0 else _PAST_THE_END
+        raise ExerciseError(f"{said}\nHint: {hint}") from None
+
+
+def _one_value_short(ex, where, got, want) -> None:
+    """A series one value short that is the right one without w_0, or without its last value: named as such."""
+    try:
+        a = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        return
+    if a.ndim != 1 or a.size != want.size - 1 or a.size == 0:
+        return
+    same = lambda b: np.allclose(a, b, rtol=1e-9, atol=1e-12, equal_nan=True)  # noqa: E731
+    if same(want[1:]):
+        fail(ex, f"{where}: yours is w_1 .. w_{want.size - 1}, without w_0",
+             "the series starts with w_0 = 1, before any step: iterations + 1 values in all")
+    if same(want[:-1]):
+        fail(ex, f"{where}: yours stops at w_{want.size - 2}, one step short of w_{want.size - 1}",
+             "each of the iterations steps gives one more w: the last one is w_iterations")
+
+
+def _zero_before(step, delay, iterations):
+    """Delayed descent with the weights before t = 0 taken as 0 rather than 1: the first ``delay`` steps leave w alone.
+    (Reading w[t - delay] from an array of zeros computed so far gives the same values, where its index wraps around
+    to entries not yet computed; where it falls before the array's start it raises IndexError, which is named as
+    such: the case with a delay longer than the run, checked before the others with a delay, tells the two apart.)"""
+    w = np.ones(iterations + 1)
     for t in range(iterations):
-        w[t + 1] = w[t] - step * w[t - delay]
+        w[t + 1] = w[t] - step * (w[t - delay] if t >= delay else 0.0)
     return w
 
 
 EXERCISES = (
     Exercise("round_robin_staleness", "09", "param_server",
              references=("labkit.param_server:round_robin_staleness",), hints=(
-                 "Keep, for every worker, the version of the weights it holds: all start at version 0.",
-                 "Before the k-th update the master has applied k updates: its version is k. The k-th update comes "
-                 "from worker k mod W.",
-                 "The update's staleness is the master's version minus the version its worker held. Then that worker "
-                 "receives the weights after the update: version k + 1.",
+                 "Keep, for every worker, the version of the weights it holds (all start at version 0), and the "
+                 "master's version: the number of updates it has applied so far.",
+                 "The k-th update, counting from 0, comes from worker k mod W. Its staleness compares two versions at "
+                 "that moment: which two? And which version does that worker hold once the master has answered it?",
+                 "A small case by hand, W = 2. Update 0 comes from worker 0, which holds version 0 while the master is "
+                 "at 0: staleness 0; the answer gives worker 0 version 1. Update 1 comes from worker 1, which holds 0 "
+                 "while the master is at 1: staleness 1. Work out updates 2, 3 and 4 the same way: does your function "
+                 "give the same five numbers?",
              )),
     Exercise("delayed_descent", "09", "param_server",
              references=("labkit.param_server:delayed_descent",), hints=(
-                 "Keep every w_t in an array of iterations + 1 values, w_0 = 1 first.",
-                 "Step t computes w_(t+1) from w_t and from the w that the delayed gradient saw, delay steps back.",
-                 "Before t = 0 the weights were 1: for t < delay the old w is 1, not an entry of your array.",
+                 "Keep every w_t in an array of iterations + 1 values, w_0 = 1 first, and fill it one step at a time: "
+                 "step t (t = 0, 1, ...) computes w_(t+1) from w_t.",
+                 "The gradient of f at w is h w. Step t applies a gradient computed delay updates before it: on which "
+                 "w_s, and what is w_(t+1) then, with step = eta h? For delay 0 it must be plain gradient descent.",
+                 "A small case by hand: step 0.5, delay 2. Step 0's gradient was computed at s = -2, before the start, "
+                 "where w was 1: w_1 = 1 - 0.5 * 1 = 0.5. Step 1 (s = -1) gives w_2 = 0.5 - 0.5 * 1 = 0. What do "
+                 "steps 2 and 3 give, and does your function agree for 4 iterations?",
              )),
     Exercise("async_worker", "09", "param_server", mpi=True,
              references=("labkit.param_server:worker_loop", "labkit.param_server:_worker"), hints=(
-                 "Per batch: compute g = grad(x, Y) on the current flat, then talk to every master m in bounds.",
-                 "To master m: its slice g[lo:hi] with the version of that slice you computed on appended, as one "
-                 "message of flat's dtype (Isend, tag GRAD). From it: the same layout back (Irecv, tag WEIGHTS).",
-                 "Wait for all requests with wait_all, then copy each reply's slice into flat in place and keep its "
-                 "last entry as that slice's version. After the last batch, an empty message with tag DONE to each.",
+                 "Take one batch and one master first. The master speaks only when spoken to: it answers a gradient "
+                 "with its new slice. What must your worker send first, and what must it have back before the next "
+                 "grad(x, Y)?",
+                 "With several masters, each gets its own slice of the gradient and answers on its own. Start every "
+                 "send and every receive of a batch without waiting in between, then wait once for them all. Which "
+                 "version goes with the slice for master m, and where does it come from after the first batch?",
+                 "A small case by hand: one master that owns all of flat, bounds = [(0, n)], and two batches. Batch "
+                 "1 sends the gradient with 0 appended, and the reply is n new weights with 1 appended. Before batch "
+                 "2's grad(x, Y), where must those n weights be for the network to use them, and what number goes "
+                 "with batch 2's gradient? After batch 2, the master is still listening: for what?",
              )),
 )
