@@ -5,10 +5,11 @@ wrong one, named by the check's message."""
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
-from conftest import Answers, Reference, record_check
+from conftest import Answers, Mistake, Reference, record_check
 
 from labkit import check, model_parallel
 from labkit.check import ExerciseError
@@ -164,11 +165,12 @@ def list_shape(S, M):
 
 
 def simulated_gpipe(steps=None, fill=-1, dtype=int):
-    """GPipe as a student simulates it, step by step; ``steps``: a fixed number of steps instead of until done."""
+    """GPipe as a student simulates it, step by step; ``steps``: a number of steps instead of until done (a number, or
+    a function of S and M)."""
     def fn(S, M):
         f, b = np.full((S, M), fill, dtype), np.full((S, M), fill, dtype)
         nf, nb = [0] * S, [0] * S
-        for t in range(steps or 2 * (M + S)):
+        for t in range(steps(S, M) if callable(steps) else steps or 2 * (M + S)):
             for s in range(S):
                 m = nf[s]
                 if m < M and (s == 0 or (nf[s - 1] > m and f[s - 1, m] < t)):
@@ -177,6 +179,33 @@ def simulated_gpipe(steps=None, fill=-1, dtype=int):
                     m = M - 1 - nb[s]  # the last micro-batch first, as the errors arrive
                     if f[s, m] < t if s == S - 1 else (nb[s + 1] > nb[s] and b[s + 1, m] < t):
                         b[s, m], nb[s] = t, nb[s] + 1
+        return f, b
+    return fn
+
+
+def gpipe_until(done):
+    """GPipe simulated until ``done(stage 0's backwards run, M)``: an end test that never holds loops for ever."""
+    def fn(S, M):
+        f, b = np.full((S, M), -1), np.full((S, M), -1)
+        nf, nb, t = [0] * S, [0] * S, 0
+        while not done(nb[0], M):
+            for s in range(S):
+                if nf[s] < M and (s == 0 or 0 <= f[s - 1, nf[s]] < t):
+                    f[s, nf[s]], nf[s] = t, nf[s] + 1
+                elif nf[s] == M and nb[s] < M and 0 <= (b[s + 1, nb[s]] if s < S - 1 else f[s, M - 1]) < t:
+                    b[s, nb[s]], nb[s] = t, nb[s] + 1
+            t += 1
+        return f, b
+    return fn
+
+
+def closed_form_over(micro_batches):
+    """The right steps written task by task, for the micro-batches ``micro_batches(M)`` only."""
+    def fn(S, M):
+        f, b = np.full((S, M), -1), np.full((S, M), -1)
+        right_f, right_b = right_schedule(S, M)
+        for m in micro_batches(M):
+            f[:, m], b[:, m] = right_f[:, m], right_b[:, m]
         return f, b
     return fn
 
@@ -195,7 +224,8 @@ WRONG_SCHEDULE = {
     "no stage offset": (shifted(backward=lambda S, M: (M + S - 1) + np.zeros((S, 1), int) + (M - 1 - np.arange(M))),
                         r"stage 0 runs the backward of micro-batch 0 at step 3, stage 1 at step 3.*the error flows"),
     "backward a step late": (shifted(0, 1), r"S = 1 stage, M = 1.*stage 0 waits: it runs the backward of "
-                                            r"micro-batch 0 at step 2, but was free and had its input at step 1"),
+                                            r"micro-batch 0 at step 2, but was free and had its input at step 1\nHint: "
+                                            r"one step late.*An off-by-one"),
     "two at once": (both_at_once, r"stage 0 runs forward 1 and backward 0 at the same step 1.*one task a step"),
     "1F1B": (interleaved, r"M = 4.*backward of micro-batch 0 at step 1, before its last forward \(step 6\).*GPipe "
                           r"runs all forwards"),
@@ -204,10 +234,26 @@ WRONG_SCHEDULE = {
     "transposed": (list_shape, r"S = 1 stage, M = 4.*forward has shape \(4, 1\), expected \(1, 4\).*one row per stage"),
     "floats": (lambda S, M: tuple(a + 0.5 for a in right_schedule(S, M)), r"whole step numbers"),
     # right on every size the check used to try (up to 6 stages and 10 micro-batches, 30 steps), wrong past them
-    "a fixed number of steps": (simulated_gpipe(steps=30), r"tasks never ran: they are all at step -1.*the others stop "
-                                r"at step 29.*a loop stops at a fixed step"),
-    "a fixed number of steps, zeros": (simulated_gpipe(steps=32, fill=0), r"tasks never ran: they are all at step 0, "
+    "a fixed number of steps": (simulated_gpipe(steps=30), r"S = 16 stages.*tasks never ran: they still hold -1.*the "
+                                r"others stop at step 29.*a loop stops at a fixed step"),
+    "a fixed number of steps, zeros": (simulated_gpipe(steps=32, fill=0), r"tasks never ran: they still hold 0.*"
                                        r"stage 0's backward.*a loop stops at a fixed step"),
+    "one step short": (simulated_gpipe(steps=lambda S, M: 2 * (M + S - 1) - 1),
+                       r"S = 1 stage, M = 1 micro-batch: 1 of the 2 tasks never ran.*stage 0's backward of micro-batch "
+                       r"0, the last task, and the others stop at step 0, the step before it\nHint: an off-by-one"),
+    "one step short, zeros": (simulated_gpipe(steps=lambda S, M: 2 * (M + S - 1) - 1, fill=0),
+                              r"S = 1 stage, M = 1 micro-batch: stage 0 runs the forward and the backward of "
+                              r"micro-batch 0 both at step 0\nHint: .*a step early \(an off-by-one.*never run it"),
+    "backward a step early": (shifted(0, -1), r"S = 1 stage, M = 1 micro-batch: stage 0 runs the forward and the "
+                              r"backward of micro-batch 0 both at step 0"),
+    "backward a step early, past 1 x 1": (lambda S, M: shifted(0, -1)(S, M) if S * M > 1 else right_schedule(S, M),
+                                          r"S = 1 stage, M = 4 micro-batches: stage 0 runs forward 3 and backward 3 at "
+                                          r"the same step 3\nHint: a step early.*An off-by-one"),
+    "ends one backward early": (gpipe_until(lambda done, M: done >= M - 1), r"S = 1 stage, M = 1.*none of the 2 tasks"),
+    "last micro-batch left out": (closed_form_over(lambda M: range(M - 1)), r"S = 1 stage, M = 1.*none of the 2 tasks "
+                                  r"ran.*a range one short"),
+    "never ends": (gpipe_until(lambda done, M: done > M), r"S = 1 stage, M = 1 micro-batch: your schedule did not end: "
+                   r"your function was stopped after 104,000 lines of Python.*\nHint: a loop whose end never comes"),
     "int8 steps": (small_int_schedule, r"S = 16 stages, M = 64 micro-batches: forward is an array of int8, which holds "
                    r"steps up to 127 only.*wrap around"),
 }
@@ -225,6 +271,32 @@ def test_gpipe_schedule_names_the_mistake(name):
     fn, match = WRONG_SCHEDULE[name]
     with pytest.raises(ExerciseError, match=f"(?s){match}"):
         check.gpipe_schedule(fn)
+
+
+def test_a_range_one_short_is_named_by_what_it_left_out():
+    for skip, which in ((lambda M: range(M - 1), r"micro-batch 3, the last of the 4"),
+                        (lambda M: range(1, M), r"micro-batch 0, the first of the 4")):
+        with pytest.raises(ExerciseError, match=rf"(?s)S = 1 stage, M = 4.*every task of {which}, and no other\nHint: "
+                                                r"a range one short\? range\(a, b\) runs a to b - 1"):
+            check.gpipe_schedule(lambda S, M, skip=skip: closed_form_over(skip)(S, M) if M > 1 else right_schedule(S, M))
+
+
+def test_a_loop_that_never_ends_is_stopped_in_proportion_to_the_case():
+    """Stopped by lines of Python run, a fixed number per task: at once on the first case, and the right simulations
+    of the largest case stay far below it."""
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(ExerciseError, match=r"S = 1 stage, M = 1 micro-batch: your schedule did not end"):
+        check.gpipe_schedule(gpipe_until(lambda done, M: False))
+    assert time.perf_counter() - started < 5
+    late = gpipe_until(lambda done, M: done >= M if M < 64 else False)  # right, but for ever on 16 x 64
+    with pytest.raises(ExerciseError, match=r"S = 16 stages, M = 64 micro-batches: your schedule did not end: your "
+                                            r"function was stopped after 4,196,000 lines"):
+        check.gpipe_schedule(late)
+    check.gpipe_schedule(gpipe_until(lambda done, M: done >= M))
+    check.one_f_one_b(one_f_one_b(steps=10 ** 9))
+    assert sys.gettrace() is None or "coverage" in type(sys.gettrace()).__module__, "the check's tracer was removed"
 
 
 def test_the_bubble_falls_out_of_the_schedule():
@@ -355,12 +427,12 @@ WRONG_PEAKS = {
     "freed in order": (peaks_in_order, r"backwards out of micro-batch order.*peaks \[3\], expected \[2\].*micro-batch "
                        r"order"),
     "by the kind of schedule": (peaks_by_kind, r"two forwards then one backward, S = 1, M = 7 \(steps 0 to 13\): peaks "
-                                r"\[1\], expected \[3\].*1F1B's limit of S - s; this schedule is not 1F1B's"),
+                                r"\[1\], expected \[3\].*peaks of 1F1B's schedule, guessed from its kind"),
     "per step": (lambda f, b: np.zeros((f.shape[0], 3), int), r"expected an array of shape \(4,\), got shape \(4, 3\).*"
                  r"not the count at every step"),
     "one number": (lambda f, b: right_peaks(f, b).max(), r"got shape \(\).*one number per stage"),
     "backward excluded": (lambda f, b: right_peaks(f, b - 1) if f.shape[1] > 1 else right_peaks(f, b) + 1,
-                          r"peaks .*, expected .*\nHint: at each step count"),
+                          r"peaks .*, expected .*\nStep 1 of 4"),  # nothing names it: the derivation's steps
 }
 
 
@@ -379,11 +451,12 @@ def test_activations_in_flight_names_the_mistake(name):
 # ---- exercise 6: 1F1B -------------------------------------------------------------------------------------------------
 
 def one_f_one_b(room=lambda S, s: S - s, late=0, seen=lambda step, t: 0 <= step < t, steps=None, dtype=int):
-    """A 1F1B answer as a student simulates it, with one of its rules changed (``steps``: a fixed number of steps)."""
+    """A 1F1B answer as a student simulates it, with one of its rules changed (``steps``: a number of steps, or a
+    function of S and M, to stop at; 10 ** 9: no bound)."""
     def fn(S, M):
         f, b = -np.ones((S, M), dtype), -np.ones((S, M), dtype)
         nf, nb, t = [0] * S, [0] * S, 0
-        while nb[0] < M and t < (steps or 10 * (M + S)):
+        while nb[0] < M and t < (steps(S, M) if callable(steps) else steps or 10 * (M + S)):
             for s in range(S):
                 can_b = nb[s] < nf[s] and seen((b[s + 1, nb[s]] if s < S - 1 else f[s, nb[s]]) + late, t)
                 can_f = nf[s] < M and nf[s] - nb[s] < room(S, s) and (s == 0 or seen(f[s - 1, nf[s]], t))
@@ -399,14 +472,29 @@ def one_f_one_b(room=lambda S, s: S - s, late=0, seen=lambda step, t: 0 <= step 
 WRONG_1F1B = {
     "GPipe": (model_parallel.gpipe_schedule, r"S = 1 stage, M = 4.*holds 4 micro-batches at once.*GPipe's memory"),
     "one more in flight": (one_f_one_b(room=lambda S, s: S - s + 1), r"S = 2 stages, M = 3.*stage 0 holds 3 "
-                           r"micro-batches at once; 1F1B keeps at most S - s = 2.*fewer than S - s"),
+                           r"micro-batches at once, where 1F1B's stage 0 holds at most 2\nHint: a room larger than "
+                           r"needed: your schedule takes 8 steps"),
     "one fewer in flight": (one_f_one_b(room=lambda S, s: max(1, S - s - 1)), r"S = 2 stages, M = 3.*stage 0 runs the "
-                            r"forward of micro-batch 1 at step 4; 1F1B's rule runs it at step 1.*and it had room"),
+                            r"forward of micro-batch 1 at step 4; 1F1B's rule runs it at step 1: at step 1 it waits, free, "
+                            r"with its input there and 1 micro-batch in flight: a room of 1 on stage 0\nHint: a room too "
+                            r"small: your schedule takes 12 steps, GPipe's 8"),
+    "one fewer in flight, none on the last stage": (one_f_one_b(room=lambda S, s: S - s - 1), r"S = 1 stage, M = 1.*"
+                                                    r"stage 0, the last, never ran a forward, though micro-batch 0's "
+                                                    r"input was there from step 0.*\nHint: it never had room\?"),
+    "none on the last stage, 2 stages": (lambda S, M: one_f_one_b(room=lambda S, s: S - s - 1)(S, M) if S > 1 else
+                                         model_parallel.one_f_one_b_schedule(S, M),
+                                         r"S = 3 stages, M = 1.*stage 2, the last, never ran a forward, though "
+                                         r"micro-batch 0's input was there from step 2"),
+    "one fewer in flight, a loop without a bound": (one_f_one_b(room=lambda S, s: S - s - 1, steps=10 ** 9),
+                                                    r"S = 1 stage, M = 1 micro-batch: your schedule did not end.*"
+                                                    r"\nHint: a loop whose end never comes"),
+    "one step short": (one_f_one_b(steps=lambda S, M: 2 * (M + S - 1) - 1), r"S = 1 stage, M = 1.*1 of the 2 tasks "
+                       r"never ran.*the last task.*\nHint: an off-by-one"),
     "a step late": (one_f_one_b(late=1), r"S = 1 stage, M = 1.*runs the backward of micro-batch 0 at step 2; 1F1B's "
                     r"rule runs it at step 1.*at step 1 stage 0 was free, its input had arrived"),
     "input seen at once": (one_f_one_b(seen=lambda step, t: 0 <= step <= t), r"S = 3 stages, M = 1.*the stages start "
                            r"together"),
-    "a fixed number of steps": (one_f_one_b(steps=30), r"tasks never ran: they are all at step -1.*the others stop at "
+    "a fixed number of steps": (one_f_one_b(steps=30), r"tasks never ran: they still hold -1.*the others stop at "
                                 r"step 29.*a loop stops at a fixed step"),
     "int8 steps": (one_f_one_b(dtype=np.int8), r"raised OverflowError.*This one runs to step \d+: look for an array, a "
                    r"loop or an integer type sized for those"),
@@ -468,6 +556,86 @@ CONTRACT = {
 }
 
 
+# ---- each named mistake, its own hint and no step (tests/test_contract.py walks these) --------------------------------
+
+def _mistake(table, name, says, hint):
+    return Mistake(table[name][0], says=says, hint=hint)
+
+
+MISTAKES = {
+    "neuron_part": (
+        _mistake(WRONG_PART, "floor only", r"neurons 6\.\.6 belong to no rank", r"n % p = 1 over: they must go to ranks"),
+        _mistake(WRONG_PART, "last takes the rest", r"sizes \[2, 2, 2, 4\]", r"the last rank takes all n % p = 2"),
+        _mistake(WRONG_PART, "ceil", r"sizes \[3, 3, 1\] differ by more than one",
+                 r"rounding n / p up.*which 3 sizes, none more than one apart, add up to 7\?"),
+        _mistake(WRONG_PART, "overlap", r"the blocks overlap", r"starts where the previous rank's ends"),
+        _mistake(WRONG_PART, "no bias", r"wrong outputs", r"add your neurons' biases"),
+    ),
+    "neuron_grads": (
+        _mistake(WRONG_GRADS, "no slope", r"wrong dW1", r"ReLU's slope"),
+        _mistake(WRONG_GRADS, "divided again", r"wrong dW1", r"do not divide by the batch \(4\) again"),
+        _mistake(WRONG_GRADS, "db mean", r"dW1 is right but db1 is wrong", r"not its mean"),
+    ),
+    "gpipe_schedule": (
+        _mistake(WRONG_SCHEDULE, "one step short", r"S = 1 stage, M = 1 micro-batch: 1 of the 2 tasks never ran.*"
+                 r"the last task.*the step before it", r"^an off-by-one: counting from step 0.*takes how many steps\?"),
+        _mistake(WRONG_SCHEDULE, "one step short, zeros", r"both at step 0", r"a step early \(an off-by-one"),
+        _mistake(WRONG_SCHEDULE, "backward a step early", r"both at step 0", r"a step early \(an off-by-one"),
+        _mistake(WRONG_SCHEDULE, "backward a step early, past 1 x 1", r"runs forward 3 and backward 3 at the same step",
+                 r"^a step early.*An off-by-one"),
+        _mistake(WRONG_SCHEDULE, "a fixed number of steps", r"S = 16 stages.*tasks never ran.*stop at step 29",
+                 r"ended by step \d+\? Then a loop stops at a fixed step"),
+        _mistake(WRONG_SCHEDULE, "last micro-batch left out", r"none of the 2 tasks ran", r"a range one short"),
+        _mistake(WRONG_SCHEDULE, "never ends", r"your schedule did not end", r"^a loop whose end never comes"),
+        _mistake(WRONG_SCHEDULE, "stages start together", r"the stages start together",
+                 r"before the stage before it has finished it"),
+        _mistake(WRONG_SCHEDULE, "1F1B", r"before its last forward", r"GPipe runs all forwards of a step first"),
+        _mistake(WRONG_SCHEDULE, "backward a step late", r"stage 0 waits", r"^one step late.*An off-by-one"),
+    ),
+    "pipeline_step_time": (
+        _mistake(WRONG_STEP, "equal-stage formula", r"expected [\d.]+ s", r"holds for equal stages only"),
+        _mistake(WRONG_STEP, "lockstep", r"expected [\d.]+ s", r"moves the stages in lockstep"),
+        _mistake(WRONG_STEP, "M instead of M - 1", r"expected [\d.]+ s", r"one micro-batch too many"),
+    ),
+    "activations_in_flight": (
+        _mistake(WRONG_PEAKS, "every micro-batch", r"peaks \[8, 8, 8, 8\], expected \[4, 3, 2, 1\]",
+                 r"frees a micro-batch's activations once its backward has run"),
+        _mistake(WRONG_PEAKS, "by the kind of schedule", r"two forwards then one backward.*peaks \[1\], expected \[3\]",
+                 r"guessed from its kind"),
+        _mistake(WRONG_PEAKS, "an array of 32 steps", r"GPipe, S = 12, M = 40 \(steps 0 to 101\)",
+                 r"the peaks of steps 0 to 31 only.*\(a loop or an array of fixed length"),
+        _mistake(WRONG_PEAKS, "arrivals", r"out of micro-batch order.*peaks \[3\], expected \[2\]",
+                 r"arrive while it is held"),
+    ),
+    "one_f_one_b": (
+        _mistake(WRONG_1F1B, "one fewer in flight, none on the last stage", r"stage 0, the last, never ran a forward",
+                 r"^it never had room\?.*stage 0"),
+        _mistake(WRONG_1F1B, "none on the last stage, 2 stages", r"stage 2, the last, never ran a forward",
+                 r"^it never had room\?.*stage 2"),
+        _mistake(WRONG_1F1B, "one fewer in flight", r"a room of 1 on stage 0",
+                 r"^a room too small: your schedule takes 12 steps, GPipe's 8\. What is the fewest room on stage 0"),
+        _mistake(WRONG_1F1B, "one more in flight", r"stage 0 holds 3 micro-batches at once, where 1F1B's stage 0 holds "
+                 r"at most 2", r"^a room larger than needed.*Try one less there"),
+        _mistake(WRONG_1F1B, "one fewer in flight, a loop without a bound", r"your schedule did not end",
+                 r"^a loop whose end never comes"),
+        _mistake(WRONG_1F1B, "one step short", r"the last task.*the step before it", r"^an off-by-one"),
+        _mistake(WRONG_1F1B, "a fixed number of steps", r"tasks never ran.*stop at step 29",
+                 r"a loop stops at a fixed step"),
+        _mistake(WRONG_1F1B, "GPipe", r"holds 4 micro-batches at once", r"GPipe's memory"),
+    ),
+}
+
+
+def test_no_mistake_of_the_schedules_is_blamed_on_a_fixed_step_but_the_fixed_step():
+    fixed = {("gpipe_schedule", "a fixed number of steps"), ("gpipe_schedule", "a fixed number of steps, zeros"),
+             ("one_f_one_b", "a fixed number of steps")}
+    for ex, table in (("gpipe_schedule", WRONG_SCHEDULE), ("one_f_one_b", WRONG_1F1B)):
+        for name, (fn, _) in table.items():
+            with pytest.raises(ExerciseError) as e:
+                getattr(check, ex)(fn)
+            assert ("a loop stops at a fixed step" in str(e.value)) == ((ex, name) in fixed), (name, str(e.value))
+
+
 def test_lab_11_declares_its_exercises_in_the_pipeline_family():
     assert sorted(CONTRACT) == [e.name for e in in_lab("11")]
     for name in CONTRACT:
@@ -477,6 +645,8 @@ def test_lab_11_declares_its_exercises_in_the_pipeline_family():
 @pytest.mark.parametrize("name, wrong", [
     ("gpipe_schedule", WRONG_SCHEDULE["int8 steps"][0]), ("gpipe_schedule", WRONG_SCHEDULE["a fixed number of steps"][0]),
     ("one_f_one_b", WRONG_1F1B["int8 steps"][0]), ("pipeline_step_time", WRONG_STEP["lockstep"][0]),
+    ("gpipe_schedule", WRONG_SCHEDULE["never ends"][0]),  # stopped while recorded: the replay names the stop too
+    ("one_f_one_b", WRONG_1F1B["one fewer in flight, a loop without a bound"][0]),
     ("activations_in_flight", peaks_fixed_array), ("activations_in_flight", peaks_by_arrivals)])
 def test_the_replay_names_the_mistakes_past_the_small_cases(tmp_path, monkeypatch, name, wrong):
     plain = record_check(monkeypatch, tmp_path, name, wrong, 7)  # int8 arrays, a raised OverflowError, drawn schedules

@@ -4,12 +4,15 @@ schedule holds, and 1F1B's schedule.
 
 Each check runs the student's function on many sizes, against labkit's own (:mod:`labkit.model_parallel`), and
 on failure names the mistake it recognises: blocks that overlap or leave neurons out, stages that start together,
-errors that flow the wrong way, a step paced as if every stage were the slowest.
+errors that flow the wrong way, a step paced as if every stage were the slowest, tasks that never ran (by why: a
+range or a loop one short, a fixed number of steps, a stage without room), a room larger or smaller than 1F1B's. A
+schedule's function that does not end is stopped after far more lines of Python than any schedule needs, and named.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
 
 import numpy as np
 
@@ -102,11 +105,16 @@ def _check_blocks(ex, where, n, p, blocks) -> None:
     sizes = [hi - lo for lo, hi in blocks]
     if max(sizes) - min(sizes) > 1:
         base = n // p
+        ceil = -(-n // p)
         if p > 1 and all(s == base for s in sizes[:-1]):
             hint = (f"the last rank takes all n % p = {n % p} left-over neurons: spread them one each over "
                     "different ranks")
+        elif sizes == [min(n, (r + 1) * ceil) - min(n, r * ceil) for r in range(p)]:
+            hint = (f"rounding n / p up gives the first ranks {ceil} each and leaves the last ranks what is left: "
+                    f"which {p} sizes, none more than one apart, add up to {n}?")
         else:
-            hint = "n // p neurons each, and the n % p left over one each to different ranks"
+            hint = (f"which {p} sizes, none more than one apart, add up to {n}? Then which ranks take the larger "
+                    "size?")
         fail(ex, f"{where}: blocks of sizes {sizes} differ by more than one: one rank would wait for another ({shown})",
              hint)
 
@@ -134,8 +142,7 @@ def _check_part(ex, where, W, b, x, lo, hi, h) -> None:
                         (0.5 * (np.tanh(0.5 * z) + 1), "that is the sigmoid: this layer is ReLU, max(z, 0)")):
         if np.allclose(a, wrong, rtol=1e-6, atol=1e-9):
             fail(ex, f"{where}: wrong outputs", hint)
-    fail(ex, f"{where}: h differs from the outputs of neurons {lo}..{hi - 1} by up to {np.abs(a - want).max():.3g}",
-         "neuron j's weights are row j of W1 and its bias b1[j]")
+    fail(ex, f"{where}: h differs from the outputs of neurons {lo}..{hi - 1} by up to {np.abs(a - want).max():.3g}")
 
 
 # ---- exercise 2: one rank's block, backward -------------------------------------------------------------------------
@@ -197,8 +204,7 @@ def _check_grads(ex, where, got, x, h, delta, W2_mine) -> None:
         hint = ("db1 is the sum of the error over the batch, not its mean" if np.allclose(db, d.mean(axis=0))
                 else "db1 is the error summed over the batch")
         fail(ex, f"{where}: dW1 is right but db1 is wrong", hint)
-    fail(ex, f"{where}: dW1 differs from labkit's by up to {np.abs(dW - d.T @ x).max():.3g}",
-         "the error at your neurons is delta times your columns of W2, times ReLU's slope; then dW1 = error^T x")
+    fail(ex, f"{where}: dW1 differs from labkit's by up to {np.abs(dW - d.T @ x).max():.3g}")
 
 
 # ---- exercise 3: the GPipe schedule with unit-time tasks ------------------------------------------------------------
@@ -229,12 +235,53 @@ def gpipe_schedule(fn) -> None:
     ex = "GPipe schedule"
     fn = capture.student(fn, ex=ex)
     cases = _schedule_sizes(np.random.default_rng(capture.seed(113)))
+    earlier = 0  # the most steps a case before this one needed
     for S, M in each_case(cases):
         where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
-        got = call(ex, fn, S, M, hint=_schedule_hint(S, M))
-        forward, backward = _schedule_arrays(ex, where, got, S, M)
-        _check_schedule(ex, where, forward, backward)
+        forward, backward = _schedule_arrays(ex, where, _run_schedule(ex, fn, S, M, where), S, M)
+        _check_schedule(ex, where, forward, backward, earlier)
+        earlier = max(earlier, 2 * (M + S - 1))
     passed(ex, len(cases))
+
+
+# a schedule's function is stopped after this many lines of Python per task, and this many more: a simulation needs
+# a few dozen lines a step, and a schedule of S stages and M micro-batches about S M of them per stage
+_LINES_PER_TASK, _LINES_MORE = 2_000, 100_000
+_STOPPED = "labkit stopped your function: it ran past the check's limit of lines"
+
+
+def _run_schedule(ex, fn, S: int, M: int, where: str):
+    """``fn(S, M)`` as :func:`call` runs it, but stopped, and the stop named, once it has run far more lines of Python
+    than any schedule of these sizes needs: a loop that never ends fails instead of hanging the cell. The stop is a
+    TimeoutError raised inside the student's code, so that a graded run records it and the replay says the same."""
+    limit = _LINES_PER_TASK * 2 * S * M + _LINES_MORE
+
+    def bounded(*args):
+        count = [0]
+
+        def line(frame, event, arg):
+            if event == "line":
+                count[0] += 1
+                if count[0] > limit:
+                    raise TimeoutError(_STOPPED)
+            return line
+
+        before = sys.gettrace()
+        sys.settrace(lambda frame, event, arg: line)
+        try:
+            return fn(*args)
+        except TimeoutError as e:
+            if str(e) == _STOPPED:
+                fail(ex, f"{where}: your schedule did not end: your function was stopped after {limit:,} lines of "
+                         f"Python, far more than any schedule of its {2 * S * M} tasks needs",
+                     "a loop whose end never comes: which condition ends it, and which task must run for it to hold? "
+                     "Bound the loop (a few times the steps a schedule could need) and look at the arrays it returns: "
+                     "which task never runs, and what does it wait for?")
+            raise
+        finally:
+            sys.settrace(before)
+
+    return call(ex, bounded, S, M, hint=_schedule_hint(S, M))
 
 
 def _schedule_hint(S: int, M: int) -> str:
@@ -273,10 +320,11 @@ def _schedule_arrays(ex, where, got, S, M):
     return out
 
 
-def _check_schedule(ex, where, forward, backward) -> None:
-    """Every rule of the schedule, naming the first task that breaks one."""
+def _check_schedule(ex, where, forward, backward, earlier: int = 0) -> None:
+    """Every rule of the schedule, naming the first task that breaks one (``earlier``: the most steps any case before
+    this one needed)."""
     S, M = forward.shape
-    _check_basics(ex, where, forward, backward)
+    _check_basics(ex, where, forward, backward, earlier)
     for s in range(S):  # GPipe: fill, then drain
         last_forward, m_first = int(forward[s].max()), int(np.argmin(backward[s]))
         if backward[s, m_first] <= last_forward:
@@ -292,20 +340,78 @@ def _check_schedule(ex, where, forward, backward) -> None:
              "let each stage take the micro-batches in the order they arrive from the stage before")
 
 
-def _check_basics(ex, where, forward, backward) -> None:
-    """Steps from 0, one task a step, the forwards down the stages: the rules every schedule keeps."""
-    S, M = forward.shape
+def _never_ran(forward, backward) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where tasks never ran, the (forward, backward) masks of them: the tasks still at the value the arrays began
+    with, a step below 0 held by more than stage 0's first forward (steps counted from -1 are another mistake), or 0
+    held by a backward too (only stage 0's first forward can run at step 0, and it is taken to have run); None where
+    every task ran."""
     first = int(min(forward.min(), backward.min()))
-    left = [(task, s, m) for task, steps in (("forward", forward), ("backward", backward))
-            for s, m in zip(*np.nonzero(steps == first))]
-    if first <= 0 and len(left) > 1 and any(task == "backward" for task, _, _ in left):
-        # only one task can run first, stage 0's first forward: the rest still hold the value the arrays began with
-        ran = np.concatenate([forward[forward != first], backward[backward != first]])
-        task, s, m = next(t for t in left if t[0] == "backward")
-        fail(ex, f"{where}: {len(left)} of the {2 * S * M} tasks never ran: they are all at step {first}, stage {s}'s "
-                 f"backward of micro-batch {m} among them; the others stop at step {int(ran.max(initial=first))}",
-             "right on smaller cases? Then a loop stops at a fixed step, or an array is sized for those cases: run the "
-             "steps until every task has run")
+    f, b = forward == first, backward == first
+    alone = int(f.sum() + b.sum()) == 1 and f[0, 0]
+    if not ((first < 0 and not alone) or (first == 0 and b.any() and not alone)):
+        return None
+    if first == 0:
+        f[0, 0] = False
+    return f, b
+
+
+def _check_all_ran(ex, where, forward, backward, earlier: int) -> None:
+    """Tasks that never ran, named by why: no task ran, the tasks of one micro-batch or one stage left out (a range
+    one short), the steps one short of the schedule's end (an off-by-one), a number of steps that fitted the earlier
+    cases (``earlier``: the most steps one of them needed), or else a loop that ended before every task had run."""
+    masks = _never_ran(forward, backward)
+    if masks is None:
+        return
+    S, M = forward.shape
+    f, b = masks
+    first, n = int(min(forward.min(), backward.min())), int(f.sum() + b.sum())
+    last = int(np.concatenate([forward[~f], backward[~b]]).max(initial=-1))  # the last step a task ran at
+    left = (f"{n} of the {2 * S * M} tasks never ran: {'it still holds' if n == 1 else 'they still hold'} {first}, the "
+            "value your arrays began with")
+    if S * M == 1 and first == 0:  # [[0]], [[0]]: a backward run with its forward, or never run
+        fail(ex, f"{where}: stage 0 runs the forward and the backward of micro-batch 0 both at step 0",
+             "the backward has the error only the step after the forward: is yours a step early (an off-by-one in its "
+             "step), or did your loop never run it, leaving the value your arrays began with?")
+    if n == 1 and b[0].any() and last == 2 * (M + S - 1) - 2:  # one step short of GPipe's (and 1F1B's) end
+        fail(ex, f"{where}: {left}: {_name_task(f, b)}, the last task, and the others stop at step {last}, the step "
+                 "before it",
+             "an off-by-one: counting from step 0, a schedule whose last task runs at step T takes how many steps? "
+             "Does your loop (or the test that ends it) still run the step of the last task?")
+    if n >= 2 * S * M - (first == 0):
+        fail(ex, f"{where}: none of the {2 * S * M} tasks ran: your arrays still hold {first}, the value they began "
+                 "with", "your loop ran no task: is its test false from the start, or a range one short (one that "
+                         "stops before M or S runs none when M or S is 1)? On this case, which task runs first, and at "
+                         "which step?")
+    for name, count, whole in (("micro-batch", M, [k for k in range(M) if n == 2 * S and f[:, k].all() and b[:, k].all()]),
+                               ("stage", S, [k for k in range(S) if n == 2 * M and f[k].all() and b[k].all()])):
+        if count > 1 and whole and whole[0] in (0, count - 1):
+            k = whole[0]
+            fail(ex, f"{where}: {left}: every task of {name} {k}, {'the first' if k == 0 else 'the last'} of the "
+                     f"{count}, and no other",
+                 f"a range one short? range(a, b) runs a to b - 1: which {name}s, of 0 to {count - 1}, does yours run?")
+    some = _name_task(f, b)
+    if earlier and last + 1 >= earlier:
+        fail(ex, f"{where}: {left}, {some} among them; the others stop at step {last}",
+             f"right on the smaller cases, which ended by step {earlier - 1}? Then a loop stops at a fixed step, or an "
+             "array is sized for those cases: run the steps until every task has run")
+    fail(ex, f"{where}: {left}, {some} among them; the others stop at step {last}",
+         "your loop ends before every task has run: which test ends it, and is every task done when it holds?")
+
+
+def _name_task(f, b) -> str:
+    """One task of the masks, the first backward where there is one, as the messages name it."""
+    for task, mask in (("backward", b), ("forward", f)):
+        if mask.any():
+            s, m = (int(i[0]) for i in np.nonzero(mask))
+            return f"stage {s}'s {task} of micro-batch {m}"
+    return "no task"
+
+
+def _check_basics(ex, where, forward, backward, earlier: int = 0) -> None:
+    """Every task ran, steps from 0, one task a step, the forwards down the stages: the rules every schedule keeps."""
+    S, M = forward.shape
+    _check_all_ran(ex, where, forward, backward, earlier)
+    first = int(min(forward.min(), backward.min()))
     if first != 0:
         fail(ex, f"{where}: the first task runs at step {first}",
              "steps count from 0: stage 0 runs the forward of micro-batch 0 at step 0")
@@ -316,8 +422,10 @@ def _check_basics(ex, where, forward, backward) -> None:
             t = int(values[counts > 1][0])
             tasks = [f"forward {m}" for m in range(M) if forward[s, m] == t] + \
                     [f"backward {m}" for m in range(M) if backward[s, m] == t]
+            clash = s == S - 1 and len(tasks) == 2 and tasks[0] == f"forward {tasks[1].split()[1]}"
             fail(ex, f"{where}: stage {s} runs {' and '.join(tasks)} at the same step {t}",
-                 "a stage does one task a step")
+                 "a step early: the last stage has a micro-batch's error only once its forward has run, the step "
+                 "after it. An off-by-one in the step of the backward?" if clash else "a stage does one task a step")
     for s in range(1, S):  # forwards go down
         for m in range(M):
             t, before = forward[s, m], forward[s - 1, m]
@@ -366,8 +474,12 @@ def _check_no_waiting(ex, where, forward, backward) -> None:
     if late:
         t, s, kind, m, could = min(late)
         task = "forward" if kind == 0 else "backward"
+        first_back = kind == 1 and s == S - 1 and t == could + 1 and t == int(backward[s].min())
         fail(ex, f"{where}: stage {s} waits: it runs the {task} of micro-batch {m} at step {t}, but was free and had its "
-                 f"input at step {could}", "start each task as soon as the stage is free and its input has arrived")
+                 f"input at step {could}",
+             "one step late: the last stage starts the backwards the step right after its last forward. An off-by-one "
+             "in the step of the first backward?" if first_back else
+             "start each task as soon as the stage is free and its input has arrived")
 
 
 # ---- exercise 4: the step time with each stage's own times -----------------------------------------------------------
@@ -446,8 +558,7 @@ def _check_step(ex, where, got, f, b, M, want) -> None:
     for w, hint in wrong:
         if not np.isclose(w, want, rtol=1e-9) and np.isclose(value, w, rtol=1e-9, atol=1e-12):
             fail(ex, f"{where}: {value:.6g} s, expected {want:.6g} s", hint)
-    fail(ex, f"{where}: {value:.6g} s, expected {want:.6g} s",
-         "a task starts when its stage is free and its input has arrived, whichever is later")
+    fail(ex, f"{where}: {value:.6g} s, expected {want:.6g} s")
 
 
 # ---- exercise 5: the activations a schedule holds -------------------------------------------------------------------
@@ -501,9 +612,9 @@ def _random_schedule(rng, S: int, M: int, idle: float = 0.3) -> tuple[np.ndarray
 @recorded
 def activations_in_flight(fn) -> None:
     """Exercise (lab 11): ``fn(forward, backward) -> peak``, an integer array of one entry per stage: the most
-    micro-batches whose activations the stage holds at once in the schedule ``(forward, backward)`` (integer
-    arrays of shape (S, M), :func:`gpipe_schedule`'s form), each held from the step of its forward through the step
-    of its backward; on GPipe's and 1F1B's schedules (one drawn of up to 12 stages and 40 micro-batches, and GPipe's
+    micro-batches whose activations the stage keeps at once in the schedule ``(forward, backward)`` (integer
+    arrays of shape (S, M), :func:`gpipe_schedule`'s form), stored by its forward and freed once its backward's step is
+    over; on GPipe's and 1F1B's schedules (one drawn of up to 12 stages and 40 micro-batches, and GPipe's
     of 12 and 40) and on schedules of neither kind: a peak after a backward, backwards out of micro-batch order, idle
     steps that make it longer than GPipe's, and a valid schedule drawn at random."""
     from ..model_parallel import gpipe_schedule, one_f_one_b_schedule, peak_activations
@@ -555,7 +666,7 @@ def _check_peak(ex, where, got, forward, backward, want) -> None:
         if not np.array_equal(w, want) and np.array_equal(a, w):
             fail(ex, shown, hint)
     _check_cut_short(ex, shown, a, forward, backward, want)
-    fail(ex, shown, "at each step count the micro-batches whose forward has run and whose backward has not yet finished")
+    fail(ex, shown)
 
 
 def _wrong_peaks(forward, backward, want) -> list[tuple[np.ndarray, str]]:
@@ -569,8 +680,8 @@ def _wrong_peaks(forward, backward, want) -> list[tuple[np.ndarray, str]]:
             (first_backward, "that counts the forwards run before the stage's first backward: the peak can come "
              "later, when forwards and backwards alternate"),
             (np.full(S, want.max()), "each stage has its own peak: the most that stage holds, not the pipeline's"),
-            (np.minimum(S - np.arange(S), M), "that is 1F1B's limit of S - s; this schedule is not 1F1B's: count what "
-             "it holds, step by step"),
+            (np.minimum(S - np.arange(S), M), "those are the peaks of 1F1B's schedule, guessed from its kind; this "
+             "schedule is not 1F1B's: count what it holds, step by step"),
             (arrivals, "that counts, for each micro-batch, those that arrive while it is held (or frees them in "
              "micro-batch order); some of them are freed before the later ones arrive: count the micro-batches held at "
              "one step at a time")]
@@ -600,18 +711,20 @@ def _check_cut_short(ex, shown, a, forward, backward, want) -> None:
 def one_f_one_b(fn) -> None:
     """Exercise (lab 11): ``fn(S, M) -> (forward, backward)``, 1F1B's schedule with unit-time tasks in
     :func:`gpipe_schedule`'s form. The rules, each checked and named: the basic ones of GPipe's exercise, the
-    backwards of a stage oldest micro-batch first, at most S - s micro-batches in flight on stage s, and each step
-    the oldest backward if its error has arrived, else the next forward if its input has arrived and there is room;
-    then the whole schedule against labkit's. The same cases as GPipe's schedule, up to 16 stages and 64
-    micro-batches."""
+    backwards of a stage oldest micro-batch first, each stage's room (the micro-batches it may hold in flight) the
+    fewest that keep the schedule as short as GPipe's, and each step the oldest backward if its error has arrived,
+    else the next forward if its input has arrived and there is room; then the whole schedule against labkit's. The
+    same cases as GPipe's schedule, up to 16 stages and 64 micro-batches; a function still running after far more
+    lines of Python than a schedule needs is stopped, and the stop named."""
     ex = "1F1B schedule"
     fn = capture.student(fn, ex=ex)
     cases = _schedule_sizes(np.random.default_rng(capture.seed(116)))
+    earlier = 0  # the most steps a case before this one needed
     for S, M in each_case(cases):
         where = f"S = {S} stage{'s' * (S != 1)}, M = {M} micro-batch{'es' * (M != 1)}"
-        got = call(ex, fn, S, M, hint=_schedule_hint(S, M))
-        forward, backward = _schedule_arrays(ex, where, got, S, M)
-        _check_basics(ex, where, forward, backward)
+        forward, backward = _schedule_arrays(ex, where, _run_schedule(ex, fn, S, M, where), S, M)
+        _check_last_stage_started(ex, where, forward, backward)
+        _check_basics(ex, where, forward, backward, earlier)
         _check_backwards_climb(ex, where, forward, backward)
         for m in range(M):
             if backward[S - 1, m] <= forward[S - 1, m]:
@@ -622,20 +735,40 @@ def one_f_one_b(fn) -> None:
         held = peak_activations(forward, backward)
         if (held > room).any():
             s = int(np.argmax(held > room))
-            fail(ex, f"{where}: stage {s} holds {held[s]} micro-batches at once; 1F1B keeps at most S - s = {S - s}",
+            steps = 1 + int(max(forward.max(), backward.max()))
+            gpipe = (forward.max(axis=1) < backward.min(axis=1)).all()  # every stage: all forwards first
+            fail(ex, f"{where}: stage {s} holds {held[s]} micro-batches at once, where 1F1B's stage {s} holds at most "
+                     f"{room[s]}",
                  "that is GPipe's memory: all forwards first. In 1F1B a stage runs a backward as soon as its error "
-                 "has arrived, and a forward only while it holds fewer than S - s" if held[s] == M else
-                 "a stage runs a forward only while it holds fewer than S - s micro-batches")
+                 "has arrived, and a forward only while it has room" if gpipe else
+                 f"a room larger than needed: your schedule takes {steps} steps; is that the fewest room on stage "
+                 f"{s} that keeps it so short? Try one less there and count the steps")
         for s in range(S):
             if (np.diff(backward[s]) < 0).any():
                 fail(ex, f"{where}: stage {s} runs the backwards in the order {np.argsort(backward[s]).tolist()}",
                      "1F1B frees the oldest micro-batch first: the backwards of a stage run in micro-batch order")
         _check_against(ex, where, forward, backward, *one_f_one_b_schedule(S, M))
+        earlier = max(earlier, 2 * (M + S - 1))
     passed(ex, len(cases))
 
 
+def _check_last_stage_started(ex, where, forward, backward) -> None:
+    """The last stage never ran a forward though micro-batch 0's input had arrived, and so no backward ran anywhere:
+    its room was 0 (a room one short of 1F1B's on every stage leaves the last none)."""
+    masks = _never_ran(forward, backward)
+    S, M = forward.shape
+    if masks is None or not masks[0][S - 1].all() or not masks[1].all() or (S > 1 and masks[0][S - 2, 0]):
+        return
+    came = 0 if S == 1 else int(forward[S - 2, 0]) + 1
+    fail(ex, f"{where}: stage {S - 1}, the last, never ran a forward, though micro-batch 0's input was there from "
+             f"step {came}; so no error came back, and no backward ran",
+         "it never had room? The last stage holds a micro-batch from its forward through its backward: what does "
+         f"your room give for stage {S - 1}, and how many must it hold at least?")
+
+
 def _check_against(ex, where, forward, backward, want_f, want_b) -> None:
-    """The first task, in step order, that runs at another step than 1F1B's rule runs it."""
+    """The first task, in step order, that runs at another step than 1F1B's rule runs it; a forward that waited with
+    its input there and fewer micro-batches in flight than 1F1B's room is named a room too small."""
     differ = [(int(min(forward[s, m], want_f[s, m])), "forward", s, m, forward[s, m], want_f[s, m])
               for s, m in zip(*np.nonzero(forward != want_f))]
     differ += [(int(min(backward[s, m], want_b[s, m])), "backward", s, m, backward[s, m], want_b[s, m])
@@ -643,14 +776,28 @@ def _check_against(ex, where, forward, backward, want_f, want_b) -> None:
     if not differ:
         return
     _, task, s, m, got, want = min(differ)
+    S, M = forward.shape
+    said = f"{where}: stage {s} runs the {task} of micro-batch {m} at step {got}; 1F1B's rule runs it at step {want}"
+    if task == "forward" and got > want:
+        t = int(want)
+        busy = (forward[s] == t).any() or (backward[s] == t).any()
+        arrived = s == 0 or forward[s - 1, m] < t
+        in_flight = int((forward[s] < t).sum() - (backward[s] < t).sum())
+        if not busy and arrived and in_flight < S - s:
+            steps, gpipe = 1 + int(max(forward.max(), backward.max())), 2 * (M + S - 1)
+            longer = (f"your schedule takes {steps} steps, GPipe's {gpipe}" if steps > gpipe else
+                      "on more micro-batches your schedule would take more steps than GPipe's")
+            fail(ex, f"{said}: at step {t} it waits, free, with its input there and {in_flight} micro-batch"
+                     f"{'es' * (in_flight != 1)} in flight: a room of {in_flight} on stage {s}",
+                 f"a room too small: {longer}. What is the fewest room on stage {s} that keeps the step as short? "
+                 "Count the steps between its forward of a micro-batch and that micro-batch's backward")
     if got > want:
         hint = (f"at step {want} stage {s} was free, its input had arrived" + (" and it had room" if task == "forward"
                 else "") + ": a task waits only when the rule says so")
     else:
         hint = ("each step, a backward whose error has arrived goes first; a forward runs only when there is none"
                 if task == "forward" else "a backward's error arrives the step after the next stage ran it")
-    fail(ex, f"{where}: stage {s} runs the {task} of micro-batch {m} at step {got}; 1F1B's rule runs it at step "
-             f"{want}", hint)
+    fail(ex, said, hint)
 
 
 EXERCISES = (
@@ -663,17 +810,18 @@ EXERCISES = (
             "so no two blocks differ by more than one.",
             "Rank r's block starts where rank r-1's ends: lo is the sum of the sizes of ranks 0..r-1. If the first "
             "n % p ranks hold one more, how many of the ranks before r do?",
-            "Your h is ReLU of x times your rows (transposed) plus your biases: shape (batch, hi - lo).",
+            "By hand, n = 7 neurons on p = 3 ranks: which neurons does each rank hold? For rank 1, which rows of W1 "
+            "and entries of b1 does it use, and what shape is its h for a batch of 2 samples?",
         )),
     Exercise("neuron_grads", "11", "model_parallel", references=(
         "labkit.model_parallel:neuron_part_grads", "labkit.model_parallel:NeuronParallel"),
         hints=(
-            "As in lab 01: a hidden neuron's error is the error it passes on to the outputs, times the activation's "
-            "slope at its output; then dW = error^T x and db = the error summed over the batch.",
+            "As in lab 01: what is a hidden neuron's error made of (the error it passes on, and the activation), and "
+            "how do a layer's dW and db follow from its error and its input?",
             "Hidden neuron j reaches every output through column j of W2 (W2 is (n_out, hidden)): the error "
             "reaching your neurons comes from delta and your columns of W2 only.",
-            "ReLU's slope is 1 where the neuron's output h is above 0 and 0 elsewhere. Everything you need is on "
-            "your rank: how many messages does the backward need?",
+            "What is ReLU's slope at a neuron whose output h is 0, and at one whose output is positive? Everything "
+            "you need is on your rank: how many messages does the backward need?",
         )),
     Exercise("gpipe_schedule", "11", "model_parallel", references=("labkit.model_parallel:gpipe_schedule",),
              hints=(
@@ -688,32 +836,35 @@ EXERCISES = (
              )),
     Exercise("pipeline_step_time", "11", "model_parallel", references=("labkit.model_parallel:pipeline_step_time",),
              hints=(
-                 "Simulate it: keep, for each stage, when it is next free, and for each micro-batch, when its input "
-                 "has arrived at the stage in hand. A task starts at the later of the two.",
+                 "Simulate it with two kinds of clock: for each stage, the time it can take its next task; for "
+                 "each micro-batch, the time its input reaches the stage you are at. When can a task start?",
                  "Forwards: stage by stage from the first, micro-batch by micro-batch. Backwards: stage by stage "
-                 "from the last; the last stage's errors are ready once its forwards are done.",
+                 "from the last. At what time can the last stage start its first backward?",
                  "Test it on equal stages first: it must give the step count of your schedule times (f + b). Then "
                  "make one stage slower by hand: which micro-batches wait for it?",
              )),
     Exercise("activations_in_flight", "11", "model_parallel", references=("labkit.model_parallel:peak_activations",),
              hints=(
-                 "Take one stage and one step t: micro-batch m is held then if its forward ran at t or before and "
-                 "its backward at t or after. Count those m.",
-                 "Do it for every step from 0 to the last, and keep the largest count: that is the stage's peak.",
+                 "Take one stage and one step t. Which micro-batches has it stored by then, and not yet freed? Which "
+                 "two comparisons of t with forward[s, m] and backward[s, m] say so?",
+                 "The stage's peak is the largest of those counts. Which steps must you look at: from which one to "
+                 "which one?",
                  "Check by hand on GPipe with S = 2, M = 3: each stage runs all 3 forwards before any backward. What "
                  "must the peaks be?",
-                 "NumPy can do all stages and steps at once: compare forward[:, :, None] and backward[:, :, None] "
-                 "with an array of the steps, then sum over the micro-batches.",
+                 "By hand, one stage that runs F0 F1 B0 F2 F3 B1 B2 B3 at steps 0 to 7 (F: a forward, B: a backward, "
+                 "of that micro-batch): which micro-batches does it hold at each step? What is its peak, and at which "
+                 "step does it come?",
              )),
     Exercise("one_f_one_b", "11", "model_parallel", references=("labkit.model_parallel:one_f_one_b_schedule",),
              hints=(
                  "Simulate step by step. Keep, per stage, how many forwards and how many backwards it has run: a stage "
-                 "that has run n forwards runs micro-batch n's forward next, and the same for backwards.",
-                 "At step t a task may use only what ran at steps before t. Fill the arrays with -1 first: a task "
-                 "ran before t when its step is >= 0 and < t.",
-                 "A backward's input is the next stage's backward of the same micro-batch; on the last stage it is "
-                 "its own forward. A forward's input is the previous stage's forward; stage 0 has its input always.",
-                 "Room: the stage has run fewer than S - s more forwards than backwards. Stop when stage 0 has run "
-                 "all M backwards.",
+                 "that has run n forwards runs micro-batch n's forward next, and the same for backwards. Start the "
+                 "arrays at a value no step can take: a task has run before step t when its entry is set and below t.",
+                 "The room, first on the last stage: it runs a micro-batch's backward the step after its forward. How "
+                 "many micro-batches must it be able to hold, and does it ever need more?",
+                 "Then find the rooms by experiment: give your simulation one room per stage, and count the steps "
+                 "for S = 4, M = 8 against GPipe's. Lower one stage's room at a time: where does the step grow?",
+                 "Which rule in S and s gives the rooms you found for S = 4? Does it give the same for S = 3, and the "
+                 "last stage's room?",
              )),
 )
