@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import tempfile
 
 import nbformat
@@ -25,6 +26,52 @@ ENDLESS = new_notebook(cells=[
     new_code_cell("check.accumulate(accumulate)"),
     new_code_cell("check.accumulate(None)  # a wrong call fails with its message"),
 ])
+
+
+HONEST_ACCUMULATE = ENDLESS.cells[5].source
+WORK_OR_WAIT = new_notebook(cells=[
+    new_markdown_cell("# Lab 97"),
+    new_code_cell('PROFILE = "quick"', metadata={"tags": ["parameters"]}),
+    new_code_cell("from labkit import check, mlp"),
+    # 2.5 CPU-seconds of work, then the right answer: under a 4 s limit however busy the machine
+    new_code_cell("import time\nt = time.process_time()\nwhile time.process_time() - t < 2.5:\n    pass\n"
+                  + HONEST_ACCUMULATE),
+    new_code_cell("check.accumulate(accumulate)"),
+    new_code_cell("def accumulate(params, x, Y, acc):\n    import time\n    time.sleep(3600)"),  # no work, no end
+    new_code_cell("check.accumulate(accumulate)"),  # the clock stops it
+])
+
+
+@pytest.mark.sandbox
+@pytest.mark.notebooks
+@pytest.mark.slow
+def test_a_cells_limit_is_its_work_so_a_busy_machine_fails_no_honest_cell_and_the_clock_stops_a_wait(tmp_path):
+    """Beside a busy loop on every core, a cell that does 2.5 CPU-seconds of work under a limit of 4 passes, though it
+    takes longer than 4 s of the clock; a cell that sleeps is stopped by the clock, after 3 x 4 + 30 s, and the
+    message says it did no work."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "subs" / "bo").mkdir(parents=True)
+    nbformat.write(WORK_OR_WAIT, tmp_path / "subs" / "bo" / "97_work.ipynb")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        t0 = time.monotonic()
+        results, _, _ = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=4, progress=False)
+        took = time.monotonic() - t0
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    assert [(r.exercise, r.passed) for r in results] == [("accumulate", True), ("accumulate#2", False)], results
+    assert notebook.hang_limit(4) == 42
+    done = re.search(r"stopped after 42 s without finishing, having done ([0-9.]+) CPU-seconds of work",
+                     results[1].message)
+    assert done and float(done.group(1)) < 2, results[1].message  # the check's own setup, no more
+    assert "a deadlock, or a wait that never ends" in results[1].message
+    assert took < 42 + 60, took
 
 
 def test_exercises_are_the_check_calls_with_repeats_numbered():
@@ -68,7 +115,7 @@ def test_a_runaway_kernel_costs_its_exercise_within_the_cell_limit(tmp_path):
     results, _, _ = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=8, progress=False)
     assert time.monotonic() - t0 < 60
     assert [(r.exercise, r.passed) for r in results] == [("block_reduction", False)]
-    assert "8 s limit" in results[0].message
+    assert "stopped after 8 CPU-seconds of work, the limit per cell" in results[0].message
     executed = nbformat.read(tmp_path / "out" / "executed" / "di" / "05_cuda_kernels.ipynb", as_version=4)
     assert any("the next cell runs" in o.get("text", "") for o in executed.cells[-1].outputs)
 
@@ -80,7 +127,7 @@ def test_an_endless_loop_is_stopped_and_the_rest_still_graded(tmp_path):
     nbformat.write(ENDLESS, tmp_path / "subs" / "cy" / "99_loop.ipynb")
     results, csv_path, json_path = grade.grade(tmp_path / "subs", tmp_path / "out", timeout=8, progress=False)
     assert [(r.exercise, r.passed) for r in results] == [("accumulate", False), ("accumulate#2", True), ("accumulate#3", False)]
-    assert "8 s limit" in results[0].message
+    assert "stopped after 8 CPU-seconds of work, the limit per cell" in results[0].message
     assert results[2].message.startswith("ExerciseError")
     rows = list(csv.DictReader(open(csv_path)))
     assert [r["passed"] for r in rows] == ["0", "1", "0"] and rows[0]["student"] == "cy"
@@ -238,7 +285,21 @@ def test_jobs_grade_in_parallel_with_the_same_results_in_the_same_order(tmp_path
     assert f"threads {max(1, usable_cores() // 2)}" in executed.cells[-1].outputs[0]["text"]  # a share of the cores
     with pytest.raises(ValueError, match="jobs must be a positive int"):
         grade.grade(tmp_path / "subs", tmp_path / "out3", jobs=0)
-    assert "no release record" in capsys.readouterr().err  # a warning on stderr, never in the JSON on stdout
+    err = capsys.readouterr().err
+    assert "no release record" in err  # a warning on stderr, never in the JSON on stdout
+    assert f"--jobs 2: {min(2, usable_cores())} notebooks at a time" in err
+    run = json.loads(json_path.read_text())
+    assert (run["jobs"], run["usable_cores"]) == (min(2, usable_cores()), usable_cores())
+
+
+def test_jobs_never_give_a_notebook_less_than_a_core_and_say_what_they_did(capsys):
+    assert grade.share_cores(1, 2) == (1, None)
+    assert grade.share_cores(2, 8) == (2, 4)
+    assert grade.share_cores(3, 8) == (3, 2)
+    assert grade.share_cores(8, 2) == (2, 1)
+    err = capsys.readouterr().err
+    assert "--jobs 8: 2 notebooks at a time (not 8: only 2 cores are usable here, and a notebook gets at least one)" \
+        in err and "threads set to 1 of the 2 cores" in err
 
 
 def test_workers_are_forked_by_the_fork_server_and_start_with_the_environment_and_folder_of_now(tmp_path, monkeypatch):

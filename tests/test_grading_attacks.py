@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -443,7 +444,7 @@ def test_endless_loops_bombs_and_ignored_interrupts_cost_one_submission(tmp_path
     took = time.monotonic() - t0
     assert first["honest"] == (True, "passed")
     assert _escapes(json_path)["honest"] == []
-    assert not first["loop"][0] and "8 s limit" in first["loop"][1]
+    assert not first["loop"][0] and "stopped after 8 CPU-seconds of work" in first["loop"][1], first["loop"]
     assert not first["deaf"][0] and "killed" in first["deaf"][1], first["deaf"]
     assert not first["memory"][0] and ("memory" in first["memory"][1] or "MemoryError" in first["memory"][1]), first["memory"]
     assert not first["forks"][0] and "limit of 64 processes" in first["forks"][1], first["forks"]
@@ -490,7 +491,8 @@ def test_mpi_exercise_attacks_fail_and_no_engine_outlives_its_notebook(tmp_path)
     assert not first["raises"][0] and "your function raised ValueError: chunk sizes differ" in first["raises"][1]
     assert not first["died"][0] and "kernel" in first["died"][1], first["died"]
     assert not first["world"][0] and "used MPI.COMM_WORLD.Allreduce" in first["world"][1], first["world"]
-    assert not first["world_kept"][0] and "stopped after the 20 s limit" in first["world_kept"][1], first["world_kept"]
+    assert not first["world_kept"][0] and re.search(  # MPICH's ranks spin while they wait: CPU-seconds, or the clock
+        r"stopped after (20 CPU-seconds of work|90 s without finishing)", first["world_kept"][1]), first["world_kept"]
     assert "the MPI engines were stopped with it" in first["world_kept"][1]
     # the hung engines were killed, not waited for at every later cell: each of the 7 notebooks within its cells'
     # limits (a class of these once took 15 minutes and more on one notebook)

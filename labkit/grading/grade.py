@@ -191,6 +191,20 @@ def _grade_one(work: tuple[Handed, Path, dict | None, GradeOptions]) -> tuple[li
     return results, time.perf_counter() - t0, hashlib.sha256(Path(handed.path).read_bytes()).hexdigest(), escapes
 
 
+def share_cores(jobs: int, cores: int) -> tuple[int, int | None]:
+    """(notebooks graded at once, BLAS and OpenMP threads for each kernel, None for its default) for ``jobs`` asked on
+    ``cores`` usable cores: never more notebooks at once than cores, so that no notebook gets less than a core of
+    its own, and each an equal share. Says what it did on stderr when it asked for several."""
+    if jobs == 1:
+        return 1, None
+    took = min(jobs, cores)
+    threads = max(1, cores // took)
+    cut = f" (not {jobs}: only {cores} cores are usable here, and a notebook gets at least one)" if took < jobs else ""
+    print(f"labkit grade: --jobs {jobs}: {took} notebooks at a time{cut}, each kernel's BLAS and OpenMP threads set to "
+          f"{threads} of the {cores} cores", file=sys.stderr)
+    return took, threads
+
+
 def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, profile: str = "quick",
           progress: bool | None = None, release: Path | str | None = None,
           jobs: int = 1, isolate: bool | None = None, limits: Limits | None = None,
@@ -246,13 +260,14 @@ def grade(folder: Path | str, out: Path | str = "grades", timeout: int = 60, pro
         print("labkit grade: no release record (labkit assign --release DIR): exercises are the check cells found in "
               "each submission, so a deleted or edited check cell goes unnoticed", file=sys.stderr)
     out = Path(out)
-    options = GradeOptions(timeout, profile, max(1, usable_cores() // jobs) if jobs > 1 else None, isolate, limits,
-                           hidden_parts)
+    jobs, threads = share_cores(jobs, usable_cores())
+    options = GradeOptions(timeout, profile, threads, isolate, limits, hidden_parts)
     run = {"profile": profile, "timeout_s": timeout, "release_sha256": release_sha, "release": _folder(release),
            "part": list(part) if part else None,
            "limits": asdict(limits or Limits()), "isolated": bool(isolate),
            "isolation": sandbox.kind() if isolate else "none", "hidden_parts": sorted(hidden_parts),
-           "labs": sorted(wanted) or None}
+           "labs": sorted(wanted) or None, "jobs": jobs, "threads_per_notebook": threads,
+           "usable_cores": usable_cores()}
     earlier = _earlier(out)  # read before grading: a grades.json that cannot be read stops the run first
     kept = _Progress(out, run, resume)
     work = [(h, out / "executed" / h.student, record["notebooks"][h.name] if record else None, options) for h in handed]
@@ -392,9 +407,11 @@ class _Progress:
     """The results of the notebooks graded so far in a run, one file each in ``out``/.progress, so that an
     interrupted run can be resumed; removed when the run has written its grades."""
 
+    MACHINE = ("jobs", "threads_per_notebook", "usable_cores")  # how it ran, not what it graded: may change
+
     def __init__(self, out: Path, options: dict, resume: bool):
         self.folder = Path(out) / PROGRESS
-        self.options = json.loads(json.dumps(options))
+        self.options = {k: v for k, v in json.loads(json.dumps(options)).items() if k not in self.MACHINE}
         run = self.folder / "run.json"
         if resume:
             if not run.is_file():

@@ -3,8 +3,12 @@ each check replayed on its record in the grader's processes, and a verdict for e
 
 An exercise is a code cell that calls ``check.<name>(...)`` for a name declared in :mod:`labkit.check.exercises`.
 Its verdict is the check's, replayed on what the student's function returned (never the cell's own success, which
-the student's code could fake); a cell that ran past its time limit, a kernel that died and an earlier cell that
-failed are named in the message.
+the student's code could fake); a cell that ran past its limit, a kernel that died and an earlier cell that failed
+are named in the message.
+
+A cell's limit is its work, not the clock: ``timeout`` CPU-seconds over all the notebook's processes (its kernel, its
+MPI engines), which a busy machine does not use up faster. A cell that does no work and does not end (a deadlock, a
+sleep) is stopped by the clock, after :func:`hang_limit` seconds, with room to spare. The message says which.
 """
 
 from __future__ import annotations
@@ -45,13 +49,19 @@ class ExerciseResult:
                                 # credit per case, else 0
 
 
+def hang_limit(timeout: int) -> int:
+    """Wall-clock seconds a cell may run, however little work it does, under a limit of ``timeout`` CPU-seconds: three
+    times that and half a minute, so that a machine whose cores are shared never trips it for honest work."""
+    return 3 * timeout + 30
+
+
 def _outcome(cell, timeout: int) -> tuple[bool, str]:
     if cell.get("execution_count") is None and not cell.get("outputs"):
         return False, "not run (the notebook stopped before this cell)"
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
             if out.get("ename") == "KeyboardInterrupt":
-                return False, f"stopped after the {timeout} s limit per cell (an endless loop, or far too slow?)"
+                return False, "stopped by an interrupt (KeyboardInterrupt)"
             if out.get("ename") in ENGINE_ERRORS:  # a %%px cell: the engines' own errors were printed above
                 found = _engine_error(cell)
                 if found:
@@ -188,6 +198,10 @@ class NotebookRun:
         self.cgroups = sandbox.make_cgroup(self.limits) if self.isolate else []
         self.client = None
         self.cell, self.t0, self.killed = None, 0.0, None  # the cell running, since when; the cell killed
+        self.cpu0, self.interrupted_at = 0.0, None  # the notebook's CPU-seconds when the cell began; (cell, when)
+        self.lock = threading.Lock()  # between nbclient's callbacks and the watchdog
+        self.hang = hang_limit(timeout)
+        self.limit_hit: dict[int, str] = {}  # cell -> which limit stopped it, in words
         self.timed_out: set[int] = set()  # cells that ran to their limit (a %%px cell's interrupt raises nothing)
         self.engines_stopped: int | None = None  # the cell after which the MPI engines were killed
 
@@ -199,16 +213,21 @@ class NotebookRun:
             self.inbox.mkdir()
             if self.uid is not None:  # a user of its own records into it
                 os.chown(self.inbox, self.uid, self.uid)
-        self.cell, self.t0 = cell_index, time.monotonic()
+        cpu0 = self.cpu_seconds()
+        with self.lock:
+            self.cpu0, self.cell, self.t0 = cpu0, cell_index, time.monotonic()
 
     def cell_executed(self, cell, cell_index, **kw) -> None:
         """Right after a check cell: its records go where the notebook cannot reach them."""
-        if time.monotonic() - self.t0 >= self.timeout and _interrupted(cell):
+        with self.lock:
+            if _interrupted(cell) and cell_index not in self.limit_hit and time.monotonic() - self.t0 >= self.hang:
+                self.limit_hit[cell_index] = self._hang_words(self.cpu_seconds() - self.cpu0)  # nbclient's interrupt
+            self.cell = None
+        if cell_index in self.limit_hit and _interrupted(cell):
             self.timed_out.add(cell_index)
             if self.engines_stopped is None and _engine_cell(cell):
                 self.engines_stopped = cell_index
                 self.stop_engines()
-        self.cell = None
         for name in self.by_cell.get(cell_index, []):
             check_name = name.split("#")[0]
             for row in rows_of(name, self.hidden_parts):  # a hidden part's records lose their tag: the check replays
@@ -234,7 +253,7 @@ class NotebookRun:
     def _client(self, env: dict):
         from nbclient import NotebookClient
 
-        options = dict(timeout=self.timeout, allow_errors=True, interrupt_on_timeout=True,
+        options = dict(timeout=self.hang, allow_errors=True, interrupt_on_timeout=True,
                        extra_arguments=["--IPKernelApp.log_level=ERROR"], on_cell_start=self.cell_started,
                        on_cell_executed=self.cell_executed)
         if self.isolate:
@@ -279,11 +298,73 @@ class NotebookRun:
                     pass
         return killed
 
+    def _kernel_process(self):
+        km = self.client.km if self.client is not None else None
+        return getattr(getattr(km, "provisioner", None), "process", None) if km else None
+
+    def cpu_seconds(self) -> float:
+        """The CPU-seconds the notebook's processes have used: its cgroup's count where it keeps one (cgroup v2), else
+        the sum over its processes (its cgroup's, its user's, or its kernel's process tree) of their own and their
+        reaped children's."""
+        for d in self.cgroups:
+            try:
+                usage = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())["usage_usec"]
+                return int(usage) / 1e6
+            except (OSError, KeyError, ValueError):
+                continue
+        return sum(_cpu_of(pid) for pid in self._processes())
+
+    def _hang_words(self, used: float) -> str:
+        return (f"stopped after {self.hang} s without finishing, having done {max(0.0, used):.1f} CPU-seconds of work: "
+                "the limit for a cell that waits (a deadlock, or a wait that never ends?)")
+
+    def _limit_words(self, cell: int) -> str:
+        hit = self.limit_hit.get(cell, "")
+        return f"was {hit}" if hit else "ran past its limit"
+
+    def _processes(self) -> set[int]:
+        """The notebook's processes: its cgroup's, its user's, or its kernel's process tree."""
+        proc = self._kernel_process()
+        return (sandbox.cgroup_pids(self.cgroups) if self.cgroups else
+                sandbox.user_pids(self.uid) if self.uid is not None else
+                {proc.pid} | _descendants(proc.pid) if proc is not None else set())
+
+    def _interrupt(self) -> None:
+        """SIGINT to the kernel's Python itself, inside its sandbox, as its own interrupt request does: while a cell
+        runs it raises KeyboardInterrupt there (a %%px cell passes it on to the engines)."""
+        for pid in self._processes():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"ipykernel_launcher" in argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode():
+                    os.kill(pid, signal.SIGINT)
+            except (OSError, IndexError):
+                continue
+
     def _watch(self, finished) -> None:
-        """From outside the kernel: a cell that ignores the interrupt is killed with its kernel."""
+        """From outside the kernel: a cell over its CPU-seconds is interrupted (nbclient interrupts one over the hang
+        limit); a cell still running GRACE seconds after its interrupt is killed with its kernel."""
         while not finished.wait(0.25):
-            cell = self.cell
-            if cell is not None and time.monotonic() - self.t0 > self.timeout + GRACE:
+            with self.lock:
+                cell, t0, cpu0, hit = self.cell, self.t0, self.cpu0, self.interrupted_at
+            if cell is None:
+                continue
+            now = time.monotonic()
+            if hit is not None and hit[0] == cell:
+                late = now - hit[1] > GRACE
+            else:
+                used = self.cpu_seconds() - cpu0
+                with self.lock:
+                    if self.cell != cell:  # it ended meanwhile
+                        continue
+                    if used > self.timeout:
+                        self.limit_hit[cell] = (f"stopped after {self.timeout} CPU-seconds of work, the limit per "
+                                                "cell (an endless loop, or far too slow?)")
+                        self.interrupted_at = (cell, now)
+                        self._interrupt()
+                    elif now - t0 > self.hang + GRACE:  # deaf to nbclient's interrupt at the hang limit
+                        self.limit_hit[cell] = self._hang_words(used)
+                late = now - t0 > self.hang + GRACE
+            if late and self.cell == cell:
                 self.killed = cell
                 self.kill()
                 return
@@ -306,8 +387,8 @@ class NotebookRun:
             guard.join()
             sandbox.kill_user(self.uid)  # what it left running (a detached writer) ends before anything is written
         if self.killed is not None:
-            return (f"not run: cell {self.killed} ran past the {self.timeout} s limit and did not stop when "
-                    "interrupted, so the kernel and everything it started were killed")
+            return (f"not run: cell {self.killed} {self._limit_words(self.killed)} and did not stop when interrupted, "
+                    "so the kernel and everything it started were killed")
         if self.cgroups and sandbox.oom_killed(self.cgroups):
             return f"the notebook went over its memory limit ({self.limits.memory_mb} MB) and its kernel was killed"
         return stopped
@@ -330,13 +411,12 @@ class NotebookRun:
         if i in self.timed_out and i != self.killed:
             stopped_too = ("; the MPI engines were stopped with it, as they may be blocked in an MPI call that no "
                            "interrupt reaches") if i == self.engines_stopped else ""
-            return False, (f"stopped after the {self.timeout} s limit per cell (an endless loop, a deadlock, or far too "
-                           f"slow?){stopped_too}")
+            return False, f"{self.limit_hit[i]}{stopped_too}"
         if self.engines_stopped is not None and i > self.engines_stopped and _engine_cell(self.nb.cells[i]):
-            return False, (f"not run: the MPI engines were stopped after cell {self.engines_stopped} ran past the "
-                           f"{self.timeout} s limit on them (blocked in an MPI call?)")
+            return False, (f"not run: the MPI engines were stopped after cell {self.engines_stopped} "
+                           f"{self._limit_words(self.engines_stopped)} on them (blocked in an MPI call?)")
         if i == self.killed:
-            return False, (f"stopped after the {self.timeout} s limit per cell; it ignored the interrupt, so the kernel "
+            return False, (f"{self.limit_hit.get(i, 'stopped at its limit')}; it ignored the interrupt, so the kernel "
                            "and everything it started (engines, MPI ranks) were killed")
         folder = self.private / "records" / row
         if row != name and not capture.records(folder, name.split("#")[0]) and capture.records(
@@ -474,6 +554,15 @@ def _engine_cell(cell) -> bool:
     """Whether a code cell runs on the MPI engines: a %%px cell, or one that calls the cluster's view."""
     source = cell.get("source", "")
     return source.lstrip().startswith(("%%px", "%px")) or ".view" in source
+
+
+def _cpu_of(pid: int) -> float:
+    """A live process's CPU-seconds, its own and its reaped children's (user and system); 0 where it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _descendants(pid: int) -> set[int]:
