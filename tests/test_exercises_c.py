@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import Answers, Reference, Wrong, needs_cc, needs_cxx
+from conftest import Answers, Mistake, Reference, Wrong, needs_cc, needs_cxx
 from test_openmp import GOOD_OMP, GOOD_OUTER
 
 from labkit import check, openmp, runner
@@ -48,10 +48,11 @@ def test_the_exercises_of_a_lab_easy_to_hard_each_with_its_derivation_as_hints(l
 
 @pytest.mark.parametrize("lab, dictated, hinted", [
     ("03", ["reduction(+ : cost, gW1[:nW1]", "**`j` innermost**", "omp simd reduction(+ : acc)", "u * total + e",
-            "mine + nW1"], ["gW1[:nW1]", "j innermost", "reduction(+ : ...)", "u * total + e", "omp_get_max_threads()"]),
+            "mine + nW1"], ["name[start:length]", "which index must the innermost loop run over", "4 lanes and n_in = 8",
+                            "Which two floats of the buffer"]),
     ("05", ["row = blockIdx.y * TILE + threadIdx.y", "for (int h = blockDim.x / 2", "atomicAdd(out, s[0])",
             "i + gridDim.x * blockDim.x", "s[t] = fmaxf(s[t], s[t + h])"],
-     ["blockIdx.x * blockDim.x", "h = blockDim.x / 2", "atomicAdd(out, s[0])", "t + blockDim.x"]),
+     []),  # lab 05's steps hand out no code either now: what they ask is its owner's (tests/test_exercises_kernels.py)
 ])
 def test_the_text_states_the_goal_and_leaves_the_derivation_to_the_hints(lab, dictated, hinted):
     text = "\n".join(c.source for c in _lab(f"{lab}_").cells if c.cell_type == "markdown")
@@ -60,6 +61,31 @@ def test_the_text_states_the_goal_and_leaves_the_derivation_to_the_hints(lab, di
     hints = " ".join(h for name in LADDERS[lab] for h in exercise(name).hints)
     for step in hinted:
         assert step in hints, f"lab {lab}: no hint gives {step!r}"
+
+
+# what lab 03's solutions write, which no step of a ladder may hand out (beside each solution's lines)
+SOLVED = ["u * total + e", "t * total", "mine + nW1", "gW1[:nW1]", "reduction(+ : acc)", "sigmoid(acc)",
+          "omp_get_max_threads()", "i * n_in", "gi[j] += di"]
+
+
+def _solution_lines(nb) -> list[str]:
+    """The lines of a notebook's solution regions (comments aside) that its text does not already give."""
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    lines = []
+    for cell in nb.cells:
+        for region in re.findall(r"### BEGIN SOLUTION(.*?)### END SOLUTION", cell.source, re.S):
+            lines += [ln for ln in (raw.split("//")[0].strip() for raw in region.splitlines())
+                      if len(ln) >= 8 and ln not in text]
+    return lines
+
+
+def test_lab_03s_ladders_end_on_a_question_and_hand_out_no_line_of_the_solutions():
+    solved = SOLVED + _solution_lines(_lab("03_"))
+    for name in LADDERS["03"]:
+        hints = exercise(name).hints
+        assert "?" in hints[-1], f"{name}: the last step is a question or a smaller case, not the answer"
+        for hint in hints:
+            assert not [s for s in solved if s in hint], f"{name}: a step hands out {[s for s in solved if s in hint]}"
 
 
 # ---- lab 03: one fused layer pass on vector lanes ------------------------------------------------------------------
@@ -94,7 +120,7 @@ NO_REDUCTION = FORWARD.replace(" reduction(+ : acc)", "")
 @needs_cc
 def test_simd_forward_passes_the_lanes_on_the_rows(capsys):
     check.simd_forward(FORWARD_OUTER)
-    assert "✔ simd forward: all 6 checks passed" in capsys.readouterr().out
+    assert "✔ simd forward: all 7 checks passed" in capsys.readouterr().out
 
 
 @needs_cc
@@ -437,7 +463,7 @@ CONTRACT = {
                                                  "labkit/c/backprop.c (bp_omp_reduction)"),)),
     "simd_forward": Answers(
         FORWARD, Wrong(NO_REDUCTION, "a race between vector lanes"), blank=_blank(FORWARD, "for (int i"),
-        passes="✔ simd forward: all 6 checks passed", marks=(needs_cc,),
+        passes="✔ simd forward: all 7 checks passed", marks=(needs_cc,),
         replayed=Wrong(FORWARD.replace("sigmoid(acc)", "acc"), "the sigmoid is missing", (needs_cc,))),
     "reduction_by_hand": Answers(
         PRIVATE, Wrong(PRIVATE.replace("            costs[t] += add_sample", "            #pragma omp atomic\n"
@@ -453,3 +479,84 @@ CONTRACT = {
         references=(Reference(_labkits("kernels/matmul.cu", "matmul_naive", 'extern "C" __global__ void ',
                                        "matmul_naive"), "labkit/kernels/matmul.cu (matmul_naive)", passes=False),)),
 }
+
+
+# ---- lab 03's mistakes that a plain run lets through, or blames on another cause: each named, with its own hint ----
+
+# one work array for the whole team: the reduction is there, the threads overwrite each other's scratch mid-sample
+SHARED_WORK = OMP.replace("""    #pragma omp parallel reduction""", """    float* work = malloc(sizeof(float) * 2 * n_hid);
+    #pragma omp parallel reduction""").replace("        float* work = malloc(sizeof(float) * 2 * n_hid);\n", "").replace(
+    "        free(work);\n    }\n", "    }\n    free(work);\n")
+# each thread's private copy of gW1 is n_in floats long: add_sample writes past it
+SHORT_SECTION = OMP.replace("gW1[:nW1]", "gW1[:n_in]")
+# the cost summed per thread, then added into the shared one with nothing to keep the threads apart
+COST_AFTER_LOOP = OMP.replace("reduction(+ : cost, ", "reduction(+ : ").replace(
+    "        #pragma omp for", "        double c = 0.0;\n        #pragma omp for").replace(
+    "cost += add_sample", "c += add_sample").replace("        free(work);", "        cost += c;\n        free(work);")
+# the sigmoid in a second pass over a
+TWO_PASSES = FORWARD.replace("a[i] = sigmoid(acc);", "a[i] = acc;").replace(
+    "    }\n}", "    }\n    for (int i = 0; i < n_out; ++i) a[i] = sigmoid(a[i]);\n}")
+# each thread's cost added into the shared cost, unprotected, after its samples
+HAND_COST_AFTER_LOOP = PRIVATE_SINGLE.replace("        costs[t] = c;\n", "        cost += c;\n").replace(
+    "    for (int u = 0; u < p; ++u) cost += costs[u];\n", "")
+
+MISTAKES = {
+    "simd_forward": (
+        Mistake(TWO_PASSES, r"the values are right, but your layer_forward walks the output a in 2 loops",
+                r"a second loop over a is what fusing removes", (needs_cc,)),
+    ),
+    "loop_interchange": (
+        Mistake(OUTER.replace("gi[j] += di", "gi[j] = di"), r"g holds the last sample's product alone, so each "
+                r"sample overwrote g", r"every sample adds its product", (needs_cc,)),
+    ),
+    "omp_reduction": (
+        Mistake(SHARED_WORK, r"a race on the work array: .* the same work array\.",
+                r"work is scratch space for one sample .* each thread needs one of its own", (needs_cc,)),
+        Mistake(SHORT_SECTION, r"your reduction's array section gW1\[:n_in\] covers 784 floats, but gW1 holds "
+                r"n_hid x n_in = 23,520", r"each section must run over its whole array", (needs_cc,)),
+        Mistake(COST_AFTER_LOOP, r"a race on cost: .*\(cost \+= c;\) with no reduction, atomic or critical",
+                r"Each thread needs a sum of its own", (needs_cc,)),
+    ),
+    "reduction_by_hand": (
+        Mistake(HAND_COST_AFTER_LOOP, r"a race on cost: .*\(cost \+= c;\)", r"keep cost apart per thread",
+                (needs_cc,)),
+    ),
+}
+
+
+@pytest.mark.parametrize("source, races", [
+    (OMP, []), (PRIVATE, []), (PRIVATE_SINGLE, []), (COST_AFTER_LOOP, [("cost", "cost += c;")]),
+    (OMP.replace("reduction(+ : cost, ", "reduction(+ : "), [("cost", "cost += add_sample(W1, b1, W2, b2, x + (size_t)s "
+                                                                   "* n_in, y + (size_t)s * n_out, n_in, n_hid, n_out, "
+                                                                   "work,")]),
+    # kept apart: atomic, critical, private, declared inside the region, the loop variable of omp for
+    (COST_AFTER_LOOP.replace("        cost += c;", "        #pragma omp atomic\n        cost += c;"), []),
+    (COST_AFTER_LOOP.replace("        cost += c;", "        #pragma omp critical\n        { cost += c; }"), []),
+    (COST_AFTER_LOOP.replace("#pragma omp parallel reduction", "#pragma omp parallel private(cost) reduction"), []),
+    ("void f(int B, double* v)\n{\n    int s;\n    double t = 0;\n    #pragma omp parallel for reduction(+ : t)\n"
+     "    for (s = 0; s < B; s += 1) t += v[s];\n}\n", []),
+])
+def test_the_sums_a_team_shares_unprotected_are_read_from_the_code(source, races):
+    from labkit.native.csource import strip_comments
+
+    assert check.openmp._shared_sums(strip_comments(source)) == races
+
+
+def test_the_reductions_sections_are_measured_against_their_arrays():
+    from labkit.check.openmp import _bad_sections
+
+    sizes = (601, 784, 30, 10)
+    assert _bad_sections(OMP, "my_bp_omp", sizes) == []
+    assert _bad_sections(OMP.replace("gW1[:nW1]", "gW1[0:(size_t)n_in * n_hid]"), "my_bp_omp", sizes) == []
+    assert _bad_sections(SHORT_SECTION, "my_bp_omp", sizes) == ["gW1[:n_in] covers 784 floats, but gW1 holds "
+                                                                "n_hid x n_in = 23,520"]
+    assert _bad_sections(OMP.replace("gb2[:n_out]", "gb2[1:n_out]"), "my_bp_omp", sizes) == [
+        "gb2[1:n_out] covers 10 floats from entry 1, but gb2 holds n_out = 10"]
+    assert _bad_sections(OMP.replace("gW2[:nW2]", "gW2[:unknown]"), "my_bp_omp", sizes) == []  # nothing it can tell
+
+
+def test_a_second_pass_over_the_output_is_counted():
+    from labkit.check.openmp import _passes
+
+    assert _passes(FORWARD, "layer_forward") == _passes(FORWARD_OUTER, "layer_forward") == 1
+    assert _passes(TWO_PASSES, "layer_forward") == 2

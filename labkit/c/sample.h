@@ -66,10 +66,10 @@ static double add_sample_plain(const float* W1, const float* b1, const float* W2
     return cost;
 }
 
-/* The check's instruments (labkit.check.openmp) define these to watch the threads inside add_sample; here they cost
- * nothing. */
+/* The check's instruments (labkit.check.openmp) define these to watch the threads inside add_sample (the arrays it
+ * adds into, and its work array); here they cost nothing. */
 #ifndef SAMPLE_WATCH_IN
-#define SAMPLE_WATCH_IN(accumulators) 0
+#define SAMPLE_WATCH_IN(accumulators, scratch) 0
 #define SAMPLE_WATCH_OUT(slot) (void)(slot)
 #endif
 
@@ -77,7 +77,7 @@ static double add_sample(const float* W1, const float* b1, const float* W2, cons
                          const float* ys, int n_in, int n_hid, int n_out, float* work,
                          float* gW1, float* gb1, float* gW2, float* gb2)
 {
-    const int labkit_slot = SAMPLE_WATCH_IN(gW1);
+    const int labkit_slot = SAMPLE_WATCH_IN(gW1, work);
     float *a1 = work, *d1 = work + n_hid;
     double cost = 0.0;
     SAMPLE_BODY(PRAGMA(omp simd reduction(+ : acc)), PRAGMA(omp simd))

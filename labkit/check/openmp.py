@@ -94,6 +94,222 @@ def _simd_races(code: str) -> list[str]:
     return races
 
 
+_DECL = r"\b(?:float|double|int|long|short|char|unsigned|size_t|ptrdiff_t|int64_t|int32_t|uint64_t|uint32_t|bool)\b"
+_LOOP_HEAD = re.compile(r"(for|while|if|switch)\s*\(")
+_OMP = re.compile(r"#\s*pragma\s+omp\s+([^\n]*)")
+
+
+def _statement_end(code: str, pos: int) -> int:
+    """Where the statement that starts at ``pos`` (after spaces and pragma lines) ends, in comment-free C."""
+    n = len(code)
+    while pos < n and code[pos].isspace():
+        pos += 1
+    if pos >= n:
+        return n
+    if code[pos] == "#":
+        line_end = code.find("\n", pos)
+        return n if line_end < 0 else _statement_end(code, line_end)
+    if code[pos] == "{":
+        return matching_bracket(code, pos, "{", "}") + 1
+    m = _LOOP_HEAD.match(code, pos)
+    if m:
+        end = _statement_end(code, matching_bracket(code, m.end() - 1) + 1)
+        other = re.compile(r"\s*else\b").match(code, end) if m.group(1) == "if" else None
+        return _statement_end(code, other.end()) if other else end
+    depth = 0
+    for j in range(pos, n):
+        if code[j] in "([{":
+            depth += 1
+        elif code[j] in ")]}":
+            depth -= 1
+            if depth < 0:
+                return j
+        elif code[j] == ";" and depth == 0:
+            return j + 1
+    return n
+
+
+def _constructs(code: str) -> list[tuple[str, int, int]]:
+    """(directive, start, end) of every #pragma omp in comment-free C: from the pragma to the end of the statement it
+    applies to (a standalone directive such as barrier takes the next statement too: harmless where it is used)."""
+    found = []
+    for m in _OMP.finditer(code):
+        try:
+            found.append((m.group(1), m.start(), _statement_end(code, m.end())))
+        except Exception:  # an unbalanced bracket: the compiler says what is wrong
+            found.append((m.group(1), m.start(), len(code)))
+    return found
+
+
+def _clause_names(directive: str, kinds: str = "private|firstprivate|lastprivate|linear|reduction") -> set[str]:
+    """The variables named in a directive's clauses of the ``kinds`` given (a reduction's without its operator, a
+    linear's without its step, an array section by its array's name)."""
+    names = set()
+    for m in re.finditer(rf"\b({kinds})\s*\(", directive):
+        try:
+            inside = directive[m.end():matching_bracket(directive, m.end() - 1)]
+        except Exception:
+            continue
+        if m.group(1) == "reduction":
+            inside = inside.split(":", 1)[-1]
+        elif m.group(1) == "linear":
+            inside = inside.split(":", 1)[0]
+        names |= {v.strip().split("[")[0].strip() for v in inside.split(",")}
+    return names
+
+
+def _private_names(directive: str, code: str, after: int) -> set[str]:
+    """The variables a directive makes each thread's own: those its clauses name, and the loop variable of a loop it
+    shares out (``code[after:]`` starts with that loop)."""
+    names = _clause_names(directive)
+    if re.search(r"\bfor\b", directive):
+        loop = re.compile(r"\s*for\s*\(\s*(?:[\w\s*]*?\s)?(\w+)\s*=").match(code, after)
+        if loop:
+            names.add(loop.group(1))
+    return names
+
+
+_SUM_INTO = re.compile(r"(?<![\w.\]>*&])\b([A-Za-z_]\w*)\s*(?:[+\-*/]=(?!=)|=\s*\1\s*[+\-](?![+\-=]))")
+_ONE_AT_A_TIME = re.compile(r"(?:atomic|critical|single|master|masked|ordered)\b")
+
+
+def _shared_sums(code: str) -> list[tuple[str, str]]:
+    """(variable, its line) for each variable declared before a parallel region that the region's threads all add
+    into (``v += ...``, ``v = v + ...``) with nothing to keep them apart: no clause makes it private, it is not
+    declared inside the region, and no atomic, critical, single or master construct encloses the addition."""
+    constructs = _constructs(code)
+    found: dict[str, str] = {}
+    for directive, start, end in constructs:
+        if not re.match(r"parallel\b", directive):
+            continue
+        for m in _SUM_INTO.finditer(code, start, end):
+            v, pos = m.group(1), m.start(1)
+            if v in found or code[pos - 1:pos] == "#":
+                continue
+            if any(s <= pos < e and _ONE_AT_A_TIME.match(d) for d, s, e in constructs):
+                continue
+            private = set()
+            for d, s, e in constructs:
+                if s <= pos < e:
+                    private |= _private_names(d, code, code.find("\n", s) + 1 if "\n" in code[s:e] else e)
+            declared = re.compile(rf"{_DECL}[^;{{}}]*?\b{v}\b\s*[=;,\[)]")
+            if v in private or declared.search(code, start, pos) or not declared.search(code, 0, start):
+                continue
+            line = code[code.rfind("\n", 0, pos) + 1:code.find("\n", pos) if "\n" in code[pos:] else len(code)]
+            found[v] = " ".join(line.split())
+    return list(found.items())
+
+
+def _shared_sum_fail(ex: str, code: str, hint: str) -> None:
+    """Fail code whose threads add into one shared variable unprotected (named by the code: the race loses an update
+    only now and then, so a run may well come out right)."""
+    races = _shared_sums(code)
+    if races:
+        v, line = races[0]
+        fail(ex, f"a race on {v}: {v} is declared before the parallel region, so the whole team shares it, and every "
+                 f"thread adds into it ({line}) with no reduction, atomic or critical to keep the additions apart. Two "
+                 "threads adding at the same moment lose one of the two additions, only now and then, so a run may "
+                 "still come out right", hint.format(v=v))
+
+
+def _function_body(code: str, name: str) -> tuple[list[str], str] | None:
+    """(parameter names, body text) of the function ``name`` defined in comment-free C, or None."""
+    decl = next((d for d in hostc.find_functions(code) if d.name == name), None)
+    for m in re.finditer(rf"\b{name}\s*\(", code) if decl else ():
+        close = matching_bracket(code, m.end() - 1)
+        opening = re.compile(r"\s*\{").match(code, close + 1)
+        if opening:
+            start = opening.end() - 1
+            return [p.name for p in decl.params], code[start + 1:matching_bracket(code, start, "{", "}")]
+    return None
+
+
+def _passes(code: str, name: str) -> int:
+    """How many loops at the top of the function ``name`` write or read its fourth parameter (the layer's output)."""
+    try:
+        found = _function_body(code, name)
+    except Exception:
+        return 0
+    if not found or len(found[0]) < 4:
+        return 0
+    params, body = found
+    out = re.compile(rf"\b{re.escape(params[3])}\s*\[")
+    pos, count = 0, 0
+    while pos < len(body):
+        try:
+            end = _statement_end(body, pos)
+        except Exception:
+            return count
+        statement = body[pos:end]
+        if re.match(r"\s*(?:#[^\n]*\n\s*)*(?:for|while|do)\b", statement) and out.search(statement):
+            count += 1
+        pos = max(end, pos + 1)
+    return count
+
+
+def _evaluate(expr: str, known: dict[str, int]) -> int | None:
+    """An integer C expression of names ``known`` (casts dropped), or None where it holds anything else."""
+    expr = re.sub(r"\(\s*(?:const\s+)?(?:size_t|int|long|long long|unsigned|unsigned long|int64_t|ptrdiff_t)\s*\)", "",
+                  expr).strip()
+    if not expr or not re.fullmatch(r"[\w\s+\-*/()]+", expr):
+        return None
+    names = set(re.findall(r"[A-Za-z_]\w*", expr))
+    if names - set(known) or re.search(r"\b\d+[A-Za-z_]", expr):
+        return None
+    try:
+        value = eval(re.sub(r"/", "//", expr), {"__builtins__": {}}, dict(known))  # digits, names, + - * / only
+    except Exception:
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+def _bad_sections(code: str, name: str, sizes: tuple[int, int, int, int]) -> list[str]:
+    """The array sections of a reduction clause in the function ``name`` (``my_bp_omp``'s parameters) that do not
+    cover their gradient array from its first entry to its last, at the sizes (B, n_in, n_hid, n_out): each said
+    with the floats it covers and the floats its array holds."""
+    try:
+        found = _function_body(code, name)
+    except Exception:
+        return []
+    if not found or len(found[0]) != 14:
+        return []
+    params, body = found
+    B, n_in, n_hid, n_out = params[6:10]
+    known = dict(zip((B, n_in, n_hid, n_out), sizes))
+    for decl in re.finditer(rf"(?:const\s+)?{_DECL}(?:\s+{_DECL})*\s+([^;{{}}]*);", body):
+        for item in decl.group(1).split(","):
+            if "=" in item and re.fullmatch(r"\s*\w+\s*=[^=].*", item, re.S):
+                var, expr = item.split("=", 1)
+                value = _evaluate(expr, known)
+                assigned = re.findall(rf"(?<![\w.>])\b{re.escape(var.strip())}\s*(?:[-+*/%]?=(?!=)|\+\+|--)", body)
+                if value is not None and len(assigned) == 1:  # set once, where declared: its value is known
+                    known[var.strip()] = value
+    holds = {params[10]: (sizes[2] * sizes[1], f"{n_hid} x {n_in}"), params[11]: (sizes[2], n_hid),
+             params[12]: (sizes[3] * sizes[2], f"{n_out} x {n_hid}"), params[13]: (sizes[3], n_out)}
+    bad = []
+    for directive in _OMP.findall(body):
+        if re.match(r"simd\b", directive):
+            continue
+        for r in re.finditer(r"\breduction\s*\(", directive):
+            try:
+                clause = directive[r.end():matching_bracket(directive, r.end() - 1)].split(":", 1)[-1]
+            except Exception:
+                continue
+            for m in re.finditer(r"\b(\w+)\s*\[([^:\]]*):([^\]]*)\]", clause):
+                array, start, length = m.group(1), m.group(2).strip(), m.group(3).strip()
+                if array not in holds:
+                    continue
+                first = _evaluate(start, known) if start else 0
+                floats = _evaluate(length, known) if length else None
+                want, formula = holds[array]
+                if first is None or floats is None or (first, floats) == (0, want):
+                    continue
+                bad.append(f"{m.group(0).replace(' ', '')} covers {floats:,} floats"
+                           + (f" from entry {first:,}" if first else "")
+                           + f", but {array} holds {formula} = {want:,}")
+    return bad
+
+
 @recorded
 def simd_forward(source: str, name: str = "layer_forward") -> None:
     """Lab 03: ``layer_forward(W, b, x, a, n_out, n_in)`` computes a = sigmoid(W x + b) for one sample in one fused
@@ -113,6 +329,7 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
                  "and the pragma has no reduction for it; the compiler may then give a wrong sum", "each lane needs a "
                  "partial sum of its own, added up after the loop: that is what a reduction clause on the pragma asks")
     checked = _compile(ex, source, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
+    code = strip_comments(source) if isinstance(source, str) else ""
     rng = np.random.default_rng(capture.seed(4))
     n = 0
     for n_out, n_in in each_case(((1, 1), (5, 5), (3, 7), (30, 784), (10, 1001), (7, 33))):
@@ -121,7 +338,7 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
         x = rng.random(n_in, dtype=np.float32)
         a = np.full(n_out, np.nan, np.float32)
         _call(ex, checked, (W, b, x, a, np.int32(n_out), np.int32(n_in)),
-              "row i of W is n_in floats from W + i * n_in; a and b hold n_out floats, x n_in")
+              "W holds n_out rows of n_in floats, row after row; a and b hold n_out floats, x n_in")
         z = W.astype(np.float64) @ x + b
         want = 1 / (1 + np.exp(-z))
         where = f"n_out={n_out}, n_in={n_in}"
@@ -130,20 +347,26 @@ def simd_forward(source: str, name: str = "layer_forward") -> None:
             continue
         wrong = [(np.isnan(a).all(), "a is never written", "store each row's result in a[i]"),
                  (np.allclose(a, z, rtol=1e-4, atol=1e-5), "a holds z = W x + b: the sigmoid is missing",
-                  "a[i] = sigmoid(z_i); sample.h's sigmoid(float) is there for you"),
+                  "each row's sum goes through the sigmoid before it is stored: sigmoid(float) is compiled in front "
+                  "of your code"),
                  (np.allclose(a, 1 / (1 + np.exp(-(W.astype(np.float64) @ x))), rtol=1e-5, atol=1e-6),
                   "the bias b is missing", "start each row's sum at b[i], or add it before the sigmoid"),
                  (n_out == n_in and np.allclose(a, 1 / (1 + np.exp(-(W.T.astype(np.float64) @ x + b))), rtol=1e-5,
                                                 atol=1e-6),
-                  "W is read by columns: you computed sigmoid(W^T x + b)", "row i of W starts at W + i * n_in, and "
-                  "W[i][j] is at i * n_in + j")]
+                  "W is read by columns: you computed sigmoid(W^T x + b)", "W is stored row after row: W[i][j] and "
+                  "W[i][j + 1] are neighbours, and W[i + 1][j] is a whole row of n_in floats further on")]
         for found, what, hint in wrong:
             if found:
                 fail(ex, f"{where}: {what}", hint)
         k = int(np.argmax(~np.isclose(a, want, rtol=1e-5, atol=1e-6)))
-        fail(ex, f"{where}: a[{k}] is {a[k]:.6g} (yours) but should be {want[k]:.6g} (spec)",
-             "a[i] = sigmoid(b[i] + sum over j of W[i][j] * x[j])")
-    passed(ex, n)
+        fail(ex, f"{where}: a[{k}] is {a[k]:.6g} (yours) but should be {want[k]:.6g} (spec)")  # the steps: no cause named
+    passes = _passes(code, name) if isinstance(source, str) else 0
+    if passes > 1:
+        fail(ex, f"the values are right, but your {name} walks the output a in {passes} loops one after the other: a "
+                 "second pass reads back every value the first one stored, where the exercise asks for one pass per "
+                 "row", "a second loop over a is what fusing removes: each row's sum is still in a register when its "
+                 "loop ends, so what the second loop does to a[i] can be done there, before a[i] is stored once")
+    passed(ex, n + 1)
 
 
 def _access_counts(source: str, name: str) -> dict | None:
@@ -207,9 +430,13 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
             fail(ex, f"B={B}, n_out={n_out}, n_in={n_in}: g is unchanged", "add into g: g[i][j] += d[s][i] * x[s][j]")
         if not np.allclose(g, want, rtol=1e-4, atol=1e-4):
             bad = np.argwhere(~np.isclose(g, want, rtol=1e-4, atol=1e-4))[0]
-            fail(ex, f"B={B}, n_out={n_out}, n_in={n_in}: g[{bad[0]}][{bad[1]}] is {g[tuple(bad)]:.5g}, expected "
-                  f"{want[tuple(bad)]:.5g}", "g[i * n_in + j] += d[s * n_out + i] * x[s * n_in + j], summed over "
-                  "every sample s; g is added to, not overwritten")
+            what = f"B={B}, n_out={n_out}, n_in={n_in}: g[{bad[0]}][{bad[1]}] is {g[tuple(bad)]:.5g}, expected " \
+                   f"{want[tuple(bad)]:.5g}"
+            if np.allclose(g, np.outer(d[-1], x[-1]), rtol=1e-4, atol=1e-4):
+                fail(ex, f"{what}: g holds the last sample's product alone, so each sample overwrote g",
+                     "g arrives holding a sum already, and every sample adds its product to it: store into g "
+                     "nothing that drops what was there")
+            fail(ex, what)  # no cause named: the derivation's next step
         n += 1
     # timed at -O3: -O2's cheap vectoriser leaves the row loop scalar, and the two orders then differ by 0.95-2.2x from
     # round to round; at -O3 the row order measured 3.5-6.8x faster in every round, the formula's order 1.0x
@@ -260,6 +487,15 @@ def loop_interchange(source: str, name: str = "outer_acc", repeat: int = 7) -> N
     passed(f"{ex} ({speedup:.1f}x faster than the naive order)", n + 1)
 
 
+def _reduced(code: str) -> set[str]:
+    """The variables named in the reduction clauses (between threads: a simd loop's aside) of comment-free C."""
+    names = set()
+    for directive, _, _ in _constructs(code):
+        if not re.match(r"simd\b", directive):
+            names |= _clause_names(directive, "reduction")
+    return names
+
+
 BATCH = 601  # the samples of omp_reduction's runs
 
 
@@ -275,6 +511,10 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
               "(and omp for), and combine the gradients with a reduction")
     checked = _compile(ex, source, name, helpers=True, label="checked", opt="-O1", openmp=True, checked=True)
     fast = _compile(ex, source, name, helpers=True, label="O2", opt="-O2", openmp=True)
+    code = strip_comments(source) if isinstance(source, str) else ""
+    _shared_sum_fail(ex, code, "a variable declared before the region is the team's one copy. Which of yours do all "
+                     "the threads add into? Each thread needs a sum of its own, added up once at the end: the "
+                     "reduction clause does that for every variable it names")
     rng = np.random.default_rng(capture.seed(1))
     params = mlp.init_params([784, 30, 10], seed=3)
     # enough samples per thread that a race loses updates in some run: at 37, one CI run in about ten saw none; at
@@ -287,17 +527,28 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
     want = [g * B for pair in grads for g in pair]
     (W1, b1), (W2, b2) = params
 
+    sections = _bad_sections(code, name, (B, 784, 30, 10))
+    hint, where = ("every index must stay inside its array: is each thread's work array 2 * n_hid floats, and is "
+                   "every array your code writes as long as what it writes into it?"), ""
+    if sections:  # the private copies a reduction makes are its sections: too short a one, add_sample writes past it
+        hint = ("OpenMP gives each thread a private copy of exactly the section the clause names, and adds it back "
+                "into those entries only: each section must run over its whole array, from its first entry to its "
+                "last. How many floats do gW1, gb1, gW2 and gb2 hold?")
+        where = f"your reduction's array section {sections[0]}: "
+
     def call(fn, threads):
         out = [np.full_like(w, np.nan) for w in want]  # nothing carried over: the function must zero or overwrite
         cost = _call(ex, fn, (W1, b1, W2, b2, x, Y, np.int32(B), np.int32(784), np.int32(30), np.int32(10), *out),
-                     "each thread needs its own work array, and every index must stay inside its array",
-                     threads=threads)
+                     hint, where, threads=threads)
         return cost, out
 
     call(checked, 2)  # an access out of bounds or undefined behaviour stops here, with the line
+    if sections:
+        fail(ex, f"{where}the sums outside it are not combined", hint)
     threads = capture.step("threads", lambda: sorted({1, 2, usable_cores(), 2 * usable_cores()}))
-    seen = _watch(ex, source, name, (W1, b1, W2, b2, x, Y), threads, race="Give every thread its own accumulators: "
-                  "reduction(+ : cost, gW1[:n], ...) on the parallel region, with every gradient array and its length")
+    seen = _watch(ex, source, name, (W1, b1, W2, b2, x, Y), threads, race="give every thread accumulators of its "
+                  "own, added up once at the end: a reduction clause on the parallel region that names every gradient "
+                  "array, each as an array section as long as the array")
     n = 2
     for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
@@ -312,15 +563,23 @@ def omp_reduction(source: str, name: str = "my_bp_omp", runs: int = 6) -> None:
         ratio = float(np.sum(results[wrong[0]][1][0]) / np.sum(want[0])) if np.sum(want[0]) else float("nan")
         where = f"with {p} thread{'s' if p > 1 else ''}, {len(wrong)} of {runs} runs gave a wrong gradient or cost"
         if p == 1:
-            fail(ex, f"{where} even with one thread", "start from labkit's serial loop: for every sample s, "
-                  "cost += add_sample(...) into the gradients; get that right before adding OpenMP")
+            fail(ex, f"{where} even with one thread")  # no cause named: the derivation's next step
+        found = _function_body(code, name) if code else None
+        sums = (found[0][10:14] if found and len(found[0]) == 14 else []) + re.findall(r"\bcost\b", code)[:1]
+        unreduced = [v for v in sums if v not in _reduced(code)]
         if differ:
-            fail(ex, f"{where}, and the runs differ from each other: a race",
-                 "two threads add into the same gradient entries (or the cost) at the same time and lose updates. "
-                 "Give every thread its own accumulators: reduction(+ : cost, gW1[:n], ...) on the parallel region")
-        fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)",
-             "each thread summed its share, but the shares were not combined: a missing reduction. Name every "
-             "gradient array and the cost in reduction(+ : ...) with their lengths (array sections: gW1[:n_hid * n_in])")
+            fail(ex, f"{where}, and the runs differ from each other: a race", (
+                "two threads add into the same entries at the same time and lose updates: give every thread "
+                f"accumulators of its own, added up once at the end, a reduction clause that names {', '.join(unreduced)}"
+                if unreduced else "two threads write the same memory at the same time and lose updates, though your "
+                "reduction names every gradient array and the cost: which other array or variable do all your threads "
+                "write into?"))
+        if unreduced:
+            fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference): your reduction "
+                     f"clause leaves out {', '.join(unreduced)}",
+                 "what a reduction clause does not name is not combined: each thread's share of it is lost or "
+                 "added over the others'. Name every gradient array, as a section as long as the array, and the cost")
+        fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)")  # the steps
     _not_one_at_a_time(ex, seen, "omp critical (or atomic, ordered, a lock) around each sample's work lets one "
                        "thread in at a time. Let every thread add into gradients of its own, and combine them once at "
                        "the end" if _takes_turns(source) else "share the loop over the samples out among the threads: "
@@ -337,19 +596,21 @@ def _takes_turns(source: str) -> bool:
 
 
 # Compiled before sample.h in the checks' watched build: inside add_sample, how many threads were there at once, and
-# whether two of them added into the same gradient arrays then; and a rendezvous, which makes a team's threads meet
-# there instead of hoping a busy scheduler runs them at the same moment. Once armed, the first thread in waits until
-# a second is inside too, or labkit_wait_ seconds pass: code whose threads run side by side meets within microseconds,
-# and code that lets one thread in at a time (critical, a lock, one thread doing every sample) never does.
+# whether two of them added into the same gradient arrays then, or used the same work array; and a rendezvous, which
+# makes a team's threads meet there instead of hoping a busy scheduler runs them at the same moment. Once armed, the
+# first thread in waits until a second is inside too, or labkit_wait_ seconds pass: code whose threads run side by side
+# meets within microseconds, and code that lets one thread in at a time (critical, a lock, one thread doing every
+# sample) never does.
 OVERLAP = r"""#line 1 "labkit-overlap.h"
 #include <sched.h>
 #include <time.h>
 #define WATCH_SLOTS 512
-static int labkit_inside_, labkit_most_, labkit_shared_, labkit_armed_;
+static int labkit_inside_, labkit_most_, labkit_shared_, labkit_scratch_shared_, labkit_armed_;
 static const void* labkit_acc_[WATCH_SLOTS];
+static const void* labkit_scratch_[WATCH_SLOTS];
 static double labkit_wait_ = 2.0;
 static double labkit_now_(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-static int labkit_in_(const void* acc)
+static int labkit_in_(const void* acc, const void* scratch)
 {
     const int now = __atomic_add_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
     int most = __atomic_load_n(&labkit_most_, __ATOMIC_SEQ_CST), slot = -1;
@@ -358,9 +619,13 @@ static int labkit_in_(const void* acc)
         const void* none = 0;
         if (__atomic_compare_exchange_n(&labkit_acc_[i], &none, acc, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) slot = i;
     }
-    for (int i = 0; i < WATCH_SLOTS; ++i)  /* each sees the other: both stored before they load (sequential order) */
+    if (slot >= 0) __atomic_store_n(&labkit_scratch_[slot], scratch, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < WATCH_SLOTS; ++i) {  /* each sees the other: both stored before they load (sequential order) */
         if (i != slot && __atomic_load_n(&labkit_acc_[i], __ATOMIC_SEQ_CST) == acc)
             __atomic_store_n(&labkit_shared_, 1, __ATOMIC_SEQ_CST);
+        if (i != slot && scratch && __atomic_load_n(&labkit_scratch_[i], __ATOMIC_SEQ_CST) == scratch)
+            __atomic_store_n(&labkit_scratch_shared_, 1, __ATOMIC_SEQ_CST);
+    }
     if (__atomic_exchange_n(&labkit_armed_, 0, __ATOMIC_SEQ_CST)) {
         const double end = labkit_now_() + labkit_wait_;
         while (__atomic_load_n(&labkit_inside_, __ATOMIC_SEQ_CST) < 2 && labkit_now_() < end) sched_yield();
@@ -369,17 +634,21 @@ static int labkit_in_(const void* acc)
 }
 static void labkit_out_(int slot)
 {
-    if (slot >= 0) __atomic_store_n(&labkit_acc_[slot], (const void*)0, __ATOMIC_SEQ_CST);
+    if (slot >= 0) {
+        __atomic_store_n(&labkit_scratch_[slot], (const void*)0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&labkit_acc_[slot], (const void*)0, __ATOMIC_SEQ_CST);
+    }
     __atomic_sub_fetch(&labkit_inside_, 1, __ATOMIC_SEQ_CST);
 }
-#define SAMPLE_WATCH_IN(accumulators) labkit_in_(accumulators)
+#define SAMPLE_WATCH_IN(accumulators, scratch) labkit_in_(accumulators, scratch)
 #define SAMPLE_WATCH_OUT(slot) labkit_out_(slot)
-/* the most threads inside at once and (times 1000) whether two of them shared gradient arrays, since the last call;
-   arm > 0: the next thread in waits up to arm seconds for a second one */
+/* the most threads inside at once, (times 1000) whether two of them shared gradient arrays and (times 10000) whether
+   two shared a work array, since the last call; arm > 0: the next thread in waits up to arm seconds for a second one */
 int labkit_watched(double arm)
 {
     const int seen = __atomic_exchange_n(&labkit_most_, 0, __ATOMIC_SEQ_CST)
-                     + 1000 * __atomic_exchange_n(&labkit_shared_, 0, __ATOMIC_SEQ_CST);
+                     + 1000 * __atomic_exchange_n(&labkit_shared_, 0, __ATOMIC_SEQ_CST)
+                     + 10000 * __atomic_exchange_n(&labkit_scratch_shared_, 0, __ATOMIC_SEQ_CST);
     if (arm > 0) { labkit_wait_ = arm; __atomic_store_n(&labkit_armed_, 1, __ATOMIC_SEQ_CST); }
     return seen;
 }
@@ -387,15 +656,16 @@ int labkit_watched(double arm)
 RENDEZVOUS_S = 2.0  # how long a thread waits inside add_sample for a second one: ample beside a busy neighbour
 
 
-def _inside_at_once(ex: str, source: str, name: str, arrays, threads: list[int], runs: int) -> tuple[int, bool]:
+def _inside_at_once(ex: str, source: str, name: str, arrays, threads: list[int], runs: int) -> tuple[int, bool, bool]:
     """(the most threads inside labkit's add_sample at the same moment, whether two of them added into the same
-    gradient arrays then) over ``runs`` calls at each of ``threads``, the student's code built with :data:`OVERLAP`,
-    whose rendezvous makes the threads of a team that run side by side meet there."""
+    gradient arrays then, whether two of them used the same work array then) over ``runs`` calls at each of
+    ``threads``, the student's code built with :data:`OVERLAP`, whose rendezvous makes the threads of a team that run
+    side by side meet there."""
     module = hostc.CModule(OVERLAP + openmp.with_helpers(source, "yours.c"), "yours.c", opt="-O2", openmp=True)
     fn, watched = module.get_function(name), module.get_function("labkit_watched")
     W1, b1, W2, b2, x, Y = arrays
     B, n_hid, n_out = len(x), len(b1), len(b2)
-    most, shared = 0, False
+    most, shared, scratch = 0, False, False
     watched(np.float64(0))
     for p in threads:
         for k in range(runs):
@@ -406,16 +676,24 @@ def _inside_at_once(ex: str, source: str, name: str, arrays, threads: list[int],
                            *out), "each thread needs its own work array, and every index must stay inside its array",
                   f"with {p} threads: ", threads=p)
             seen = int(watched(np.float64(0)))
-            most, shared = max(most, seen % 1000), shared or seen >= 1000
-    return most, shared
+            most, shared, scratch = max(most, seen % 1000), shared or seen % 10000 >= 1000, scratch or seen >= 10000
+    return most, shared, scratch
 
 
 def _watch(ex: str, source: str, name: str, arrays, threads: list[int], race: str) -> tuple[int, str]:
-    """Fail a race (two threads inside add_sample at once, adding into the same gradient arrays: a verdict no
-    scheduler can flip) with the hint ``race``; else (the most threads seen inside at once, the runs it watched)."""
+    """Fail a race (two threads inside add_sample at once, with the same work array, or adding into the same gradient
+    arrays: a verdict no scheduler can flip; the latter with the hint ``race``); else (the most threads seen inside
+    at once, the runs it watched)."""
     many, runs = [p for p in threads if p > 1], 2
-    most, shared = capture.step("overlap", lambda: _inside_at_once(ex, source, name, arrays, many, runs))
+    most, shared, scratch = capture.step("overlap", lambda: _inside_at_once(ex, source, name, arrays, many, runs))
     watched = f"{runs * len(many)} runs at {', '.join(map(str, many))} threads"
+    if scratch:
+        fail(ex, f"a race on the work array: in {watched}, two threads were inside add_sample at the same moment with "
+                 "the same work array" + (", and adding into the same gradient arrays" if shared else "") + ". "
+                 "add_sample keeps one sample's activations and errors there, so each thread overwrote the other's "
+                 "halfway through a sample", "work is scratch space for one sample at a time, so each thread needs one "
+                 "of its own. Where is yours allocated: before the parallel region (one array for the whole team) or "
+                 "inside it (one per thread)?")
     if shared:
         fail(ex, f"a race: in {watched}, two threads were inside add_sample at the same moment, adding into the "
                  "same gradient arrays. It loses an update only when both write one entry at once, so a run may "
@@ -635,7 +913,7 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
           "once in a team smaller than asked for; then the size of the team your samples ran in, and the memory your "
           "code left allocated")
 
-    def call(fn, threads, fill=np.nan, hint="thread t's block is total floats from t * total, and the buffer must "
+    def call(fn, threads, fill=np.nan, hint="thread t's block starts t whole blocks into the buffer, and the buffer must "
              "hold one block per thread of the team", where=""):
         out = [np.full_like(w, fill) for w in want]  # NaN: nothing carried over, the function must overwrite
         cost = _call(ex, fn, (W1, b1, W2, b2, x, Y, np.int32(B), np.int32(784), np.int32(30), np.int32(10), *out),
@@ -646,8 +924,8 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
         return all(np.allclose(o, w, rtol=1e-3, atol=1e-5) for o, w in zip(out, want))
 
     # an access out of bounds or undefined behaviour stops here, with the line; a team larger than any fixed size
-    call(checked, LARGE_TEAM, hint=f"the check ran your code with a team of {LARGE_TEAM} threads: thread t's block is "
-         "total floats from t * total, and every buffer must hold one block (and one cost) per thread of the team, "
+    call(checked, LARGE_TEAM, hint=f"the check ran your code with a team of {LARGE_TEAM} threads: thread t's block starts "
+         "t whole blocks into the buffer, and every buffer must hold one block (and one cost) per thread of the team, "
          "however many that is. A buffer of a fixed size (blocks[8], costs[64]) or one sized by the cores overflows "
          "in a larger team", where=f"with a team of {LARGE_TEAM} threads: ")
     n = 1
@@ -655,8 +933,11 @@ def reduction_by_hand(source: str, name: str = "my_bp_private", runs: int = 6) -
         fail(ex, "every thread adds its samples' cost into the one shared cost (cost += add_sample(...)): a race on "
                  "the cost, which loses an update only now and then", "sum the cost per thread, as the gradients: one "
                  "double per thread, all of them added into cost after the samples")
+    if code is not None:
+        _shared_sum_fail(ex, code, "keep {v} apart per thread, as the gradients: each thread's sum in a place of its "
+                         "own, and all of them added into {v} by one thread once the team is done")
     seen = _watch(ex, source, name, (W1, b1, W2, b2, x, Y), threads, race="two threads add into the same block: does "
-                  "every thread add only into its own block, from t * total, t its omp_get_thread_num()?")
+                  "every thread add only into its own block, t whole blocks into the buffer, t its omp_get_thread_num()?")
     n += 1
     for p in each_case(threads):
         results = [call(fast, p) for _ in range(runs)]
@@ -723,9 +1004,7 @@ def _name_the_mistake(ex, code, p, runs, results, wrong, want, cost, names, reru
              "#pragma omp for on the loop over the samples shares them out among the threads, and the end of omp for "
              "is a barrier: after it, every block is complete")
     if p == 1:
-        fail(ex, f"{where} even with one thread", "with one thread your buffer is one block: the samples add into it, "
-             "and the combine copies it into gW1, gb1, gW2 and gb2 at their offsets (0, nW1, nW1 + n_hid, ...); check "
-             "those offsets against add_sample's arguments")
+        fail(ex, f"{where} even with one thread")  # no cause named: the derivation's next step
     if _SAMPLES_NOWAIT.search(code):
         fail(ex, f"{where}: the combine starts before every thread has finished its samples",
              "nowait takes away the barrier at the end of omp for: without it a thread combines entries of blocks "
@@ -734,55 +1013,64 @@ def _name_the_mistake(ex, code, p, runs, results, wrong, want, cost, names, reru
     if any(not np.array_equal(first, o[0].ravel()) for _, o in results[1:]):
         fail(ex, f"{where}, and the runs differ from each other: a race",
              "two threads add into the same entries at the same time and lose updates: does every thread add only "
-             "into its own block, thread t's from t * total? And does the combine start only after the samples?")
+             "into its own block, thread t's t whole blocks into the buffer? And does the combine start only after the "
+             "samples?")
     ratio = float(np.sum(out[0]) / np.sum(want[0])) if np.sum(want[0]) else float("nan")
-    fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)",
-         "every entry of the result is the sum of that entry over all the threads' blocks: are all p blocks combined, "
-         "and is each block laid out as add_sample filled it?")
+    fail(ex, f"{where} (the first layer's gradient sums to {ratio:.2f} of the reference)")  # the steps
 
 
 EXERCISES = (
     Exercise("simd_forward", "03", "openmp", hints=(
-        "One row at a time: row i of W is n_in contiguous floats starting at W + i * n_in, and z_i is its dot product "
-        "with x, plus b[i]. Fuse the three steps into one pass per row: start a sum at b[i], add the products, then "
-        "store a[i] = sigmoid(sum).",
-        "The dot product is one loop over j along contiguous memory. Vectorising it means running several j at once, "
-        "one per vector lane: #pragma omp simd on the line before that loop tells the compiler it may.",
-        "The lanes all add into the one running sum: a race between lanes, unless each lane keeps a partial sum of its "
-        "own that the compiler adds up after the loop. Name the sum in a reduction(+ : ...) clause of the pragma.",
+        "Start from the maths of one row: z_i is b[i] plus the dot product of row i of W with x, and a[i] is the "
+        "sigmoid of z_i. W is row-major: row i's n_in floats lie side by side. How many floats of W come before "
+        "row i?",
+        "One pass per row: for each row keep one running sum, started so that no separate addition of the bias is "
+        "needed, add the row's products in a loop over j, and store the sigmoid of the sum right after that loop. "
+        "Then a is written once per row and never read back.",
+        "Vector lanes run several j at once. A smaller case: 4 lanes and n_in = 8. Lane 0 adds the products of j = 0 "
+        "and 4, lane 1 those of j = 1 and 5, and so on; the 4 partial sums are added at the end. If all 4 lanes "
+        "added into your one running sum instead, what would become of it? Which clause of the simd directive gives "
+        "each lane a partial sum of its own, and which variable must it name?",
     )),
     Exercise("loop_interchange", "03", "openmp", hints=(
         "Write down what each index walks through in memory. g (n_out, n_in), d (B, n_out) and x (B, n_in) are "
-        "row-major: consecutive j are neighbours in g and in x; consecutive s are a whole row apart in d and x.",
-        "The three loops may run in any order: every (i, j, s) adds one product into g[i][j], and additions commute. "
-        "Choose the order whose innermost loop walks along a row: j innermost.",
-        "For each row i of g, for each sample s, add d[s][i] times the row x[s] to the row g[i]. d[s][i] is one number "
-        "for the whole inner loop: keep it, and the two row pointers, in local variables outside the inner loop, so "
-        "the compiler can vectorise the inner loop.",
+        "row-major: in each array, which index steps to the neighbouring float, and which jumps a whole row?",
+        "The three loops may run in any order: every (i, j, s) adds one product into one entry of g, and additions "
+        "commute. So choose the order by memory alone: which index must the innermost loop run over, so that its "
+        "steps touch neighbouring floats of g and of x?",
+        "A smaller case: n_out = 1, B = 2, n_in = 4, so g is one row of 4 floats. With the row index innermost, "
+        "sample 0 adds d[0][0] times x's row 0 to g's row, 4 neighbouring floats, then sample 1 adds d[1][0] times "
+        "x's row 1. In that inner loop, which values change from step to step, and which stay the same and could be "
+        "read once, into local variables, before it starts?",
     )),
     Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),), hints=(
-        "The samples are independent: #pragma omp parallel opens a team of threads, and #pragma omp for on the loop "
-        "over s splits the samples among them. add_sample needs a work array of 2 * n_hid floats per thread: "
-        "allocate it inside the parallel region, so each thread has its own.",
-        "Every thread adds into the same gW1, gb1, gW2, gb2 and cost: a race, which loses updates. Give each thread "
-        "private accumulators that OpenMP adds up once at the end: a reduction(+ : ...) clause on the parallel region.",
-        "A reduction over an array needs the array's length, as an array section: gW1[:nW1]. Name the cost and all "
-        "four gradient arrays in the clause, each with its length (nW1, n_hid, nW2, n_out).",
+        "The samples are independent: #pragma omp parallel opens a team of threads, and #pragma omp for shares the "
+        "loop over s out among them. add_sample writes into its work array in the middle of every sample: where must "
+        "that array be allocated so that no two threads ever write into the same one?",
+        "Every thread adds into the same gW1, gb1, gW2, gb2 and cost: a race, which loses updates. A reduction "
+        "clause on the parallel region gives each thread private copies, zeroed, and adds them into the originals "
+        "once at the end. Which variables must it name?",
+        "A smaller case: an array in a reduction clause is named as a section, name[start:length], and OpenMP copies "
+        "exactly that many floats per thread. For a [4, 3, 2] network, how many floats do gW1, gb1, gW2 and gb2 "
+        "hold? Write each length for any n_in, n_hid and n_out the same way.",
     )),
     Exercise("reduction_by_hand", "03", "openmp", hints=(
-        "A reduction clause gives every thread private copies of the sums, zeroed; the thread adds into its copies; at "
-        "the end the copies are added up into the originals. Build the copies as one buffer of p blocks: thread t's "
-        "block starts at t * total and holds its gW1, gb1, gW2 and gb2 one after the other.",
-        "p, the size of the team: omp_get_max_threads() before the parallel region is what the region will get (ask "
-        "for it with num_threads(p)). Or let one thread allocate inside the region, under #pragma omp single, with "
-        "omp_get_num_threads(): the end of single is a barrier, so every thread then sees the pointer. calloc zeroes "
-        "what it allocates; malloc does not.",
-        "Inside the region, omp_get_thread_num() is t. In the loop over the samples, under #pragma omp for, give "
-        "add_sample the four parts of the thread's own block (from mine, mine + nW1, mine + nW1 + n_hid, ...) and a "
-        "work array of its own. The costs the same way: an array of p doubles, thread t adding into its entry t.",
+        "What does a reduction clause do? Every thread gets private copies of the sums, zeroed, and adds into them; "
+        "at the end the copies are added up into the originals. Build the copies as one buffer of p blocks, one per "
+        "thread, each holding a gW1, gb1, gW2 and gb2 one after the other. Where in the buffer does thread t's block "
+        "begin?",
+        "p is the size of the team. OpenMP can say, before a region, how many threads the next one will get, and you "
+        "can ask for exactly that many. Or, inside the region, one thread can allocate for all under #pragma omp "
+        "single, after omp_get_num_threads(): the end of single is a barrier. Either way, the blocks must start at "
+        "zero: does your allocation zero them?",
+        "Inside the region each thread knows its number t. In the loop over the samples, shared out with omp for, "
+        "give add_sample the four parts of the thread's own block, and a work array of the thread's own. Keep each "
+        "thread's cost apart in the same way.",
         "The end of omp for waits for every thread: after it, every block is complete. The combine is a second loop "
-        "under #pragma omp for, over the total entries: entry e is the sum over u < p of the buffer at u * total + e, "
-        "written into gW1, gb1, gW2 or gb2 at e minus that array's offset. Each entry has one writer: no race.",
-        "After the parallel region, add the p costs into cost, and free what you allocated.",
+        "shared out with omp for, over the entries of one block: each entry, summed over the p blocks, then has one "
+        "writer, so no race. After the region, add up the p costs and free what you allocated.",
+        "A smaller case: p = 2 threads and a network whose block holds 5 floats, gW1 2, gb1 1, gW2 1 and gb2 1. The "
+        "buffer is 10 floats: thread 0's block is floats 0 to 4, thread 1's 5 to 9. Which two floats of the buffer "
+        "add up to gW2[0], and which to gb1[0]? Write the rule for entry e of a block in the same way.",
     )),
 )
