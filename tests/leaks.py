@@ -82,14 +82,16 @@ def processes() -> list[str]:
         if not d.isdigit() or int(d) == me:
             continue
         try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            argv = Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            cmd = " ".join(argv).strip()
             stat = _stat(int(d))
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
         state, parent, started = stat[0], int(stat[1]), int(stat[19])
         if parent == me and any(k in cmd for k in PYTEST_OWN):
             continue
-        if (state != "Z" and started >= mine and any(k in cmd for k in KINDS) and "pytest" not in cmd
+        pytest = any("pytest" in a for a in argv[:3])  # pytest itself, not a process whose files are in tmp_path
+        if (state != "Z" and started >= mine and any(k in cmd for k in KINDS) and not pytest
                 and _this_run(int(d), run)):
             found.append(f"{d}: {cmd[:160]}")
     return found

@@ -384,3 +384,20 @@ def test_the_training_benchmark_across_shaped_hosts_reports_its_figures():
     assert set(got["targets_met"]) == set(training.hosts_targets(2))
     text = training.report(got)
     assert "a ping-pong got" in text and "overlap_step_vs_blocking_hosts2" in text and "MPICH's progress thread" in text
+
+
+@needs_hosts
+def test_a_server_left_listening_on_the_bridge_ends_with_the_hosts():
+    """A controller for the hosts listens on the bridge's address here, outside every namespace; if its owner was
+    killed (a test failing under load), nothing stops it, and it would outlive the bridge with its address gone."""
+    from labkit.cluster.processes import listening_on
+
+    with hosts.namespace_hosts(1) as h:
+        server = subprocess.Popen(
+            [sys.executable, "-c", "import socket, sys, time\ns = socket.socket()\n"
+             f"s.bind(({h.bridge_address!r}, 0))\ns.listen()\nprint('up', flush=True)\ntime.sleep(600)"],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert server.stdout.readline().strip() == "up"
+        assert listening_on(h.bridge_address) == [server.pid]
+    assert server.wait(timeout=10) == -9
+    server.stdout.close()

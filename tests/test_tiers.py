@@ -145,6 +145,25 @@ def test_a_grading_cgroup_is_blamed_only_if_it_stays():
         sandbox.remove_cgroup(kept)
 
 
+@pytest.mark.cluster
+def test_a_left_process_whose_files_are_in_pytests_temporary_folders_is_named(tmp_path):
+    """A controller whose profile or cluster file is in tmp_path (/tmp/pytest-of-...) has "pytest" on its command line:
+    it is a leak all the same, and only pytest itself is left out."""
+    import subprocess
+
+    import leaks
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipyparallel.controller",
+                             f"--cluster-file={tmp_path}/c.json"])
+    try:
+        assert "pytest" in str(tmp_path)
+        assert any(line.startswith(f"{left.pid}: ") for line in leaks.processes()), leaks.processes()
+    finally:
+        left.kill()
+        left.wait()
+    assert not any(line.startswith(f"{left.pid}: ") for line in leaks.processes())
+
+
 def test_the_kinds_of_a_command_line():
     assert tiers.kinds_of(["/venv/bin/mpiexec", "-n", "2", "python"]) == {"mpi"}
     assert tiers.kinds_of(["/usr/bin/x86_64-linux-gnu-gcc-12", "-O2", "a.c"]) == {"compile"}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ToolMissing
-from .processes import kill_until_gone
+from .processes import kill_until_gone, listening_on
 
 PREFIX = "labkit"
 
@@ -191,9 +191,12 @@ def namespace_pids(namespace: str) -> list[int]:
     return [int(p) for p in done.stdout.split() if p.isdigit()]
 
 
-def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: list[str] = ()) -> None:
+def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: list[str] = (),
+            bridge_address: str | None = None) -> None:
     for ns in namespaces:  # processes first: a namespace is only gone when nothing runs in it
         kill_until_gone(lambda ns=ns: namespace_pids(ns), wait=5.0)
+    if bridge_address:  # a server here that listens on the bridge for the hosts (an ipyparallel controller whose
+        kill_until_gone(lambda: listening_on(bridge_address), wait=5.0)  # owner was killed) ends with them
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
     for link in links:  # gone with its namespace, unless the kernel keeps it a while
         subprocess.run(["ip", "link", "delete", link], capture_output=True, timeout=30)
@@ -223,10 +226,10 @@ def namespace_hosts(n: int = 2, link: str | None = None):
     namespaces: list[str] = []
     links: list[str] = []
     tmp = Path(tempfile.mkdtemp(prefix="labkit-hosts-"))
-    made_bridge = None
+    made_bridge = bridge_address = None
     try:
         _ip("link", "add", bridge, "type", "bridge")
-        made_bridge = bridge
+        made_bridge, bridge_address = bridge, str(hosts[0])
         _ip("addr", "add", f"{hosts[0]}/{subnet.prefixlen}", "dev", bridge)
         _ip("link", "set", bridge, "up")
         names, addresses = [], []
@@ -253,7 +256,7 @@ def namespace_hosts(n: int = 2, link: str | None = None):
         launcher.chmod(0o755)
         yield NamespaceHosts(names, addresses, namespaces, bridge, str(hosts[0]), links, launcher, tmp, link)
     finally:
-        _remove(namespaces, made_bridge, tmp, links)
+        _remove(namespaces, made_bridge, tmp, links, bridge_address)
 
 
 def left_behind() -> list[str]:

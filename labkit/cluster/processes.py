@@ -4,6 +4,7 @@ The cluster, the namespace hosts, SLURM's test cluster and the grader's sandbox 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import time
@@ -65,3 +66,29 @@ def process_alive(pid: int, ticks: int | None = None) -> bool:
         except OSError:
             return False
     return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
+
+
+def listening_on(address: str) -> list[int]:
+    """The processes (other than this one) with a TCP socket listening on ``address`` (IPv4), read from /proc: a
+    server bound to a namespace host's bridge, say, which would outlive the bridge's address."""
+    want = ipaddress.IPv4Address(address).packed[::-1].hex().upper()  # /proc/net/tcp: little-endian hex
+    try:
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]  # this network namespace's sockets
+    except OSError:
+        return []
+    inodes = {f"socket:[{f[9]}]" for f in map(str.split, rows)
+              if len(f) > 9 and f[3] == "0A" and f[1].split(":")[0] == want}  # 0A: LISTEN
+    if not inodes:
+        return []
+    found = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        pid = int(fd_dir.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
