@@ -74,3 +74,45 @@ def machine_info() -> dict:
         pass
     return info
 
+
+
+def cores_free(threads: int, seconds: float = 0.2) -> float:
+    """How many cores ``threads`` threads of this process got just now: each hashes a buffer (work that runs outside
+    Python's lock) for ``seconds``, and their CPU-seconds together over the wall-clock seconds is the answer, between
+    0 and ``threads``. On a quiet machine it is min(threads, the usable cores); beside other work it is less, and so
+    is the most a parallel run of ``threads`` threads could gain then. Measure it beside the run it speaks for."""
+    import hashlib
+    import threading
+    import time
+
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    block = bytes(1 << 20)
+    used = [0.0] * threads
+    start = threading.Barrier(threads + 1)
+
+    def spin(i: int) -> None:
+        start.wait()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        h = hashlib.sha256()
+        while time.perf_counter() - t0 < seconds:
+            h.update(block)  # hashlib lets go of the GIL for large buffers
+        used[i] = time.thread_time() - c0
+
+    workers = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    t0 = time.perf_counter()
+    start.wait()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - t0
+    return min(float(threads), sum(used) / wall) if wall > 0 else float(threads)
+
+
+def cores_reading(threads: int, free: float, speedup: float) -> str:
+    """A speedup of ``threads`` threads set beside the cores they had (:func:`cores_free`): the limit it could reach
+    this run, min(threads, free), and how much of it the speedup used."""
+    limit = min(float(threads), free)
+    return (f"{free:.1f} of {usable_cores()} cores were free for {threads} threads this run, so the limit was "
+            f"{limit:.1f}x; the speedup {speedup:.2f}x is {speedup / limit:.0%} of it")

@@ -128,3 +128,25 @@ def test_worker_exception_is_reported():
 def test_time_per_batch_positive():
     params, x, y = problem()
     assert cp.time_per_batch(mlp.loss_and_grads, params, x, y, repeat=2) > 0
+
+
+def test_the_cores_free_for_threads_are_what_other_work_leaves_them():
+    """cores_free measures what the threads got, so it falls when a busy loop runs on every core beside them."""
+    import subprocess
+    import sys
+
+    from labkit.machine import cores_free, cores_reading, usable_cores
+
+    n = usable_cores()
+    assert 0 < cores_free(1) <= 1 and 0 < cores_free(n) <= n
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        crowded = cores_free(n, seconds=0.5)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    if n >= 2:  # a fair scheduler shares each core between a thread and a busy loop
+        assert crowded < 0.85 * n, crowded
+    said = cores_reading(2, 1.3, 1.2)
+    assert said.startswith("1.3 of") and "the limit was 1.3x" in said and "92% of it" in said
