@@ -31,12 +31,15 @@ def blank(value) -> bool:
     return value is ... or value is None or (isinstance(value, str) and not value.strip())
 
 
-def compare(predicted, measured, unit: str = "", what: str = "") -> None:
+def compare(predicted, measured, unit: str = "", what: str = "", exact: bool = False,
+            mistakes: dict | None = None) -> None:
     """Show the prediction beside the measurement, and how far apart they are (and return nothing, so that a cell
     ending in it shows the line once).
 
-    Numbers are compared by their ratio; anything else (a choice such as ``"ring"``) by equality, case and
-    surrounding blanks ignored. A blank or unreadable prediction is said to be so; this never raises.
+    Numbers are compared by their ratio; with ``exact`` (a count: bank conflicts, messages, rounds) only an equal
+    number is right, and a prediction found in ``mistakes`` (value -> what that value counted instead) is named.
+    Anything else (a choice such as ``"ring"``) by equality, case and surrounding blanks ignored. A blank or
+    unreadable prediction is said to be so; this never raises.
     """
     label = f"{what}: " if what else ""
     u = f" {unit}" if unit else ""
@@ -44,16 +47,22 @@ def compare(predicted, measured, unit: str = "", what: str = "") -> None:
         print(f"{label}no prediction: the answer cell above still holds `...`. Write your guess there before you "
               f"run the experiment; the measurement was {_fmt(measured)}{u}.")
         return
-    line, measurement = _beside(predicted, measured, u)
+    line, measurement = _beside(predicted, measured, u, exact, mistakes or {})
     _show(label + line, {"what": what, "unit": unit, "measurement": measurement,
                          "published": f"{label}your prediction: {YOURS}; {measurement}."})
 
 
-def _beside(predicted, measured, u: str) -> tuple[str, str]:
+def _beside(predicted, measured, u: str, exact: bool = False, mistakes: dict | None = None) -> tuple[str, str]:
     """The line setting a prediction beside its measurement, and its part that names the measurement alone."""
     if _number(predicted) and _number(measured):
         p, m = float(predicted), float(measured)
         measurement = f"measured {_fmt(m)}{u}"
+        if exact:  # a count: right or off by so many, and why where that number is a known slip
+            if p == m:
+                return f"you predicted {_fmt(p)}{u}; {measurement}: right.", measurement
+            why = next((w for v, w in (mistakes or {}).items() if _number(v) and float(v) == p), "")
+            return (f"you predicted {_fmt(p)}{u}; {measurement}: off by {_fmt(abs(p - m))}, and a count is right only "
+                    f"when exact" + (f": {why}." if why else "."), measurement)
         if m == 0 or p == 0 or not (math.isfinite(p) and math.isfinite(m)):
             return f"you predicted {_fmt(p)}{u}; {measurement}.", measurement
         ratio = m / p

@@ -4,18 +4,21 @@ values are right on the emulator. The block and warp reductions:
 atomics per thread or per warp instead of one per block (or warp), a block summed by one thread, lanes collected one
 at a time, and a tree whose steps race (named as a race). The tiled matmul:
 B (or C) read from global memory inside the k loop. The row softmax: rows far below zero, where a max started at a
-constant or an online softmax started from a -inf gives nan. Each is named by the check."""
+constant or an online softmax started from a -inf gives nan. Each is named by the check. ``MISTAKES``: wrong answers
+of lab 05's six exercises (a tree a level short, shuffles from offset 32, a k loop to K, a max started at INFINITY,
+...), each named with a hint of its own and no step of the derivation."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import Answers, Reference, Wrong, needs_cxx
+from conftest import Answers, Mistake, Reference, Wrong, needs_cxx
 
 from labkit import check
 from labkit.check import ExerciseError
 from labkit.check.capture import _c_function
+from labkit.kernels import tools
 from labkit.kernels.loader import KERNEL_DIR
 
 KDIR = Path(__file__).parent / "kernels"
@@ -295,4 +298,84 @@ CONTRACT = {
         blank=_blank(_solution("softmax_rows"), "__shared__"), passes="✔ row softmax: all 9 checks passed",
         replayed=_compiled(ONLINE_SOFTMAX, "a -inf minus a -inf is nan"), marks=(needs_cxx,),
         references=(Reference(_labkits("softmax_rows.cu"), "labkit/kernels/softmax_rows.cu (softmax_rows)"),)),
+}
+
+
+# -- mistakes each named with a hint of its own (tests/test_contract.py walks MISTAKES) ----------------------------------
+
+needs_gpu_compiler = pytest.mark.skipif(tools.compiler_for_check() is None,
+                                        reason="no CUDA compiler (NVRTC or nvcc): only a GPU's compiler refuses these")
+BLOCK = _solution("block_sum")
+WARP = _solution("warp_sum")
+NAIVE = _solution("naive_matmul")
+SOFTMAX = _solution("softmax_rows")
+TRANSPOSE = _solution("transpose")
+TILED = _solution("tiled_matmul")
+GRID_STRIDE = "for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v += x[i];"
+ONE_EACH = "int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) v = x[i];"
+
+
+def _mistake(source: str, old: str, new: str, says: str, hint: str, marks: tuple = (needs_cxx,)) -> Mistake:
+    assert old in source, old
+    return Mistake(source.replace(old, new), says, hint, marks)
+
+
+MISTAKES = {
+    "block_reduction": (
+        _mistake(BLOCK, "h > 0; h /= 2", "h > 1; h /= 2", "n=256 over 1 blocks of 256: .*the tree stopped one level "
+                 "early", "log2\\(256\\) = 8 levels.*does it reach the last one, where a single thread adds"),
+        _mistake(BLOCK, "h = blockDim.x / 2", "h = blockDim.x / 4", "only its first 128 threads' values: the tree "
+                 "started one level late", "the first level must bring the upper half of the 256 entries into the "
+                 "lower half"),
+        _mistake(BLOCK, GRID_STRIDE, ONE_EACH, "n=10000 over 8 blocks of 256: .*only the first 2,048 values were added",
+                 "more values than threads: each thread loops"),
+        _mistake(BLOCK, "i += gridDim.x * blockDim.x", "i += blockDim.x", "n=257 over 2 blocks of 256: .*added more "
+                 "than once", "the number of threads in the whole grid, not in one block"),
+        _mistake(BLOCK, "if (threadIdx.x == 0) atomicAdd", "atomicAdd", "every thread added the block's total",
+                 "only thread 0 should call atomicAdd, once per block"),
+    ),
+    "warp_reduction": (
+        _mistake(WARP, "offset = 16", "offset = 32", "the first shuffle's offset is 32, a whole warp",
+                 "no lane has a partner 32 lanes above it.*What is the farthest a value must travel"),
+        _mistake(WARP, "offset = 16", "offset = 8", "lane 0 collected 16 lanes, not 32, the sum of lanes 0 to 15 only",
+                 "lanes 16 to 31 never came down.*which offset must come first\\?"),
+        _mistake(WARP, "offset > 0", "offset > 1", "the sum of the even lanes only: the tree stopped one level early",
+                 "log2\\(32\\) = 5.*Does your loop run that step\\?"),
+        _mistake(WARP, "if ((threadIdx.x & 31) == 0) atomicAdd", "atomicAdd", "every lane added what it holds",
+                 "how does a thread tell, from threadIdx.x, that it is lane 0"),
+        _mistake(WARP, "__shfl_down_sync", "__shfl_up_sync", "lane 0 ended with 32 times its own value",
+                 "__shfl_up_sync moves values to higher lanes"),
+    ),
+    "naive_matmul": (
+        _mistake(NAIVE, "k < K", "k <= K", "a read past the end of B: your k loop, `for \\(int k = 0; k <= K; \\+\\+k\\)`, "
+                 "runs K \\+ 1 times", "the sum over k has K terms.*Which comparison stops the loop"),
+        _mistake(NAIVE, "C[row * N + col]", "C[col * M + row]", "row and col swapped: C is transposed",
+                 "writes row `row` of C.*where does row `row` of C start"),
+        _mistake(NAIVE, "int row = blockIdx.y * blockDim.y + threadIdx.y;", "int row = threadIdx.y;",
+                 "only the first 16 rows of C were written: the blocks along y all compute the same rows",
+                 "count over the whole grid, not only its block"),
+        _mistake(NAIVE, "int col = blockIdx.x * blockDim.x + threadIdx.x;", "int col = threadIdx.x;",
+                 "only the first 16 columns of C were written", "count over the whole grid, not only its block"),
+    ),
+    "row_softmax": (
+        _mistake(SOFTMAX, "float m = xr[0];", "float m = -INFINITY;", "`float m = -INFINITY;` starts from INFINITY: "
+                 "INFINITY comes from a C header", "a start value that cannot win.*a GPU compiles",
+                 (needs_cxx, needs_gpu_compiler)),
+        _mistake(SOFTMAX, "float m = xr[0];", "float m = -FLT_MAX;", "starts from FLT_MAX", "a start value that cannot "
+                 "win.*a GPU compiles", (needs_cxx, needs_gpu_compiler)),
+        _mistake(SOFTMAX, "float m = xr[0];", "float m = 0.0f;", "every value -300.*did it start at 0\\?",
+                 "a value that cannot win"),
+    ),
+    "shared_transpose": (
+        _mistake(TRANSPOSE, "tile[32][33]", "tile[32][32]", "bank conflicts in .* shared-memory requests",
+                 "for which W do i = 0 .. 31 fall in 32 different banks\\?"),
+        _mistake(TRANSPOSE, "int orow = blockIdx.x * 32 + ty, ocol = blockIdx.y * 32 + tx;\n    if (orow < cols && ocol "
+                 "< rows) out[orow * rows + ocol] = tile[tx][ty];", "int orow = blockIdx.x * 32 + tx, ocol = "
+                 "blockIdx.y * 32 + ty;\n    if (orow < cols && ocol < rows) out[orow * rows + ocol] = tile[ty][tx];",
+                 "a warp's stores to out touch 32 sectors", "Which entry of the tile holds"),
+    ),
+    "tiled_matmul": (
+        _mistake(TILED, "__shared__ float As", "float As", "the array As that you store A into is not "
+                 "__shared__", "As __shared__, TILE by TILE: one copy per block"),
+    ),
 }

@@ -41,6 +41,19 @@ def test_compare_says_how_far_the_prediction_was_and_never_raises(predicted, mea
     assert says in capsys.readouterr().out
 
 
+def test_a_count_is_right_only_when_exact_and_a_known_slip_is_named(capsys):
+    """32 bank conflicts predicted for 31 is "within 10 %" as a ratio, and hides counting the wavefronts."""
+    slip = {32: "that counts the wavefronts; the conflicts are the wavefronts after the first"}
+    questions.compare(32, 31, "conflicts", "W = 32", exact=True, mistakes=slip)
+    out = capsys.readouterr().out
+    assert "off by 1, and a count is right only when exact: that counts the wavefronts" in out
+    assert "within 10 %" not in out
+    questions.compare(31, 31, "conflicts", exact=True, mistakes=slip)
+    assert "31 conflicts: right." in capsys.readouterr().out
+    questions.compare(2, 31, "conflicts", exact=True, mistakes=slip)
+    assert capsys.readouterr().out.rstrip().endswith("off by 29, and a count is right only when exact.")
+
+
 @pytest.fixture
 def in_a_notebook(monkeypatch):
     """compare as a kernel runs it: what it displays, each a mime bundle."""

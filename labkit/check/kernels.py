@@ -20,9 +20,10 @@ from .common import ExerciseError, each_case, fail, passed, recorded
 from .exercises import Exercise
 
 
-def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str], probe=None):
+def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, str], probe=None, refused=None):
     """The student's kernel, compiled for the emulator (checked) and for GPUs; fail naming what ``must_have`` lists and
-    the source lacks. Without a __syncthreads(), ``probe(kernel)`` (a small launch) names the race it leaves."""
+    the source lacks. Without a __syncthreads(), ``probe(kernel)`` (a small launch) names the race it leaves;
+    ``refused(source, error)`` may name why a compiler refused it: (what, hint), or None."""
     if not isinstance(source, str):
         fail(ex, f"expected the kernel's CUDA C source as a string, got {type(source).__name__}")
     if KERNEL_TODO in source:
@@ -33,12 +34,15 @@ def load_student_kernel(ex: str, source: str, name: str, must_have: dict[str, st
         try:
             mod = kernels.load(source, backend="emulator", checked=True, gpu_check=False)  # compiles_for_gpus below
         except kernels.KernelCompileError as e:
+            said = refused(source, str(e)) if refused else None
+            if said:
+                fail(ex, f"your kernel does not compile: {said[0]}:\n{e}", said[1])
             fail(ex, f"your kernel does not compile:\n{e}", "the first error is usually the one to fix; the line numbers "
                   "are lines of your source")
         if name not in mod.kernel_names:
             fail(ex, f"no kernel called {name!r} in your source (found {mod.kernel_names or 'none'})",
                   f'declare it as extern "C" __global__ void {name}(...)')
-        compiles_for_gpus(ex, source)
+        compiles_for_gpus(ex, source, refused)
         return mod.get_function(name)
 
     kernel = capture.build("kernel", compile_, ex)
@@ -61,18 +65,41 @@ GPU_HINT = ("the emulator compiles your kernel with this computer's C++ compiler
             "instead of std::max, std::sqrt, rand() or strlen, and keep the kernel free of #include")
 
 
-def compiles_for_gpus(ex: str, source: str) -> None:
+def compiles_for_gpus(ex: str, source: str, refused=None) -> None:
     """Fail a kernel that the emulator runs but a GPU's compiler refuses (NVRTC or nvcc, for every modelled GPU's
-    architecture). Without a CUDA compiler here, say so and go on: the emulator alone cannot tell."""
+    architecture), naming why where ``refused(source, error)`` does. Without a CUDA compiler here, say so and go on:
+    the emulator alone cannot tell."""
     try:
         tools.compile_for_gpus(source)
     except tools.KernelCompileError as e:
+        said = refused(source, str(e)) if refused else None
+        if said:
+            fail(ex, f"your kernel runs on the emulator but does not compile for a GPU: {said[0]}:\n{e}", said[1])
         headers = [w for w in ("INFINITY", "FLT_MAX", "HUGE_VAL") if f'"{w}" is undefined' in str(e)]
         fail(ex, f"your kernel runs on the emulator but does not compile for a GPU:\n{e}", GPU_HINT + (
             f". {headers[0]} comes from a C header: write the number itself (-3.4e38f for -FLT_MAX) or start from a "
             "value of the data" if headers else ""))
     except RuntimeError as e:
         print(f"note ({ex}): {e}; the checks below run on the emulator alone")
+
+
+HEADER_VALUES = ("INFINITY", "FLT_MAX", "HUGE_VALF", "HUGE_VAL", "CUDART_INF_F", "FLT_MIN")
+
+
+def _start_refused(source: str, error: str) -> tuple[str, str] | None:
+    """(what, hint) where a compiler refused a value from a C header as the start of a max: NVRTC always, the
+    emulator's host compiler where the header is not included."""
+    word = next((w for w in HEADER_VALUES if f'"{w}" is undefined' in error or f"‘{w}’ was not declared" in error
+                 or f"'{w}' was not declared" in error), None)
+    if word is None:
+        return None
+    line = next((" ".join(ln.split()) for ln in strip_comments(source).splitlines() if re.search(rf"\b{word}\b", ln)),
+                word)
+    return (f"`{line}` starts from {word}: {word} comes from a C header (math.h, float.h) that a GPU's compiler lacks"
+            + ("" if '" is undefined' in error else ", and that the emulator was not given either"),
+            "a max needs a start value that cannot win, one that every score is at least, and that a GPU compiles: a "
+            "number written out in full (float32's lowest is about -3.4e38), or a value the row itself holds, since "
+            "none of a row's values is above its max")
 
 
 def _tiles_staged(ex: str, source: str, name: str) -> None:
@@ -97,8 +124,8 @@ def _tiles_staged(ex: str, source: str, name: str) -> None:
                 private = re.match(r"\s*(\w+)\s*(?:\[[^\]]*\]\s*)+=(?!=)", line)
                 if private and private.group(1) not in (*inputs, *tiles):
                     fail(ex, f"the array {private.group(1)} that you store {g} into is not __shared__: every thread has "
-                         "its own copy, so no thread sees what the others loaded", f"declare it __shared__ float "
-                         f"{private.group(1)}[TILE][TILE]; one copy per block")
+                         "its own copy, so no thread sees what the others loaded", f"declare "
+                         f"{private.group(1)} __shared__, TILE by TILE: one copy per block")
                 fail(ex, f"your kernel reads {g} from global memory outside storing a tile: `{' '.join(line.split())}`",
                      f"each element of {g} should come from global memory once per tile, into a __shared__ array, and "
                      "be used TILE times from there; the inner product reads only the shared tiles")
@@ -153,7 +180,14 @@ def in_reverse_order(ex: str, kernel, grid, block, before, after, what: str) -> 
                  "differ): a race between the threads of a block. On a GPU they run in any order", RACE_HINT)
 
 
-def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str, reverse: bool = False) -> None:
+def _loop_past_k(source: str) -> str | None:
+    """The head of a for loop in ``source`` that runs while its variable is at most K (one step past the last k)."""
+    m = re.search(r"for\s*\([^;]*;\s*\w+\s*<=\s*K\s*;[^)]*\)", strip_comments(source))
+    return " ".join(m.group(0).split()) if m else None
+
+
+def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str, reverse: bool = False,
+          source: str = "") -> None:
     """Launch, naming an access out of bounds: past the edge of C (a missing guard) where the size is awkward, a wrong
     index formula where it is a multiple of the block; with ``reverse``, again with the threads in the opposite order."""
     before = _copies(args) if reverse else None
@@ -164,6 +198,11 @@ def _edge(ex: str, kernel, grid, block, args, awkward: bool, what: str, reverse:
     except kernels.KernelError as e:
         named_race(ex, what, e)
         m = re.search(r"out-of-bounds access (\w+)\[", str(e))
+        bound = _loop_past_k(source) if m and m.group(1) in ("A", "B") else None
+        if bound:
+            fail(ex, f"{what}: a read past the end of {m.group(1)}: your k loop, `{bound}`, runs K + 1 times, "
+                 f"k = 0 .. K (the emulator stopped your kernel: {e})", "the sum over k has K terms: with K = 3 they "
+                 "are k = 0, 1 and 2. Which comparison stops the loop after its K-th term?")
         if m and awkward:
             verb = "write outside C" if m.group(1) == "C" else f"read outside {m.group(1)}"
             fail(ex, f"{what}: threads past the edge {verb} (the emulator stopped your kernel: {e})",
@@ -200,7 +239,7 @@ def naive_matmul(source: str, name: str = "matmul_naive", block: int = 16) -> No
         awkward = M % block != 0 or N % block != 0
         what = f"M={M}, N={N}, K={K}"
         _edge(ex, k, (gx, gy), (block, block), (a, b, c, np.int32(M), np.int32(N), np.int32(K)), awkward, what,
-              reverse=M == 2 * block)
+              reverse=M == 2 * block, source=source if isinstance(source, str) else "")
         want = a.astype(np.float64) @ b
         close = np.isclose(c, want, rtol=1e-4, atol=1e-4)
         if close.all():
@@ -209,24 +248,31 @@ def naive_matmul(source: str, name: str = "matmul_naive", block: int = 16) -> No
         written = ~np.isnan(c)
         if np.allclose(c.reshape(N, M), want.T, rtol=1e-4, atol=1e-4) and M * N > 1:
             fail(ex, f"{what}: row and col swapped: C is transposed (your C[i, j] holds entry (j, i) of A B)",
-                 "the thread that computes C[row][col] writes C[row * N + col] and multiplies row `row` of A by column "
-                 "`col` of B")
+                 "the thread of C[row][col] multiplies row `row` of A by column `col` of B and writes row `row` of C. "
+                 "In a row-major matrix of 3 columns, row 2 starts at offset 6: where does row `row` of C start, "
+                 "and of A?")
         rows, cols = np.arange(M)[:, None], np.arange(N)[None, :]
         if not written.all() and (written == ((rows < min(M, gx * block)) & (cols < min(N, gy * block)))).all():
             fail(ex, f"{what}: {int((~written).sum())} entries of C were never written: row and col come from the wrong "
                  "dimensions (row from x, col from y)", "the grid's x runs along the columns of C (N of them) and its y "
                  "along the rows (M): col comes from the x indices, row from the y ones")
+        first_rows = M > block and written[:block].all() and not written[block:].any()
+        first_cols = N > block and written[:, :block].all() and not written[:, block:].any()
+        whole_grid = (f"a thread's row and col count over the whole grid, not only its block: with blocks {block} wide, "
+                      f"thread x = 3 of block x = 2 has {2 * block} columns of threads to its left in the blocks before "
+                      "it, and 3 in its own")
         if not written.all() and written[:block, :block].all() and not written[block:, :].any() \
                 and not written[:, block:].any():
             fail(ex, f"{what}: only the first {block} x {block} entries of C were written: every block computes the same "
-                 "entries", "a thread's row and col count over the whole grid: add the block's offset, blockIdx times "
-                 "blockDim")
+                 "entries", whole_grid)
+        if first_rows or first_cols:
+            side, index = ("rows", "y") if first_rows else ("columns", "x")
+            fail(ex, f"{what}: only the first {block} {side} of C were written: the blocks along {index} all compute "
+                 f"the same {side}", whole_grid)
         i, j = map(int, np.argwhere(~close)[0])
         unwritten = int((~written).sum())
         fail(ex, f"{what}: C[{i}, {j}] is {float(c[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
-             f"{int((~close).sum())} of {c.size} entries wrong" + (f", {unwritten} never written" if unwritten else ""),
-             "" if unwritten else "C[row][col] is the sum over k of A[row][k] * B[k][col], A (M, K) and B (K, N) "
-             "row-major")
+             f"{int((~close).sum())} of {c.size} entries wrong" + (f", {unwritten} never written" if unwritten else ""))
     passed(ex, checks)
 
 
@@ -259,7 +305,7 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         c = np.full((M, N), np.nan, np.float32)
         multiple = M % tile == 0 and N % tile == 0 and K % tile == 0
         hint = ("" if multiple else "this size is not a multiple of the tile: load 0.0 for elements outside A or B, keep every "
-                "thread going through every __syncthreads(), and write C only where row < M and col < N")
+                "thread going through every __syncthreads(), and let only the threads inside C write it")
         run_student_kernel(ex, k, (-(-N // tile), -(-M // tile)), (tile, tile),
                            (a, b, c, np.int32(M), np.int32(N), np.int32(K)), hint, reverse=M == tile + 1,
                            what=f"M={M}, N={N}, K={K}")
@@ -270,8 +316,7 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
             unwritten = np.isnan(c).sum()
             fail(ex, f"M={M}, N={N}, K={K}: C[{i}, {j}] is {float(c[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
                   f"{int(bad.sum())} of {c.size} entries wrong" + (f", {unwritten} never written" if unwritten else ""),
-                  hint or "check the index of each tile load and of the write: which element of A and of B does "
-                  "thread (ty, tx) load at step t, and which products does it add from the tiles?")
+                  hint)
         checks += 1
     if isinstance(source, str):
         _loads_per_element(ex, source, tile)
@@ -383,19 +428,55 @@ def block_reduction(source: str, name: str = "block_sum", threads: int = 256) ->
                            reverse=blocks == 2, what=f"n={n} over {blocks} blocks of {threads}")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
-            hint = "add the values of a grid-stride loop first: for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; " \
-                   "i += gridDim.x * blockDim.x)"
-            if n <= threads and blocks == 1 and out[0] == 0:
-                hint = "nothing reached *out: thread 0 of each block must atomicAdd the block's total"
-            elif np.isclose(out[0], want * threads, rtol=1e-3):
-                hint = "every thread added the block's total: only thread 0 should call atomicAdd"
+            what, hint = next(((w, h) for value, w, h in _block_mistakes(x, blocks, threads)
+                               if np.isclose(out[0], value, rtol=1e-4)), ("", ""))
             fail(ex, f"n={n} over {blocks} blocks of {threads}: the sum is {float(out[0]):.6g} (yours) "
-                  f"but should be {want:.6g} (spec)", hint)
+                  f"but should be {want:.6g} (spec){': ' + what if what else ''}", hint)
         checks += 1
     if isinstance(source, str):
         _reduction_counted(ex, source, name, "block", threads)
         checks += 3
     passed(ex, checks)
+
+
+def _thread_sums(x: np.ndarray, blocks: int, threads: int) -> np.ndarray:
+    """(blocks, threads): what each thread's grid-stride loop adds up, in float64."""
+    total = blocks * threads
+    return np.pad(x.astype(np.float64), (0, -len(x) % total)).reshape(-1, total).sum(0).reshape(blocks, threads)
+
+
+def _block_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float, str, str]]:
+    """(the sum it gives, what it is, its hint) for the usual mistakes of a block sum, worked out in NumPy from the
+    same grid-stride partial sums: a tree one or two levels short at either end, a grid that misses or repeats
+    values, atomics from every thread or from none."""
+    part = _thread_sums(x, blocks, threads)
+    x64 = x.astype(np.float64)
+    found = []
+    levels = int(math.log2(threads))
+    for k, said in ((1, "one level"), (2, "two levels")):
+        found.append((part[:, ::2 ** k].sum(), f"each block's total holds only the threads whose index is a multiple "
+                      f"of {2 ** k}: the tree stopped {said} early", f"a tree over {threads} values takes log2("
+                      f"{threads}) = {levels} levels; over 8 values it takes 3: 4 threads add, then 2, then 1 (s[1] "
+                      "into s[0]). Count the levels your loop runs: does it reach the last one, where a single thread "
+                      "adds?"))
+        found.append((part[:, :threads // 2 ** k].sum(), f"each block's total holds only its first {threads // 2 ** k} "
+                      f"threads' values: the tree started {said} late", f"the first level must bring the upper half of "
+                      f"the {threads} entries into the lower half; over 8 values, 4 threads each add the entry 4 above "
+                      "them. How far up does your first level reach, and which entries does it never add?"))
+    if len(x) > blocks * threads:
+        found.append((x64[:blocks * threads].sum(), f"only the first {blocks * threads:,} values were added, one per "
+                      "thread: the threads do not loop over the rest", "there are more values than threads: each thread "
+                      "loops, stepping by the number of threads in the whole grid, until it passes n (a grid-stride "
+                      "loop)"))
+    if blocks > 1:
+        covered = np.minimum(np.arange(len(x)) // threads + 1, blocks)  # the blocks whose block-sized steps reach i
+        found.append(((x64 * covered).sum(), "values were added more than once: each thread steps by one block's "
+                      "threads, so the blocks' loops overlap", "step by the number of threads in the whole grid, not "
+                      "in one block: then each value is taken by exactly one thread of one block"))
+    found.append((x64.sum() * threads, "every thread added the block's total", "only thread 0 should call "
+                  "atomicAdd, once per block"))
+    found.append((0.0, "nothing reached *out", "one thread of each block must atomicAdd the block's total"))
+    return found
 
 
 @recorded
@@ -407,11 +488,12 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
     k = load_student_kernel(ex, source, name, {
         "_sync(": "each warp sums its 32 values with __shfl_down_sync: one lane reads another's register, no shared "
                   "memory needed",
-        "atomicAdd": "finish with atomicAdd(out, v) from lane 0 of each warp: warps cannot see each other's registers"})
+        "atomicAdd": "finish with one atomicAdd of the warp's total to *out, from lane 0 of each warp: warps cannot "
+                     "see each other's registers"})
     if isinstance(source, str) and "__shared__" in strip_comments(source):
         fail(ex, "your kernel declares __shared__ memory; this one sums within each warp through shuffles alone",
-             "the lanes of a warp exchange registers with __shfl_down_sync(0xffffffff, v, offset): no __shared__ array "
-             "and no __syncthreads() are needed")
+             "the lanes of a warp exchange registers with __shfl_down_sync, the mask naming all 32 lanes: no "
+             "__shared__ array and no __syncthreads() are needed")
     print(f"{ex}: the sum on 6 sizes from n=1 to n=100,003 against NumPy to a relative 1e-4; then, counted in one launch "
           "of 8 blocks with the warps of each block in the opposite order: the sum again, the atomicAdds of each block "
           f"(one per warp) and the shuffles of each lane (a tree's 5 steps){RACES}")
@@ -427,10 +509,10 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
                            reverse=n == threads, what=f"n={n} over {blocks} blocks of {threads}")
         want = float(x.sum(dtype=np.float64))
         if not np.isclose(out[0], want, rtol=1e-4):
-            hint = next((h for value, h in _warp_mistakes(x, blocks, threads) if np.isclose(out[0], value, rtol=1e-4)),
-                        "add the values of a grid-stride loop first, as in exercise 3, then shuffle")
+            what, hint = next(((w, h) for value, w, h in _warp_mistakes(x, blocks, threads)
+                               if np.isclose(out[0], value, rtol=1e-4)), ("", ""))
             fail(ex, f"n={n} over {blocks} blocks of {threads}: the sum is {float(out[0]):.6g} (yours) but should be "
-                 f"{want:.6g} (spec)", hint)
+                 f"{want:.6g} (spec){': ' + what if what else ''}", hint)
         checks += 1
     if isinstance(source, str):
         _reduction_counted(ex, source, name, "warp", threads)
@@ -438,19 +520,36 @@ def warp_reduction(source: str, name: str = "warp_sum", threads: int = 256) -> N
     passed(ex, checks)
 
 
-def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float, str]]:
-    """(the sum it gives, what to say) for the usual mistakes of a warp-shuffle sum, worked out on the NumPy warp
-    (labkit.kernels.warp) from the same grid-stride partial sums."""
-    total = blocks * threads
-    part = np.pad(x.astype(np.float64), (0, -len(x) % total)).reshape(-1, total).sum(0).reshape(-1, warp.WARP)
-    every = sum(warp.tree_sum(w).sum() for w in part)
-    short = sum(warp.tree_sum(w, offsets=(8, 4, 2, 1))[0] for w in part)
-    up = sum(warp.tree_sum(w, kind="up")[0] for w in part)
-    return [(every, "every lane added what it holds: only lane 0 of each warp, (threadIdx.x & 31) == 0, calls atomicAdd"),
-            (short, "lane 0 collected 16 lanes, not 32: the first step's offset is 16, half the warp"),
-            (up, "__shfl_up_sync moves values to higher lanes, so lane 0 never receives another lane's value and ends "
-                 "with 32 times its own: use __shfl_down_sync, which brings them down to lane 0"),
-            (0.0, "nothing reached *out: lane 0 of each warp must atomicAdd the warp's total")]
+def _warp_mistakes(x: np.ndarray, blocks: int, threads: int) -> list[tuple[float, str, str]]:
+    """(the sum it gives, what it is, its hint) for the usual mistakes of a warp-shuffle sum, worked out on the NumPy
+    warp (labkit.kernels.warp) from the same grid-stride partial sums."""
+    part = _thread_sums(x, blocks, threads).reshape(-1, warp.WARP)
+    x64 = x.astype(np.float64)
+
+    def lane0(**how) -> float:
+        return float(sum(warp.tree_sum(w, **how)[0] for w in part))
+
+    found = [(lane0(offsets=(32, 16, 8, 4, 2, 1)), "every warp's total came out twice: the first shuffle's offset is "
+              "32, a whole warp", "no lane has a partner 32 lanes above it, so each got its own value back and added "
+              "it to itself. What is the farthest a value must travel to reach lane 0, in a warp of lanes 0 to 31?"),
+             (lane0(offsets=(8, 4, 2, 1)), "lane 0 collected 16 lanes, not 32, the sum of lanes 0 to 15 only: the "
+              "tree is one level short at its start", "the values of lanes 16 to 31 never came down. With 4 lanes, "
+              "offsets 2 then 1 bring all 4 to lane 0: for 32 lanes, which offset must come first?"),
+             (lane0(offsets=(16, 8, 4, 2)), "lane 0 ended with the sum of the even lanes only: the tree stopped one "
+              "level early", "count the steps: a tree over 32 lanes takes log2(32) = 5, the last one bringing lane 1 "
+              "down to lane 0. Does your loop run that step?"),
+             (float(sum(warp.tree_sum(w).sum() for w in part)), "every lane added what it holds", "only lane 0 of each "
+              "warp holds the warp's total: how does a thread tell, from threadIdx.x, that it is lane 0 of its warp?"),
+             (lane0(kind="up"), "lane 0 ended with 32 times its own value", "__shfl_up_sync moves values to higher "
+              "lanes, so lane 0 never receives another lane's value: use __shfl_down_sync, which brings them down to "
+              "lane 0"),
+             (0.0, "nothing reached *out", "lane 0 of each warp must atomicAdd the warp's total")]
+    if len(x) > blocks * threads:
+        found.append((x64[:blocks * threads].sum(), f"only the first {blocks * threads:,} values were added, one per "
+                      "thread: the threads do not loop over the rest", "there are more values than threads: each thread "
+                      "loops, stepping by the number of threads in the whole grid, until it passes n: the grid-stride "
+                      "loop of exercise 3"))
+    return found
 
 
 @recorded
@@ -486,8 +585,8 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
             i, j = map(int, np.argwhere(bad)[0])
             fail(ex, f"rows={rows}, cols={cols}: out[{i}, {j}] is {float(y[i, j]):.6g} (yours) but should be in[{j}, {i}] = "
                  f"{float(x[j, i]):.6g}; {int(bad.sum())} of {y.size} entries wrong",
-                 "thread (ty, tx) of block (bx, by) writes out's row bx * 32 + ty, column by * 32 + tx, from tile[tx][ty]"
-                 if not awkward else "on sizes that are not multiples of 32, write only inside out, and read only inside in")
+                 "" if not awkward else "on sizes that are not multiples of 32, write only inside out, and read only "
+                 "inside in")
         checks += 1
     if isinstance(source, str):
         x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
@@ -501,14 +600,14 @@ def shared_transpose(source: str, name: str = "transpose_tiled") -> None:
             if sectors > 4:
                 fail(ex, f"a warp's {what} touch {sectors:g} sectors of 32 bytes on average; coalesced, they touch 4",
                      "the 32 lanes of a warp (threadIdx.x 0..31) must read 32 neighbouring floats of a row of in and "
-                     "write 32 neighbouring floats of a row of out: the transposing happens in the tile, by reading it "
-                     "as tile[threadIdx.x][threadIdx.y]")
+                     "write 32 neighbouring floats of a row of out: the transposing happens in the tile. Which entry "
+                     "of the tile holds what the thread writing out's row i, column j needs?")
         checks += 1
         if conflicts:
             fail(ex, f"{conflicts:,} bank conflicts in {requests:,} shared-memory requests (a 64 x 64 transpose): "
                  "some warp reads or writes several words of one bank", "a warp that reads a column of a 32 x 32 float "
-                 "tile finds all 32 words in one bank (each row is 32 words, so a column keeps its bank). One more "
-                 "float per row shifts each row by one bank")
+                 "tile finds all 32 words in one bank: element [i][j] is word 32 i + j, in bank j whatever i. With W "
+                 "floats per row it is word W i + j: for which W do i = 0 .. 31 fall in 32 different banks?")
         checks += 1
     passed(ex, checks)
 
@@ -563,7 +662,7 @@ def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: in
         never = sorted({int(r) for r in np.nonzero(unwritten.all(axis=1))[0]})
         if never:
             return (f"row{'s' if len(never) > 1 else ''} {', '.join(map(str, never[:5]))} of y never written",
-                    "block r = blockIdx.x writes row r, which starts at y + r * cols")
+                    "block r writes row r of y: in a row-major (rows, cols) array, how many floats lie before row r?")
         return f"{int(unwritten.sum()):,} entries of y were never written", stride
     finite = np.isfinite(y)
     with np.errstate(all="ignore"):
@@ -572,10 +671,10 @@ def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: in
             listed = ", ".join(f"{s:.3g}" for s in sums[:5])
             return (f"y sums to 1 over the whole matrix, not in each row (row sums {listed}): the sum is over all rows "
                     "instead of one", "block r reduces row r alone: its max and its sum "
-                    "come from the columns of that row, x[r * cols + c] for c below cols")
+                    "come from the columns of that row alone, cols of them")
         if rows > 1 and np.allclose(y, want[0], rtol=1e-5, atol=1e-9) and not np.allclose(want, want[0]):
             return ("every row of y holds the softmax of row 0: each block computes the same row",
-                    "block r = blockIdx.x owns row r: offset x and y by r * cols")
+                    "block r owns row r: where it reads x and writes y must move on past the r rows before it")
         for r in kinds["ordinary"]:
             if np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9):
                 continue
@@ -605,16 +704,17 @@ def _softmax_mistake(x: np.ndarray, y: np.ndarray, want: np.ndarray, threads: in
             if not finite[r].all():
                 return (f"row {r}, every value -300, gives {_nonfinite(y[r])} in y, where each entry is 1 / {cols}: the "
                         "max you subtract is above the row's values (did it start at 0?), so every exp is 0 and the "
-                        "sum is 0", "start each thread's max from a value no score is below, -3.4e38f, or from an "
-                        "element of the row, x[r * cols] (INFINITY and FLT_MAX need headers a GPU's compiler lacks)")
+                        "sum is 0", "start each thread's max from a value that cannot win: one that no score is below "
+                        "(float32's lowest is about -3.4e38), or a value of the row itself (INFINITY and FLT_MAX need "
+                        "headers a GPU's compiler lacks)")
         for r in kinds["large3"]:
             if not np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9):
                 right = all(np.allclose(y[q], want[q], rtol=1e-5, atol=1e-9) for q in kinds["large"])
                 return (f"row {r}, values of -100 and 100 with 1000 in column 3, gives {_nonfinite(y[r])} in y"
                         + (", while the same values with the 1000 in column 0 come out right" if right else "")
                         + ": the max your threads subtract is not the row's max", "every level of the max tree must "
-                        "end with __syncthreads(), outside the if: without it thread t reads s[t + h] before the thread "
-                        "that owns it has written it")
+                        "end with __syncthreads(), outside the if: without it a thread reads the entry h above its own "
+                        "before the thread that owns it has written it")
         return _softmax_far_below(x, y, want)
 
 
@@ -624,8 +724,8 @@ def _softmax_far_below(x: np.ndarray, y: np.ndarray, want: np.ndarray) -> tuple[
     kinds = _softmax_rows_of(x)
     cols = x.shape[1]
     right = {kind: all(np.allclose(y[r], want[r], rtol=1e-5, atol=1e-9) for r in rows) for kind, rows in kinds.items()}
-    start = ("start each thread's max from a value no score is below, -3.4e38f, or from an element of the row, "
-             "x[r * cols] (INFINITY and FLT_MAX need headers a GPU's compiler lacks)")
+    start = ("start each thread's max from a value that cannot win: one that no score is below (float32's lowest is "
+             "about -3.4e38), or a value of the row itself (INFINITY and FLT_MAX need headers a GPU's compiler lacks)")
     for r in kinds["deep"]:
         if not np.isfinite(y[r]).all():
             return (f"row {r}, values about -1000, gives {_nonfinite(y[r])} in y" + (
@@ -679,7 +779,7 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
         "__syncthreads": "wait with __syncthreads() after every level of the trees, and between reading the max and "
                          "storing the sums"},
         probe=lambda k: k((2,), (threads,), (np.ones((2, 1000), np.float32), np.zeros((2, 1000), np.float32),
-                                             np.int32(2), np.int32(1000))))
+                                             np.int32(2), np.int32(1000))), refused=_start_refused)
     rng = np.random.default_rng(capture.seed(4))
     drawn = (int(rng.integers(2, 7)), int(rng.integers(300, 3000)))
     checks = 0
@@ -697,8 +797,8 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
             named_race(ex, what, e)
             m = re.search(r"out-of-bounds access (\w+)\[", str(e))
             fail(ex, f"{what}: the emulator stopped your kernel: {e}",
-                 f"row r's columns are {m.group(1)}[r * cols + c] for c = 0 .. cols - 1: offset by the block's row, "
-                 "r * cols, and keep each strided loop below cols" if m else "every thread must reach each "
+                 f"row r of {m.group(1)} has cols columns, and r full rows lie before it: where does it start, where "
+                 "does it end, and does each strided loop stop below cols?" if m else "every thread must reach each "
                  "__syncthreads() of the trees; guard the work, not the barrier")
         except (TypeError, ValueError) as e:
             fail(ex, f"your kernel's parameters do not fit the launch: {e}",
@@ -713,8 +813,7 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
                 fail(ex, f"{what}: {said[0]}", said[1])
             i, j = map(int, np.argwhere(bad)[0])
             fail(ex, f"{what}: y[{i}, {j}] is {float(y[i, j]):.6g} (yours) but should be {want[i, j]:.6g} (spec); "
-                 f"{int(bad.sum())} of {y.size} entries wrong", "y[r][c] = expf(x[r][c] - max) / sum, with the max and "
-                 "the sum of exps taken over the whole of row r")
+                 f"{int(bad.sum())} of {y.size} entries wrong")
         sums = y.astype(np.float64).sum(axis=1)
         if not np.allclose(sums, 1, atol=1e-4):
             r = int(np.argmax(np.abs(sums - 1)))
@@ -735,7 +834,7 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
         if most > 2 * share + 2:
             fail(ex, f"in a ({rows}, {cols}) softmax thread {thread} of block {block} loads {most:,} floats from global "
                  f"memory; a thread that works on its own {cols // threads} columns (for the max, the sum and y) loads "
-                 f"about {share}", "a thread reads only its own columns, c = t, t + blockDim.x, ...: the row's max and "
+                 f"about {share}", "a thread reads only its own columns, t, t + blockDim.x, ...: the row's max and "
                  "sum come from the block's trees in shared memory, not from every thread reading the whole row")
         checks += 1
         if sectors > 4:
@@ -750,78 +849,86 @@ EXERCISES = (
     Exercise("naive_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
         "The launch covers C with blocks of 16 x 16 threads: the grid's x runs along the columns of C (ceil(N / 16) "
         "blocks), its y along the rows (ceil(M / 16)). Each thread computes one entry of C.",
-        "A thread's column counts over the whole grid, not only its block: the blocks to its left hold blockIdx.x * "
-        "blockDim.x columns, and threadIdx.x more are to its left inside its block. Its row comes the same way from "
-        "the y indices.",
-        "The grid is rounded up to whole blocks, so on sizes that are not multiples of 16 some threads fall past the "
-        "edge of C (row >= M or col >= N): they must read and write nothing.",
-        "C[row][col] is the sum over k of A[row][k] * B[k][col]. The arrays are row-major: A[row][k] is at "
-        "row * K + k, B[k][col] at k * N + col, C[row][col] at row * N + col.",
+        "A thread's column counts over the whole grid, not only its block. With blocks 16 wide, thread x = 3 of block "
+        "x = 2 has 2 blocks of 16 columns to its left and 3 more columns in its own block: it owns column 35. Its row "
+        "comes the same way from the y indices.",
+        "The grid is rounded up to whole blocks: with M = 17 it has 32 rows of threads, and rows 17 to 31 lie past "
+        "the edge of C. Threads past the edge, in rows or in columns, must read and write nothing.",
+        "C[row][col] is the sum over k of A[row][k] * B[k][col], with every array row-major: in a matrix of 3 columns, "
+        "element [2][1] is at offset 2 * 3 + 1 = 7. How many columns do A, B and C each have, so where do A[row][k], "
+        "B[k][col] and C[row][col] lie? And which values does k take?",
     )),
     Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),), hints=(
         "A block of TILE x TILE threads computes one TILE x TILE tile of C; thread (ty, tx) owns one entry, whose "
         "row and col come from the block and thread indices as in your naive kernel (with TILE as the block size).",
-        "Walk along K one tile at a time, t = 0, TILE, 2 TILE, ... At each step every thread loads ONE element of the "
-        "current tile of A and one of B into two __shared__ TILE x TILE arrays: thread (ty, tx) loads A[row][t + tx] "
-        "and B[t + ty][col].",
-        "Wait with __syncthreads() after the loads (before any thread reads the tiles), add the TILE products of row "
-        "ty of A's tile and column tx of B's tile, and wait again before the next step's loads overwrite the tiles.",
-        "Sizes need not be multiples of TILE: load 0.0f where the element lies outside A or B (row >= M or t + tx >= "
-        "K; t + ty >= K or col >= N), write C only where row < M and col < N, and never return early: every thread "
-        "must reach every __syncthreads().",
+        "Walk along K one tile at a time, t running over 0, TILE, 2 TILE, ... At step t the block needs A's tile of its own rows "
+        "and of columns t to t + TILE - 1, and B's tile of rows t to t + TILE - 1 and its own columns. Every thread "
+        "loads ONE element of each into two __shared__ TILE x TILE arrays, at its own place, row ty and column tx.",
+        "Wait with __syncthreads() after the loads, before any thread reads the tiles. Then add the TILE products of "
+        "row ty of A's tile and column tx of B's tile, and wait again before the next step's loads overwrite the "
+        "tiles.",
+        "Sizes need not be multiples of TILE. Take M = N = K = 17 with TILE 16: at the second step, t = 16, only one "
+        "column of A's tile and one row of B's lie inside A and B. What must the other threads put in the tiles so "
+        "that their products add nothing, and which threads may write C? Each must still reach every "
+        "__syncthreads().",
     )),
     Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),), hints=(
-        "There may be fewer threads than values: first let each thread add up its own share into a private sum. "
-        "Start at its index in the whole grid, blockIdx.x * blockDim.x + threadIdx.x, and step by the number of "
-        "threads in the grid, gridDim.x * blockDim.x (a grid-stride loop).",
-        "Store the private sum in a __shared__ array of 256 floats at s[threadIdx.x], and wait for every thread. "
-        "Then halve: with h = blockDim.x / 2, the threads below h add s[threadIdx.x + h] into s[threadIdx.x]; repeat "
-        "with h / 2, ... down to 1.",
+        "There may be fewer threads than values: first each thread adds up its own share into a private sum. It starts "
+        "at its index in the whole grid, found as a column was in exercise 1, and steps by the number of threads in "
+        "the whole grid until it passes n: a grid-stride loop. No value is then taken twice, none is missed.",
+        "Store the private sum in a __shared__ array of 256 floats, one entry per thread, and wait for every thread. "
+        "Then a tree: at each level the lower half of the entries still in play adds in the upper half, and the "
+        "entries in play halve, until one entry holds the block's total.",
         "Between two levels of the tree every thread of the block must wait at __syncthreads(), the threads that add "
         "nothing too: put the barrier outside the if that selects the adding threads.",
-        "At the end s[0] holds the block's total. Blocks cannot see each other's shared memory, so thread 0 alone "
-        "adds it to the result with atomicAdd(out, s[0]).",
+        "Over 8 entries the tree takes 3 levels: 4 threads add the entry 4 above them, then 2 add the entry 2 above, "
+        "then 1 adds s[1] into s[0]. How many levels do 256 entries take, and how far up does the first reach? And "
+        "when s[0] holds the block's total, how does it reach *out, which other blocks add to at the same time?",
     )),
     Exercise("warp_reduction", "05", "kernels", sources=(("kernels/reduce.cu", "warp_sum"),), hints=(
         "Start as in exercise 3: each thread adds up its share of x in a grid-stride loop, into a float in a register. "
         "A thread whose loop never ran holds 0.0f and still takes part in what follows.",
-        "v = __shfl_down_sync(0xffffffff, v, offset) gives each lane the v of the lane `offset` above it. If every "
-        "lane adds what it receives to its own v, lane 0 then holds the sum of lanes 0 and offset: which offsets, in "
-        "which order, make lane 0 hold the sum of all 32?",
-        "Halve as the tree of exercise 3 did: offsets 16, 8, 4, 2, 1, each step `v += __shfl_down_sync(0xffffffff, "
-        "v, offset);`, in a loop every lane runs (no if around it: the mask says all 32 lanes arrive).",
-        "Lane 0 of each warp, the thread with (threadIdx.x & 31) == 0, then calls atomicAdd(out, v): one atomic per "
-        "warp, no __shared__ array and no __syncthreads().",
+        "__shfl_down_sync(mask, v, offset), with all 32 bits of the mask set, gives each lane the v of the lane "
+        "`offset` above it. If every lane adds what it receives to its own v, lane 0 then holds the sum of lanes 0 "
+        "and offset. Every lane runs every shuffle: no if around them, as the mask says all 32 lanes arrive.",
+        "A smaller warp, by hand: 4 lanes hold 1, 2, 3 and 4. After offset 2, lanes 0 and 1 hold 1 + 3 = 4 and "
+        "2 + 4 = 6; after offset 1, lane 0 holds 4 + 6 = 10, the sum of all 4. What lanes 1 to 3 hold then is never "
+        "read.",
+        "Which offsets, in which order, make lane 0 of a warp of 32 hold the sum of all 32? And how does a thread tell "
+        "from threadIdx.x that it is lane 0 of its warp, the one lane that adds the warp's total to *out?",
     )),
     Exercise("shared_transpose", "05", "kernels", hints=(
-        "A block of 32 x 32 threads moves one 32 x 32 tile. Thread (ty, tx) of block (bx, by) reads in's row "
-        "by * 32 + ty, column bx * 32 + tx: the 32 lanes of a warp (tx = 0..31) read 32 neighbouring floats, "
-        "coalesced, as in transpose_naive.",
-        "Writing that value straight to out puts the lanes a whole row of out apart. Store it in a __shared__ "
-        "tile[ty][tx] instead, wait for the block, then let thread (ty, tx) write out's row bx * 32 + ty, column "
-        "by * 32 + tx, the value held in tile[tx][ty]: now the lanes write neighbouring floats of out.",
-        "Reading tile[tx][ty] makes the 32 lanes read one column of the tile. Shared memory has 32 banks of 4 bytes, "
-        "word w in bank w % 32; with 32 floats per row every element of a column is in the same bank, 32 wavefronts "
-        "for one read. Declare the tile [32][33]: each row starts one bank further on, and a column spans all 32.",
-        "On sizes that are not multiples of 32, read only where the row is below rows and the column below cols, "
-        "write only where out's row is below cols and its column below rows, and let every thread reach "
+        "A block of 32 x 32 threads moves one 32 x 32 tile. Let each thread read the element of in that "
+        "transpose_naive's thread of the same indices reads: the 32 lanes of a warp (threadIdx.x = 0 .. 31) read 32 "
+        "neighbouring floats of a row of in, coalesced.",
+        "Writing that value straight to out puts the lanes a whole row of out apart. Store it instead in a __shared__ "
+        "32 x 32 tile, at row ty and column tx, and wait for the block. Then let threadIdx.x run along a row of out: "
+        "block (bx, by)'s tile of in lands in out's block row bx and block column by. Which entry of the tile does the "
+        "thread writing out's row i, column j of that block need?",
+        "On sizes that are not multiples of 32, some threads fall outside in and some outside out, which is cols x "
+        "rows: guard the read by in's size and the write by out's, each on its own, and let every thread reach "
         "__syncthreads().",
+        "Shared memory has 32 banks of 4 bytes, word w in bank w % 32. In a tile of W floats per row, element [i][j] "
+        "is word W i + j. The 32 lanes of a warp reading one column of the tile (j fixed, i = 0 .. 31): which banks do "
+        "they hit when W is 32? For which W do they hit 32 different banks?",
     )),
     Exercise("row_softmax", "05", "kernels", sources=(("kernels/softmax_rows.cu", "softmax_rows"),), hints=(
-        "Block r = blockIdx.x owns row r, which starts at x + r * cols (y's at y + r * cols). Its 256 threads share "
-        "the row's columns: thread t takes columns t, t + blockDim.x, t + 2 * blockDim.x, ... while they are below "
-        "cols, so any cols is covered and the 32 lanes of a warp read 32 neighbouring floats.",
-        "First the row's max. Each thread takes the max of its own columns with fmaxf, starting from a value that "
-        "cannot win (the row's first element, or -3.4e38f: INFINITY and FLT_MAX need headers a GPU's compiler "
-        "lacks); a thread with no column keeps that start. It stores its max in a __shared__ array of 256 floats.",
+        "Block r = blockIdx.x owns row r of x and of y: in a row-major (rows, cols) array, r full rows lie before "
+        "it. Its 256 threads share the row's columns as the grid-stride loop of exercise 3 shares values: thread t "
+        "takes columns t, t + blockDim.x, t + 2 blockDim.x, ... while they are below cols, so any cols is covered and "
+        "the 32 lanes of a warp read 32 neighbouring floats.",
+        "First the row's max. Each thread takes the max of its own columns with fmaxf and stores it in a __shared__ "
+        "array of 256 floats; a thread with no column must store a value that cannot win. INFINITY and FLT_MAX come "
+        "from C headers that a GPU's compiler lacks: which start values lose to every score and still compile?",
         "The block then halves that array as the tree of exercise 3 did, with fmaxf in place of +: every level ends "
         "with __syncthreads() outside the if, and s[0] holds the row's max. Every thread reads it from there, then "
         "waits at one more __syncthreads() before the array is used again.",
-        "Then the sum: each thread adds expf(x - max) over its columns and the same tree, with +, leaves the row's sum "
-        "in s[0]. With the max subtracted every exponent is at most 0, so no expf overflows (expf(100) is already inf "
-        "in float32), and the largest term is 1, so the sum is at least 1.",
-        "Last, each thread writes its own columns: y = expf(x - max) / sum, the sum read from s[0] after the tree's "
-        "last __syncthreads().",
+        "Then the sum: each thread adds expf(x - max) over its columns, and the same tree, with +, leaves the row's "
+        "sum in s[0]. With the max subtracted every exponent is at most 0, so no expf overflows "
+        "(expf(100) is already inf in float32), and the largest term is 1, so the sum is at least 1.",
+        "By hand, the row (2, 1, 0): its max is 2, the exponentials of 0, -1 and -2 are 1, 0.368 and 0.135, their sum "
+        "1.503, and the softmax is (0.665, 0.245, 0.090). Which of these numbers does a thread need to write one "
+        "column of y, and where does it find each once the trees are done?",
     )),
 )
 
@@ -908,9 +1015,10 @@ def _reduction_counted(ex: str, source: str, name: str, per: str, threads: int) 
     if per == "warp" and shuffles > steps:
         fail(ex, f"{where}: a lane made {shuffles} shuffles, where a tree over the 32 lanes of a warp takes log2(32) = "
              f"{steps}: the warp's values were collected one at a time, not halved step by step",
-             "each shuffle step halves the lanes that hold a partial sum: offsets 16, 8, 4, 2, 1")
+             "a tree lets every lane add at each step, and each step halves the lanes whose partial sums still "
+             "count. With 4 lanes, two shuffles suffice (offsets 2, then 1): which 5 offsets do it for 32?")
     if per == "block" and requests > 4 * steps + 8:
         fail(ex, f"{where}: one warp made {requests} shared-memory requests, where a tree of log2({threads}) = {steps} "
              f"steps makes about 3 per step: the block's values were added one after the other, not by a tree",
-             "a tree halves the adding threads each step: with h = blockDim.x / 2, 64, ... 1, the threads below h "
-             "add s[t + h] into s[t]")
+             "a tree halves the adding threads each step: over 8 values, 4 threads each add the entry 4 above "
+             "them, then 2 add the entry 2 above, then 1 adds s[1] into s[0]. What are the levels for 256?")
