@@ -15,6 +15,9 @@ from pathlib import Path
 
 from . import settings
 
+CELL_LIMIT = ("CPU-seconds of work allowed per cell, over all its processes (default 60); a cell that waits is stopped "
+              "after 3x that + 30 s")
+
 
 def _cmd_report(a) -> int:
     from . import report
@@ -624,7 +627,7 @@ def _add_grade(sub) -> None:
                                   "(with --merge: the output folders of the parts)")
     g.add_argument("more", nargs="*", help=argparse.SUPPRESS)
     g.add_argument("--out", default="grades", help="output folder (default: grades/)")
-    g.add_argument("--timeout", type=seconds, default=60, help="CPU-seconds of work allowed per cell, over all its processes (default 60); a cell that waits is stopped after 3x that + 30 s")
+    g.add_argument("--timeout", type=seconds, default=60, help=CELL_LIMIT)
     g.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
     g.add_argument("--jobs", type=int, default=1, help="grade this many submissions at once (default 1; try the core count)")
     g.add_argument("--release", default=None,
@@ -720,7 +723,7 @@ def _add_check_submission(sub) -> None:
              "when every public check passed. From a notebook cell: labkit.grading.check_submission(PATH).",
              _cmd_check_submission)
     c.add_argument("notebook", help="your notebook (.ipynb), as saved")
-    c.add_argument("--timeout", type=seconds, default=60, help="CPU-seconds of work allowed per cell, as the grader's default (60); a cell that waits is stopped after 3x that + 30 s")
+    c.add_argument("--timeout", type=seconds, default=60, help=CELL_LIMIT.replace("(default 60)", "as the grader's default (60)"))
     c.add_argument("--profile", choices=["quick", "full"], default="quick", help="the labs' PROFILE (default quick)")
     c.add_argument("--release", default=None, help="the release record, if your instructor gave you one")
 
@@ -827,7 +830,7 @@ def _add_gradescope(sub) -> None:
     g.add_argument("--release", required=True, help="the release record (release.json or its folder)")
     g.add_argument("--lab", required=True, metavar="NN", help="the lab to grade, e.g. 01")
     g.add_argument("--out", default="autograder.zip", help="the zip to write (default: autograder.zip)")
-    g.add_argument("--timeout", type=seconds, default=60, help="CPU-seconds of work allowed per cell, over all its processes (default 60); a cell that waits is stopped after 3x that + 30 s")
+    g.add_argument("--timeout", type=seconds, default=60, help=CELL_LIMIT)
     g.add_argument("--python-version", default=None, help="Gradescope's Python, e.g. 3.10 (default: this one)")
     g.add_argument("--platform", action="append", help="its platform tag, e.g. manylinux_2_35_x86_64 (Gradescope's Ubuntu 22.04)")
     g.add_argument("--wheels", default=None, metavar="DIR", help="ship these wheels (labkit's and pip's among them) "

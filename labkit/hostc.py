@@ -255,10 +255,12 @@ def load(source: str | os.PathLike, *, opt: str = "-O2", openmp: bool = False, n
 CACHE = {"I1": (32768, 8, 64), "D1": (32768, 8, 64), "LL": (1 << 20, 16, 64)}
 
 
-def cache_counts(program: str, function: str, opt: str = "-O3", timeout_s: float = 300) -> dict[str, int] | None:
-    """The events of ``function`` in one run of the C ``program`` (a main of its own) under cachegrind: ``Ir``
-    instructions, ``Dr`` and ``Dw`` memory reads and writes (one per instruction, however many bytes it moves: a vector
-    load of 8 floats is one), ``D1mr``/``D1mw`` first-level and ``DLmr``/``DLmw`` last-level misses, on :data:`CACHE`.
+def cache_counts(program: str, function: str | None, opt: str = "-O3", timeout_s: float = 300,
+                 flags: tuple[str, ...] = ()) -> dict[str, int] | None:
+    """The events of ``function`` (None: of the whole program, what it calls included) in one run of the C
+    ``program`` (a main of its own) under cachegrind: ``Ir`` instructions, ``Dr`` and ``Dw`` memory reads and writes
+    (one per instruction, however many bytes it moves: a vector load of 8 floats is one), ``D1mr``/``D1mw``
+    first-level and ``DLmr``/``DLmw`` last-level misses, on :data:`CACHE`; ``flags`` for the compiler besides ``opt``.
     None where Valgrind is not installed (apt install valgrind; Homebrew has none for Apple silicon)."""
     import shutil
 
@@ -266,8 +268,8 @@ def cache_counts(program: str, function: str, opt: str = "-O3", timeout_s: float
     if valgrind is None:
         return None
     try:
-        exe = shared_library(compiler(), program, "counted.c", [opt, "-g", "-fno-inline-functions-called-once"],
-                             suffix="")
+        exe = shared_library(compiler(), program, "counted.c", [opt, "-g", "-fno-inline-functions-called-once",
+                                                                *flags], libs=("-lm",), suffix="")
     except BuildFailed as e:
         raise CCompileError(str(e)) from None
     caches = [f"--{k}={','.join(map(str, v))}" for k, v in CACHE.items()]
@@ -279,7 +281,16 @@ def cache_counts(program: str, function: str, opt: str = "-O3", timeout_s: float
         if done.returncode != 0 or not out.is_file():
             raise CError(f"the counted program failed under cachegrind (exit {done.returncode}): "
                          f"{done.stderr.strip()[-500:]}")
-        return function_events(out.read_text(), function)
+        return function_events(out.read_text(), function) if function else program_events(out.read_text())
+
+
+def program_events(text: str) -> dict[str, int]:
+    """The whole run's totals in a cachegrind output file's text (its ``summary:`` line)."""
+    events = next((line.split()[1:] for line in text.splitlines() if line.startswith("events:")), None)
+    summary = next((line.split()[1:] for line in text.splitlines() if line.startswith("summary:")), None)
+    if not events or not summary:
+        raise CError("not a cachegrind output: no events or summary line")
+    return dict(zip(events, map(int, summary)))
 
 
 def function_events(text: str, function: str) -> dict[str, int]:

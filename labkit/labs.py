@@ -79,8 +79,8 @@ LABS: tuple[Lab, ...] = (
     Lab("03", "openmp_c", "The C program on the CPU: single-thread optimisation and OpenMP", ("hostc", "openmp"),
         ("openmp",), (
             "every C version computes NumPy's gradients (to float32 rounding)",
-            "the compiler's optimisation matters: -O2 is faster than -O0",
-            "vector instructions (omp simd) make the fastest single-thread version",
+            "the compiler's optimisation matters: at -O2 the program executes fewer instructions than at -O0",
+            "vector instructions (omp simd) make the single-thread version of fewest instructions",
             "the reduction is faster than omp critical, and omp critical faster than omp atomic",
             "per-sample backprop in C on one thread beats NumPy's per-sample loop",
         ), needs=("c",)),

@@ -220,6 +220,60 @@ def outer_counts(source: str, name: str = "outer_acc", B: int = 32, n_out: int =
     return hostc.cache_counts(head + source + driver.replace("SIZE_IN", str(n_in)), name, opt=opt)
 
 
+VERSION_DRIVER = r"""
+#line 1 "labkit-driver.c"
+double NAME(const float*, const float*, const float*, const float*, const float*, const float*, int, int, int, int,
+            float*, float*, float*, float*);
+double (*volatile labkit_counted_)(const float*, const float*, const float*, const float*, const float*, const float*,
+                                   int, int, int, int, float*, float*, float*, float*) = NAME;
+int main(void)
+{
+    const int B = SIZE_B, n_in = SIZE_IN, n_hid = SIZE_HID, n_out = SIZE_OUT;
+    size_t weights = (size_t)n_hid * n_in + n_hid + (size_t)n_out * n_hid + n_out;
+    float* m = calloc(2 * weights + (size_t)B * (n_in + n_out), sizeof(float));
+    float *W1 = m, *b1 = W1 + (size_t)n_hid * n_in, *W2 = b1 + n_hid, *b2 = W2 + (size_t)n_out * n_hid;
+    float *x = b2 + n_out, *y = x + (size_t)B * n_in, *g = y + (size_t)B * n_out;
+    volatile double cost = labkit_counted_(W1, b1, W2, b2, x, y, B, n_in, n_hid, n_out, g, g + (size_t)n_hid * n_in,
+                                           g + (size_t)n_hid * n_in + n_hid, g + (size_t)n_hid * n_in + n_hid +
+                                           (size_t)n_out * n_hid);
+    free(m);
+    return cost < 0;
+}
+"""
+
+
+def version_counts(runs: dict[str, tuple[str, str]], B: int = 4, sizes: tuple[int, int, int] = (784, 100, 10)
+                   ) -> dict[str, dict[str, int]] | None:
+    """cachegrind's exact counts of one batch of ``B`` samples through each named run's (version, opt) of
+    backprop.c, the whole program (the functions each version calls, expf included; the driver's few allocations
+    are the same for all): ``Ir`` instructions executed, ``Dr`` + ``Dw`` memory instructions, misses. The same on
+    every run, however busy the machine. None without Valgrind."""
+    source = '#include <stddef.h>\n#include <stdlib.h>\n' + with_helpers(SOURCE.read_text(), SOURCE.name)
+    driver = VERSION_DRIVER
+    for key, value in zip(("SIZE_B", "SIZE_IN", "SIZE_HID", "SIZE_OUT"), (B, *sizes)):
+        driver = driver.replace(key, str(value))
+    found = {}
+    for name, (version, opt) in runs.items():
+        counts = hostc.cache_counts(source + driver.replace("NAME", f"bp_{version}"), None, opt=opt,
+                                    flags=("-fopenmp",))
+        if counts is None:
+            return None
+        found[name] = counts
+    return found
+
+
+def work_of(runs: dict[str, dict], times: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """Lab 03's evidence for each of :func:`batch_times`'s ``runs`` (their ``times``): (the instructions one batch of
+    4 executes, counted by cachegrind, the same on every run however busy the machine; without Valgrind, the times),
+    and each in words, the time beside the count."""
+    counted = version_counts({k: (r["version"], r.get("opt", "-O2")) for k, r in runs.items()})
+    if counted is None:
+        return dict(times), {k: f"{t * 1e3:.2f} ms (timed: Valgrind, which counts, is not installed)"
+                             for k, t in times.items()}
+    return ({k: float(v["Ir"]) for k, v in counted.items()},
+            {k: f"{v['Ir']:,} instructions ({times[k] * 1e3:.2f} ms)" for k, v in counted.items()})
+
+
 def interchange_reading(speedup: float) -> str:
     """What lab 03's run says of the loop interchange alone (``speedup``: naive's time over interchanged's)."""
     chain = ("the row-wise dot product is one long chain of dependent additions that the compiler may not reorder, "

@@ -238,7 +238,8 @@ def test_warp_reduction_solution_passes(warp_solution, capsys):
 
 @needs_cxx
 @pytest.mark.parametrize("old,new,match", [
-    ("if ((threadIdx.x & 31) == 0) atomicAdd", "atomicAdd", r"every lane added what it holds\nHint: only lane 0 of each warp holds the warp's total"),
+    ("if ((threadIdx.x & 31) == 0) atomicAdd", "atomicAdd",
+     r"every lane added what it holds\nHint: only lane 0 of each warp holds the warp's total"),
     ("offset = 16", "offset = 8", "lane 0 collected 16 lanes, not 32"),
     ("__shfl_down_sync", "__shfl_up_sync", "__shfl_up_sync moves values to higher lanes"),
     ("    for (int offset", "    if (i < n) for (int offset", r"does not compile"),
@@ -269,7 +270,8 @@ def test_shared_transpose_solution_passes(transpose_solution, capsys):
 
 @needs_cxx
 @pytest.mark.parametrize("old,new,match", [
-    ("tile[32][33]", "tile[32][32]", r"3,968 bank conflicts in 256 shared-memory requests(.|\n)*for which W do i = 0 .. 31 fall in 32 different banks"),
+    ("tile[32][33]", "tile[32][32]",
+     r"3,968 bank conflicts in 256 shared-memory requests(.|\n)*for which W do i = 0 .. 31 fall in 32 different banks"),
     ("if (orow < cols && ocol < rows) out[orow * rows + ocol] = tile[tx][ty]",
      "if (r < rows && c < cols) out[c * rows + r] = tile[ty][tx]",
      r"a warp's stores to out touch 32 sectors of 32 bytes on average; coalesced, they touch 4"),

@@ -132,8 +132,9 @@ def _solution_lines(lab: str) -> dict[str, str]:
     region that is at least SHORT characters long that way."""
     import json
 
-    from labkit import runner
     from solutions import REGION
+
+    from labkit import runner
 
     [path] = [p for p in runner.find_notebooks() if p.name.startswith(f"{lab}_")]
     found = {}

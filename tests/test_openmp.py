@@ -236,6 +236,26 @@ def test_the_loop_interchange_verdict_is_a_count_the_same_however_busy_the_machi
             check.loop_interchange(_order(*order))
 
 
+@needs_valgrind
+def test_the_versions_work_is_counted_the_same_on_every_run_and_simd_executes_the_least():
+    """Lab 03's single-thread claims rest on cachegrind's instruction counts: exact, so two runs agree to the
+    instruction, and the order holds whatever else the machine runs."""
+    runs = {f"{v} -O2": (v, "-O2") for v in openmp.VERSIONS} | {"fused -O0": ("fused", "-O0")}
+    first, again = openmp.version_counts(runs), openmp.version_counts(runs)
+    assert {k: v["Ir"] for k, v in first.items()} == {k: v["Ir"] for k, v in again.items()}
+    ir = {k: v["Ir"] for k, v in first.items()}
+    assert min(ir, key=ir.get) == "simd -O2" and ir["fused -O0"] > 2 * ir["fused -O2"], ir
+    work, said = openmp.work_of({k: dict(version=v, opt=o) for k, (v, o) in runs.items()}, dict.fromkeys(runs, 0.001))
+    assert work == {k: float(v) for k, v in ir.items()} and said["simd -O2"].endswith(" instructions (1.00 ms)")
+
+
+def test_without_valgrind_the_versions_are_judged_on_their_times_and_say_so(monkeypatch):
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "valgrind" else real(name, *a, **k))
+    work, said = openmp.work_of({"simd -O2": dict(version="simd")}, {"simd -O2": 0.002})
+    assert work == {"simd -O2": 0.002} and "timed: Valgrind, which counts, is not installed" in said["simd -O2"]
+
+
 def test_without_valgrind_the_loop_the_source_puts_innermost_is_judged(monkeypatch):
     from labkit import check
 
