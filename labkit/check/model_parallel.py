@@ -840,8 +840,8 @@ EXERCISES = (
                  "each micro-batch, the time its input reaches the stage you are at. When can a task start?",
                  "Forwards: stage by stage from the first, micro-batch by micro-batch. Backwards: stage by stage "
                  "from the last. At what time can the last stage start its first backward?",
-                 "Test it on equal stages first: it must give the step count of your schedule times (f + b). Then "
-                 "make one stage slower by hand: which micro-batches wait for it?",
+                 "Test it on equal stages with f = b = 1 second first: it must give the step count of your GPipe "
+                 "schedule. Then make one stage slower by hand: which micro-batches wait for it?",
              )),
     Exercise("activations_in_flight", "11", "model_parallel", references=("labkit.model_parallel:peak_activations",),
              hints=(
