@@ -392,7 +392,8 @@ def test_a_server_left_listening_on_the_bridge_ends_with_the_hosts():
     killed (a test failing under load), nothing stops it, and it would outlive the bridge with its address gone."""
     from labkit.cluster.processes import listening_on
 
-    with hosts.namespace_hosts(1) as h:
+    with hosts.namespace_hosts(2) as h:
+        made = set(h.namespaces)
         server = subprocess.Popen(
             [sys.executable, "-c", "import socket, sys, time\ns = socket.socket()\n"
              f"s.bind(({h.bridge_address!r}, 0))\ns.listen()\nprint('up', flush=True)\ntime.sleep(600)"],
@@ -401,3 +402,4 @@ def test_a_server_left_listening_on_the_bridge_ends_with_the_hosts():
         assert listening_on(h.bridge_address) == [server.pid]
     assert server.wait(timeout=10) == -9
     server.stdout.close()
+    assert not made & set(hosts.left_behind()), "and every namespace went with them"

@@ -195,9 +195,9 @@ def _remove(namespaces: list[str], bridge: str | None, tmp: Path | None, links: 
             bridge_address: str | None = None) -> None:
     for ns in namespaces:  # processes first: a namespace is only gone when nothing runs in it
         kill_until_gone(lambda ns=ns: namespace_pids(ns), wait=5.0)
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
     if bridge_address:  # a server here that listens on the bridge for the hosts (an ipyparallel controller whose
         kill_until_gone(lambda: listening_on(bridge_address), wait=5.0)  # owner was killed) ends with them
-        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)  # takes its veth end along
     for link in links:  # gone with its namespace, unless the kernel keeps it a while
         subprocess.run(["ip", "link", "delete", link], capture_output=True, timeout=30)
     if bridge:
