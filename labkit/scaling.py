@@ -41,6 +41,7 @@ WORKLOADS = {
     "synthetic": "a known serial fraction: rank 0 alone does `serial` of the work, then all ranks share the rest",
 }
 _OPTIONS = {"backprop": set(), "synthetic": {"serial"}}
+PHASES = ("compute", "comm")  # a step's parts on each rank: "comm" is its time in the collective, waiting included
 _DEFAULT_SIZE = {("backprop", "strong"): 4096, ("backprop", "weak"): 1024,
                  ("synthetic", "strong"): 1000, ("synthetic", "weak"): 500}
 UNIT = 128  # a unit of synthetic work: one UNIT x UNIT float64 matrix product
@@ -121,12 +122,23 @@ def worker(cfg: dict) -> None:
     comm = MPI.COMM_WORLD
     make = {"backprop": _backprop_step, "synthetic": _synthetic_step}[cfg["workload"]]
     step, phases = make(comm, cfg, None)
-    before = phases()
-    timing = measure(step, repeat=cfg["repeat"], warmup=cfg["warmup"], clock="mpi", comm=comm)
-    after = phases()
-    per_step = {k: (after[k] - before[k]) / (cfg["repeat"] + cfg["warmup"]) for k in after}  # measure ran both
-    out = {"p": comm.Get_size(), "times": timing.times,
-           "phases": {k: comm.allreduce(v, op=MPI.MAX) for k, v in per_step.items()}}
+    steps = []  # this rank's seconds per phase in each step
+
+    def timed_step():
+        before = phases()
+        step()
+        after = phases()
+        steps.append([after[k] - before[k] for k in PHASES])
+
+    timing = measure(timed_step, repeat=cfg["repeat"], warmup=cfg["warmup"], clock="mpi", comm=comm)
+    every = comm.gather(np.array(steps[-cfg["repeat"]:]), root=0)  # the timed steps: rank x step x phase
+    out = {"p": comm.Get_size(), "times": timing.times}
+    if comm.Get_rank() == 0:
+        every = np.array(every)
+        longest = every.max(axis=0)  # per step, each phase's longest over the ranks
+        out["phases"] = {k: float(np.median(longest[:, i])) for i, k in enumerate(PHASES)}
+        if comm.Get_size() > 1:  # the rank that waited least, each step
+            out["transfer"] = every[:, :, PHASES.index("comm")].min(axis=0).tolist()
     if cfg.get("trace"):
         tl = Timeline(comm.Get_rank())
         step, _ = make(comm, cfg, tl)
@@ -191,6 +203,7 @@ class Scaling:
     traces: dict = field(default_factory=dict)  # rank count -> Timeline events of one step on every rank
     cores: int | None = None
     serial_timings: list[Timing] | None = None  # weak: the scaled problem of each rank count, on one rank
+    transfers: list[Timing] | None = None  # per rank count, each step's least time in the collective over the ranks
 
     def __post_init__(self):
         if self.mode not in ("strong", "weak"):
@@ -233,10 +246,19 @@ class Scaling:
 
     @property
     def comm_share(self) -> np.ndarray:
-        """Per rank count, the share of a step's median time spent in the allreduce, waiting for the other ranks
-        included (:attr:`phases`): a measure that a busy neighbour moves much less than the speedup, since both
-        parts are timed within the same steps."""
+        """Per rank count, the share of a step spent in the allreduce, waiting for the other ranks included
+        (:attr:`phases`: each phase's longest over the ranks, the median over the steps). Another program on the
+        cores moves it: a rank it slows makes the others wait. :attr:`transfer_share` is the allreduce's own share."""
         return np.array([ph.get("comm", 0.0) / (sum(ph.values()) or 1.0) for ph in self.phases])
+
+    @property
+    def transfer_share(self) -> np.ndarray:
+        """Per rank count, the allreduce's own share of a step: the fastest time in it of the rank that waited least
+        (the last to enter, whose time there is transfer) over the fastest step; 0 on one rank. Read from the fastest
+        runs, it is the step's fixed cost: another program on the cores only adds time, to waiting most of all."""
+        if not self.transfers:
+            raise ValueError("this result has no transfer times (saved before they were measured); run it again")
+        return np.array([t.best / s.best if t.times else 0.0 for t, s in zip(self.transfers, self.timings)])
 
     @property
     def weak_efficiency(self) -> np.ndarray:
@@ -313,15 +335,17 @@ class Scaling:
                 "speedup": self.speedup.tolist(), "efficiency": self.efficiency.tolist(),
                 "serial_fraction": self.serial_fraction, "fitted_ranks": self.fitted_ranks, "phases": self.phases,
                 "cores": self.cores,
-                "serial_times": None if self.serial_timings is None else [t.times for t in self.serial_timings]}
+                "serial_times": None if self.serial_timings is None else [t.times for t in self.serial_timings],
+                "transfers": None if self.transfers is None else [t.times for t in self.transfers]}
 
     @classmethod
     def from_dict(cls, d: dict) -> Scaling:
         """The inverse of :meth:`to_dict` (for results saved as JSON)."""
-        serial = d.get("serial_times")
+        serial, transfers = d.get("serial_times"), d.get("transfers")
         return cls(d["workload"], d["mode"], d["size"], d["ranks"], [Timing(t) for t in d["times"]],
                    phases=d.get("phases", []), cores=d.get("cores"),
-                   serial_timings=None if serial is None else [Timing(t) for t in serial])
+                   serial_timings=None if serial is None else [Timing(t) for t in serial],
+                   transfers=None if transfers is None else [Timing(t) for t in transfers])
 
 
 def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, repeat: int, warmup: int,
@@ -338,6 +362,7 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
     runs = [(p, p) for p in ranks] + ([(1, p) for p in ranks if p > 1] if mode == "weak" else [])
     times: dict = {run: [] for run in runs}
     phases_of: dict = {}
+    transfers: dict = {}
     traces = {}
     with progress_bar(total=rounds * len(runs), enable=progress, desc=f"{mode} scaling of {workload}", unit="run") as bar:
         for r in range(rounds):  # interleaved: a slow spell of the machine lands on every rank count of a round
@@ -348,6 +373,7 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
                 times[(n, scale)] += out["times"]
                 if n == scale:
                     phases_of.setdefault(n, []).append(out.get("phases", {}))
+                    transfers.setdefault(n, []).extend(out.get("transfer", []))
                     if out.get("trace"):
                         traces[n] = out["trace"]
                 bar.update(1)
@@ -355,7 +381,8 @@ def _scaling(mode: str, workload: str, ranks: Sequence[int], size: int | None, r
     phases = [{k: float(np.median([ph.get(k, 0.0) for ph in phases_of[p]])) for k in phases_of[p][0]} for p in ranks]
     serial = [timings[0], *(Timing(times[(1, p)]) for p in ranks if p > 1)] if mode == "weak" else []
     return Scaling(workload, mode, size, ranks, timings, phases, traces, cores=usable_cores(),
-                   serial_timings=serial if mode == "weak" else None)
+                   serial_timings=serial if mode == "weak" else None,
+                   transfers=[Timing(transfers.get(p, [])) for p in ranks])
 
 
 def predicted_step(t1: float, ranks: Sequence[int], cores: int | None, alpha: float, beta: float,

@@ -136,10 +136,15 @@ def test_strong_and_weak_scaling_runners():
     assert strong.ranks == [1, 2] and len(strong.timings) == 2 and all(len(t.times) == 2 for t in strong.timings)
     assert np.isfinite(strong.serial_fraction) and (strong.times > 0).all()
     assert {e["rank"] for e in strong.traces[2]} == {0, 1} and set(strong.phases[1]) == {"compute", "comm"}
+    # rank 0 alone does the serial part while rank 1 waits at the barrier: the waiting is counted in the phases, and
+    # the transfer is rank 0's time there, the rank that waited least
+    assert [len(t.times) for t in strong.transfers] == [0, 2] and strong.transfer_share[0] == 0
+    assert strong.transfers[1].best < strong.phases[1]["comm"] / 5 and 0 < strong.transfer_share[1] < strong.comm_share[1]
     weak = scaling.weak_scaling("backprop", ranks=(1, 2), size=64, repeat=2, progress=False)
     assert weak.mode == "weak" and weak.speedup[0] == pytest.approx(1.0) and weak.phases[1]["comm"] > 0
     assert len(weak.serial_timings) == 2 and weak.serial_timings[0] is weak.timings[0]
     assert weak.speedup[1] == pytest.approx(weak.serial_timings[1].median / weak.timings[1].median)
+    assert len(weak.transfers[1].times) == 2 and 0 < weak.transfer_share[1] < 1
 
 
 @pytest.mark.mpi
@@ -163,9 +168,13 @@ def test_scaling_survives_json():
     import json
 
     weak = scaling.Scaling("w", "weak", 8, [1, 2], _timings([1.0, 1.1]), phases=[{"comm": 0.0}, {"comm": 0.1}], cores=2,
-                         serial_timings=_timings([1.0, 1.9]))
+                         serial_timings=_timings([1.0, 1.9]), transfers=_timings([0.0, 0.05]))
     back = scaling.Scaling.from_dict(json.loads(json.dumps(weak.to_dict())))
     assert back.to_dict() == weak.to_dict() and back.table() == weak.table()
+    assert back.transfer_share.tolist() == pytest.approx([0.0, 0.05 / 1.1])
+    old = {k: v for k, v in weak.to_dict().items() if k != "transfers"}  # saved before transfers were measured
+    with pytest.raises(ValueError, match="no transfer times"):
+        scaling.Scaling.from_dict(old).transfer_share
 
 
 def test_measure_syncs_inside_the_timing():
@@ -200,6 +209,7 @@ def test_merge_rounds_takes_medians_and_keeps_rounds():
 def test_scaling_rounds_pool_every_round():
     s = scaling.strong_scaling("synthetic", ranks=(2,), size=40, repeat=2, rounds=2, progress=False)
     assert [len(t.times) for t in s.timings] == [4, 4] and s.phases[1]["comm"] >= 0
+    assert [len(t.times) for t in s.transfers] == [0, 4]  # every round's timed steps
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         scaling.strong_scaling("synthetic", ranks=(2,), size=40, rounds=0)
 

@@ -165,7 +165,7 @@ def _lab04(digits) -> dict:
 def _lab12(digits) -> dict:
     from labkit import scaling
 
-    share = {b: scaling.strong_scaling("backprop", (1, 2), size=b, repeat=1, rounds=5).comm_share[1] for b in (128, 4096)}
+    share = {b: scaling.strong_scaling("backprop", (1, 2), size=b, repeat=1, rounds=5).transfer_share[1] for b in (128, 4096)}
     return {"predicted_more_comm": "128" if share[128] > share[4096] else "large"}
 
 
