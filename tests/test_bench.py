@@ -174,7 +174,7 @@ def test_scaling_survives_json():
     assert back.transfer_share.tolist() == pytest.approx([0.0, 0.05 / 1.1])
     old = {k: v for k, v in weak.to_dict().items() if k != "transfers"}  # saved before transfers were measured
     with pytest.raises(ValueError, match="no transfer times"):
-        scaling.Scaling.from_dict(old).transfer_share
+        _ = scaling.Scaling.from_dict(old).transfer_share
 
 
 def test_measure_syncs_inside_the_timing():
