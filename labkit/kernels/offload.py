@@ -359,28 +359,34 @@ def host_time(n_out: int, n_in: int, host: dict) -> float:
 
 def offload_sweep(widths, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, list[float]]:
     """Median seconds of one batch (x, y) of per-sample backprop on [n_in, width, n_out] for each width: the host
-    loop (``mlp.loss_and_grads_per_sample``) and both modes of ``OffloadedBackprop``."""
+    loop (``mlp.loss_and_grads_per_sample``) and both modes of ``OffloadedBackprop``. Beside the emulator the host
+    runs on one BLAS thread, as in :func:`offload_tables`: under two busy loops on 2 cores BLAS's waiting threads
+    made the host loop at width 1000 up to 30 times slower in some runs, and the emulator's "offloading" look 1.14x
+    faster than the host."""
     ways = {"host": mlp.loss_and_grads_per_sample, "offloaded, copy": OffloadedBackprop("copy"),
             "offloaded, resident": OffloadedBackprop("resident")}
     times: dict[str, list[float]] = {k: [] for k in ways}
-    for w in widths:
-        p = mlp.init_params([x.shape[1], int(w), n_out])
-        for k, fn in ways.items():
-            times[k].append(time_per_batch(fn, p, x, y, repeat=repeat))
+    with contextlib.nullcontext() if backend() == "cupy" else threadpool_limits(1):
+        for w in widths:
+            p = mlp.init_params([x.shape[1], int(w), n_out])
+            for k, fn in ways.items():
+                times[k].append(time_per_batch(fn, p, x, y, repeat=repeat))
     return times
 
 
 def batch_step_times(width: int, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, float]:
     """Median seconds of the loss and gradients of one batch (x, y) on [n_in, width, n_out], cross-entropy, four
     ways: per sample on the host, per sample offloaded (resident), vectorised on the host, batched on the device
-    (``DeviceMLP``: everything on the device, the batch copied in and the gradients out included)."""
+    (``DeviceMLP``: everything on the device, the batch copied in and the gradients out included). Beside the
+    emulator the host runs on one BLAS thread (:func:`offload_sweep`)."""
     p = mlp.init_params([x.shape[1], int(width), n_out])
     net = DeviceMLP(p, batch_size=x.shape[0], cost="cross_entropy")
     ways = {"host, per sample": mlp.loss_and_grads_per_sample,
             "offloaded per sample, resident": OffloadedBackprop("resident"),
             "host, vectorised": mlp.loss_and_grads,
             f"device, batched ({backend()})": lambda _p, xb, yb, **kw: net.loss_and_grads(xb, yb)}
-    return {k: time_per_batch(fn, p, x, y, repeat=repeat, cost="cross_entropy") for k, fn in ways.items()}
+    with contextlib.nullcontext() if backend() == "cupy" else threadpool_limits(1):
+        return {k: time_per_batch(fn, p, x, y, repeat=repeat, cost="cross_entropy") for k, fn in ways.items()}
 
 
 def batch_step(xp, params, x, Y, lr: float) -> float:
