@@ -53,9 +53,9 @@ venv: $(STAMP)
 report: $(STAMP)
 	$(BIN)/labkit report --profile $(PROFILE) --out report
 
-# make test: what needs no quiet machine on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), then alone
-# the tests marked quiet (the labs' notebooks, whose claims time things; measured rates); both runs always run, and
-# either failing fails. TEST_JOBS: one worker more than the usable cores, at most 8: many of these tests wait (a cell's
+# make test: the tests on TEST_JOBS workers (pytest-xdist, a file's tests on one worker), the labs' notebooks and their
+# claims among them, beside each other; then alone the few marked quiet (a cable's measured rate, which a busy
+# neighbour would change); both runs always run, and either failing fails. TEST_JOBS: one worker more than the usable cores, at most 8: many of these tests wait (a cell's
 # time limit, a SLURM job, a host's timeout), and a third worker on 2 cores took the first run from 730 s to 515 s
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') \
   else os.cpu_count(); print(min(n + 1, 8))")

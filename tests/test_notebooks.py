@@ -72,7 +72,6 @@ def _claims_made_and_held(result, name):
 @pytest.mark.notebooks
 @pytest.mark.sandbox
 @pytest.mark.mpi  # the grader replays the MPI exercises' checks under mpiexec
-@pytest.mark.quiet  # the claims time things: make test runs these alone
 @pytest.mark.timeout(1800)  # the first of these grades every selected lab once (tests/labruns.py)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_runs_quick_profile_and_its_claims_hold(path, lab_runs):
