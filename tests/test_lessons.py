@@ -139,10 +139,23 @@ def student_lines(nb) -> tuple[int, int]:
     return mine, total
 
 
-def test_the_students_share_of_the_code_is_at_least_a_fifth():
-    counts = [student_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS]
-    mine, total = map(sum, zip(*counts))
-    assert mine / total >= 0.20, f"{mine} of {total} non-blank code lines are the student's ({mine / total:.1%})"
+LAB_SHARE, COURSE_SHARE = 0.15, 0.20  # the student's share of a lab's code lines, and of the course's
+
+
+@per_lab
+def test_the_students_share_of_each_labs_code(path):
+    mine, total = student_lines(nbformat.read(path, as_version=4))
+    assert mine / total >= LAB_SHARE, f"lab {path.name[:2]}: {mine} of {total} non-blank code lines are the student's " \
+                                      f"({mine / total:.1%}); at least {LAB_SHARE:.0%}: give the student more to write"
+
+
+def test_the_students_share_of_the_course_is_at_least_a_fifth():
+    counts = {p.name[:2]: student_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    mine, total = map(sum, zip(*counts.values()))
+    lowest = sorted(counts, key=lambda n: counts[n][0] / counts[n][1])[:3]
+    assert mine / total >= COURSE_SHARE, f"{mine} of {total} non-blank code lines are the student's " \
+        f"({mine / total:.1%}); at least {COURSE_SHARE:.0%}. The labs of least share: " \
+        + ", ".join(f"{n} ({counts[n][0] / counts[n][1]:.1%})" for n in lowest)
 
 
 def test_answer_cells_are_handed_out_blank_and_collected():
