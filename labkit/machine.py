@@ -110,9 +110,10 @@ def cores_free(threads: int, seconds: float = 0.2) -> float:
     return min(float(threads), sum(used) / wall) if wall > 0 else float(threads)
 
 
-def cores_reading(threads: int, free: float, speedup: float) -> str:
-    """A speedup of ``threads`` threads set beside the cores they had (:func:`cores_free`): the limit it could reach
-    this run, min(threads, free), and how much of it the speedup used."""
+def cores_reading(threads: int, free: float, speedup: float, unit: str = "threads") -> str:
+    """A speedup of ``threads`` threads (or ranks, ``unit``) set beside the cores they had (:func:`cores_free`, which
+    for ranks reads how busy the machine's cores are): the limit it could reach this run, min(threads, free), and
+    how much of it the speedup used."""
     limit = min(float(threads), free)
-    return (f"{free:.1f} of {usable_cores()} cores were free for {threads} threads this run, so the limit was "
+    return (f"{free:.1f} of {usable_cores()} cores were free for {threads} {unit} this run, so the limit was "
             f"{limit:.1f}x; the speedup {speedup:.2f}x is {speedup / limit:.0%} of it")

@@ -150,3 +150,4 @@ def test_the_cores_free_for_threads_are_what_other_work_leaves_them():
         assert crowded < 0.85 * n, crowded
     said = cores_reading(2, 1.3, 1.2)
     assert said.startswith("1.3 of") and "the limit was 1.3x" in said and "92% of it" in said
+    assert "free for 4 ranks this run, so the limit was 1.3x" in cores_reading(4, 1.3, 0.9, "ranks")
