@@ -6,8 +6,9 @@ default data (no LABKIT_DATA). The tests of tests/test_notebooks.py read a run's
 verdicts, from these runs. A version is graded when a test first asks for it, and only for the labs that the run's
 selected tests read (``pytest -k 03`` grades lab 03 alone).
 
-The instructor's notebooks run one at a time, since their claims time things on the machine's cores. The student
-versions run two at a time: only where they fail matters, not how fast they run.
+The instructor's notebooks run one at a time, beside the rest of the test run on the other workers: their claims
+must hold on a machine that others share, as a class's does. The student versions run two at a time: only where
+they fail matters, not how fast they run.
 """
 
 from __future__ import annotations
