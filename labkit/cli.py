@@ -617,6 +617,8 @@ def _add_assign(sub) -> None:
 
 
 def _add_grade(sub) -> None:
+    from .grading import collect, exports
+
     g = _sub(sub, "grade", "run students' notebooks and score every check (CSV and JSON)",
              "Run every student's notebook top to bottom on the quick profile, each in a sandbox of its own\n"
              "(bubblewrap: only its own files, no network, limits on memory, processes and CPU time). A cell that\n"
@@ -656,9 +658,10 @@ def _add_grade(sub) -> None:
     g.add_argument("--resume", action="store_true",
                    help="go on with an interrupted run into the same --out, with the same options: the notebooks it "
                         "finished (and that have not changed since) are not graded again")
-    g.add_argument("--export", action="append", choices=["gradescope", "canvas"],
-                   help="also write the grades for a gradebook: gradescope (results.json per student) or canvas "
-                        "(canvas.csv for the gradebook import); may be given twice")
+    g.add_argument("--export", action="append", choices=list(exports.EXPORTS),
+                   help="also write the grades for a gradebook: "
+                        + collect.either([f"{name} ({what})" for name, what in exports.EXPORT_HELP.items()])
+                        + "; may be repeated")
     g.add_argument("--canvas-gradebook", default=None, metavar="CSV",
                    help="with --export canvas: the gradebook exported from Canvas (Grades > Export); each lab goes into "
                         "the column of its assignment there, each student is found by ID, SIS User ID or login")
@@ -691,9 +694,12 @@ def _add_grade(sub) -> None:
 
 
 def _add_collect(sub) -> None:
-    c = _sub(sub, "collect", "sort an LMS's bulk download (Canvas, Moodle, Gradescope) into one folder per student",
+    from .grading import collect
+
+    titles = [lms.title for lms in collect.LMSES]
+    c = _sub(sub, "collect", f"sort an LMS's bulk download ({', '.join(titles)}) into one folder per student",
              "Read the bulk download of an assignment's submissions (the zip, or the folder it unpacks to) from\n"
-             "Canvas, Moodle or Gradescope; find each notebook's lab by its content; keep each student's latest\n"
+             f"{collect.either(titles)}; find each notebook's lab by its content; keep each student's latest\n"
              "submission of a lab; and write SUBMISSIONS/<student>/<lab>.ipynb with SUBMISSIONS/submissions.csv\n"
              "(student, lab, file, submitted_at, lms, lms_user_id, lms_submission_id): the times come from the LMS's\n"
              "metadata, else from the files. A file it cannot place is listed with why, and the exit code is 1.",
@@ -702,14 +708,15 @@ def _add_collect(sub) -> None:
     c.add_argument("--release", default=None,
                    help="the release record from labkit assign (default: release/ if there): the labs handed out")
     c.add_argument("--out", required=True, metavar="SUBMISSIONS", help="the folder to write (labkit grade's input)")
-    c.add_argument("--from", dest="source", choices=["canvas", "moodle", "gradescope", "auto"], default="auto",
+    c.add_argument("--from", dest="source", choices=[*collect.LMS, "auto"], default="auto",
                    help="which LMS made the download (default: auto, told by its file names)")
     c.add_argument("--lab", action="append", metavar="NN", help="only these labs (01, or 01,07); others are listed")
     c.add_argument("--lms-timezone", default=None, metavar="ZONE",
                    help="the timezone the LMS wrote its zip's file times in (America/Chicago, UTC, +02:00); zip entries "
                         "name none, and without it they are read in this machine's, which collect says")
     c.add_argument("--submitted-at", default=None, metavar="TIME|CSV",
-                   help="the submission times where the LMS's download gives none (Canvas, Moodle) and the files' are "
+                   help="the submission times where the LMS's download gives none "
+                        f"({', '.join(lms.title for lms in collect.LMSES if not lms.times)}) and the files' are "
                         "wrong (a copy): one ISO 8601 time for all, or a CSV of student,lab,submitted_at (student as "
                         "collect names them or their LMS user id; lab blank for every lab)")
 

@@ -1,11 +1,14 @@
 """labkit collect: the bulk downloads of Canvas, Moodle and Gradescope, made as those systems make them, sorted into
 one folder per student with each notebook's lab found by its content and the latest resubmission kept."""
 
+import argparse
 import csv
 import json
 import os
 import re
 import struct
+import subprocess
+import sys
 import time
 import zipfile
 from datetime import datetime, timedelta, timezone
@@ -14,7 +17,7 @@ import nbformat
 import pytest
 
 from labkit import cli, labs
-from labkit.grading import assign, collect, late
+from labkit.grading import assign, collect, exports, late
 
 LAB01 = labs.NOTEBOOKS / "01_serial_backprop.ipynb"
 LAB07 = labs.NOTEBOOKS / "07_ring_allreduce.ipynb"
@@ -122,6 +125,36 @@ def test_what_cannot_be_placed_is_listed_and_collect_fails(tmp_path, release, ca
                         tmp_path / "u")
     with pytest.raises(FileNotFoundError, match="no download at"):
         collect.collect(tmp_path / "missing.zip", release, tmp_path / "v")
+
+
+def _options(command):
+    """A labkit command's options, by their flag, as the command line has them."""
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag: a for a in sub.choices[command]._actions for flag in a.option_strings}
+
+
+def test_each_lms_and_export_of_the_tables_is_a_choice_of_the_command_line():
+    # an LMS is one entry of collect's table, an export one of exports': the command line offers exactly those
+    assert collect.LMS == tuple(lms.name for lms in collect.LMSES) == ("canvas", "moodle", "gradescope")
+    assert _options("collect")["--from"].choices == [*collect.LMS, "auto"]
+    assert _options("grade")["--export"].choices == list(exports.EXPORTS) == list(exports.EXPORT_HELP)
+    helped = " ".join(_options("collect")["--submitted-at"].help.split())
+    assert all((lms.title in helped) != lms.times for lms in collect.LMSES)  # those whose download gives no times
+    assert all(f"{name} ({what})" in _options("grade")["--export"].help for name, what in exports.EXPORT_HELP.items())
+    # auto-detection asks the surest sign first: Gradescope's metadata file, then Moodle's folders, then Canvas's names
+    canvas, moodle = "alvarezana_4411_90001_lab.ipynb", "Ana Alvarez_301_assignsubmission_file_/x_1_2_lab.ipynb"
+    for names, lms in [([canvas], "canvas"), ([canvas, moodle], "moodle"),
+                       ([moodle, "export/submission_metadata.yml"], "gradescope")]:
+        assert collect.which_lms([collect.File(n, b"", datetime.now()) for n in names]) == lms
+    with pytest.raises(ValueError) as none:
+        collect.which_lms([collect.File("lab.ipynb", b"", datetime.now())])
+    assert str(none.value) == ("could not tell which LMS made this download (no Canvas file names, no Moodle folders, "
+                               "no Gradescope submission_metadata.yml): give --from canvas, moodle or gradescope")
+    # the command line reads the tables for every labkit command: they must not load the grader (seconds) to be read
+    loaded = subprocess.run([sys.executable, "-c", "import sys; from labkit import cli; cli.build_parser(); "
+                             "print(sorted({'nbformat', 'labkit.check', 'labkit.grading.assign'} & set(sys.modules)))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
 
 
 @pytest.mark.sandbox

@@ -35,15 +35,14 @@ import re
 import struct
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 
-from . import late
-from .assign import lab_number, lab_of
-from .late import SUBMISSIONS_FIELDS, parse_time
+# the grader's modules (nbformat, the exercises: seconds to load) are imported where used, since the command line reads
+# this module's table of LMSs to build its options, for every labkit command
 
-LMS = ("canvas", "moodle", "gradescope")
 CANVAS_NAME = re.compile(r"^(?P<name>[^_/]+?)(?P<late>_LATE)?_(?P<uid>\d+)_(?P<sid>\d+)_(?P<file>.+)$")
 MOODLE_PART = re.compile(r"^(?P<name>.+?)_(?P<id>\d+)_assignsubmission_(?P<plugin>[a-z]+)_(?P<file>.*)$")
 RESUBMITTED = re.compile(r"-(\d+)$")  # Canvas's lab01-1.ipynb: the same file name handed in again
@@ -154,16 +153,18 @@ def _hidden(path: str) -> bool:
 
 
 def which_lms(files: list[File]) -> str:
-    """The LMS that made a download, told by its names."""
+    """The LMS that made a download, told by its names: the first of :data:`LMSES` to ask whose sign they carry."""
     names = [f.path for f in files]
-    if any(n.rsplit("/", 1)[-1] == GRADESCOPE_METADATA for n in names):
-        return "gradescope"
-    if any(MOODLE_PART.match(part) for n in names for part in n.split("/")):
-        return "moodle"
-    if any(CANVAS_NAME.match(n.rsplit("/", 1)[-1]) for n in names):
-        return "canvas"
-    raise ValueError("could not tell which LMS made this download (no Canvas file names, no Moodle folders, no "
-                     f"Gradescope {GRADESCOPE_METADATA}): give --from canvas, moodle or gradescope")
+    for lms in sorted(LMSES, key=lambda lms: lms.asked):
+        if lms.made(names):
+            return lms.name
+    raise ValueError(f"could not tell which LMS made this download (no {', no '.join(lms.sign for lms in LMSES)}): "
+                     f"give --from {either(LMS)}")
+
+
+def either(words: list[str] | tuple[str, ...]) -> str:
+    """'a, b or c': choices as a sentence gives them."""
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 def _slug(name: str) -> str:
@@ -243,10 +244,37 @@ def _gradescope_time(value) -> datetime | None:
         return None
 
 
+@dataclass(frozen=True)
+class Lms:
+    """One LMS whose download collect reads: its words to the user, how its download is told by its names, how read."""
+    name: str  # --from's word, and submissions.csv's lms
+    title: str  # as its users know it
+    sign: str  # what tells its download, in words
+    made: Callable[[list[str]], bool]  # whether a download's paths carry that sign
+    read: Callable[[list[File], Collected], list[Submission]]  # its files, placed by student, or unplaced with why
+    asked: int  # auto-detection's order: a sign a student's file names cannot make (a file of the LMS's) before one they can
+    times: bool = False  # its download says when each was handed in; without, --submitted-at may be needed
+    refused: str = ""  # with --from naming it: why a download without its sign cannot be read, and what to do
+
+
+# the LMSs, in the order their users are shown them; adding one is an entry here, read by which_lms, collect and the cli
+LMSES = (
+    Lms("canvas", "Canvas", "Canvas file names",
+        lambda names: any(CANVAS_NAME.match(n.rsplit("/", 1)[-1]) for n in names), _canvas, asked=2),
+    Lms("moodle", "Moodle", "Moodle folders",
+        lambda names: any(MOODLE_PART.match(part) for n in names for part in n.split("/")), _moodle, asked=1),
+    Lms("gradescope", "Gradescope", f"Gradescope {GRADESCOPE_METADATA}",
+        lambda names: any(n.rsplit("/", 1)[-1] == GRADESCOPE_METADATA for n in names), _gradescope, asked=0, times=True,
+        refused=f"has no {GRADESCOPE_METADATA}: export the submissions from Gradescope whole"),
+)
+LMS = tuple(lms.name for lms in LMSES)
+
+
 def _place(found: list[Submission], record: dict | None, labs: set[str], out: Collected) -> list[Submission]:
     """Each notebook's lab by its content; what is no notebook, no lab, or not a lab asked for is set aside."""
     import nbformat
 
+    from .assign import lab_number, lab_of
     from .grade import lab_notebook
 
     released = {(e.get("lab") or lab_number(n)): n for n, e in record["notebooks"].items()} if record else None
@@ -286,13 +314,13 @@ def collect(download: Path | str, release: Path | str | None, out: Path | str, l
     files = read_download(download, parse_zone(lms_timezone) if lms_timezone else None)
     if not files:
         raise FileNotFoundError(f"{download} holds no files")
-    lms = which_lms(files) if lms == "auto" else lms
-    if lms == "gradescope" and not any(f.path.rsplit("/", 1)[-1] == GRADESCOPE_METADATA for f in files):
-        raise ValueError(f"{download} has no {GRADESCOPE_METADATA}: export the submissions from Gradescope whole")
+    made_by = {entry.name: entry for entry in LMSES}[which_lms(files) if lms == "auto" else lms]
+    if made_by.refused and not made_by.made([f.path for f in files]):
+        raise ValueError(f"{download} {made_by.refused}")
     record, _ = load_release(release)
     earlier = _earlier_rows(Path(out) / "submissions.csv")  # read first: a foreign file stops collect before it writes
     result = Collected()
-    found = {"canvas": _canvas, "moodle": _moodle, "gradescope": _gradescope}[lms](files, result)
+    found = made_by.read(files, result)
     latest: dict[tuple[str, str], Submission] = {}
     for s in _place(found, record, wanted_labs(labs), result):
         _take_given_time(s, given)
@@ -311,6 +339,9 @@ def collect(download: Path | str, release: Path | str | None, out: Path | str, l
 def read_given_times(value: str | Path) -> dict[tuple[str, str], datetime]:
     """--submitted-at: one time (ISO 8601 with its zone) for every submission, keyed ("", ""), or a CSV of
     student,lab,submitted_at by (student, lab): student as collect names them or their LMS user id, lab blank for all."""
+    from .assign import lab_number
+    from .late import parse_time
+
     path = Path(value)
     if not path.is_file():
         try:
@@ -367,6 +398,8 @@ def _copy_notes(kept: list[Submission]) -> list[str]:
 def _late_mark_notes(kept: list[Submission], record: dict | None) -> list[str]:
     """Warn of each submission Canvas marks late whose time is before the deadline: Canvas's mark is the LMS's own
     word, and a file's time (a copy's, a clock's) must not make it silently on time."""
+    from .late import parse_time
+
     notes = []
     for s in kept:
         deadline = ((record or {}).get("notebooks", {}).get(s.notebook) or {}).get("deadline")
@@ -381,6 +414,8 @@ def _late_mark_notes(kept: list[Submission], record: dict | None) -> list[str]:
 
 def _earlier_rows(path: Path) -> list[dict]:
     """The rows an earlier collect wrote into this folder's submissions.csv ([] where there is none)."""
+    from . import late
+
     if not path.is_file():
         return []
     return late.submission_rows(path, "collect adds its rows to the submissions.csv there: move it away, or collect "
@@ -396,6 +431,8 @@ def _write(kept: list[Submission], earlier: list[dict], out: Path) -> list[str]:
     """The notebooks, each with its submission time as its file's time, and submissions.csv: the earlier rows, less
     those of the same student, lab and file, then this download's (last, so that grade reads them for their lab).
     Returns what was replaced, to be said."""
+    from .late import SUBMISSIONS_FIELDS
+
     out.mkdir(parents=True, exist_ok=True)
     for s in kept:
         target = out / s.student / s.notebook

@@ -26,9 +26,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .scores import scored
+# the grader's modules (nbformat, the exercises: seconds to load) are imported where used: the command line reads
+# EXPORT_HELP to build its options, for every labkit command
 
-EXPORTS = ("gradescope", "canvas")
+# each export --export may name, and what it writes, as its help says it
+EXPORT_HELP = {"gradescope": "results.json per student", "canvas": "canvas.csv for the gradebook import"}
+EXPORTS = tuple(EXPORT_HELP)
 CANVAS_CSV, CHANGES_CSV, GRADESCOPE_DIR = "canvas.csv", "changes.csv", "gradescope"
 # the columns by which Canvas's gradebook import finds a student, as its own gradebook export writes them
 CANVAS_IDENTITY = ("Student", "ID", "SIS User ID", "SIS Login ID", "Section")
@@ -82,6 +85,7 @@ def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset(
     """One student's results.json: a test per exercise worth its points, in the order of the notebooks and their
     cells; a late penalty is taken off each test's score (so that they add up to the score) and said in the output."""
     from .notebook import is_secret, shown_name
+    from .scores import scored
 
     tests, seconds, unscored, lines = [], 0.0, 0, []
     for name, entry in sorted(notebooks.items()):
