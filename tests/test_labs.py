@@ -90,3 +90,18 @@ def test_the_markers_read_the_exercises_as_the_registry_declares_them():
     import bylab
 
     assert bylab._exercises() == {name: e.lab for name, e in exercises.EXERCISES.items()}
+
+
+def test_an_exercise_is_declared_with_the_lab_whose_notebook_calls_it_and_in_its_familys_module():
+    import re
+
+    calls = re.compile(r"^\s*check\.(\w+)\(", re.M)  # a check cell's call, as labkit assign reads it
+    called = {}
+    for path in runner.find_notebooks():
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                for name in calls.findall("".join(cell["source"])):
+                    called.setdefault(name, set()).add(path.name[:2])
+    declared = exercises.EXERCISES
+    assert {name: {e.lab} for name, e in declared.items()} == called, "an exercise's lab is the notebook calling it"
+    assert all(e.check().__module__ == f"labkit.check.{e.module}" for e in declared.values())

@@ -958,7 +958,7 @@ _ALLREDUCES = ("ring_allreduce", "naive_allreduce", "reduce_broadcast_allreduce"
                "mpi_allreduce", "reduce", "broadcast")
 
 EXERCISES = (
-    Exercise("linear_reduce", "06", "collectives", mpi=True, references=("labkit.collectives:reduce",), hints=(
+    Exercise("linear_reduce", "06", mpi=True, references=("labkit.collectives:reduce",), hints=(
         "Which ranks send, and which receive? In a reduce the data flows one way, to the root, and nothing travels on "
         "from there. Decide what each rank other than the root sends, how many times, and what it returns.",
         "The root needs arrays of its own: one to build the result in, and one for each message to land in. Why not "
@@ -967,7 +967,7 @@ EXERCISES = (
         "Which messages reach rank 2, and what does its result hold after each one? Would the other order of "
         "arrival change it?",
     )),
-    Exercise("tree_broadcast", "06", "collectives", mpi=True, references=("labkit.collectives:broadcast",), hints=(
+    Exercise("tree_broadcast", "06", mpi=True, references=("labkit.collectives:broadcast",), hints=(
         "Solve it for root 0 first. Before round 0 one rank holds the data. If in every round each holder sends to "
         "one rank that lacks it, how many hold it before round 1? Before round t?",
         "Say the holders before round t are the ranks 0 to 2**t - 1. To which rank should each one send, so that "
@@ -976,7 +976,7 @@ EXERCISES = (
         "past the last rank. Draw 6 ranks with root 4: what is each rank's number? Round by round, who sends to "
         "whom? In which round does rank 3 receive, and from which rank?",
     )),
-    Exercise("recursive_doubling", "06", "collectives", mpi=True,
+    Exercise("recursive_doubling", "06", mpi=True,
              references=tuple(f"labkit.collectives:{f}" for f in _ALLREDUCES), hints=(
         "Start with p a power of two. In every round each rank pairs with one other: both send their partial result "
         "and combine what they receive. On 2 ranks one round does it. On 4, which pairs in the first round, and "

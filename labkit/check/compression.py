@@ -758,7 +758,7 @@ def _bytes_part(ex, part, mistakes, cases, rows, got, want) -> None:
 
 
 EXERCISES = (
-    Exercise("int8_quantise", "10", "compression", references=(
+    Exercise("int8_quantise", "10", references=(
         "labkit.compression:int8_nearest", "labkit.compression:to_int8"), hints=(
         "The receiver gets only q and scale, and rebuilds each entry as q * scale. Read that backwards: what is q, "
         "given an entry of g and the scale?",
@@ -770,7 +770,7 @@ EXERCISES = (
         "An all-zero gradient has largest magnitude 0: dividing by a scale of 0 gives NaN. Any positive scale "
         "works there; q is all zeros.",
     )),
-    Exercise("topk_select", "10", "compression", references=(
+    Exercise("topk_select", "10", references=(
         "labkit.compression:top_k_indices", "labkit.compression:top_k"), hints=(
         "Rank the entries by size whatever their sign: np.abs(g) gives the magnitudes.",
         "np.argsort(a) gives the positions of a from smallest to largest; np.argpartition(a, m) only splits them "
@@ -780,7 +780,7 @@ EXERCISES = (
         "k may be larger than n (a small layer): clip it to n first. The values are g at your indices, sign "
         "and all.",
     )),
-    Exercise("sparse_sum", "10", "compression", references=(
+    Exercise("sparse_sum", "10", references=(
         "labkit.compression:sparse_sum", "labkit.compression:sparse_allreduce"), hints=(
         "Start from n zeros in the dtype of the values: the entries nobody sent stay 0.",
         "Within one piece the indices are all different, but two pieces may hold the same index: both values "
@@ -788,7 +788,7 @@ EXERCISES = (
         "out[idx] = v overwrites what an earlier piece put there. And try out[idx] += v by hand with idx = [1, 1]: "
         "NumPy adds only once for a repeated index. Add one piece at a time, or look up np.add.at.",
     )),
-    Exercise("topk_feedback", "10", "compression", references=(
+    Exercise("topk_feedback", "10", references=(
         "labkit.compression:top_k", "labkit.compression:ErrorFeedback", "labkit.compression:_SparsifyWithResidual",
         "labkit.compression:top_k_with_feedback", "labkit.compression:top_k_indices"), hints=(
         "Before choosing, add back what earlier steps did not send: work on g + residual, a new array, and leave "
@@ -799,7 +799,7 @@ EXERCISES = (
         "The new residual is what did not go out this step: a copy of the corrected gradient with the sent "
         "entries set to 0. It comes back as `residual` at the next step.",
     )),
-    Exercise("compressed_allreduce", "10", "compression", mpi=True, references=(
+    Exercise("compressed_allreduce", "10", mpi=True, references=(
         "labkit.compression:sparse_allreduce", "labkit.compression:CompressedAllreduce"), hints=(
         "Each rank first runs your my_topk_feedback on its own g and residual. Every rank has the same n and ratio, "
         "so every rank's piece has the same number of entries, k.",
@@ -810,7 +810,7 @@ EXERCISES = (
         "Add every value into n zeros of g's dtype; two ranks may send the same index, and both count. Divide by "
         "the number of ranks for the mean, and return this rank's new residual with it.",
     )),
-    Exercise("bytes_per_step", "10", "compression", references=("labkit.compression:bytes_per_step",), hints=(
+    Exercise("bytes_per_step", "10", references=("labkit.compression:bytes_per_step",), hints=(
         "Count bytes in what crosses the cable into one rank. A float32 value is 4 bytes, an int32 index 4 more. "
         "Which of the two methods must send indices with its values, and why does the other not need them?",
         "The dense ring (lab 07) is a reduce-scatter, then an allgather, each of p - 1 steps. In each step a rank "

@@ -568,7 +568,7 @@ def overlap_model(fn) -> None:
 
 
 EXERCISES = (
-    Exercise("rank_rows", "08", "data_parallel", references=("labkit.shards:shard_bounds", "labkit.shards:shard_of"), hints=(
+    Exercise("rank_rows", "08", references=("labkit.shards:shard_bounds", "labkit.shards:shard_of"), hints=(
         "Every rank gets at least batch // p rows, and batch % p rows are left over: the first batch % p ranks "
         "take one more each.",
         "Rank r's rows start after those of ranks 0 .. r - 1: r ranks of batch // p rows, plus one for each of "
@@ -576,7 +576,7 @@ EXERCISES = (
         "Of ranks 0 .. r - 1, all r took an extra row if r <= batch % p, else batch % p of them: min says it. hi is "
         "lo plus this rank's own number of rows (hi is exclusive).",
     )),
-    Exercise("mean_gradient", "08", "data_parallel", mpi=True, references=("labkit.data_parallel:mean_of_shards",), hints=(
+    Exercise("mean_gradient", "08", mpi=True, references=("labkit.data_parallel:mean_of_shards",), hints=(
         "The mean over the batch is the sum of every row's gradient divided by the number of rows in the batch. "
         "A rank's mean times its n is the sum over its own rows.",
         "Add up the ranks' sums with comm.Allreduce(send, recv), one call per array (recv = np.empty_like(send)). "
@@ -584,7 +584,7 @@ EXERCISES = (
         "Divide by the batch size, not by p: a rank with more rows weighs more. A rank with n = 0 holds NaN, and "
         "0 x NaN is NaN: it sends zeros (np.zeros_like).",
     )),
-    Exercise("data_parallel_step", "08", "data_parallel", mpi=True,
+    Exercise("data_parallel_step", "08", mpi=True,
              references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
                          "labkit.data_parallel:mean_of_shards"), hints=(
         "Every rank holds the same batch x, Y. Its own rows are your my_rows(len(x), p, rank): backprop only "
@@ -594,7 +594,7 @@ EXERCISES = (
         "Your my_mean_gradient turns every rank's mean over its own rows into the mean over the whole batch, the "
         "same on every rank: the step is those three pieces in a row.",
     )),
-    Exercise("overlapped_step", "08", "data_parallel", mpi=True,
+    Exercise("overlapped_step", "08", mpi=True,
              references=("labkit.data_parallel:DataParallel", "labkit.data_parallel:ShardedSGD",
                          "labkit.data_parallel:mean_of_shards"), hints=(
         "Allocate zeroed gradients of the parameters' shapes first (mlp has a helper for it) and pass them as out=: "
@@ -606,7 +606,7 @@ EXERCISES = (
         "requests in a list. A rank with no rows calls no backprop: it starts the allreduce of every layer itself, "
         "last layer first, as the other ranks do.",
     )),
-    Exercise("overlap_model", "08", "data_parallel", references=("labkit.data_parallel:step_model",
+    Exercise("overlap_model", "08", references=("labkit.data_parallel:step_model",
                                                      "labkit.data_parallel:overlapped_end"), hints=(
         "Keep one number as you go through the buckets in order: the time the network is free again. Before the "
         "first bucket it is free at once.",

@@ -1,5 +1,5 @@
 """Every graded exercise, declared once, by the check module of its family: its name, lab, check, hints, labkit's own
-solution and how the grader launches it.
+solution and how the grader launches it. Its module is not declared but derived: the family it is declared in.
 
 A notebook calls the check as ``check.<name>(...)`` in a cell of its own. The capture (:mod:`.capture`) fails an
 exercise whose function uses one of its ``references``; the grader replays an ``mpi`` exercise's check on every rank
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 from pathlib import Path
 
 NOT_FAMILIES = ("capture", "common", "exercises")  # the modules of labkit/check/ that declare no exercises
@@ -23,11 +23,12 @@ NOT_FAMILIES = ("capture", "common", "exercises")  # the modules of labkit/check
 class Exercise:
     name: str                            # check.<name> in the notebook, and the row in the grades
     lab: str                             # the notebook's number: "01" ... "12"
-    module: str                          # the check's module, under labkit.check
+    _: KW_ONLY
     references: tuple[str, ...] = ()     # labkit's solution, "module:qualname" (a class: all its methods)
     sources: tuple[tuple[str, str | None], ...] = ()  # C or CUDA C: (file under labkit/, function or None: the file)
     mpi: bool = False                    # the check runs on every rank of an MPI job
     hints: tuple[str, ...] = ()          # the derivation, a step at a time: one more after each failed run
+    module: str = ""                     # derived where the registry is built: the family under labkit.check declaring it
 
     def check(self):
         """The check function itself."""
@@ -46,9 +47,9 @@ def _load() -> dict[str, Exercise]:
             for e in getattr(module, "EXERCISES", ()):
                 if e.name in found:
                     raise RuntimeError(f"exercise {e.name!r} is declared twice ({found[e.name].module} and {family})")
-                if e.module != family:
-                    raise RuntimeError(f"exercise {e.name!r} is declared in {family} but names module {e.module!r}")
-                found[e.name] = e
+                if e.module:
+                    raise RuntimeError(f"exercise {e.name!r} names its module: it is the one declaring it, {family}")
+                found[e.name] = replace(e, module=family)
         _loaded = dict(sorted(found.items(), key=lambda kv: (kv[1].lab, kv[0])))
     return _loaded
 

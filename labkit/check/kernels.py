@@ -846,7 +846,7 @@ def row_softmax(source: str, name: str = "softmax_rows", threads: int = 256) -> 
 
 
 EXERCISES = (
-    Exercise("naive_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
+    Exercise("naive_matmul", "05", sources=(("kernels/matmul.cu", "matmul_naive"),), hints=(
         "The launch covers C with blocks of 16 x 16 threads: the grid's x runs along the columns of C (ceil(N / 16) "
         "blocks), its y along the rows (ceil(M / 16)). Each thread computes one entry of C.",
         "A thread's column counts over the whole grid, not only its block. With blocks 16 wide, thread x = 3 of block "
@@ -858,7 +858,7 @@ EXERCISES = (
         "element [2][1] is at offset 2 * 3 + 1 = 7. How many columns do A, B and C each have, so where do A[row][k], "
         "B[k][col] and C[row][col] lie? And which values does k take?",
     )),
-    Exercise("tiled_matmul", "05", "kernels", sources=(("kernels/matmul.cu", "matmul_tiled"),), hints=(
+    Exercise("tiled_matmul", "05", sources=(("kernels/matmul.cu", "matmul_tiled"),), hints=(
         "A block of TILE x TILE threads computes one TILE x TILE tile of C; thread (ty, tx) owns one entry, whose "
         "row and col come from the block and thread indices as in your naive kernel (with TILE as the block size).",
         "Walk along K one tile at a time, t running over 0, TILE, 2 TILE, ... At step t the block needs A's tile of its own rows "
@@ -872,7 +872,7 @@ EXERCISES = (
         "that their products add nothing, and which threads may write C? Each must still reach every "
         "__syncthreads().",
     )),
-    Exercise("block_reduction", "05", "kernels", sources=(("kernels/reduce.cu", None),), hints=(
+    Exercise("block_reduction", "05", sources=(("kernels/reduce.cu", None),), hints=(
         "There may be fewer threads than values: first each thread adds up its own share into a private sum. It starts "
         "at its index in the whole grid, found as a column was in exercise 1, and steps by the number of threads in "
         "the whole grid until it passes n: a grid-stride loop. No value is then taken twice, none is missed.",
@@ -885,7 +885,7 @@ EXERCISES = (
         "then 1 adds s[1] into s[0]. How many levels do 256 entries take, and how far up does the first reach? And "
         "when s[0] holds the block's total, how does it reach *out, which other blocks add to at the same time?",
     )),
-    Exercise("warp_reduction", "05", "kernels", sources=(("kernels/reduce.cu", "warp_sum"),), hints=(
+    Exercise("warp_reduction", "05", sources=(("kernels/reduce.cu", "warp_sum"),), hints=(
         "Start as in exercise 3: each thread adds up its share of x in a grid-stride loop, into a float in a register. "
         "A thread whose loop never ran holds 0.0f and still takes part in what follows.",
         "__shfl_down_sync(mask, v, offset), with all 32 bits of the mask set, gives each lane the v of the lane "
@@ -897,7 +897,7 @@ EXERCISES = (
         "Which offsets, in which order, make lane 0 of a warp of 32 hold the sum of all 32? And how does a thread tell "
         "from threadIdx.x that it is lane 0 of its warp, the one lane that adds the warp's total to *out?",
     )),
-    Exercise("shared_transpose", "05", "kernels", hints=(
+    Exercise("shared_transpose", "05", hints=(
         "A block of 32 x 32 threads moves one 32 x 32 tile. Let each thread read the element of in that "
         "transpose_naive's thread of the same indices reads: the 32 lanes of a warp (threadIdx.x = 0 .. 31) read 32 "
         "neighbouring floats of a row of in, coalesced.",
@@ -912,7 +912,7 @@ EXERCISES = (
         "is word W i + j. The 32 lanes of a warp reading one column of the tile (j fixed, i = 0 .. 31): which banks do "
         "they hit when W is 32? For which W do they hit 32 different banks?",
     )),
-    Exercise("row_softmax", "05", "kernels", sources=(("kernels/softmax_rows.cu", "softmax_rows"),), hints=(
+    Exercise("row_softmax", "05", sources=(("kernels/softmax_rows.cu", "softmax_rows"),), hints=(
         "Block r = blockIdx.x owns row r of x and of y: in a row-major (rows, cols) array, r full rows lie before "
         "it. Its 256 threads share the row's columns as the grid-stride loop of exercise 3 shares values: thread t "
         "takes columns t, t + blockDim.x, t + 2 blockDim.x, ... while they are below cols, so any cols is covered and "

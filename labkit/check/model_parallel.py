@@ -801,7 +801,7 @@ def _check_against(ex, where, forward, backward, want_f, want_b) -> None:
 
 
 EXERCISES = (
-    Exercise("neuron_part", "11", "model_parallel", references=(
+    Exercise("neuron_part", "11", references=(
         "labkit.model_parallel:neuron_part", "labkit.model_parallel:NeuronParallel", "labkit.shards:shard_bounds"),
         hints=(
             "Neuron j of the layer has row j of W1 as its weights and b1[j] as its bias; a rank holding neurons "
@@ -813,7 +813,7 @@ EXERCISES = (
             "By hand, n = 7 neurons on p = 3 ranks: which neurons does each rank hold? For rank 1, which rows of W1 "
             "and entries of b1 does it use, and what shape is its h for a batch of 2 samples?",
         )),
-    Exercise("neuron_grads", "11", "model_parallel", references=(
+    Exercise("neuron_grads", "11", references=(
         "labkit.model_parallel:neuron_part_grads", "labkit.model_parallel:NeuronParallel"),
         hints=(
             "As in lab 01: what is a hidden neuron's error made of (the error it passes on, and the activation), and "
@@ -823,7 +823,7 @@ EXERCISES = (
             "What is ReLU's slope at a neuron whose output h is 0, and at one whose output is positive? Everything "
             "you need is on your rank: how many messages does the backward need?",
         )),
-    Exercise("gpipe_schedule", "11", "model_parallel", references=("labkit.model_parallel:gpipe_schedule",),
+    Exercise("gpipe_schedule", "11", references=("labkit.model_parallel:gpipe_schedule",),
              hints=(
                  "Draw a grid for S = 2, M = 3: one row per stage, one column per step. Micro-batch 0 enters stage "
                  "0 at step 0; where can micro-batch 0 be at step 1, and micro-batch 1?",
@@ -834,7 +834,7 @@ EXERCISES = (
                  "Count your grid: how many steps does the last stage wait before its first forward, and how many "
                  "after its last backward does stage 0 finish?",
              )),
-    Exercise("pipeline_step_time", "11", "model_parallel", references=("labkit.model_parallel:pipeline_step_time",),
+    Exercise("pipeline_step_time", "11", references=("labkit.model_parallel:pipeline_step_time",),
              hints=(
                  "Simulate it with two kinds of clock: for each stage, the time it can take its next task; for "
                  "each micro-batch, the time its input reaches the stage you are at. When can a task start?",
@@ -843,7 +843,7 @@ EXERCISES = (
                  "Test it on equal stages with f = b = 1 second first: it must give the step count of your GPipe "
                  "schedule. Then make one stage slower by hand: which micro-batches wait for it?",
              )),
-    Exercise("activations_in_flight", "11", "model_parallel", references=("labkit.model_parallel:peak_activations",),
+    Exercise("activations_in_flight", "11", references=("labkit.model_parallel:peak_activations",),
              hints=(
                  "Take one stage and one step t. Which micro-batches has it stored by then, and not yet freed? Which "
                  "two comparisons of t with forward[s, m] and backward[s, m] say so?",
@@ -855,7 +855,7 @@ EXERCISES = (
                  "of that micro-batch): which micro-batches does it hold at each step? What is its peak, and at which "
                  "step does it come?",
              )),
-    Exercise("one_f_one_b", "11", "model_parallel", references=("labkit.model_parallel:one_f_one_b_schedule",),
+    Exercise("one_f_one_b", "11", references=("labkit.model_parallel:one_f_one_b_schedule",),
              hints=(
                  "Simulate step by step. Keep, per stage, how many forwards and how many backwards it has run: a stage "
                  "that has run n forwards runs micro-batch n's forward next, and the same for backwards. Start the "

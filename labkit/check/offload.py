@@ -754,7 +754,7 @@ def _judge_step(ex, where, loss, after, before, x, Y, dtype) -> None:
 
 
 EXERCISES = (
-    Exercise("device_backward", "04", "offload",
+    Exercise("device_backward", "04",
              references=("labkit.kernels.offload:backward", "labkit.mlp:backprop_one", "labkit.mlp:_sample_backward"),
              hints=(
                  "Go from the last layer to the first. Layer i's weights Ws[i] take acts[i] (n_in values) to the layer's "
@@ -768,7 +768,7 @@ EXERCISES = (
                  "Layer 0 needs no error sent back (its input is the data). Write the products with xp.dot or @, and "
                  "make any new array with xp, so the same lines run on CuPy arrays.",
              )),
-    Exercise("batch_step", "04", "offload",
+    Exercise("batch_step", "04",
              references=("labkit.kernels.offload:batch_step", "labkit.mlp:loss_and_grads",
                          "labkit.mlp:loss_and_grads_unchecked", "labkit.mlp:backprop", "labkit.mlp:layer_backward"),
              hints=(
@@ -784,7 +784,7 @@ EXERCISES = (
                  "Update only when every layer's gradients are computed (the error goes back through the weights the "
                  "forward pass used), and in place: W -= lr * dW changes the caller's array, W = W - ... does not.",
              )),
-    Exercise("offload_time", "04", "offload", references=("labkit.kernels.offload:offload_time",), hints=(
+    Exercise("offload_time", "04", references=("labkit.kernels.offload:offload_time",), hints=(
         "List what crosses the link in one offloaded W^T delta: which arrays go to the device, which comes back. "
         "With resident=True, which of them is there already?",
         "Each copy pays costs['copy'] once, plus its bytes over costs['bandwidth']. A float32 is 4 bytes: count the "
@@ -794,7 +794,7 @@ EXERCISES = (
         "The phases run one after another: add their times. Then look at your sum: which terms grow with n_out x n_in "
         "(n^2 for a square layer), and which only with n_out + n_in?",
     )),
-    Exercise("offload_crossover", "04", "offload", references=("labkit.kernels.offload:offload_crossover",), hints=(
+    Exercise("offload_crossover", "04", references=("labkit.kernels.offload:offload_crossover",), hints=(
         "Each row of a table is one repetition, each column one width. Reduce the repetitions of each width to one "
         "typical time that a single fluke, too slow or too fast, cannot move: the median over axis 0.",
         "The offloaded time of a repetition is its copy time plus its kernel time. Offloading wins at a width where its "
@@ -804,7 +804,7 @@ EXERCISES = (
         "If offloading loses at the widest width there is no such run: return None. If it wins everywhere, the run "
         "starts at widths[0]. Return the width, not its index.",
     )),
-    Exercise("stream_time", "04", "offload", references=("labkit.kernels.streams:stream_time",), hints=(
+    Exercise("stream_time", "04", references=("labkit.kernels.streams:stream_time",), hints=(
         "No single formula fits batches whose times differ: simulate. Walk the batches in order and keep two times for "
         "each, when its copy ends and when its kernel ends. The clock starts at 0; return the last kernel's end.",
         "Whatever waits for several things starts at the latest of them: a max. The copy of batch i waits for the copy "

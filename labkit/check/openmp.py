@@ -1020,7 +1020,7 @@ def _name_the_mistake(ex, code, p, runs, results, wrong, want, cost, names, reru
 
 
 EXERCISES = (
-    Exercise("simd_forward", "03", "openmp", hints=(
+    Exercise("simd_forward", "03", hints=(
         "Start from the maths of one row: z_i is b[i] plus the dot product of row i of W with x, and a[i] is the "
         "sigmoid of z_i. W is row-major: row i's n_in floats lie side by side. How many floats of W come before "
         "row i?",
@@ -1032,7 +1032,7 @@ EXERCISES = (
         "added into your one running sum instead, what would become of it? Which clause of the simd directive gives "
         "each lane a partial sum of its own, and which variable must it name?",
     )),
-    Exercise("loop_interchange", "03", "openmp", hints=(
+    Exercise("loop_interchange", "03", hints=(
         "Write down what each index walks through in memory. g (n_out, n_in), d (B, n_out) and x (B, n_in) are "
         "row-major: in each array, which index steps to the neighbouring float, and which jumps a whole row?",
         "The three loops may run in any order: every (i, j, s) adds one product into one entry of g, and additions "
@@ -1043,7 +1043,7 @@ EXERCISES = (
         "x's row 1. In that inner loop, which values change from step to step, and which stay the same and could be "
         "read once, into local variables, before it starts?",
     )),
-    Exercise("omp_reduction", "03", "openmp", sources=(("c/backprop.c", "bp_omp_reduction"),), hints=(
+    Exercise("omp_reduction", "03", sources=(("c/backprop.c", "bp_omp_reduction"),), hints=(
         "The samples are independent: #pragma omp parallel opens a team of threads, and #pragma omp for shares the "
         "loop over s out among them. add_sample writes into its work array in the middle of every sample: where must "
         "that array be allocated so that no two threads ever write into the same one?",
@@ -1054,7 +1054,7 @@ EXERCISES = (
         "exactly that many floats per thread. For a [4, 3, 2] network, how many floats do gW1, gb1, gW2 and gb2 "
         "hold? Write each length for any n_in, n_hid and n_out the same way.",
     )),
-    Exercise("reduction_by_hand", "03", "openmp", hints=(
+    Exercise("reduction_by_hand", "03", hints=(
         "What does a reduction clause do? Every thread gets private copies of the sums, zeroed, and adds into them; "
         "at the end the copies are added up into the originals. Build the copies as one buffer of p blocks, one per "
         "thread, each holding a gW1, gb1, gW2 and gb2 one after the other. Where in the buffer does thread t's block "

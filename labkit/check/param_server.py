@@ -281,7 +281,7 @@ def _zero_before(step, delay, iterations):
 
 
 EXERCISES = (
-    Exercise("round_robin_staleness", "09", "param_server",
+    Exercise("round_robin_staleness", "09",
              references=("labkit.param_server:round_robin_staleness",), hints=(
                  "Keep, for every worker, the version of the weights it holds (all start at version 0), and the "
                  "master's version: the number of updates it has applied so far.",
@@ -292,7 +292,7 @@ EXERCISES = (
                  "while the master is at 1: staleness 1. Work out updates 2, 3 and 4 the same way: does your function "
                  "give the same five numbers?",
              )),
-    Exercise("delayed_descent", "09", "param_server",
+    Exercise("delayed_descent", "09",
              references=("labkit.param_server:delayed_descent",), hints=(
                  "Keep every w_t in an array of iterations + 1 values, w_0 = 1 first, and fill it one step at a time: "
                  "step t (t = 0, 1, ...) computes w_(t+1) from w_t.",
@@ -302,7 +302,7 @@ EXERCISES = (
                  "where w was 1: w_1 = 1 - 0.5 * 1 = 0.5. Step 1 (s = -1) gives w_2 = 0.5 - 0.5 * 1 = 0. What do "
                  "steps 2 and 3 give, and does your function agree for 4 iterations?",
              )),
-    Exercise("async_worker", "09", "param_server", mpi=True,
+    Exercise("async_worker", "09", mpi=True,
              references=("labkit.param_server:worker_loop", "labkit.param_server:_worker"), hints=(
                  "Take one batch and one master first. The master speaks only when spoken to: it answers a gradient "
                  "with its new slice. What must your worker send first, and what must it have back before the next "

@@ -577,7 +577,7 @@ _ALLREDUCES = tuple(f"labkit.collectives:{f}" for f in _COLLECTIVES)
 
 
 EXERCISES = (
-    Exercise("ring_chunks", "07", "ring", references=("labkit.shards:ring_chunks",), hints=(
+    Exercise("ring_chunks", "07", references=("labkit.shards:ring_chunks",), hints=(
         "Whatever rank r receives at step s is what its left-hand neighbour, rank (r - 1) mod p, sends at that "
         "same step.",
         "A rank combines what it receives into its own copy of that chunk, and at the next step passes that chunk "
@@ -586,7 +586,7 @@ EXERCISES = (
         "the left. Write send as r minus something, recv from the left neighbour's send, and wrap both into 0 .. p - 1 "
         "with % p.",
     )),
-    Exercise("ring_reduce_scatter", "07", "ring", mpi=True,
+    Exercise("ring_reduce_scatter", "07", mpi=True,
              references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES), hints=(
         "Work on a copy of x, cut into p chunks with shard_bounds(len(x), p). Each step is one "
         "comm.Sendrecv: the chunk your my_ring_chunks says to send goes to the right-hand neighbour, the one it says to "
@@ -596,7 +596,7 @@ EXERCISES = (
         "After p - 1 steps one chunk has been combined with every rank's copy: the one this rank received at the "
         "last step, s = p - 2. Return a copy of that chunk, and nothing else.",
     )),
-    Exercise("ring_allreduce", "07", "ring", references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES),
+    Exercise("ring_allreduce", "07", references=("labkit.data_parallel:ring_reduce_scatter", *_ALLREDUCES),
              mpi=True, hints=(
         "Start as your reduce-scatter does, on a copy of x, but keep the whole copy: afterwards every rank holds "
         "one chunk of it finished. The allgather passes the finished chunks around the same ring, in p - 1 more "
@@ -607,7 +607,7 @@ EXERCISES = (
         "received at step s, and it receives what its left-hand neighbour sends. Write these indices as you did "
         "in my_ring_chunks, with the starting chunk one further on.",
     )),
-    Exercise("cable_seconds", "07", "ring", references=("labkit.costmodel:cable_seconds",), hints=(
+    Exercise("cable_seconds", "07", references=("labkit.costmodel:cable_seconds",), hints=(
         "Messages of one round travel at the same time, and the next round begins when this one has arrived: the "
         "whole time is the sum over the rounds (the log's 4th column) of each round's time.",
         "In one round, each rank's cable carries what its rank sends (the rows where it is the source) and, at the "

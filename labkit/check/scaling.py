@@ -505,7 +505,7 @@ def wire_step(fn) -> None:
 
 
 EXERCISES = (
-    Exercise("speedup_efficiency", "12", "scaling", references=("labkit.bench:speedup_table",), hints=(
+    Exercise("speedup_efficiency", "12", references=("labkit.bench:speedup_table",), hints=(
         "A speedup compares each row's time with the time of one worker: find the row where p is 1 (it need not be "
         "the first).",
         "A speedup above 1 means faster: which of the two times goes on top?",
@@ -513,7 +513,7 @@ EXERCISES = (
         "values above 1.",
         "No row where p is 1: no baseline. Check for it first and raise ValueError rather than guess one.",
     )),
-    Exercise("gustafson_fit", "12", "scaling", references=("labkit.bench:fit_gustafson_times",), hints=(
+    Exercise("gustafson_fit", "12", references=("labkit.bench:fit_gustafson_times",), hints=(
         "In weak scaling every rank count solves a different problem: p ranks get p times the work of one. The scaled "
         "speedup asks how much longer one rank took on the problem p ranks just solved.",
         "Gustafson's law, S = p - f (p - 1), is linear in f: write it as p - S = f (p - 1). For every row, x = p - 1 "
@@ -522,14 +522,14 @@ EXERCISES = (
         "in f to zero and solve.",
         "The p = 1 row has x = y = 0 and adds nothing. With no row of p > 1 there is nothing to fit: raise ValueError.",
     )),
-    Exercise("karp_flatt", "12", "scaling", references=("labkit.bench:karp_flatt",), hints=(
+    Exercise("karp_flatt", "12", references=("labkit.bench:karp_flatt",), hints=(
         "Amdahl's law in times: on p workers a share e of T1 still takes e T1, the rest takes (1 - e) T1 / p. "
         "Divide by T1: the left side is 1/S.",
         "S and p are measured; e is the unknown, and the equation is linear in it: collect the terms with e on one "
         "side.",
         "e multiplies a factor that depends on p alone. At p = 1 that factor is 0: every e fits, so return NaN there.",
     )),
-    Exercise("amdahl_fit", "12", "scaling",
+    Exercise("amdahl_fit", "12",
              references=("labkit.bench:fit_amdahl_times", "labkit.bench:fit_amdahl"), hints=(
         "Write Amdahl's law for the time: on p workers the serial part takes f T1, the rest (1 - f) T1 is shared "
         "by p.",
@@ -538,7 +538,7 @@ EXERCISES = (
         "Fit that line to every row by least squares: np.polyfit(x, t, 1) (slope first) or np.linalg.lstsq.",
         "Back from the line to the law: T1 is the line at x = 1, f the share of T1 that the intercept is. With one "
         "worker count there is no line: raise ValueError.",
-    )),    Exercise("wait_breakdown", "12", "scaling", references=("labkit.bench:wait_breakdown",), hints=(
+    )),    Exercise("wait_breakdown", "12", references=("labkit.bench:wait_breakdown",), hints=(
         "Compute first: for each rank, add up the lengths (end - start) of its events of kind \"compute\". Keep one "
         "row per rank, in rank order, whatever order the events come in.",
         "An allreduce needs every rank's data: no rank can leave it before the last rank has entered. When did the "
@@ -548,7 +548,7 @@ EXERCISES = (
         "A step may hold several collectives (events of kind \"comm\" with different names): each has its own last "
         "rank. Add each rank's waiting and transfer over them.",
     )),
-    Exercise("wire_step", "12", "scaling", references=("labkit.scaling:predicted_step",), hints=(
+    Exercise("wire_step", "12", references=("labkit.scaling:predicted_step",), hints=(
         "Two parts add up: the backprop, which the ranks share, and the allreduce, which every rank waits for. "
         "Model each on its own, for one rank count p at a time.",
         "The compute: one rank took t1. p ranks on p cores take a p-th of it; past the cores, ranks only take "

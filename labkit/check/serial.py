@@ -919,7 +919,7 @@ _MLP = ("backprop", "loss_and_grads", "loss_and_grads_unchecked", "backprop_per_
         "backprop_one", "output_error", "layer_backward", "act_prime_from_output", *_PER_SAMPLE)
 
 EXERCISES = (
-    Exercise("output_error", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in (
+    Exercise("output_error", "01", references=tuple(f"labkit.mlp:{f}" for f in (
         "output_error", "act_prime_from_output", "_sample_output_error", "_times_act_prime")), hints=(
         "By the chain rule, dC/dz = dC/da * da/dz, element by element: each output a_j = sigma(z_j) depends on its "
         "own z_j only.",
@@ -928,7 +928,7 @@ EXERCISES = (
         "sigma'(z) = sigma(z) (1 - sigma(z)), and the A you are given is sigma(z) already: no z needed. NumPy's * "
         "multiplies element by element, every row at once.",
     )),
-    Exercise("layer_backward", "01", "serial", references=("labkit.mlp:layer_backward", "labkit.mlp:_sample_backward"),
+    Exercise("layer_backward", "01", references=("labkit.mlp:layer_backward", "labkit.mlp:_sample_backward"),
              hints=(
         "Write one sample first: z_j = sum_i W[j, i] a_i + b_j. Which z does W[j, i] change, and by how much?",
         "dz_j/dW[j, i] = a_i, so for one sample dC/dW[j, i] = delta_j a_i: the outer product of delta and a. The "
@@ -938,7 +938,7 @@ EXERCISES = (
         "dz_j/db_j = 1, so db adds up delta's rows. And a_i reaches every z_j through W[j, i]: dC/da_i = sum_j "
         "delta_j W[j, i], for every row at once one more product of delta with W, of shape (B, n_in).",
     )),
-    Exercise("backprop", "01", "serial", references=tuple(f"labkit.mlp:{f}" for f in _MLP), hints=(
+    Exercise("backprop", "01", references=tuple(f"labkit.mlp:{f}" for f in _MLP), hints=(
         "Forward first, keeping every layer's output: A^0 = x, A^l = sigma(A^(l-1) W_l^T + b_l). The backward pass "
         "needs them all.",
         "The mean cost is (1/B) sum_k C_k: the last layer's error is your output error, divided by B.",
@@ -947,7 +947,7 @@ EXERCISES = (
         "dC/dA^(l-1) is not yet the error of layer l-1, which is dC/dZ^(l-1): multiply by that layer's sigma', "
         "written with its output A^(l-1). The input x has no sigma and needs no error.",
     )),
-    Exercise("numerical_gradient", "01", "serial", references=("labkit.mlp:numerical_grad",), hints=(
+    Exercise("numerical_gradient", "01", references=("labkit.mlp:numerical_grad",), hints=(
         "df/dW[idx] is how much f changes per unit change of the one entry W[idx], the others held fixed: change "
         "that entry a little, call f again, and compare.",
         "A one-sided difference, from W[idx] to W[idx] + eps, is off by about eps f''/2. Step both ways, to "
@@ -955,14 +955,14 @@ EXERCISES = (
         "f() reads W itself, so change the entry in place, call f, and put the old value back before the next "
         "entry. np.ndindex(W.shape) walks over every index of an array of any shape.",
     )),
-    Exercise("split_batch", "02", "serial", references=("labkit.shards:shard_bounds",), hints=(
+    Exercise("split_batch", "02", references=("labkit.shards:shard_bounds",), hints=(
         "Every shard gets at least n // k samples, and n % k samples are left over.",
         "Give the left-over samples one each to the first n % k shards: shard i holds n // k + 1 samples if "
         "i < n % k, else n // k.",
         "Shard i starts where shard i - 1 stopped, and shard 0 at 0: keep a running start, or count what comes "
         "before shard i (i shards of n // k, plus min(i, n % k) extra samples).",
     )),
-    Exercise("accumulate", "02", "serial", references=(*(f"labkit.mlp:{f}" for f in _PER_SAMPLE),
+    Exercise("accumulate", "02", references=(*(f"labkit.mlp:{f}" for f in _PER_SAMPLE),
                                                       "labkit.cpu_parallel:shard_sums", "labkit.cpu_parallel:ThreadedBackprop"),
              hints=(
         "Loop over the rows of x: one sample is the batch x[k:k+1], Y[k:k+1], and "
@@ -972,7 +972,7 @@ EXERCISES = (
         "Add in place, acc_W += dW: acc_W = acc_W + dW makes a new array and leaves acc as it was. Return the "
         "summed loss.",
     )),
-    Exercise("combine_shards", "02", "serial",
+    Exercise("combine_shards", "02",
              references=("labkit.cpu_parallel:combine_means", "labkit.mlp:mean_from_sums"), hints=(
         "A shard's mean gradient times its number of samples is its sum.",
         "The batch's mean is the sum of every shard's sum, divided by the number of samples in the batch (all "
@@ -980,7 +980,7 @@ EXERCISES = (
         "An empty shard adds nothing, but 0 x NaN is NaN: skip the shards of size 0. Build new arrays layer by "
         "layer (np.zeros_like), leaving the workers' arrays as they are.",
     )),
-    Exercise("threaded_step", "02", "serial", references=(
+    Exercise("threaded_step", "02", references=(
         "labkit.cpu_parallel:threaded_grads", "labkit.cpu_parallel:ThreadedBackprop", "labkit.cpu_parallel:shard_sums",
         "labkit.mlp:per_sample_sum", "labkit.mlp:mean_from_sums"), hints=(
         "The batch's mean gradient is the sum of its samples' gradients divided by n, and a sum can be taken in "
