@@ -125,6 +125,16 @@ def _started(page) -> bool:
     return any(p.strip().startswith("[") and (p.strip()[1:-2] == "*" or p.strip()[1:-2].isdigit()) for p in _prompts(page))
 
 
+def _holds_a_run(path) -> bool:
+    """Whether the saved notebook has a code cell that ran; False while a save is still writing it (CI read it empty
+    once, under load)."""
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return any(c.get("execution_count") for c in cells if c["cell_type"] == "code")
+
+
 def test_lab01_runs_in_jupyterlab_in_chromium(jupyterlab, tmp_path):
     chromium = _chromium()
     try:
@@ -173,8 +183,7 @@ def test_lab01_runs_in_jupyterlab_in_chromium(jupyterlab, tmp_path):
                 page.get_by_role("menuitem", name="File", exact=True).click()
                 page.locator("li[data-command='docmanager:save']").first.click()
                 deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and not any(
-                        c.get("execution_count") for c in json.loads(saved.read_text())["cells"] if c["cell_type"] == "code"):
+                while time.monotonic() < deadline and not _holds_a_run(saved):
                     time.sleep(0.5)
                 if time.monotonic() < deadline:
                     break
