@@ -137,14 +137,15 @@ def test_strong_and_weak_scaling_runners():
     assert np.isfinite(strong.serial_fraction) and (strong.times > 0).all()
     assert {e["rank"] for e in strong.traces[2]} == {0, 1} and set(strong.phases[1]) == {"compute", "comm"}
     # rank 0 alone does the serial part while rank 1 waits at the barrier: the waiting is counted in the phases, and
-    # the transfer is rank 0's time there, the rank that waited least
+    # the transfer is the least time at the barrier of each step; by construction (a least time against a median of
+    # longest ones, a step's part against its whole) never more, whatever the machine's load
     assert [len(t.times) for t in strong.transfers] == [0, 2] and strong.transfer_share[0] == 0
-    assert strong.transfers[1].best < strong.phases[1]["comm"] / 5 and 0 < strong.transfer_share[1] < strong.comm_share[1]
+    assert strong.transfers[1].best <= strong.phases[1]["comm"] and 0 < strong.transfer_share[1] <= 1
     weak = scaling.weak_scaling("backprop", ranks=(1, 2), size=64, repeat=2, progress=False)
     assert weak.mode == "weak" and weak.speedup[0] == pytest.approx(1.0) and weak.phases[1]["comm"] > 0
     assert len(weak.serial_timings) == 2 and weak.serial_timings[0] is weak.timings[0]
     assert weak.speedup[1] == pytest.approx(weak.serial_timings[1].median / weak.timings[1].median)
-    assert len(weak.transfers[1].times) == 2 and 0 < weak.transfer_share[1] < 1
+    assert len(weak.transfers[1].times) == 2 and 0 < weak.transfer_share[1] <= 1
 
 
 @pytest.mark.mpi
