@@ -71,6 +71,13 @@ def synchronize(which: str | None = None) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
+def host_blas_beside(which: str):
+    """A context in which the host's BLAS runs on one thread beside the emulator (nothing changes on a GPU): the
+    emulator's threads take the cores, and BLAS's own threads, waiting for a core another program holds, slowed the
+    library's calls 13 to 30 times in some runs under load."""
+    return contextlib.nullcontext() if which == "cupy" else threadpool_limits(1)
+
+
 def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = None, best: bool = False) -> float:
     """Median seconds of ``fn()`` over ``repeat`` calls after ``warmup`` ones (the fastest call's with ``best``),
     synchronising the GPU before and after each call: a launch returns before the kernel has run, so timing without
@@ -79,6 +86,6 @@ def time_kernel(fn, repeat: int = 5, *, warmup: int = 1, backend: str | None = N
     full profile take 16-20 ms in some runs instead of 1.2 ms, and the emulated kernel look faster than the library."""
     which = resolve(backend)
     synchronize(which)  # nothing queued earlier is counted in the first call
-    with contextlib.nullcontext() if which == "cupy" else threadpool_limits(1):
+    with host_blas_beside(which):
         timing = measure(fn, repeat=repeat, warmup=warmup, sync=lambda: synchronize(which))
     return timing.best if best else timing.median

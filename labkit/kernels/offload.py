@@ -17,7 +17,6 @@ import statistics
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .. import mlp
 from ..bench import measure
@@ -26,7 +25,7 @@ from ..cpu_parallel import time_per_batch
 from ..device import get_xp
 from . import speed_of_light as sol
 from . import synchronize, wt_delta
-from ._launch import array_module_for, ceil_div, resolve
+from ._launch import array_module_for, ceil_div, host_blas_beside, resolve
 from .counts import traffic
 from .device_mlp import DeviceMLP
 from .layers import THREADS
@@ -283,7 +282,7 @@ def offload_tables(widths, n_in: int, repeat: int = 5, *, backend: str | None = 
     transfers = _transfers(which)
     tables = {m: {k: np.zeros((repeat, len(widths))) for k in ("host", "copy", "kernel")} for m in OFFLOAD_MODES}
     rng = np.random.default_rng(0)
-    with contextlib.nullcontext() if which == "cupy" else threadpool_limits(1):
+    with host_blas_beside(which):
         for j, w in enumerate(widths):
             W = rng.standard_normal((int(w), n_in)).astype(np.float32)
             delta = rng.standard_normal(int(w)).astype(np.float32)
@@ -366,7 +365,7 @@ def offload_sweep(widths, x, y, repeat: int = 3, n_out: int = 10) -> dict[str, l
     ways = {"host": mlp.loss_and_grads_per_sample, "offloaded, copy": OffloadedBackprop("copy"),
             "offloaded, resident": OffloadedBackprop("resident")}
     times: dict[str, list[float]] = {k: [] for k in ways}
-    with contextlib.nullcontext() if backend() == "cupy" else threadpool_limits(1):
+    with host_blas_beside(backend()):
         for w in widths:
             p = mlp.init_params([x.shape[1], int(w), n_out])
             for k, fn in ways.items():
@@ -385,7 +384,7 @@ def batch_step_times(width: int, x, y, repeat: int = 3, n_out: int = 10) -> dict
             "offloaded per sample, resident": OffloadedBackprop("resident"),
             "host, vectorised": mlp.loss_and_grads,
             f"device, batched ({backend()})": lambda _p, xb, yb, **kw: net.loss_and_grads(xb, yb)}
-    with contextlib.nullcontext() if backend() == "cupy" else threadpool_limits(1):
+    with host_blas_beside(backend()):
         return {k: time_per_batch(fn, p, x, y, repeat=repeat, cost="cross_entropy") for k, fn in ways.items()}
 
 
