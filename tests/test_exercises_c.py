@@ -34,7 +34,8 @@ def _lab(prefix: str):
 # ---- the ladders ----------------------------------------------------------------------------------------------------
 
 LADDERS = {"03": ["simd_forward", "loop_interchange", "omp_reduction", "reduction_by_hand"],
-           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose", "row_softmax"]}
+           "05": ["naive_matmul", "tiled_matmul", "block_reduction", "warp_reduction", "shared_transpose", "row_softmax",
+                  "fast_matmul"]}
 
 
 @pytest.mark.parametrize("lab", sorted(LADDERS))

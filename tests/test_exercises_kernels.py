@@ -276,6 +276,11 @@ CONTRACT = {
         blank=_blank(_solution("tiled_matmul"), "__shared__"), passes="✔ tiled matmul: all 7 checks passed",
         replayed=_compiled(ONLY_A_TILED, IN_K_LOOP), marks=(needs_cxx,),
         references=(Reference(_labkits("matmul.cu"), "labkit/kernels/matmul.cu (matmul_tiled)", passes=False),)),
+    "fast_matmul": Answers(
+        _solution("fast_matmul"), _compiled(_solution("fast_matmul").replace("+= ra[a] * rb[b]", "= ra[a] * rb[b]"),
+                                              "entries wrong"),
+        blank=_blank(_solution("fast_matmul"), "__shared__ float As"), passes="✔ fast matmul: all 5 checks passed",
+        marks=(needs_cxx,)),
     "block_reduction": Answers(
         _solution("block_sum"), _compiled(_solution("block_sum").replace("atomicAdd(out, s[0]);", "out[0] = s[0];"),
                                           "does not use atomicAdd"),
@@ -311,6 +316,7 @@ NAIVE = _solution("naive_matmul")
 SOFTMAX = _solution("softmax_rows")
 TRANSPOSE = _solution("transpose")
 TILED = _solution("tiled_matmul")
+FAST = _solution("fast_matmul")
 GRID_STRIDE = "for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v += x[i];"
 ONE_EACH = "int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) v = x[i];"
 
@@ -320,7 +326,27 @@ def _mistake(source: str, old: str, new: str, says: str, hint: str, marks: tuple
     return Mistake(source.replace(old, new), says, hint, marks)
 
 
+NAIVE_FAST = """#define THREADS 256
+#define BM 16
+#define BN 16
+extern "C" __global__ void matmul_fast(const float* A, const float* B, float* C, int M, int N, int K)
+{
+    int i = blockIdx.y * BM + threadIdx.x / 16, j = blockIdx.x * BN + threadIdx.x % 16;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc += A[i * K + k] * B[k * N + j];
+    C[i * N + j] = acc;
+}
+"""
+
 MISTAKES = {
+    "fast_matmul": (
+        Mistake(NAIVE_FAST, "slower than labkit's tiled kernel .*bounds yours is L2: every multiply-add loads its "
+                "operands from global memory", "stage tiles of A and B in shared memory", (needs_cxx,)),
+        _mistake(FAST, "#define BM 64", "#define BM 48", "#define BM 48: the tile's sides are powers of two",
+                 "set BM to 8, 16, 32, 64, 128 or 256", ()),
+        _mistake(FAST, "#define THREADS 256", "#define THREADS 200", "#define THREADS 200: a block holds whole "
+                 "warps", "THREADS is 32 times the number of warps", ()),
+    ),
     "block_reduction": (
         _mistake(BLOCK, "h > 0; h /= 2", "h > 1; h /= 2", "n=256 over 1 blocks of 256: .*the tree stopped one level "
                  "early", "log2\\(256\\) = 8 levels.*does it reach the last one, where a single thread adds"),

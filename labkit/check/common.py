@@ -11,6 +11,7 @@ import inspect
 import io
 import re
 import textwrap
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -83,17 +84,43 @@ def world(mpi):
 
 
 class Tally:
-    """How many of a check's cases the answer passed, of how many: what partial credit per case is made of."""
+    """How many of a check's cases the answer passed, of how many: what partial credit per case is made of; and the
+    score an open exercise's answer earned (:func:`scored`), which the class's leaderboard ranks."""
 
     def __init__(self):
         self.done, self.of = 0, None
+        self.score: Score | None = None
 
     def counted(self) -> tuple[int, int] | None:
         return (self.done, self.of) if self.of else None
 
 
+@dataclass(frozen=True)
+class Score:
+    """What an open exercise's answer scored, beside its verdict: ``value`` in ``unit`` (for example a modelled time
+    in µs), ``lower_is_better`` to rank it, and ``label`` saying what was measured, for the leaderboard's column."""
+
+    label: str
+    value: float
+    unit: str
+    lower_is_better: bool = True
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def scored(label: str, value: float, unit: str, lower_is_better: bool = True) -> Score:
+    """Record what the running check's answer scored (an open exercise: its leaderboard's number), and return it.
+    Only a number the check computed from what the answer did: never one the student's code reported."""
+    score = Score(label, float(value), unit, lower_is_better)
+    if _tallies:
+        _tallies[-1].score = score
+    return score
+
+
 _tallies: list[Tally] = []  # one per check running, the outermost first
 _last: list[tuple[int, int] | None] = [None]  # the outermost check's, once it ended
+_last_score: list[Score | None] = [None]  # the outermost check's score, once it ended (open exercises only)
 
 
 def each_case(items, more: int = 0):
@@ -113,6 +140,11 @@ def last_cases() -> tuple[int, int] | None:
     """(cases passed, cases) of the last check that ran to its end or to a failure in this process, or None for a
     check that counts no cases."""
     return _last[0]
+
+
+def last_score() -> Score | None:
+    """The score of the last check that ran in this process to its end (:func:`scored`), None where it scored none."""
+    return _last_score[0]
 
 
 def recorded(check):
@@ -150,6 +182,7 @@ def recorded(check):
             tally = _tallies.pop()
             if not _tallies:
                 _last[0] = tally.counted()
+                _last_score[0] = tally.score
             if ran and top and capture.hidden_part(check.__name__):
                 _hidden_part(check, args, kwargs)
 

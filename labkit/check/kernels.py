@@ -12,11 +12,11 @@ import numpy as np
 
 from .. import kernels
 from ..handout import KERNEL_TODO
-from ..kernels import KernelCompileError, counts, tools, warp
+from ..kernels import KernelCompileError, counts, speed_of_light, tools, warp
 from ..kernels.source import define, find_kernels
 from ..native.csource import matching_bracket, strip_comments
 from . import capture
-from .common import ExerciseError, each_case, fail, passed, recorded
+from .common import ExerciseError, each_case, fail, passed, recorded, scored
 from .exercises import Exercise
 
 
@@ -322,6 +322,118 @@ def tiled_matmul(source: str, name: str = "matmul_tiled", tile: int | None = Non
         _loads_per_element(ex, source, tile)
         checks += 2
     passed(ex, checks)
+
+
+FAST_N = 1024  # the size the fast matmul is scored at: a GPU's, from counts carried from two small launches
+FAST_GPU = speed_of_light.DEFAULT  # the GPU it is scored on, the same on every machine: the class's scores compare
+FAST_BOUNDS = {  # the unit that bounds a matmul: what the kernel does that it waits on, and what would change that
+    "L2": ("every multiply-add loads its operands from global memory",
+           "stage tiles of A and B in shared memory, as in exercise 2: each value loaded then feeds a tile's products"),
+    "shared memory": ("every multiply-add reads its operands from shared memory, or the reads collide in the banks",
+                      "let each thread keep several entries of C in registers (section 4): each value it reads from "
+                      "a shared tile then feeds several multiply-adds; and read the tiles without bank conflicts"),
+    "FP32": ("the arithmetic itself, at the rate of the SMs your grid keeps busy",
+             "a grid of fewer blocks than SMs leaves SMs idle: smaller tiles give more blocks"),
+    "DRAM": ("the matrices' own bytes, moved once", "nothing: that is the least any kernel moves"),
+    "atomics (one address)": ("atomics that all land on one address", "write each entry of C once, with a store"),
+}
+
+
+def _fast_launch(ex: str, source: str) -> tuple[int, int, int]:
+    """(THREADS, BM, BN) from the source's #defines: a 1-D block of THREADS threads computes a BM x BN tile of C."""
+    threads, bm, bn = (define(source, k, d) if isinstance(source, str) else d
+                       for k, d in (("THREADS", 256), ("BM", 64), ("BN", 64)))
+    if not (32 <= threads <= 1024 and threads % 32 == 0):
+        fail(ex, f"#define THREADS {threads}: a block holds whole warps, 32 to 1,024 threads",
+             "a warp is 32 threads: THREADS is 32 times the number of warps in a block, at most 32 of them")
+    for name, side in (("BM", bm), ("BN", bn)):
+        if side not in (8, 16, 32, 64, 128, 256):
+            fail(ex, f"#define {name} {side}: the tile's sides are powers of two from 8 to 256, so that the sizes the "
+                 "check runs are multiples of them", f"set {name} to 8, 16, 32, 64, 128 or 256 rows or columns of C, "
+                 "and let each thread own BM x BN / THREADS of them")
+    return threads, bm, bn
+
+
+def _fast_counts(source: str, name: str, threads: int, bm: int, bn: int) -> tuple[list[dict], list[bool], dict]:
+    """The counts of two n x n x n products by the kernel (n a multiple of the tile, at least 64, then twice that),
+    as plain numbers, whether each product was right, and the counts of labkit's tiled kernel at FAST_N."""
+    n1 = max(bm, bn, 64)
+    out, right = [], []
+    for n in (n1, 2 * n1):
+        rng = np.random.default_rng(n)
+        a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        c = np.full((n, n), np.nan, np.float32)
+        t = counts.traffic(source, name, (n // bn, n // bm), (threads,), (a, b, c, *(np.int32(n),) * 3))
+        got = speed_of_light.counted(t, flops=2 * n**3, footprint=3 * 4 * n * n)
+        out.append({f: getattr(got, f) for f in speed_of_light.CARRIED})
+        right.append(bool(np.allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)))
+    tiled = speed_of_light.matmul_counts("tiled", FAST_N)[0]  # labkit's, the bar to pass: counted here, not replayed
+    return out, right, {f: getattr(tiled, f) for f in speed_of_light.CARRIED}
+
+
+@recorded
+def fast_matmul(source: str, name: str = "matmul_fast") -> None:
+    """Lab 05, the open exercise: the fastest C = A B you can write, scored by its modelled time on an H100.
+
+    Signature (const float* A, const float* B, float* C, int M, int N, int K); launched with block (THREADS) and grid
+    (N / BN, M / BM), from the source's ``#define THREADS``, ``BM`` and ``BN``, on sizes whose M is a multiple of BM,
+    N of BN and K of the larger of the two. Checked mode on three sizes, then the emulator's counts of two products,
+    carried to 1024^3 and modelled on the H100: passed at or below labkit's tiled kernel's time, the score is that
+    time."""
+    ex = "fast matmul"
+    source = capture.source(source)
+    threads, bm, bn = _fast_launch(ex, source)
+    side = max(bm, bn)
+    print(f"{ex}: C on 3 sizes in checked mode, blocks of {threads} threads each computing {bm} x {bn} of C; then "
+          f"its counts, carried to {FAST_N}^3 and modelled on the {FAST_GPU}{RACES}")
+    k = load_student_kernel(ex, source, name, {})
+    rng = np.random.default_rng(capture.seed(6))
+    checks = 0
+    for M, N, K in each_case([(bm, bn, side), (2 * bm, 3 * bn, 2 * side), (3 * bm, bn, side)], more=2):
+        a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+        c = np.full((M, N), np.nan, np.float32)
+        what = f"M={M}, N={N}, K={K}"
+        run_student_kernel(ex, k, (N // bn, M // bm), (threads,), (a, b, c, np.int32(M), np.int32(N), np.int32(K)),
+                           "", reverse=M == 2 * bm, what=what)
+        bad = ~np.isclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+        if bad.any():
+            i, j = map(int, np.argwhere(bad)[0])
+            fail(ex, f"{what}: C[{i}, {j}] is {float(c[i, j]):.6g} (yours) but should be {float(a[i] @ b[:, j]):.6g}; "
+                 f"{int(bad.sum())} of {c.size} entries wrong, {int(np.isnan(c).sum())} never written",
+                 f"with blocks of {threads} threads for a {bm} x {bn} tile, each thread owns {bm * bn / threads:g} "
+                 "entries of C: are they all written, each once, and does every k of each tile step reach them?")
+        checks += 1
+    _fast_score(ex, source, name, threads, bm, bn)
+    passed(ex, checks + 2)
+
+
+def _fast_score(ex: str, source: str, name: str, threads: int, bm: int, bn: int) -> None:
+    """Model the kernel at FAST_N from its counts, fail it above labkit's tiled kernel, and score it."""
+    small, right, bar = capture.step("counts", lambda: _fast_counts(source, name, threads, bm, bn))
+    n1 = max(bm, bn, 64)
+    if not all(right):
+        fail(ex, f"the {n1}^3 and {2 * n1}^3 products the counts are taken from came out wrong: the kernel must be "
+             "right on every size whose sides are multiples of its tile")
+    a, b = (speed_of_light.Counts(name, **d) for d in small)
+    carried = speed_of_light.extrapolate(a, b, n1, 2 * n1, FAST_N, flops=2 * FAST_N**3, footprint=12 * FAST_N**2,
+                                         blocks=(FAST_N // bm) * (FAST_N // bn))
+    yours = speed_of_light.model(carried, FAST_GPU)
+    tiled = speed_of_light.model(speed_of_light.Counts("matmul_tiled", **bar), FAST_GPU)
+    why, change = FAST_BOUNDS[yours.unit]
+    if carried.blocks < yours.gpu.sms:
+        why += f" ({carried.blocks} blocks for {yours.gpu.sms} SMs: some SMs have none)"
+    if yours.unit == "shared memory" and carried.shared_requests:  # the two causes, counted
+        per_read = carried.flops / 2 / (32 * carried.shared_requests)
+        why += (f" (counted: {per_read:.2g} multiply-adds per float a thread moves through shared memory, and "
+                f"{carried.shared_wavefronts / carried.shared_requests:.2f} wavefronts per warp request, 1 without "
+                "bank conflicts)")
+    print(f"{ex}: {yours.describe()}. Bound by {yours.unit}: {why}. What would change it: {change}.")
+    if yours.bound > tiled.bound * (1 + 1e-9):
+        fail(ex, f"modelled at {yours.bound * 1e6:.3g} µs, slower than labkit's tiled kernel ({tiled.bound * 1e6:.3g} "
+             f"µs, exercise 2's): the unit that bounds yours is {yours.unit}: {why}", change)
+    scored(f"modelled {FAST_N}^3 on the {FAST_GPU}", yours.bound * 1e6, "µs")
+    print(f"{ex}: your score, {yours.bound * 1e6:.4g} µs ({yours.gflops:,.0f} GFLOP/s modelled); labkit's tiled kernel "
+          f"{tiled.bound * 1e6:.3g} µs")
 
 
 def _matmul_args(n: int) -> tuple:
@@ -871,6 +983,20 @@ EXERCISES = (
         "column of A's tile and one row of B's lie inside A and B. What must the other threads put in the tiles so "
         "that their products add nothing, and which threads may write C? Each must still reach every "
         "__syncthreads().",
+    )),
+    Exercise("fast_matmul", "05", sources=(("kernels/matmul.cu", "matmul_regblock"),), hints=(
+        "Any kernel that is right scores; the check prints the unit that bounds yours. Start from your tiled kernel "
+        "of exercise 2, written for a 1-D block: THREADS = TILE * TILE and BM = BN = TILE, each thread's row and "
+        "column found from threadIdx.x alone.",
+        "Count for one step along K of your tiled kernel: how many floats does a thread read from shared memory, and "
+        "how many multiply-adds does it make from them? If a thread computed a 2 x 2 block of C instead of one entry, "
+        "how many would it read for the same step, and how many multiply-adds?",
+        "With a sub-tile of C per thread, a block of THREADS threads covers BM x BN entries of C, each thread "
+        "BM x BN / THREADS of them. The tiles staged in shared memory then hold BM rows of A and BN columns of B for a "
+        "step of BK values of k: how many floats must each thread load into them per step, and in which order do "
+        "neighbouring threads read A and B so that a warp's loads are coalesced?",
+        "Print your kernel's counts beside labkit's register-blocked one (section 4). Which unit bounds each? A "
+        "grid of fewer blocks than the GPU's SMs leaves SMs idle: how many blocks does your tile give at 1024^3?",
     )),
     Exercise("block_reduction", "05", sources=(("kernels/reduce.cu", None),), hints=(
         "There may be fewer threads than values: first each thread adds up its own share into a private sum. It starts "

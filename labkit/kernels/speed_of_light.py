@@ -98,6 +98,7 @@ class Counts:
 
 
 _COUNTED = ("load_requests", "load_sectors", "store_requests", "store_sectors", "shared_requests", "shared_wavefronts")
+CARRIED = (*_COUNTED, "flops", "atomics", "atomics_max_per_address", "barriers", "blocks", "footprint")  # plain numbers
 
 
 def counted(t, *, flops: float | None = None, atomics: int | None = None, atomics_max_per_address: int | None = None,
