@@ -65,6 +65,19 @@ def test_gradescope_takes_a_late_penalty_off_each_tests_score():
     assert "less 20 % for late work" in result["tests"][0]["output"] and "2 days late: -20 %" in result["output"]
 
 
+def test_gradescope_leaderboard_holds_each_passed_open_exercises_score_and_no_hidden_one():
+    data = _grades(ana={"05_cuda_kernels.ipynb": [("fast_matmul", True, "passed"), ("tiled_matmul", True, "passed")]},
+                   ben={"05_cuda_kernels.ipynb": [("fast_matmul", False, "slower than labkit's tiled kernel")]})
+    perf = {"label": "modelled 1024^3 on the H100 SXM", "value": 98.3, "unit": "µs", "lower_is_better": True}
+    data["students"]["ana"]["05_cuda_kernels.ipynb"]["results"][0]["performance"] = perf
+    data["students"]["ben"]["05_cuda_kernels.ipynb"]["results"][0]["performance"] = {**perf, "value": 50.0}
+    ana = exports.gradescope_result(data["students"]["ana"], data)
+    assert set(ana) <= exports.GRADESCOPE_FIELDS
+    assert ana["leaderboard"] == [{"name": "Lab 05 cuda kernels: fast_matmul (µs)", "value": 98.3, "order": "asc"}]
+    assert "leaderboard" not in exports.gradescope_result(data["students"]["ben"], data)  # a failed answer: no entry
+    assert "leaderboard" not in exports.gradescope_result(data["students"]["ana"], data, hidden={"fast_matmul"})
+
+
 # a gradebook as Canvas's Grades > Export writes it: the identity columns, each assignment as "Title (id)", the
 # assignment group and total columns, a Manual Posting row and a Points Possible row before the students, and the
 # test student at the end

@@ -182,3 +182,40 @@ def test_a_page_sent_alone_shows_typeset_math_and_its_figure_in_chromium(tmp_pat
         finally:
             browser.close()
     assert asked == [], f"the page asked for {asked}"
+
+
+def _timed(student, us, passed=True, lab="01_serial_backprop.ipynb"):
+    return {"student": student, "notebook": lab, "exercise": "backprop", "passed": passed, "message": "m",
+            "performance": {"label": "modelled time", "value": us, "unit": "µs", "lower_is_better": True}}
+
+
+def _board(page) -> list[str]:
+    (cell,) = [c for c in page.cells if c.source.startswith("**Class leaderboard**")]
+    return cell.source.splitlines()
+
+
+def test_an_open_exercise_shows_the_class_leaderboard_by_rank_and_score_naming_no_one_but_you(tmp_path):
+    """bo's 30 µs is 13th of 13 passing answers: the top 10 (two tied first), a gap, then bo's own row; the other
+    students, and the failed answer's 1 µs, are nowhere on bo's page."""
+    lab = "01_serial_backprop.ipynb"
+    data = _class(tmp_path)
+    data["students"]["bo"][lab]["results"] = [_timed("bo", 30.0)]
+    rivals = {f"rival_{k:02d}": 10.0 + max(0, k - 1) for k in range(12)}  # rival_00 and rival_01 tie at 10 µs
+    for name, us in [*rivals.items(), ("rival_failed", 1.0)]:
+        data["students"][name] = {lab: {"passed": 1, "exercises": 1,
+                                        "results": [_timed(name, us, passed=name != "rival_failed")]}}
+    page = feedback.page_notebook(data, tmp_path / "grades", "bo", lab)
+    lines = _board(page)
+    assert lines[0] == ("**Class leaderboard** of `backprop`: modelled time (µs), lower is better; 13 passing answers, "
+                        "yours ranks 13 of 13.")
+    assert lines[2:5] == ["| rank | modelled time (µs) | |", "|---:|---:|:---|", "| 1 | 10 |  |"]
+    assert lines[5:7] == ["| 1 | 10 |  |", "| 3 | 11 |  |"] and len(lines) == 4 + 10 + 2
+    assert lines[-2:] == ["| … |  |  |", "| 13 | 30 | **you** |"]
+    text = feedback.write(data, tmp_path / "fb", tmp_path / "grades")[0].read_text()
+    assert "rival_" not in text and "<table>" in text and "| 1 | 1 |  |" not in lines  # nor the failed 1 µs
+    top = _board(feedback.page_notebook(data, tmp_path / "grades", "rival_00", lab))
+    assert top[4:6] == ["| 1 | 10 | **you** |", "| 1 | 10 |  |"] and "…" not in "\n".join(top) and len(top) == 14
+    failed = _board(feedback.page_notebook(data, tmp_path / "grades", "rival_failed", lab))
+    assert failed[0].endswith("yours is not ranked (only a passing answer's score is).") and "**you**" not in "\n".join(failed)
+    assert not [c for c in feedback.page_notebook(data, tmp_path / "grades", "bo", lab, hidden={"backprop"}).cells
+                if c.source.startswith("**Class leaderboard**")]  # a hidden check shows no scores

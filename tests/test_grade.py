@@ -1,6 +1,7 @@
 """labkit grade: the reference solutions pass, the student versions fail clearly, an endless loop costs one exercise."""
 
 import csv
+import hashlib
 import json
 import re
 import tempfile
@@ -630,3 +631,87 @@ def test_grading_another_lab_into_the_same_out_keeps_the_grades_answers_and_runs
     (out / "grades.json").write_text("{broken")
     with pytest.raises(ValueError, match="move it out of .* or grade into another --out"):
         grade.grade(tmp_path / "subs", out, progress=False, isolate=False)
+
+
+# -- an open exercise's score: from the replay's verdict line to the row kept -------------------------------------------
+
+TIME = {"label": "modelled time on H100", "value": 12.5, "unit": "µs", "lower_is_better": True}
+
+
+def _scoring_check(monkeypatch):
+    """The replay's karp_flatt made an open exercise's check: it scores 12.5 µs, then judges the answer as before."""
+    from types import SimpleNamespace
+
+    from labkit.check import common
+    from labkit.check.exercises import exercise
+    from labkit.grading import replay
+
+    real = exercise("karp_flatt").check()
+
+    @common.recorded
+    def karp_flatt(fn):
+        common.scored(TIME["label"], TIME["value"], TIME["unit"])  # before the verdict: a failed answer scores too
+        return real(fn)
+
+    monkeypatch.setattr(replay, "exercise", lambda name: SimpleNamespace(check=lambda: karp_flatt))
+
+
+def test_the_replays_verdict_line_carries_a_passing_answers_score_and_null_for_a_failure(tmp_path, monkeypatch, capsys):
+    from conftest import record_check
+
+    from labkit.grading import replay
+
+    right, wrong = (lambda p, s: (1 / s - 1 / p) / (1 - 1 / p)), (lambda p, s: 1 / s - 1 / p)
+    assert record_check(monkeypatch, tmp_path / "right", "karp_flatt", right, 77)[0] is True
+    assert record_check(monkeypatch, tmp_path / "wrong", "karp_flatt", wrong, 77)[0] is False
+
+    def line(folder):
+        replay.main(["karp_flatt", str(folder), "77"])
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert line(tmp_path / "right")["score"] is None  # a check that scores nothing
+    _scoring_check(monkeypatch)
+    passed = line(tmp_path / "right")
+    assert passed["passed"] is True and passed["score"] == TIME
+    failed = line(tmp_path / "wrong")
+    assert failed["passed"] is False and failed["score"] is None  # a failed answer is never ranked
+    assert replay.verdict("karp_flatt", tmp_path / "right", 77)[3] == TIME
+    assert replay.counted("karp_flatt", tmp_path / "right", 77)[:2] == replay.replay("karp_flatt", tmp_path / "right", 77)
+
+
+def test_the_mpi_replays_verdict_line_is_read_back_with_its_score(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from labkit.check import capture
+
+    monkeypatch.setattr(capture, "records", lambda folder, check: ["r0", "r1"])  # two ranks' records: mpiexec
+    monkeypatch.setattr(capture, "recorded_reference", lambda folder, check: None)
+    said = {"passed": True, "message": "passed", "cases": [5, 5], "score": TIME}
+    out = f"rank 1 says hello\n{json.dumps(said)}\n"
+    monkeypatch.setattr(notebook, "run_mpi", lambda *a, **k: SimpleNamespace(stdout=out, stderr=""))
+    assert notebook._replay("ring_allreduce", tmp_path, 7, 60) == (True, "passed", (5, 5), TIME)
+    out = json.dumps({**said, "passed": False, "message": "wrong"})  # a failure's score is dropped, whatever it says
+    assert notebook._replay("ring_allreduce", tmp_path, 7, 60) == (False, "wrong", (5, 5), None)
+    out = json.dumps({k: v for k, v in said.items() if k != "score"})  # a line from before scores: none
+    assert notebook._replay("ring_allreduce", tmp_path, 7, 60) == (True, "passed", (5, 5), None)
+
+
+def test_a_rows_performance_is_kept_through_an_interrupted_runs_progress_and_grades_json(tmp_path):
+    sub = tmp_path / "ana.ipynb"
+    sub.write_text("{}")
+    digest = hashlib.sha256(sub.read_bytes()).hexdigest()
+    rows = [notebook.ExerciseResult("ana", "05_cuda_kernels.ipynb", "fast_matmul", True, "passed", cases=(5, 5),
+                                    performance=dict(TIME)),
+            notebook.ExerciseResult("ana", "05_cuda_kernels.ipynb", "tiled_matmul", False, "wrong")]
+    kept = grade._Progress(tmp_path / "out", {"profile": "quick"}, resume=False)
+    kept.put("ana", sub, (rows, 3.0, digest, []))
+    back, _, _, _ = grade._Progress(tmp_path / "out", {"profile": "quick"}, resume=True).get("ana", sub)
+    assert [r.performance for r in back] == [TIME, None]
+    assert [(r.exercise, r.passed, tuple(r.cases or ())) for r in back] == [("fast_matmul", True, (5, 5)),
+                                                                            ("tiled_matmul", False, ())]
+    students = grade._by_student(back, {("ana", "05_cuda_kernels.ipynb"): 3.0}, {})
+    grade._write(tmp_path / "out", {"students": students})
+    again = grade._rows(json.loads((tmp_path / "out" / "grades.json").read_text())["students"])
+    assert [r.performance for r in again] == [TIME, None]
+    old = {k: v for k, v in again[0].__dict__.items() if k != "performance"}  # a row written before scores
+    assert notebook.ExerciseResult(**old).performance is None

@@ -69,6 +69,9 @@ def _claims_made_and_held(result, name):
     assert not failed, "claims of the text that did not hold: " + "; ".join(failed)
 
 
+OPEN = {"05": {"fast_matmul"}}  # the exercises whose checks score a passing answer for the class's leaderboard
+
+
 @pytest.mark.notebooks
 @pytest.mark.sandbox
 @pytest.mark.mpi  # the grader replays the MPI exercises' checks under mpiexec
@@ -84,6 +87,9 @@ def test_notebook_runs_quick_profile_and_its_claims_hold(path, lab_runs):
     failed = [(r.exercise, r.message[:300]) for r in run.results if not r.passed]
     assert not failed, f"exercises of the instructor's version that failed in the sandbox: {failed}"
     assert len(run.results) == run.released, "every exercise the release records is graded"
+    scored = {r.exercise: r.performance["value"] for r in run.results if r.performance}
+    assert set(scored) == OPEN.get(path.name[:2], set()), "the open exercises' scores reach the grades"
+    assert all(v > 0 for v in scored.values()), scored
     assert run.isolated == sandbox.available()[0]
     assert run.found.figures, "every lab draws at least one figure"
     assert run.found.metrics, "every lab records its key numbers for the report"

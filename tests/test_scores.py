@@ -281,3 +281,61 @@ def test_a_release_folder_left_in_the_working_directory_is_the_command_lines_def
     assert cli._release(None) == "release" and cli._release("elsewhere") == "elsewhere"
     monkeypatch.chdir(tmp_path / "student")
     assert cli._release(None) is None
+
+
+# -- an open exercise's score: ranked in the class, never worth points --------------------------------------------------
+
+LAB05 = "05_cuda_kernels.ipynb"
+
+
+def _timed(student, us, passed=True, lower_is_better=True):
+    """A grades.json row of Lab 05's open exercise: ``us`` µs (None: it scored nothing)."""
+    perf = None if us is None else {"label": "modelled time on H100", "value": us, "unit": "µs",
+                                    "lower_is_better": lower_is_better}
+    return {"student": student, "notebook": LAB05, "exercise": "fast_matmul", "passed": passed,
+            "message": "passed" if passed else "wrong", "points": 1, "performance": perf}
+
+
+def _class_timed(**times):
+    """grades.json's students of Lab 05: per student, (µs, passed) of the open exercise beside a plain one."""
+    return {s: {LAB05: {"lab": "05", "results": [_timed(s, us, ok), {
+        "student": s, "notebook": LAB05, "exercise": "naive_matmul", "passed": True, "message": "passed"}]}}
+            for s, (us, ok) in times.items()}
+
+
+def test_grades_csv_has_each_passing_scores_value_and_rank_with_ties_sharing_it_and_failures_blank(tmp_path):
+    students = _class_timed(ana=(12.5, True), bo=(9.0, True), cy=(12.5, True), di=(3.0, False), ed=(20.0, True),
+                            fay=(None, True))
+    grade._write(tmp_path / "out", {"students": students})
+    rows = list(csv.DictReader((tmp_path / "out" / "grades.csv").open()))
+    assert list(rows[0])[-2:] == ["performance", "performance_rank"]
+    got = {r["student"]: (r["performance"], r["performance_rank"]) for r in rows if r["exercise"] == "fast_matmul"}
+    # bo is the fastest; ana and cy tie for 2nd, so ed is 4th; di's 3 µs failed and fay's check scored nothing
+    assert got == {"bo": ("9", "1"), "ana": ("12.5", "2"), "cy": ("12.5", "2"), "ed": ("20", "4"), "di": ("", ""),
+                   "fay": ("", "")}
+    assert {(r["performance"], r["performance_rank"]) for r in rows if r["exercise"] == "naive_matmul"} == {("", "")}
+    assert {r["student"]: r["score"] for r in rows if r["exercise"] == "fast_matmul"}["di"] == "0"  # no points for it
+
+
+def test_a_leaderboard_ranks_the_passing_answers_best_first_either_way_round():
+    faster = scores.leaderboards({"students": _class_timed(ana=(2.0, True), bo=(1.0, True), cy=(0.5, False))})
+    board = faster[(LAB05, "fast_matmul")]
+    assert (board.label, board.unit, board.lower_is_better) == ("modelled time on H100", "µs", True)
+    assert board.places == [(1, 1.0, "bo"), (2, 2.0, "ana")] and board.rank_of("cy") is None
+    higher = {s: {LAB05: {"results": [_timed(s, v, lower_is_better=False)]}} for s, v in [("ana", 2.0), ("bo", 3.0),
+                                                                                          ("cy", 3.0), ("di", 1.0)]}
+    assert scores.leaderboards({"students": higher})[(LAB05, "fast_matmul")].places == [
+        (1, 3.0, "bo"), (1, 3.0, "cy"), (3, 2.0, "ana"), (4, 1.0, "di")]
+    assert scores.leaderboards({"students": _class_timed(ana=(None, True), bo=(float("nan"), True))}) == {}
+
+
+def test_merged_shares_of_a_class_are_ranked_together(tmp_path):
+    for k, (student, us) in enumerate([("ana", 5.0), ("bo", 4.0)]):
+        data = {"release_sha256": "r" * 64, "labkit_version": "0.test", "profile": "quick", "hidden_parts": [],
+                "part": [k, 2], "students": _class_timed(**{student: (us, True)})}
+        grade._write(tmp_path / f"p{k}", data)
+    assert [r["performance_rank"] for r in csv.DictReader((tmp_path / "p0" / "grades.csv").open())][0] == "1"
+    results, csv_path, _ = grade.merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "all")
+    ranks = {r["student"]: r["performance_rank"] for r in csv.DictReader(csv_path.open()) if r["exercise"] == "fast_matmul"}
+    assert ranks == {"ana": "2", "bo": "1"}
+    assert {r.student: r.performance["value"] for r in results if r.performance} == {"ana": 5.0, "bo": 4.0}

@@ -111,8 +111,27 @@ def gradescope_result(notebooks: dict, data: dict, hidden: set[str] = frozenset(
                     f"{data.get('timeout_s', '?')} s per cell, " + isolation(data))
     if unscored:
         lines.append(f"{unscored} written answer(s) to the labs' questions are graded by hand, not here.")
-    return {"score": round(sum(t["score"] for t in tests), 4), "execution_time": round(seconds),
-            "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    result = {"score": round(sum(t["score"] for t in tests), 4), "execution_time": round(seconds),
+              "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    board = _leaderboard(notebooks, hidden)
+    return {**result, "leaderboard": board} if board else result
+
+
+def _leaderboard(notebooks: dict, hidden: set[str]) -> list[dict]:
+    """Gradescope's leaderboard entries of one student: each passed open exercise's score (a hidden one's never), with
+    the order that ranks it ("asc": lower is better)."""
+    from .notebook import is_secret, shown_name
+    from .scores import performance
+
+    board = []
+    for name, entry in sorted(notebooks.items()):
+        for r in entry.get("results", []):
+            perf = performance(r)
+            if perf is not None and not is_secret(r["exercise"], hidden):
+                board.append({"name": f"{lab_name(name)}: {shown_name(r['exercise'])} ({perf.get('unit', '')})",
+                              "value": float(perf["value"]), "order": "asc" if perf.get("lower_is_better", True)
+                              else "desc"})
+    return board
 
 
 def isolation(data: dict) -> str:

@@ -6,9 +6,11 @@ One page per student and lab, ``feedback/<student>/<lab>.html``: at the top the 
 (the score before it beside), the deadline and how late the work came, the written answers' points, comments and
 notes, and the limits the notebook ran under; then the notebook as the grader ran it (its figures too), and
 after every check cell a box with the grader's verdict and the check's message (the grader's replayed verdict, not
-what the cell itself printed). Each page is one file that can be sent alone: its math is MathML written into the
-page (:func:`labkit.runner.standalone_exporter`), its figures are embedded, and it loads nothing. :func:`write_zip`
-puts one page per student (all their labs) into a zip to upload.
+what the cell itself printed). An open exercise (one whose check scores a passing answer: a modelled time, say) has
+its class's leaderboard after that box: the passing scores, best first, by rank and score alone (no other student
+is named), the student's own row marked "you". Each page is one file that can be sent alone: its math is MathML
+written into the page (:func:`labkit.runner.standalone_exporter`), its figures are embedded, and it loads nothing.
+:func:`write_zip` puts one page per student (all their labs) into a zip to upload.
 
 An exercise named in ``hidden`` counts for the grade like any other, but its page shows neither the check cell's
 output nor the check's message: only whether it passed, and "a hidden check failed" when it did not. A hidden part
@@ -97,6 +99,42 @@ def verdict_cell(exercise: str, passed: bool, message: str, hidden: bool, points
     cell = nbformat.v4.new_markdown_cell("\n".join("> " + line if line else ">" for line in lines))
     cell.metadata["labkit_feedback"] = True
     return cell
+
+
+def leaderboard_cell(exercise: str, board, student: str, shown: int = 10):
+    """The markdown cell put after an open exercise's verdict: its class's leaderboard (:func:`.scores.leaderboards`)
+    as a small table of rank and score, the top ``shown`` and the student's own row below them, marked "you". No
+    other student is named: the page goes to each student."""
+    import nbformat
+
+    from .notebook import shown_name
+
+    column = _cell_text(f"{board.label} ({board.unit})" if board.unit else board.label)
+    rank, n = board.rank_of(student), len(board.places)
+    yours = f"yours ranks {rank} of {n}" if rank else "yours is not ranked (only a passing answer's score is)"
+    better = "lower" if board.lower_is_better else "higher"
+    lines = [f"**Class leaderboard** of `{shown_name(exercise)}`: {column}, {better} is better; {n} passing "
+             f"answer{'' if n == 1 else 's'}, {yours}.", "", f"| rank | {column} | |", "|---:|---:|:---|"]
+    for i in _board_rows(board, student, shown):
+        place, value, who = board.places[i] if i is not None else ("…", None, None)
+        lines.append(f"| {place} | {'' if value is None else f'{value:g}'} | {'**you**' if who == student else ''} |")
+    cell = nbformat.v4.new_markdown_cell("\n".join(lines))
+    cell.metadata["labkit_feedback"] = True
+    return cell
+
+
+def _board_rows(board, student: str, shown: int) -> list[int | None]:
+    """The leaderboard's places a page shows: the top ``shown``, then (None standing for the gap) the student's own."""
+    mine = next((i for i, (_, _, who) in enumerate(board.places) if who == student), None)
+    rows: list[int | None] = list(range(min(shown, len(board.places))))
+    if mine is not None and mine >= shown:
+        rows += ([None] if mine > shown else []) + [mine]
+    return rows
+
+
+def _cell_text(text: str) -> str:
+    """Literal text for a markdown table's cell: one line, no tag, no column break."""
+    return _one_line(text).replace("|", "&#124;")
 
 
 def summary_cell(student: str, notebook: str, entry: dict, data: dict, hidden_here: int):
@@ -188,6 +226,7 @@ def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, 
 
     nb = without_injected(nb)  # the grader's PROFILE cell: its machinery, not the student's notebook
     rows = {r["exercise"]: r for r in entry.get("results", [])}
+    boards = _leaderboards(data)
     after: dict[int, list] = {}
     for i, name in exercises_in(nb):
         for part in (name, name + HIDDEN):
@@ -197,8 +236,7 @@ def feedback_notebook(nb, student: str, notebook: str, entry: dict, data: dict, 
             secret = is_secret(part, hidden)
             if secret and part == name:
                 nb.cells[i].outputs = []
-            after.setdefault(i, []).append(verdict_cell(part, bool(row["passed"]), row.get("message", ""), secret,
-                                                        row.get("points"), row.get("score"), row.get("cases")))
+            after.setdefault(i, []).extend(_boxes(row, secret, boards.get((notebook, part)), student))
     cells = []
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
@@ -217,11 +255,26 @@ def missing_notebook(student: str, notebook: str, entry: dict, data: dict, hidde
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [summary_cell(student, notebook, entry, data, 0)]
+    boards = _leaderboards(data)
     for r in entry.get("results", []):
-        secret = is_secret(r["exercise"], hidden)
-        nb.cells.append(verdict_cell(r["exercise"], bool(r["passed"]), r.get("message", ""), secret, r.get("points"),
-                                     r.get("score"), r.get("cases")))
+        nb.cells += _boxes(r, is_secret(r["exercise"], hidden), boards.get((notebook, r["exercise"])), student)
     return nb
+
+
+def _boxes(row: dict, secret: bool, board, student: str) -> list:
+    """The cells after a check cell for one row: its verdict, then its exercise's leaderboard where it has one (a
+    hidden check's, never)."""
+    cells = [verdict_cell(row["exercise"], bool(row["passed"]), row.get("message", ""), secret, row.get("points"),
+                          row.get("score"), row.get("cases"))]
+    if board is not None and not secret:
+        cells.append(leaderboard_cell(row["exercise"], board, student))
+    return cells
+
+
+def _leaderboards(data: dict) -> dict:
+    from .scores import leaderboards
+
+    return leaderboards(data)
 
 
 def write(data: dict, out: Path | str, grades_dir: Path | str, hidden: set[str] | None = None) -> list[Path]:

@@ -10,12 +10,12 @@ Every notebook runs from top to bottom on the quick profile; a cell that errs or
 stopped and the notebook goes on, so one endless loop costs one exercise, never the rest of the notebook or the other
 students. An exercise is a check cell, ``check.<name>(...)`` of an exercise declared in :mod:`labkit.check.exercises`:
 its verdict is the check's, replayed by the grader on what the student's function returned (never the cell's own
-success). Results go to ``grades.csv`` (one row per exercise, with its points and the lab's late penalty) and
-``grades.json`` (with each lab's points, :mod:`.scores`), and the executed notebooks beside them. The answers to the
-labs' questions (:mod:`.answers`) go to ``answers.html`` and ``answers.csv``, whose ``score`` column the instructor
-fills in; ``labkit grade --rescore OUT`` then totals them without running a notebook again. What a sandbox contained
-(a write outside the notebook's folder, a connection beyond loopback...: :mod:`.audit`) is each lab's ``escapes`` in
-``grades.json``, and ``escapes.csv`` when there is any.
+success). Results go to ``grades.csv`` (one row per exercise, with its points, the lab's late penalty, and an open
+exercise's score and rank in the class) and ``grades.json`` (with each lab's points, :mod:`.scores`), and the executed
+notebooks beside them. The answers to the labs' questions (:mod:`.answers`) go to ``answers.html`` and
+``answers.csv``, whose ``score`` column the instructor fills in; ``labkit grade --rescore OUT`` then totals them
+without running a notebook again. What a sandbox contained (a write outside the notebook's folder, a connection beyond
+loopback...: :mod:`.audit`) is each lab's ``escapes`` in ``grades.json``, and ``escapes.csv`` when there is any.
 """
 
 from __future__ import annotations
@@ -655,14 +655,15 @@ def _by_student(results: list[ExerciseResult], seconds: dict, hashes: dict, esca
 
 
 CSV_FIELDS = ("student", "notebook", "exercise", "passed", "message", "points", "score", "lab", "submitted_at",
-              "days_late", "penalty_percent")
+              "days_late", "penalty_percent", "performance", "performance_rank")
 
 
 def _write(out: Path, data: dict) -> tuple[Path, Path]:
-    """grades.csv (a row per exercise, with its points and its lab's late penalty) and grades.json, each written
-    whole or not at all (a temporary file renamed into place)."""
+    """grades.csv (a row per exercise, with its points, its lab's late penalty, and an open exercise's score and rank
+    in the class) and grades.json, each written whole or not at all (a temporary file renamed into place)."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out / "grades.csv", out / "grades.json"
+    boards = scores.leaderboards(data)
     with open(csv_path.with_suffix(".csv.part"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CSV_FIELDS)
@@ -674,12 +675,22 @@ def _write(out: Path, data: dict) -> tuple[Path, Path]:
                     points = float(r.get("points", 1))
                     w.writerow([student, nb, r["exercise"], int(r["passed"]), r["message"], f"{points:g}",
                                 f"{scores.scored(r):g}", entry.get("lab") or lab_number(nb) or "", when,
-                                penalty.get("days_late", 0), f"{float(penalty.get('percent', 0)):g}"])
+                                penalty.get("days_late", 0), f"{float(penalty.get('percent', 0)):g}",
+                                *_ranked_cells(boards, student, nb, r)])
     csv_path.with_suffix(".csv.part").replace(csv_path)
     _write_escapes(out, data)
     json_path.with_suffix(".json.part").write_text(json.dumps(data, indent=2) + "\n")
     json_path.with_suffix(".json.part").replace(json_path)
     return csv_path, json_path
+
+
+def _ranked_cells(boards: dict, student: str, nb: str, row: dict) -> tuple[str, str]:
+    """grades.csv's performance and performance_rank of a row: a passed open exercise's score and its rank in the
+    class (1 the best, ties sharing one); blank for every other row."""
+    perf = scores.performance(row)
+    if perf is None:
+        return "", ""
+    return f"{float(perf['value']):g}", str(boards[(nb, row["exercise"])].rank_of(student))
 
 
 ESCAPES_CSV = "escapes.csv"

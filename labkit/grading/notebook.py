@@ -47,6 +47,8 @@ class ExerciseResult:
     cases: tuple[int, int] | None = None  # (cases passed, cases) of the check's replay; None where it counts none
     score: float | None = None  # what it scores (:mod:`.scores`): its points when passed, a share of them with partial
                                 # credit per case, else 0
+    performance: dict | None = None  # an open exercise's passing answer: what it scored beside its verdict (a modelled
+                                     # time, say: :class:`labkit.check.common.Score` as JSON), which the class ranks
 
 
 def hang_limit(timeout: int) -> int:
@@ -111,28 +113,37 @@ def _released_checks(nb, released: dict) -> tuple[list[tuple[int, str]], dict[st
     return found, problems
 
 
-def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> tuple[bool, str, tuple[int, int] | None]:
+Verdict = tuple[bool, str, tuple[int, int] | None, dict | None]  # (passed, message, cases, performance)
+
+
+def _replay(check_name: str, folder: Path, seed: int, timeout: int) -> Verdict:
     """The check's verdict on the record, in the grader's processes: here, or for MPI ranks under mpiexec; with its
-    (cases passed, cases), None where it counts none."""
+    (cases passed, cases), None where it counts none, and what a passing answer scored, None where it scored nothing."""
     files = capture.records(folder, check_name)
     declared = exercise(check_name)
     if len(files) <= 1 and not (declared and declared.mpi):
-        return replay.counted(check_name, folder, seed)
+        return replay.verdict(check_name, folder, seed)
     if capture.recorded_reference(folder, check_name):
-        return replay.counted(check_name, folder, seed)  # says which reference, without starting ranks
+        return replay.verdict(check_name, folder, seed)  # says which reference, without starting ranks
     try:
         done = run_mpi(["-m", "labkit.grading.replay", check_name, str(folder), str(seed), "--mpi"], n=max(1, len(files)),
                        timeout=max(60, 2 * timeout))
     except subprocess.TimeoutExpired:
-        return False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s", None
+        return (False, f"{check_name}: replaying the record on {len(files)} ranks ran past {max(60, 2 * timeout)} s",
+                None, None)
     for line in reversed(done.stdout.strip().splitlines()):
         try:
-            verdict = json.loads(line)
-            cases = verdict.get("cases")
-            return bool(verdict["passed"]), str(verdict["message"]), tuple(cases) if cases else None
-        except (ValueError, KeyError, TypeError):
+            return _read_verdict(json.loads(line))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}", None
+    return False, f"{check_name}: replaying the record failed: {(done.stderr or done.stdout).strip()[-300:]}", None, None
+
+
+def _read_verdict(verdict: dict) -> Verdict:
+    """The verdict line of ``python -m labkit.grading.replay``, read back: a score only with a pass."""
+    cases, score = verdict.get("cases"), verdict.get("score")
+    passed = bool(verdict["passed"])
+    return passed, str(verdict["message"]), tuple(cases) if cases else None, dict(score) if score and passed else None
 
 
 def _earlier_error(nb, index: int) -> str | None:
@@ -146,21 +157,21 @@ def _earlier_error(nb, index: int) -> str | None:
 
 
 def _verdict(cell, check_name: str, folder: Path, seed: int, timeout: int, stopped: str | None,
-             earlier: str | None = None) -> tuple[bool, str, tuple[int, int] | None]:
+             earlier: str | None = None) -> Verdict:
     """One exercise: stopped or not run as the notebook says; otherwise what the check says on the record (and its
-    cases passed, of how many)."""
+    cases passed, of how many, and what a passing answer scored)."""
     ran, message = _outcome(cell, timeout)
     if stopped and not ran and message.startswith("not run"):
-        return False, stopped, None
+        return False, stopped, None, None
     if not ran and (message.startswith("not run") or message.startswith("stopped after")):
-        return False, message, None
+        return False, message, None, None
     if not capture.records(folder, check_name):
         if not ran:
-            return False, message + (f"; {earlier}" if earlier and "NameError" in message else ""), None
+            return False, message + (f"; {earlier}" if earlier and "NameError" in message else ""), None, None
         return False, ("the check cell ran but recorded nothing of your function (was labkit's check replaced or "
-                       "its call changed?)"), None
-    passed, message, cases = _replay(check_name, folder, seed, timeout)
-    return passed, "passed" if passed else message, cases
+                       "its call changed?)"), None, None
+    passed, message, cases, performance = _replay(check_name, folder, seed, timeout)
+    return passed, "passed" if passed else message, cases, performance
 
 
 class NotebookRun:
@@ -188,6 +199,7 @@ class NotebookRun:
         self.hidden_parts = frozenset(hidden_parts)  # exercises checked a second time, on inputs drawn apart
         self.hidden_seed = secrets.randbelow(1_000_000) + 1_000_001
         self.cases: dict[str, tuple[int, int] | None] = {}  # per row, its replay's (cases passed, cases)
+        self.performances: dict[str, dict | None] = {}  # per row, what its replay's passing answer scored
         self.isolate = sandbox.available()[0] if isolate is None else isolate
         self.limits = limits or Limits()
         self.private = Path(tempfile.mkdtemp(prefix="labkit-grader-"))  # the grader's alone: records, kernel spec
@@ -422,8 +434,8 @@ class NotebookRun:
         if row != name and not capture.records(folder, name.split("#")[0]) and capture.records(
                 self.private / "records" / name, name.split("#")[0]):
             return False, "the hidden part recorded nothing: the check cell stopped before it ran"
-        passed, message, self.cases[row] = _verdict(self.nb.cells[i], name.split("#")[0], folder, seed, self.timeout,
-                                                    stopped, _earlier_error(self.nb, i))
+        passed, message, self.cases[row], self.performances[row] = _verdict(
+            self.nb.cells[i], name.split("#")[0], folder, seed, self.timeout, stopped, _earlier_error(self.nb, i))
         if forks and not passed:
             message += f" (the notebook hit its limit of {self.limits.processes} processes and threads)"
         return passed, message
@@ -440,8 +452,10 @@ class NotebookRun:
                 passed, message = outcomes.get(row, (False, ""))
                 if name in self.problems:
                     passed, message = False, self.problems[name] + (f"; when run: {message}" if row in outcomes else "")
+                kept = name not in self.problems
                 rows.append(ExerciseResult(student, notebook or self.path.name, row, passed, message,
-                                           cases=None if name in self.problems else self.cases.get(row)))
+                                           cases=self.cases.get(row) if kept else None,
+                                           performance=self.performances.get(row) if kept and passed else None))
         return rows
 
     def escapes(self) -> list[dict]:

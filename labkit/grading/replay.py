@@ -2,7 +2,9 @@
 
 ``python -m labkit.grading.replay CHECK FOLDER SEED [--mpi]`` prints the verdict as JSON (under ``mpiexec`` for the checks
 that run on every MPI rank, each rank replaying its own record), with the check's cases passed and counted
-(``"cases": [3, 7]``, null for a check that counts none), which partial credit reads.
+(``"cases": [3, 7]``, null for a check that counts none), which partial credit reads, and what an open exercise's
+passing answer scored (``"score": {"label": ..., "value": 12.5, "unit": "µs", "lower_is_better": true}``, null for a
+check that scores nothing and for a failed answer), which the class's leaderboard ranks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from .. import __version__
 from ..check import capture
 from ..check.capture import NotRecorded, Replay, recorded_reference
-from ..check.common import ExerciseError, last_cases
+from ..check.common import ExerciseError, last_cases, last_score
 from ..check.exercises import exercise
 
 
@@ -32,19 +34,25 @@ def replay(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool,
 def counted(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool, str, tuple[int, int] | None]:
     """:func:`replay`, with the check's (cases passed, cases) of this replay: None where the check counts no cases,
     or never ran its cases (no record, labkit's reference handed in)."""
+    return verdict(check, folder, seed_, comm)[:3]
 
+
+def verdict(check: str, folder: Path | str, seed_: int,
+            comm=None) -> tuple[bool, str, tuple[int, int] | None, dict | None]:
+    """:func:`counted`, with what a passing answer scored (:func:`labkit.check.common.scored`, as JSON): None where
+    the check scores nothing, and for an answer that failed, which is never ranked."""
     declared = exercise(check)
     if declared is None:
-        return False, f"{check}: no such check in labkit {_version()}", None
+        return False, f"{check}: no such check in labkit {_version()}", None, None
     fn = declared.check()
     rank = comm.Get_rank() if comm is not None else 0
     reference = recorded_reference(folder, check)
     if reference:
-        return False, f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself", None
+        return False, f"{check}: uses labkit's reference ({reference}): the exercise is to write it yourself", None, None
     try:
         session = Replay(check, Path(folder), rank, seed_)
     except NotRecorded as e:
-        return False, str(e), None
+        return False, str(e), None, None
     arg = session.record.get("source")  # a C or CUDA C exercise: the check reads the source, the record runs it
     out = io.StringIO()
     capture.begin(session)
@@ -55,14 +63,15 @@ def counted(check: str, folder: Path | str, seed_: int, comm=None) -> tuple[bool
             else:
                 fn(arg if arg is not None else capture.replayed(session, "fn", check))
     except ExerciseError as e:
-        return False, f"{type(e).__name__}: {e}", last_cases()
+        return False, f"{type(e).__name__}: {e}", last_cases(), None
     except NotRecorded as e:
-        return False, f"{type(e).__name__}: {e}", None
+        return False, f"{type(e).__name__}: {e}", None, None
     except Exception as e:  # noqa: BLE001 - the check itself failed on this record: say so, never crash the grader
-        return False, f"the check could not run on the record: {type(e).__name__}: {e}", None
+        return False, f"the check could not run on the record: {type(e).__name__}: {e}", None, None
     finally:
         capture.end()
-    return True, out.getvalue().strip() or "passed", last_cases()
+    score = last_score()
+    return True, out.getvalue().strip() or "passed", last_cases(), score.to_json() if score else None
 
 
 def _version() -> str:
@@ -82,9 +91,9 @@ def main(argv=None) -> int:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
-    passed, message, cases = counted(a.check, a.folder, a.seed, comm)
+    passed, message, cases, score = verdict(a.check, a.folder, a.seed, comm)
     if comm is None or comm.Get_rank() == 0:
-        print(json.dumps({"passed": passed, "message": message, "cases": cases}))
+        print(json.dumps({"passed": passed, "message": message, "cases": cases, "score": score}))
     return 0
 
 

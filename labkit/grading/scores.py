@@ -9,11 +9,16 @@ the first failure, as the grader's replay counted them (:func:`labkit.check.comm
 no cases, and a row that never reached its check, score 0. A blank written answer scores 0 and says so; a
 non-blank one counts once the instructor has scored it in answers.csv (``labkit grade --rescore OUT`` merges the
 scores without running a notebook again). The late penalty (:mod:`.late`) is a percent of the lab's score.
+
+An open exercise's check also scores a passing answer (its ``performance``: a modelled time, say), which earns no
+points: :func:`leaderboards` ranks the class's passing answers by it, for grades.csv and the feedback pages.
 """
 
 from __future__ import annotations
 
 import csv
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from .answers import ANSWERS_CSV, hand_score
@@ -53,6 +58,54 @@ def scored(row: dict) -> float:
     if row.get("score") is not None:
         return float(row["score"])
     return float(row.get("points", 1)) if row["passed"] else 0.0
+
+
+def performance(row: dict) -> dict | None:
+    """What a grades.json row scored for its exercise's leaderboard (``value``, ``unit``, ``label``,
+    ``lower_is_better``): a passed row's finite score only, else None."""
+    perf = row.get("performance")
+    value = (perf or {}).get("value")
+    if not row.get("passed") or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return perf
+
+
+@dataclass(frozen=True)
+class Leaderboard:
+    """One open exercise's ranking in the class: what its score measures, in which unit, which way is better, and
+    each passing answer's (rank, value, student), best first."""
+    label: str
+    unit: str
+    lower_is_better: bool
+    places: list[tuple[int, float, str]]
+
+    def rank_of(self, student: str) -> int | None:
+        """The student's rank (1 the best; tied scores share one), None where their answer is not on the board."""
+        return next((rank for rank, _, who in self.places if who == student), None)
+
+
+def leaderboards(data: dict) -> dict[tuple[str, str], Leaderboard]:
+    """Per (notebook, row) of an open exercise, its leaderboard over the class of ``data`` (a grades.json): every
+    passing answer's score, best first, tied scores sharing a rank (1, 2, 2, 4). A failed answer is not ranked."""
+    found: dict[tuple[str, str], list[tuple[dict, str]]] = {}
+    for student, per in data["students"].items():
+        for nb, entry in per.items():
+            for r in entry.get("results", []):
+                if (perf := performance(r)) is not None:
+                    found.setdefault((nb, r["exercise"]), []).append((perf, student))
+    return {key: _ranked(rows) for key, rows in found.items()}
+
+
+def _ranked(rows: list[tuple[dict, str]]) -> Leaderboard:
+    """The leaderboard of one exercise's scores, told which way is better by the first."""
+    first = rows[0][0]
+    sign = 1.0 if first.get("lower_is_better", True) else -1.0
+    order = sorted((sign * float(perf["value"]), student) for perf, student in rows)
+    places: list[tuple[int, float, str]] = []
+    for i, (key, student) in enumerate(order):
+        rank = places[-1][0] if i and key == order[i - 1][0] else i + 1
+        places.append((rank, sign * key, student))
+    return Leaderboard(str(first.get("label", "score")), str(first.get("unit", "")), sign > 0, places)
 
 
 def answers_into(entry: dict, answers: list[dict]) -> None:
@@ -138,5 +191,5 @@ def rescore(data: dict, out: Path, rubrics: dict | None = None) -> list[str]:
     return warnings
 
 
-__all__ = ["BLANK_NOTE", "answers_into", "read_hand_scores", "rescore", "row_score", "scored", "set_points", "total",
-           "unscored"]
+__all__ = ["BLANK_NOTE", "Leaderboard", "answers_into", "leaderboards", "performance", "read_hand_scores", "rescore",
+           "row_score", "scored", "set_points", "total", "unscored"]
