@@ -1,8 +1,10 @@
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import subprocess
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -150,6 +152,19 @@ class Answers:
         """The wrong answer of the hints (or of the replay) as a Wrong; a bare answer takes the exercise's marks."""
         w = self.replayed if replayed and self.replayed is not None else self.wrong
         return w if isinstance(w, Wrong) else Wrong(w, marks=self.marks)
+
+
+@contextlib.contextmanager
+def busy_loops(n: int):
+    """``n`` other processes spinning on the cores for as long as the block runs: the other students' notebooks of a
+    shared machine. Each is killed and waited for at the end, whatever the block raised."""
+    spins = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, n))]
+    try:
+        yield
+    finally:
+        for spin in spins:
+            spin.kill()
+            spin.wait()
 
 
 def run_mpi_cases(script: str, n: int, timeout: float = 300, only: str | None = None, hosts=None) -> str:

@@ -6,13 +6,11 @@ choice equal to the one measured, a ratio on the measured side of 1. Every other
 why no noise decides it."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_mpi_cases
+from conftest import busy_loops, run_mpi_cases
 
 from labkit import kernels, runner
 from labkit.machine import usable_cores
@@ -93,13 +91,8 @@ def busy_cores():
     shared machine. On every core, lab 02's narrow-layer threads read 1.53x in 1 of 5 runs in CI (the model answer's
     "no gain" holds under 1.5x): the serial baseline, slowed in some rounds, is not yet measured against the cores
     that were free."""
-    spins = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, usable_cores() - 1))]
-    try:
+    with busy_loops(usable_cores() - 1):
         yield
-    finally:
-        for spin in spins:
-            spin.kill()
-            spin.wait()
 
 
 def judge(answer: str, runs: list[dict]) -> None:

@@ -1,7 +1,13 @@
+import subprocess
+import sys
+
 import nbformat
 import pytest
+from conftest import busy_loops
 
 from labkit import cli, report, runner
+from labkit.labs import NOTEBOOKS
+from labkit.machine import usable_cores
 
 
 def make_nb(path, *sources, params="PROFILE = 'quick'"):
@@ -84,3 +90,20 @@ def test_find_notebooks_errors(tmp_path):
         runner.find_notebooks(tmp_path)
     with pytest.raises(ValueError, match="profile must be"):
         report.run(profile="medium", notebooks=tmp_path)
+
+
+@pytest.mark.notebooks
+@pytest.mark.slow
+@pytest.mark.full
+@pytest.mark.timeout(2400)
+def test_the_quick_report_holds_every_claim_beside_a_busy_loop_on_every_core(tmp_path):
+    """``labkit report --profile quick`` as a class's shared machine runs it, with another process spinning on every
+    core: every lab runs and every claim of the text holds (the exit code says both). About 6 minutes on 2
+    cores."""
+    with busy_loops(usable_cores()):
+        done = subprocess.run([sys.executable, "-m", "labkit", "report", "--profile", "quick", "--no-fetch",
+                               "--out", str(tmp_path / "report")], capture_output=True, text=True, timeout=2300)
+    said = done.stdout[-4000:] + done.stderr[-2000:]
+    n = len(runner.find_notebooks(NOTEBOOKS))
+    assert done.returncode == 0 and f"{n}/{n} notebooks passed" in done.stdout, said
+    assert "claims of the labs' text checked on this run" in done.stdout, said
