@@ -15,14 +15,31 @@ from pathlib import Path
 
 from . import settings
 
+NO_WARM = ("do not compile labkit's own kernels first (by default they are compiled in parallel into the cache, "
+           "once, so that no lab waits for them)")
 CELL_LIMIT = ("CPU-seconds of work allowed per cell, over all its processes (default 60); a cell that waits is stopped "
               "after 3x that + 30 s")
+
+
+def _warm(a) -> None:
+    """Compile labkit's own kernels into the cache before the labs need them (``--no-warm`` skips it); a failure is
+    said in one line, and the labs compile what they need as they run."""
+    if not a.warm:
+        return
+    from .kernels import warm
+
+    try:
+        warm.warm_cache()
+    except Exception as e:  # an unwritable cache folder, a worker that could not start
+        print(f"the compile cache was not warmed ({type(e).__name__}: {e}); the labs compile labkit's kernels as they "
+              "run", flush=True)
 
 
 def _cmd_report(a) -> int:
     from . import report
     from .labs import NOTEBOOKS
 
+    _warm(a)
     results, page = report.run(profile=a.profile, out=a.out, notebooks=a.notebooks or NOTEBOOKS,
                                 only=a.only, timeout=a.timeout, fetch=a.fetch, solutions=a.solutions)
     print(report.summary(results, page))
@@ -106,6 +123,7 @@ def _lab_folder(a) -> Path:
 
 def _cmd_lab(a) -> int:
     folder = _lab_folder(a)
+    _warm(a)
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}", *a.extra]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in cmd:
         cmd.append("--allow-root")  # containers and lab machines run as root; JupyterLab refuses that unless told
@@ -540,6 +558,7 @@ def _add_report(sub) -> None:
     r.add_argument("--solutions", action="store_true",
                    help="keep the solution code and model answers in the executed notebooks (for instructors); "
                         "without it they show the exercises as students get them, safe to publish")
+    r.add_argument("--no-warm", dest="warm", action="store_false", help=NO_WARM)
 
 
 def _add_lab(sub) -> None:
@@ -560,6 +579,7 @@ def _add_lab(sub) -> None:
                           "work folder (never over a file there) and open that folder; your copies stay as they are")
     lab.add_argument("--notebooks", default=None,
                      help="open this folder itself instead of copies (instructors editing the course's notebooks)")
+    lab.add_argument("--no-warm", dest="warm", action="store_false", help=NO_WARM)
 
 
 def _add_data(sub) -> None:

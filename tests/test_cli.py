@@ -106,7 +106,7 @@ def test_lab_serves_the_notebooks(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "labkit", "lab", "--no-browser", f"--ServerApp.port={port}",
+    cmd = [sys.executable, "-m", "labkit", "lab", "--no-warm", "--no-browser", f"--ServerApp.port={port}",
            "--ServerApp.open_browser=False"]  # as root too: labkit adds --allow-root itself
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:

@@ -27,7 +27,7 @@ def lab(monkeypatch, capsys):
 
     def run(*args):
         with pytest.raises(Started) as started:
-            cli.main(["lab", *args])
+            cli.main(["lab", "--no-warm", *args])  # the warm-up's own tests: tests/test_warm.py
         return started.value.args[0], capsys.readouterr().out
     return run
 
