@@ -78,9 +78,10 @@ def work_copies(notebooks: Path, work: Path, solutions: bool = False) -> list[st
     """Copy the lab notebooks into ``work`` for ``labkit lab``: their student versions (exercises as stubs, answer
     cells blank), or with ``solutions`` the course's notebooks. A notebook already there is never overwritten.
     Returns one line per notebook copied or kept."""
+    from .labs import is_draft
     from .runner import find_notebooks, with_solutions
 
-    found = find_notebooks(notebooks)
+    found = [p for p in find_notebooks(notebooks) if not is_draft(p.name)]  # a lab still being written stays out
     if solutions:  # an installed labkit holds the handouts alone: no solution for a graded notebook to read
         with_solutions(found, "labkit lab --solutions", elsewhere="")
     work.mkdir(parents=True, exist_ok=True)
@@ -165,6 +166,12 @@ def _cmd_doctor(a) -> int:
 def _cmd_labs(a) -> int:
     from . import labs
 
+    if a.number == "new":
+        from . import scaffold
+
+        return scaffold.main(a.rest)
+    if a.rest:
+        raise ValueError(f"labkit labs takes one lab's number, or new NN slug TITLE; got {' '.join([a.number, *a.rest])}")
     if a.number:
         lab = labs.get(a.number)
         print(f"Lab {lab.number} — {lab.title}\n  notebook: notebooks/{lab.notebook}\n  lessons:  "
@@ -174,18 +181,18 @@ def _cmd_labs(a) -> int:
         print("\n".join(f"    - {c}" for c in lab.claims)
               + "".join(f"\n    - {c} (on some machines)" for c in lab.optional_claims))
         return 0
-    print(labs.table())
+    print(labs.table(mark_drafts=True))
     return 0
 
 
 def _cmd_assign(a) -> int:
     from . import runner
     from .grading import assign
-    from .labs import NOTEBOOKS
+    from .labs import NOTEBOOKS, is_draft
 
     # each --only adds its notebooks; one that matches none is an error, naming it
     found = [p for only in (a.only or [None]) for p in runner.find_notebooks(a.notebooks or NOTEBOOKS, only=only)]
-    notebooks = sorted(set(found))
+    notebooks = sorted({p for p in found if a.only or not is_draft(p.name)})  # a draft only when --only names it
     if a.format == "nbgrader":
         if a.deadline or a.late or a.partial_credit:
             raise SystemExit("labkit assign: --deadline, --late and --partial-credit go into labkit's release record, "
@@ -607,8 +614,11 @@ def _add_doctor(sub) -> None:
 def _add_labs(sub) -> None:
     p = _sub(sub, "labs", "list the labs: notebook, what each needs; one lab's lessons, checks and claims",
              "The course's labs as labkit/labs.py declares them: without an argument, a table of every lab (its\n"
-             "notebook, title and what it needs of the machine); with a lab's number, where its pieces live.", _cmd_labs)
-    p.add_argument("number", nargs="?", default=None, help="one lab's number (07)")
+             "notebook, title and what it needs of the machine); with a lab's number, where its pieces live.\n"
+             "labkit labs new NN slug TITLE writes a new lab's skeleton, as a draft (CONTRIBUTING.md, 'Adding a lab').",
+             _cmd_labs)
+    p.add_argument("number", nargs="?", default=None, help="one lab's number (07), or new")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="after new: NN slug TITLE [--root DIR]")
 
 
 def _add_assign(sub) -> None:

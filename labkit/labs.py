@@ -9,7 +9,10 @@ layering test (a lesson module may not import the checks or the grader), the exe
 is one of these), the claims test and the ``labNN`` test markers. A test fails when a lesson module, a check module
 or a notebook is not declared here.
 
-Adding a lab: CONTRIBUTING.md's checklist ("Adding a lab").
+Adding a lab: ``labkit labs new NN slug "Title"`` (:mod:`labkit.scaffold`) writes its skeleton, declared here as a
+draft; CONTRIBUTING.md ("Adding a lab") says what to fill in. A draft (``draft=True``) is held to the lessons' form but
+not yet to their counts (tests/test_lessons.py), and left out of the report's default run; finishing the lab is
+deleting that flag.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Lab:
     optional_claims: tuple[str, ...] = ()  # claims made only on some machines: a GPU, the emulator, shaped cables
     needs: tuple[str, ...] = ()      # of NEEDS: without these it cannot run
     uses: tuple[str, ...] = ()       # of NEEDS: it runs without these, and shows more with them
+    draft: bool = False              # being written (labkit labs new): its form checked, not yet its counts
 
     @property
     def notebook(self) -> str:
@@ -53,8 +57,8 @@ class Lab:
 
 # the house around the lessons: the modules (and packages) of labkit that belong to no one lab
 AROUND = ("__main__", "bench", "benchmarks", "check", "claims", "cli", "cluster", "doctor", "errors", "gpucheck", "grading",
-          "handout", "labs", "machine", "native", "network", "plots", "progress", "questions", "report", "runner", "settings",
-          "wheelhouse", "c", "mnist_subset")
+          "handout", "labs", "machine", "native", "network", "plots", "progress", "questions", "report", "runner", "scaffold",
+          "settings", "wheelhouse", "c", "mnist_subset")
 
 # the lesson modules of a lab being written, not yet declared in LABS: held to the lessons' rules and tested like them,
 # they move into their Lab's lessons when its notebook and checks are declared
@@ -180,28 +184,44 @@ def of_notebook(name: str) -> Lab | None:
     return next((lab for lab in LABS if lab.notebook == name), None)
 
 
+def is_draft(notebook: str) -> bool:
+    """Whether the notebook file ``notebook`` (a path's name) is a lab still being written."""
+    lab = of_notebook(notebook)
+    return lab is not None and lab.draft
+
+
 def lessons() -> tuple[str, ...]:
     """Every lesson module, in teaching order (each where it is first taught)."""
     return tuple(dict.fromkeys(m for lab in LABS for m in lab.lessons))
 
 
-def table() -> str:
-    """The Markdown table of the labs (the README's and docs/labs.md's)."""
-    rows = ["| lab | notebook | what it is about | needs |", "| --- | --- | --- | --- |"]
-    for lab in LABS:
-        needs = ", ".join(list(lab.needs) + [f"{u} (optional)" for u in lab.uses]) or "Python"
-        rows.append(f"| {lab.number} | `{lab.notebook[:-6]}` | {lab.title} | {needs} |")
-    return "\n".join(rows)
+TABLE_HEAD = "| lab | notebook | what it is about | needs |"  # the first line of each table, where new rows go below
+WHERE_HEAD = "| lab | lessons | exercises | claims | its tests |"
+
+
+def table(mark_drafts: bool = False) -> str:
+    """The Markdown table of the labs (the README's and docs/labs.md's); ``mark_drafts`` adds "(draft)" to the title
+    of a lab still being written, as ``labkit labs`` shows it."""
+    return "\n".join([TABLE_HEAD, "| --- | --- | --- | --- |"] + [table_row(lab, mark_drafts) for lab in LABS])
+
+
+def table_row(lab: Lab, mark_draft: bool = False) -> str:
+    """One lab's row of :func:`table`."""
+    needs = ", ".join(list(lab.needs) + [f"{u} (optional)" for u in lab.uses]) or "Python"
+    title = f"{lab.title} (draft)" if mark_draft and lab.draft else lab.title
+    return f"| {lab.number} | `{lab.notebook[:-6]}` | {title} | {needs} |"
 
 
 def where_table() -> str:
     """CONTRIBUTING.md's table of where each lab lives: its lessons, its exercises by check module, its claims and the
     marker that runs its tests."""
-    rows = ["| lab | lessons | exercises | claims | its tests |", "| --- | --- | --- | --- | --- |"]
-    for lab in LABS:
-        names = ", ".join(f"`{e.name}`" for e in exercises.in_lab(lab.number))
-        checks = " and ".join(f"`check.{c}`" for c in lab.checks)
-        lessons = ", ".join(f"`{m}`" for m in lab.lessons)
-        claims = f"{len(lab.claims)}" + (f" (+{len(lab.optional_claims)} on some machines)" if lab.optional_claims else "")
-        rows.append(f"| {lab.number} | {lessons} | {checks}: {names} | {claims} | `pytest -m {lab.marker}` |")
-    return "\n".join(rows)
+    rows = [where_row(lab, [e.name for e in exercises.in_lab(lab.number)]) for lab in LABS]
+    return "\n".join([WHERE_HEAD, "| --- | --- | --- | --- | --- |"] + rows)
+
+
+def where_row(lab: Lab, names: list[str]) -> str:
+    """One lab's row of :func:`where_table`, its exercises named ``names``."""
+    checks = " and ".join(f"`check.{c}`" for c in lab.checks)
+    lessons = ", ".join(f"`{m}`" for m in lab.lessons)
+    claims = f"{len(lab.claims)}" + (f" (+{len(lab.optional_claims)} on some machines)" if lab.optional_claims else "")
+    return f"| {lab.number} | {lessons} | {checks}: {', '.join(f'`{n}`' for n in names)} | {claims} | `pytest -m {lab.marker}` |"

@@ -79,7 +79,7 @@ def test_every_lab_has_tests_found_by_its_marker():
 def test_labkit_labs_lists_the_labs_and_one_labs_pieces(capsys):
     from labkit import cli, labs
 
-    assert cli.main(["labs"]) == 0 and labs.table() in capsys.readouterr().out
+    assert cli.main(["labs"]) == 0 and labs.table(mark_drafts=True) in capsys.readouterr().out
     assert cli.main(["labs", "7"]) == 0
     out = capsys.readouterr().out
     assert "notebooks/07_ring_allreduce.ipynb" in out and "pytest -m lab07" in out and "check.ring" in out
@@ -105,3 +105,22 @@ def test_an_exercise_is_declared_with_the_lab_whose_notebook_calls_it_and_in_its
     declared = exercises.EXERCISES
     assert {name: {e.lab} for name, e in declared.items()} == called, "an exercise's lab is the notebook calling it"
     assert all(e.check().__module__ == f"labkit.check.{e.module}" for e in declared.values())
+
+
+def test_a_draft_is_marked_by_labkit_labs_and_run_by_the_report_only_when_named(monkeypatch, tmp_path):
+    from dataclasses import replace
+
+    from labkit import report
+
+    draft = replace(labs.LABS[-1], draft=True)
+    monkeypatch.setattr(labs, "LABS", labs.LABS[:-1] + (draft,))
+    assert labs.is_draft(draft.notebook) and not labs.is_draft(labs.LABS[0].notebook)
+    assert f"| {draft.title} (draft) |" in labs.table(mark_drafts=True) and "(draft)" not in labs.table()
+    ran = []  # the README's table stays as it is when the flag goes
+    monkeypatch.setattr(report, "execute", lambda path, *a, **k: ran.append(path.name) or runner.NotebookResult(path.name, ""))
+    monkeypatch.setattr(report, "write_html", lambda *a: tmp_path / "index.html")
+    report.run(out=tmp_path, fetch=False, progress=False)
+    assert ran == [lab.notebook for lab in labs.LABS[:-1]]
+    ran.clear()
+    report.run(out=tmp_path, only=f"{draft.number}_", fetch=False, progress=False)
+    assert ran == [draft.notebook]

@@ -1,8 +1,9 @@
 """The labs as a student reads them: exercises that ask for work, questions to predict and explain, short cells,
 no report machinery in sight. Measured on the notebooks as committed (the instructor's versions) and as handed out.
 
-A lab not yet brought to these measures is listed in NOT_YET (its tests are expected to fail; a lab leaves the list
-when all of them pass). Run them anyway with ``pytest tests/test_lessons.py --runxfail -k 04``.
+A lab still being written is a draft (``draft=True`` in labkit/labs.py, as ``labkit labs new`` declares it): held to
+the form of every rule here, not yet to the counts (three exercises, three questions of both kinds), and left out of
+the course's share. Deleting the flag holds it to all of them.
 """
 
 import re
@@ -10,13 +11,14 @@ import re
 import nbformat
 import pytest
 
-from labkit import runner
+from labkit import labs, runner
 from labkit.check.exercises import in_lab
 from labkit.grading import answers, assign
 
 NOTEBOOKS = runner.find_notebooks()
 IDS = [p.name[:2] for p in NOTEBOOKS]
-NOT_YET: set[str] = set()  # every lab meets them now
+DRAFTS = {lab.number for lab in labs.LABS if lab.draft}  # the labs being written: their form, not yet their counts
+LEAST = 3  # exercises, and questions, of a lab that is not a draft
 MAX_WORDS, MAX_SENTENCE, MAX_CODE_LINES = 160, 45, 12
 PLUMBING = re.compile(r"\b(claim|record)\(|^SETTINGS\s*=", re.M)
 
@@ -26,12 +28,8 @@ def lab(path):
     return nb, path.name[:2]
 
 
-def rewritten(lab_no):
-    return pytest.mark.xfail(lab_no in NOT_YET, reason="this lab is not yet rewritten to these measures", strict=False)
-
-
 def per_lab(test):
-    return pytest.mark.parametrize("path", [pytest.param(p, marks=rewritten(p.name[:2])) for p in NOTEBOOKS], ids=IDS)(test)
+    return pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)(test)
 
 
 def hidden(cell) -> bool:
@@ -57,7 +55,8 @@ def test_at_least_three_exercises_in_the_lab(path):
     called = {name.split("#")[0] for _, name in assign.exercises_in(nb)}
     declared = {e.name for e in in_lab(n)}
     assert called == declared, f"lab {n}: check cells {sorted(called)} but declared {sorted(declared)}"
-    assert len(declared) >= 3, f"lab {n} has {len(declared)} graded exercises; at least 3"
+    least = 1 if n in DRAFTS else LEAST
+    assert len(declared) >= least, f"lab {n} has {len(declared)} graded exercises; at least {least}"
 
 
 @per_lab
@@ -77,8 +76,8 @@ def test_questions_to_predict_and_explain(path):
     nb, n = lab(path)
     cells = answers.answer_cells(nb)
     kinds = [m["kind"] for _, m in cells]
-    assert len(cells) >= 3 and "predict" in kinds and "explain" in kinds, \
-        f"lab {n}: {len(cells)} questions ({kinds}); at least 3, some to predict and some to explain"
+    assert n in DRAFTS or (len(cells) >= LEAST and "predict" in kinds and "explain" in kinds), \
+        f"lab {n}: {len(cells)} questions ({kinds}); at least {LEAST}, some to predict and some to explain"
     for i, m in cells:
         if m["kind"] != "predict":
             continue
@@ -150,7 +149,7 @@ def test_the_students_share_of_each_labs_code(path):
 
 
 def test_the_students_share_of_the_course_is_at_least_a_fifth():
-    counts = {p.name[:2]: student_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS}
+    counts = {p.name[:2]: student_lines(nbformat.read(p, as_version=4)) for p in NOTEBOOKS if p.name[:2] not in DRAFTS}
     mine, total = map(sum, zip(*counts.values()))
     lowest = sorted(counts, key=lambda n: counts[n][0] / counts[n][1])[:3]
     assert mine / total >= COURSE_SHARE, f"{mine} of {total} non-blank code lines are the student's " \
