@@ -280,7 +280,8 @@ CONTRACT = {
         _solution("fast_matmul"), _compiled(_solution("fast_matmul").replace("+= ra[a] * rb[b]", "= ra[a] * rb[b]"),
                                               "entries wrong"),
         blank=_blank(_solution("fast_matmul"), "__shared__ float As"), passes="✔ fast matmul: all 5 checks passed",
-        marks=(needs_cxx,)),
+        marks=(needs_cxx,), references=(Reference(_labkits("matmul.cu"), "labkit/kernels/matmul.cu (matmul_regblock)",
+                                                  passes=False),)),
     "block_reduction": Answers(
         _solution("block_sum"), _compiled(_solution("block_sum").replace("atomicAdd(out, s[0]);", "out[0] = s[0];"),
                                           "does not use atomicAdd"),
