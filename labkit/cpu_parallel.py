@@ -477,12 +477,33 @@ def _against_one(one, pool, repeat: int) -> float:
     return timed["one"].median / timed["pool"].median
 
 
+def _cores_kept(fn, *args) -> tuple[Callable[[], float], list[float]]:
+    """A job as :func:`_seconds_of` gives it, and the list into which each call puts the cores this process kept
+    busy meanwhile: its CPU seconds, every thread's, over the wall seconds. Two threads that take turns keep one
+    core busy however many are free; two that compute at once keep up to two. A neighbour's load lowers it, never
+    raises it."""
+    kept: list[float] = []
+
+    def job() -> float:
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn(*args)
+        wall = time.perf_counter() - t0
+        kept.append((time.process_time() - c0) / wall if wall > 0 else 0.0)
+        return wall
+    return job, kept
+
+
+CORES_KEPT = "cores the 2 threads kept busy"  # two_worker_speedups' count of the threads computing at once
+
+
 def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dict:
     """Lab 02's width sweep: per hidden-layer width, the speedup of 2 threads (per-thread accumulators) and of 2
     processes over one thread, per-sample backprop of [n_in, width, classes], one BLAS thread everywhere. The three
     run side by side in ``2 * repeat + 1`` interleaved rounds (:func:`labkit.bench.interleaved`); each speedup is the
-    ratio of the medians."""
-    sweep = {"threads (2), per-sample": [], "processes (2), per-sample": []}
+    ratio of the medians. ``CORES_KEPT``: the median cores the two threads kept busy at once (:func:`_cores_kept`),
+    which says whether they computed at once whatever the neighbours did: beside a busy loop on every core two
+    threads get two shares of the cores where one thread gets one, and finish sooner without computing at once."""
+    sweep = {"threads (2), per-sample": [], "processes (2), per-sample": [], CORES_KEPT: []}
     with threadpool_limits(1):  # the workers' processes use one BLAS thread too
         for width in widths:
             sizes = [x.shape[1], int(width), classes]
@@ -490,11 +511,13 @@ def two_worker_speedups(widths, x, y, repeat: int = 3, classes: int = 10) -> dic
             one = _seconds_of(mlp.loss_and_grads_per_sample, p, x, y)
             # each pool against one thread, the other pool not alive: its idle workers would share the cores
             with ThreadedBackprop(2, "local", "per_sample") as threads:
-                t = _against_one(one, _seconds_of(threads, p, x, y), repeat)
+                job, kept = _cores_kept(threads, p, x, y)
+                t = _against_one(one, job, repeat)
             with ProcessBackprop(sizes, 2, max_batch=len(x), work="per_sample") as procs:
                 q = _against_one(one, _seconds_of(procs, p, x, y), repeat)
             sweep["threads (2), per-sample"].append(t)
             sweep["processes (2), per-sample"].append(q)
+            sweep[CORES_KEPT].append(float(np.median(kept[1:])))  # the warm-up call left out
     return sweep
 
 

@@ -80,7 +80,7 @@ LABS: tuple[Lab, ...] = (
     )),
     Lab("02", "cpu_threads", "Backprop on several CPU cores: threads, the GIL, BLAS and processes",
         ("shards", "cpu_parallel"), ("serial",), (
-            "two threads gain nothing on the narrowest layer (its samples are mostly Python, under the GIL)",
+            "two threads never compute at once on the narrowest layer (its samples are mostly Python, under the GIL)",
             "the process pool reaches the serial run's accuracy",
             "vectorising on one core was worth more than any number of these cores",
         )),

@@ -151,3 +151,14 @@ def test_the_cores_free_for_threads_are_what_other_work_leaves_them():
     said = cores_reading(2, 1.3, 1.2)
     assert said.startswith("1.3 of") and "the limit was 1.3x" in said and "92% of it" in said
     assert "free for 4 ranks this run, so the limit was 1.3x" in cores_reading(4, 1.3, 0.9, "ranks")
+
+
+def test_the_width_sweep_counts_the_cores_the_two_threads_kept_busy(digits):
+    from labkit.machine import usable_cores
+
+    (x, y), _ = digits
+    sweep = cp.two_worker_speedups([30], x[:20], y[:20], repeat=1)
+    kept = sweep[cp.CORES_KEPT]
+    # CPU seconds over wall seconds: some work was done, and never by more threads at once than there are cores
+    assert len(kept) == 1 and 0 < kept[0] <= usable_cores() + 0.25, kept
+    assert set(sweep) == {"threads (2), per-sample", "processes (2), per-sample", cp.CORES_KEPT}
