@@ -204,9 +204,10 @@ WHERE_HEAD = "| lab | lessons | exercises | claims | its tests |"
 
 
 def table(mark_drafts: bool = False) -> str:
-    """The Markdown table of the labs (the README's and docs/labs.md's); ``mark_drafts`` adds "(draft)" to the title
-    of a lab still being written, as ``labkit labs`` shows it."""
-    return "\n".join([TABLE_HEAD, "| --- | --- | --- | --- |"] + [table_row(lab, mark_drafts) for lab in LABS])
+    """The Markdown table of the finished labs (the README's and docs/labs.md's); with ``mark_drafts`` the labs still
+    being written too, "(draft)" after their titles, as ``labkit labs`` shows them."""
+    shown = [lab for lab in LABS if mark_drafts or not lab.draft]
+    return "\n".join([TABLE_HEAD, "| --- | --- | --- | --- |"] + [table_row(lab, mark_drafts) for lab in shown])
 
 
 def table_row(lab: Lab, mark_draft: bool = False) -> str:

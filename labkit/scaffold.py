@@ -5,8 +5,9 @@ It writes the notebook ``notebooks/NN_slug.ipynb`` (goals, the ``parameters`` ce
 claim, one exercise with its check, one question to explain, the take-aways), the lesson ``labkit/<slug>.py``, its
 check family ``labkit/check/<slug>.py`` declaring that one exercise, and ``tests/test_exercises_<slug>.py``: the
 lesson against its NumPy reference and the exercise's ``CONTRACT`` and ``MISTAKES`` (its tests carry the marker
-``labNN``). It adds the lab to ``LABS`` with ``draft=True``, and its rows to the README's table of labs, to
-CONTRIBUTING.md's "Where each lab lives" and "The lessons", and to docs/labs.md. The lesson, the check family and the
+``labNN``). It adds the lab to ``LABS`` with ``draft=True``, and its rows to CONTRIBUTING.md's "Where each lab
+lives" and "The lessons": six files. A draft is for its authors: the README's table of labs and docs/labs.md gain it
+when the draft flag goes (``labs.table()`` lists finished labs). The lesson, the check family and the
 tests are named after the slug; the example they hold (a batch's mean from its shards' means) is there to be
 replaced: :data:`FILL_IN` lists what is left to write, as CONTRIBUTING.md's "Adding a lab" does.
 
@@ -47,9 +48,11 @@ FILL_IN = (
     ("Claims", "what the text says its run shows, each checked with `claims.claim` and listed in the lab's entry in "
                "labkit/labs.py"),
     ("Questions", "at least 3, some to predict (each listed in tests/test_predictions.py), some to explain"),
-    ("The docs", "the lab's section in docs/labs.md and its lesson's row in CONTRIBUTING.md's \"The lessons\""),
+    ("The docs", "its lesson's row in CONTRIBUTING.md's \"The lessons\", in place of the scaffold's, and the lab's "
+                 "section in docs/labs.md"),
     ("The draft flag", "deleted from the lab's entry in labkit/labs.py, last: tests/test_lessons.py then holds the "
-                       "lab to every count"),
+                       "lab to every count, and tests/test_labs.py asks for its row in README.md's table of labs "
+                       "(labs.table())"),
 )
 
 
@@ -251,13 +254,6 @@ means is the batch's mean.""", {"labkit": {"answer": "{{number}}-mean-of-means",
 * The plain mean of the means is the batch's mean only when the shards are of equal size.""", {}),
 ]
 
-DOCS = """### {{number}} {{title}}
-
-A draft, written by `labkit labs new`. **Exercises**: a batch's mean from its shards' means, the example the lab's
-own exercises replace. **Questions**: explain why the plain mean of the means is not the batch's mean.
-"""
-
-
 def _fill(text: str, values: dict[str, str]) -> str:
     """``text`` with each ``{{key}}`` replaced by its value."""
     for key, value in values.items():
@@ -331,17 +327,6 @@ def _with_row(text: str, header: str, row: str, name: str) -> str:
     lines = text.splitlines(keepends=True)
     end = _table_end(text, header, name)
     return "".join(lines[:end + 1]) + row + "\n" + "".join(lines[end + 1:])
-
-
-def _with_section(text: str, section: str) -> str:
-    """docs/labs.md with the lab's section after the last lab's ("### NN ...")."""
-    lines = text.splitlines(keepends=True)
-    last = [i for i, line in enumerate(lines) if re.match(r"### \d\d ", line)]
-    if not last:
-        raise ScaffoldError("docs/labs.md has no section of a lab (### NN Title) to add the lab's after")
-    end = next((i for i in range(last[-1] + 1, len(lines)) if re.match(r"#{1,3} ", lines[i])), len(lines))
-    before = "".join(lines[:end]).rstrip("\n") + "\n\n"
-    return before + section + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
 
 
 # ---- the checks before writing -------------------------------------------------------------------------------------
@@ -418,8 +403,7 @@ def plan(number: str | int, slug: str, title: str, root: Path | str = CHECKOUT) 
                             "first (a lab being written still holds it)")
     lab = labs.Lab(number, slug, title, (slug,), (slug,), (CLAIM,), draft=True)
     values = {"number": number, "slug": slug, "title": title, "seed": str(int(number) * 10)}
-    read = {name: _read(root, name) for name in ("README.md", "CONTRIBUTING.md", "docs/labs.md")}
-    contributing = _with_row(read["CONTRIBUTING.md"], labs.WHERE_HEAD, labs.where_row(lab, [EXERCISE]), "CONTRIBUTING.md")
+    contributing = _with_row(_read(root, "CONTRIBUTING.md"), labs.WHERE_HEAD, labs.where_row(lab, [EXERCISE]), "CONTRIBUTING.md")
     contributing = _with_row(contributing, "| module | what it holds |", f"| `{slug}` | lab {number}'s lessons: {title} |",
                              "CONTRIBUTING.md")
     return {
@@ -428,9 +412,7 @@ def plan(number: str | int, slug: str, title: str, root: Path | str = CHECKOUT) 
         root / "labkit" / "check" / f"{slug}.py": _fill(CHECK, values),
         root / "tests" / f"test_exercises_{slug}.py": _fill(TESTS, values),
         root / "labkit" / "labs.py": _declared((root / "labkit" / "labs.py").read_text(encoding="utf-8"), lab),
-        root / "README.md": _with_row(read["README.md"], labs.TABLE_HEAD, labs.table_row(lab), "README.md"),
         root / "CONTRIBUTING.md": contributing,
-        root / "docs" / "labs.md": _with_section(read["docs/labs.md"], _fill(DOCS, values)),
     }
 
 
