@@ -15,6 +15,7 @@ next one only reads the fingerprint, and a changed kernel source or compiler war
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import shutil
 import time
@@ -174,7 +175,9 @@ def _build(fn, args: tuple) -> str | None:
 def _run(todo: list, cores: int, progress: bool | None) -> list[str]:
     """Build ``todo`` on ``cores`` worker processes under a progress bar; the failures, each labelled."""
     failed = []
-    pool = ProcessPoolExecutor(max_workers=cores)
+    # spawned, not forked: a worker reads the settings and the compilers afresh, as the lab's own process will, never
+    # what this process cached under other settings (a notebook's, or a test's)
+    pool = ProcessPoolExecutor(max_workers=cores, mp_context=multiprocessing.get_context("spawn"))
     try:
         futures = {pool.submit(_build, fn, args): label for label, fn, args in todo}
         with progress_bar(total=len(todo), enable=progress, desc="compiling labkit's kernels", unit="kernel",
