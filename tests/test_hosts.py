@@ -352,6 +352,7 @@ if t is not None:
 
 
 @needs_hosts
+@pytest.mark.quiet  # a cable's measured start-up: beside the other tests' load it read 1.9 ms against under 1 ms alone
 def test_lab06s_alpha_beta_fit_across_shaped_hosts_recovers_the_cables_beta(tmp_path):
     prog = tmp_path / "fit.py"
     prog.write_text(FIT_ACROSS)

@@ -63,6 +63,7 @@ def test_on_this_machine_when_shaped_hosts_are_turned_off(monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.hosts
+@pytest.mark.quiet  # a cable's measured rate against the model: beside the other tests' load it read 0.101 s for 0.08
 @pytest.mark.skipif(not SHAPING, reason=WHY or "shaped cables cannot be made here")
 def test_a_megabytes_allreduce_across_a_100mbit_cable_takes_the_models_time():
     nbytes = 1_000_000
